@@ -1,0 +1,84 @@
+// Types shared by every stage of the framework-neutral core.
+//
+// The core never includes TensorFlow, Horovod or CUDA runtime headers in its
+// public headers: a framework layer (the TF op kernels in sok_ev/cc/, the GPU
+// harness in cc/gpu_harness/) adapts its own tensors, thread pool and stream
+// to the plain pointers and contexts declared here.
+#ifndef SOK_EV_CC_COMMON_H_
+#define SOK_EV_CC_COMMON_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#if defined(__CUDACC__)
+#define SOK_EV_HOST_DEVICE __host__ __device__ __forceinline__
+#else
+#define SOK_EV_HOST_DEVICE inline
+#endif
+
+namespace sok_ev {
+
+// Result of a core call. The framework layer turns a failed Status into its
+// own error (tensorflow::errors::InvalidArgument in the op kernels).
+struct Status {
+  enum class Code { kOk = 0, kInvalidArgument = 1, kInternal = 2 };
+  Code code = Code::kOk;
+  std::string message;
+
+  static Status Ok() { return Status(); }
+  static Status InvalidArgument(std::string msg) {
+    return Status{Code::kInvalidArgument, std::move(msg)};
+  }
+  static Status Internal(std::string msg) {
+    return Status{Code::kInternal, std::move(msg)};
+  }
+  bool ok() const { return code == Code::kOk; }
+};
+
+// How the embeddings of one sample's keys are reduced to one vector; the
+// same meaning as tf.nn.embedding_lookup_sparse's `combiner`.
+enum class Combiner : int32_t {
+  kSum = 0,    // sum_j w_j * v_j
+  kMean = 1,   // sum_j w_j * v_j / sum_j w_j
+  kSqrtn = 2,  // sum_j w_j * v_j / sqrt(sum_j w_j^2)
+};
+
+// CPU execution context: how a core function spreads a batch over threads.
+// parallel_for(total, cost_per_unit, work) must call work(begin, end) over
+// disjoint ranges that together cover [0, total). The TF layer passes
+// TF's intra-op thread pool; tests may pass a serial loop.
+struct CpuContext {
+  using Work = std::function<void(int64_t begin, int64_t end)>;
+  std::function<void(int64_t total, int64_t cost_per_unit, const Work& work)>
+      parallel_for;
+
+  // A context that runs every range on the calling thread.
+  static CpuContext Serial() {
+    CpuContext context;
+    context.parallel_for = [](int64_t total, int64_t, const Work& work) {
+      if (total > 0) work(0, total);
+    };
+    return context;
+  }
+};
+
+// Device memory the GPU core borrows for scratch space. The framework layer
+// supplies its own allocator (TF's, PyTorch's caching allocator, cudaMalloc).
+struct DeviceAllocator {
+  virtual ~DeviceAllocator() = default;
+  virtual void* allocate(size_t bytes) = 0;
+  virtual void deallocate(void* pointer) = 0;
+};
+
+// GPU execution context. `stream` is a cudaStream_t kept opaque so that this
+// header compiles without the CUDA toolkit.
+struct GpuContext {
+  void* stream = nullptr;
+  DeviceAllocator* allocator = nullptr;
+};
+
+}  // namespace sok_ev
+
+#endif  // SOK_EV_CC_COMMON_H_

@@ -1,0 +1,160 @@
+// Fused optimizer updates on Embedding Variable rows.
+//
+// A table row is [value | slot 0 | slot 1 | ...], each `dim` floats, so an
+// update reads and writes one contiguous row. The per-row arithmetic below is
+// shared by the CPU and GPU twins and follows TensorFlow's own sparse apply
+// kernels (ResourceSparseApply*), so that an Embedding Variable trained with
+// a stock tf.compat.v1.train optimizer matches a dense tf.Variable row for
+// row. Adam is the exception by design: it is lazy, as in DeepRec (the
+// moments of rows outside the batch do not decay).
+#ifndef SOK_EV_CC_OPTIMIZERS_H_
+#define SOK_EV_CC_OPTIMIZERS_H_
+
+#include <cmath>
+#include <cstdint>
+
+#include "cc/common.h"
+
+namespace sok_ev {
+
+enum class OptimizerKind : int32_t {
+  kSgd = 0,       // no slots
+  kAdagrad = 1,   // slot 0: accumulator
+  kAdam = 2,      // slot 0: m, slot 1: v
+  kFtrl = 3,      // slot 0: accumulator, slot 1: linear
+  kMomentum = 4,  // slot 0: momentum accumulator
+  kRmsProp = 5,   // slot 0: rms, slot 1: momentum, slot 2: mean grad (centered)
+};
+
+constexpr int kMaxOptimizerSlots = 3;
+
+// Hyperparameters of one update. Fields an optimizer does not use are ignored.
+struct OptimizerSpec {
+  OptimizerKind kind = OptimizerKind::kSgd;
+  // Position of each of the optimizer's slots among the table's slots, so
+  // one table can serve several optimizers.
+  int32_t slot_index[kMaxOptimizerSlots] = {0, 1, 2};
+  float learning_rate = 0.0f;
+  // Adam: beta1_power = beta1^t and beta2_power = beta2^t at step t.
+  float beta1 = 0.9f, beta2 = 0.999f, epsilon = 1e-8f;
+  float beta1_power = 0.9f, beta2_power = 0.999f;
+  // Momentum and RMSProp.
+  float momentum = 0.0f;
+  bool use_nesterov = false;
+  // Ftrl.
+  float l1 = 0.0f, l2 = 0.0f, l2_shrinkage = 0.0f, learning_rate_power = -0.5f;
+  // RMSProp: decay is TF's rho.
+  float decay = 0.9f;
+  bool centered = false;
+};
+
+// Number of slots `kind` keeps per row.
+inline int num_slots(OptimizerKind kind, bool centered = false) {
+  switch (kind) {
+    case OptimizerKind::kSgd: return 0;
+    case OptimizerKind::kAdagrad: return 1;
+    case OptimizerKind::kAdam: return 2;
+    case OptimizerKind::kFtrl: return 2;
+    case OptimizerKind::kMomentum: return 1;
+    case OptimizerKind::kRmsProp: return centered ? 3 : 2;
+  }
+  return 0;
+}
+
+// Applies one update to a full row (value followed by the table's slots).
+//   row:  (1 + table_slots) * dim floats
+//   grad: (dim,) the key's gradient, already summed over its occurrences
+SOK_EV_HOST_DEVICE void update_row(const OptimizerSpec& spec, float* row,
+                                   const float* grad, int64_t dim) {
+  float* value = row;
+  float* slot0 = row + (1 + spec.slot_index[0]) * dim;
+  float* slot1 = row + (1 + spec.slot_index[1]) * dim;
+  float* slot2 = row + (1 + spec.slot_index[2]) * dim;
+  const float lr = spec.learning_rate;
+  switch (spec.kind) {
+    case OptimizerKind::kSgd:
+      for (int64_t c = 0; c < dim; ++c) value[c] -= lr * grad[c];
+      break;
+    case OptimizerKind::kAdagrad:
+      for (int64_t c = 0; c < dim; ++c) {
+        slot0[c] += grad[c] * grad[c];
+        value[c] -= lr * grad[c] / sqrtf(slot0[c]);
+      }
+      break;
+    case OptimizerKind::kAdam: {
+      const float lr_t =
+          lr * sqrtf(1.0f - spec.beta2_power) / (1.0f - spec.beta1_power);
+      for (int64_t c = 0; c < dim; ++c) {
+        slot0[c] = spec.beta1 * slot0[c] + (1.0f - spec.beta1) * grad[c];
+        slot1[c] = spec.beta2 * slot1[c] + (1.0f - spec.beta2) * grad[c] * grad[c];
+        value[c] -= lr_t * slot0[c] / (sqrtf(slot1[c]) + spec.epsilon);
+      }
+      break;
+    }
+    case OptimizerKind::kFtrl:
+      for (int64_t c = 0; c < dim; ++c) {
+        const float g = grad[c];
+        // l2_shrinkage changes the gradient seen by `linear` only (FtrlV2).
+        const float g_shrunk = g + 2.0f * spec.l2_shrinkage * value[c];
+        const float accum = slot0[c];
+        const float new_accum = accum + g * g;
+        float new_root, old_root;
+        if (spec.learning_rate_power == -0.5f) {
+          new_root = sqrtf(new_accum);
+          old_root = sqrtf(accum);
+        } else {
+          new_root = powf(new_accum, -spec.learning_rate_power);
+          old_root = powf(accum, -spec.learning_rate_power);
+        }
+        slot1[c] += g_shrunk - (new_root - old_root) / lr * value[c];
+        const float linear = slot1[c];
+        const float quadratic = new_root / lr + 2.0f * spec.l2;
+        value[c] = fabsf(linear) > spec.l1
+                       ? ((linear > 0.0f ? spec.l1 : -spec.l1) - linear) / quadratic
+                       : 0.0f;
+        slot0[c] = new_accum;
+      }
+      break;
+    case OptimizerKind::kMomentum:
+      for (int64_t c = 0; c < dim; ++c) {
+        slot0[c] = slot0[c] * spec.momentum + grad[c];
+        value[c] -= spec.use_nesterov
+                        ? grad[c] * lr + slot0[c] * spec.momentum * lr
+                        : lr * slot0[c];
+      }
+      break;
+    case OptimizerKind::kRmsProp:
+      for (int64_t c = 0; c < dim; ++c) {
+        const float g = grad[c];
+        slot0[c] += (g * g - slot0[c]) * (1.0f - spec.decay);
+        float denominator = slot0[c] + spec.epsilon;
+        if (spec.centered) {
+          slot2[c] += (g - slot2[c]) * (1.0f - spec.decay);
+          denominator -= slot2[c] * slot2[c];
+        }
+        slot1[c] = slot1[c] * spec.momentum + lr * g / sqrtf(denominator);
+        value[c] -= slot1[c];
+      }
+      break;
+  }
+}
+
+namespace cpu {
+// Updates n rows in place.
+//   rows:  (n,) pointers to full rows of the table, host memory, distinct
+//   grads: (n, dim) row i's gradient at grads + i * dim
+void apply_optimizer(const CpuContext& context, const OptimizerSpec& spec,
+                     float* const* rows, const float* grads, int64_t n,
+                     int64_t dim);
+}  // namespace cpu
+
+namespace gpu {
+// The same contract with device pointers; work ordered on context.stream.
+void apply_optimizer(const GpuContext& context, const OptimizerSpec& spec,
+                     float* const* rows, const float* grads, int64_t n,
+                     int64_t dim);
+}  // namespace gpu
+
+}  // namespace sok_ev
+
+#endif  // SOK_EV_CC_OPTIMIZERS_H_

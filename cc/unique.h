@@ -1,0 +1,39 @@
+// Deduplication of a batch's keys, so every later stage (exchange, table
+// lookup, optimizer) touches each key once.
+#ifndef SOK_EV_CC_UNIQUE_H_
+#define SOK_EV_CC_UNIQUE_H_
+
+#include <cstdint>
+
+#include "cc/common.h"
+
+namespace sok_ev {
+namespace cpu {
+
+// unique_keys[inverse[i]] == keys[i] for every i. The CPU twin keeps first
+// occurrence order, like tf.unique.
+//   keys:         (n,)
+//   unique_keys:  (n,) out, the first *num_unique entries are written
+//   inverse:      (n,) out
+//   counts:       (n,) out or null: occurrences of each unique key
+//   num_unique:   (1,) out, host
+template <typename Key>
+void unique_keys(const CpuContext& context, const Key* keys, int64_t n,
+                 Key* unique_keys, int64_t* inverse, int64_t* counts,
+                 int64_t* num_unique);
+
+}  // namespace cpu
+
+namespace gpu {
+
+// The same contract with device pointers (num_unique too); the order of the
+// unique keys is unspecified.
+template <typename Key>
+void unique_keys(const GpuContext& context, const Key* keys, int64_t n,
+                 Key* unique_keys, int64_t* inverse, int64_t* counts,
+                 int64_t* num_unique);
+
+}  // namespace gpu
+}  // namespace sok_ev
+
+#endif  // SOK_EV_CC_UNIQUE_H_

@@ -1,0 +1,46 @@
+// CPU twin of unique_keys. See cc/unique.h.
+#include "cc/unique.h"
+
+#include <vector>
+
+#include "cc/hash.h"
+
+namespace sok_ev {
+namespace cpu {
+
+template <typename Key>
+void unique_keys(const CpuContext& /*context*/, const Key* keys, int64_t n,
+                 Key* unique_keys, int64_t* inverse, int64_t* counts,
+                 int64_t* num_unique) {
+  // A private open-addressing index over positions in unique_keys; capacity
+  // a power of two at least 2n keeps probes short. Serial on purpose: one
+  // pass over a batch is cheap next to the table work that follows.
+  int64_t capacity = 16;
+  while (capacity < 2 * n) capacity <<= 1;
+  const int64_t mask = capacity - 1;
+  std::vector<int64_t> index(capacity, -1);
+  int64_t found = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t slot = static_cast<int64_t>(bucket_hash(keys[i])) & mask;
+    while (index[slot] >= 0 && unique_keys[index[slot]] != keys[i]) {
+      slot = (slot + 1) & mask;
+    }
+    if (index[slot] < 0) {
+      index[slot] = found;
+      unique_keys[found] = keys[i];
+      if (counts) counts[found] = 0;
+      ++found;
+    }
+    inverse[i] = index[slot];
+    if (counts) ++counts[index[slot]];
+  }
+  *num_unique = found;
+}
+
+template void unique_keys<int32_t>(const CpuContext&, const int32_t*, int64_t,
+                                   int32_t*, int64_t*, int64_t*, int64_t*);
+template void unique_keys<int64_t>(const CpuContext&, const int64_t*, int64_t,
+                                   int64_t*, int64_t*, int64_t*, int64_t*);
+
+}  // namespace cpu
+}  // namespace sok_ev

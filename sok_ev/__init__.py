@@ -1,0 +1,59 @@
+"""sok-ev: DeepRec's Embedding Variables and SOK's grouped sparse lookups on
+stock TensorFlow.
+
+  import sok_ev as sok
+  sok.init()
+  var = sok.get_embedding_variable("var_0", embedding_dim=16)
+  emb, = sok.lookup_sparse([var], [sparse_ids], combiners=["sum"])
+
+See README.md for the whole API.
+"""
+
+from sok_ev import communication
+from sok_ev import optimizers
+from sok_ev.deeprec_api import install_deeprec_api
+from sok_ev.embedding_variable import EmbeddingVariable
+from sok_ev.embedding_variable import get_embedding_variable
+from sok_ev.lookup import lookup_sparse
+from sok_ev.optimizers import EmbeddingVariableSlot
+from sok_ev.optimizers import OptimizerWrapper
+from sok_ev.optimizers import SUPPORTED_OPTIMIZERS
+from sok_ev.options import EmbeddingVariableOption
+from sok_ev.options import GlobalStepEvict
+from sok_ev.options import InitializerOption
+
+__version__ = "0.1.0"
+
+
+def init():
+  """Prepares sok-ev; call once, after `hvd.init()` when using Horovod.
+
+  Takes the rank and number of workers from Horovod if it is initialised
+  (one worker otherwise), and installs the narrow optimizer hook
+  (`sok_ev.optimizers.install_optimizer_hook`) so stock tf.compat.v1.train
+  optimizers update Embedding Variables. Idempotent.
+
+  Raises:
+    RuntimeError: several processes were launched but Horovod is missing or
+      not initialised.
+  """
+  communication.init()
+  optimizers.install_optimizer_hook()
+
+
+def rank():
+  """This worker's index (0 without Horovod)."""
+  return communication.rank()
+
+
+def world_size():
+  """Number of workers (1 without Horovod)."""
+  return communication.world_size()
+
+
+__all__ = [
+    "EmbeddingVariable", "EmbeddingVariableOption", "EmbeddingVariableSlot",
+    "GlobalStepEvict", "InitializerOption", "OptimizerWrapper",
+    "SUPPORTED_OPTIMIZERS", "get_embedding_variable", "init",
+    "install_deeprec_api", "lookup_sparse", "rank", "world_size",
+]

@@ -1,0 +1,168 @@
+// Kernel of the fused optimizer update on an Embedding Variable: sums the
+// gradients of duplicate keys, then updates each key's row and slots in
+// place with cc/optimizers.h under the table's row locks.
+// Op definition: sok_ev/cc/ops/optimizer_ops.cc.
+#include <map>
+#include <string>
+#include <vector>
+
+#include "cc/optimizers.h"
+#include "cc/unique.h"
+#include "sok_ev/cc/kernels/embedding_variable.h"
+#include "sok_ev/cc/kernels/kernel_utils.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor.h"
+
+namespace sok_ev {
+
+using tensorflow::DataType;
+using tensorflow::OpKernel;
+using tensorflow::OpKernelConstruction;
+using tensorflow::OpKernelContext;
+using tensorflow::Tensor;
+using tensorflow::core::RefCountPtr;
+namespace errors = tensorflow::errors;
+
+namespace {
+
+struct OptimizerInfo {
+  OptimizerKind kind;
+  int num_hyperparameters;
+};
+
+const std::map<std::string, OptimizerInfo>& Optimizers() {
+  static const auto* optimizers = new std::map<std::string, OptimizerInfo>{
+      {"sgd", {OptimizerKind::kSgd, 1}},         {"adagrad", {OptimizerKind::kAdagrad, 1}},
+      {"adam", {OptimizerKind::kAdam, 6}},       {"ftrl", {OptimizerKind::kFtrl, 5}},
+      {"momentum", {OptimizerKind::kMomentum, 2}}, {"rmsprop", {OptimizerKind::kRmsProp, 4}},
+  };
+  return *optimizers;
+}
+
+// Unpacks the hyperparameter vector in the order documented at the op.
+void SetHyperparameters(const float* h, OptimizerSpec* spec) {
+  spec->learning_rate = h[0];
+  switch (spec->kind) {
+    case OptimizerKind::kAdam:
+      spec->beta1 = h[1];
+      spec->beta2 = h[2];
+      spec->epsilon = h[3];
+      spec->beta1_power = h[4];
+      spec->beta2_power = h[5];
+      break;
+    case OptimizerKind::kFtrl:
+      spec->learning_rate_power = h[1];
+      spec->l1 = h[2];
+      spec->l2 = h[3];
+      spec->l2_shrinkage = h[4];
+      break;
+    case OptimizerKind::kMomentum:
+      spec->momentum = h[1];
+      break;
+    case OptimizerKind::kRmsProp:
+      spec->decay = h[1];
+      spec->momentum = h[2];
+      spec->epsilon = h[3];
+      break;
+    default:
+      break;
+  }
+}
+
+}  // namespace
+
+class SparseApplyOptimizerOp : public OpKernel {
+ public:
+  explicit SparseApplyOptimizerOp(OpKernelConstruction* context) : OpKernel(context) {
+    OP_REQUIRES_OK(context, context->GetAttr("key_dtype", &key_dtype_));
+    std::string optimizer;
+    OP_REQUIRES_OK(context, context->GetAttr("optimizer", &optimizer));
+    info_ = Optimizers().at(optimizer);  // the op's attr enum admits only these
+    spec_.kind = info_.kind;
+    OP_REQUIRES_OK(context, context->GetAttr("use_nesterov", &spec_.use_nesterov));
+    OP_REQUIRES_OK(context, context->GetAttr("centered", &spec_.centered));
+    OP_REQUIRES_OK(context, context->GetAttr("slot_names", &slot_names_));
+    OP_REQUIRES_OK(context, context->GetAttr("slot_initial_values", &slot_initial_values_));
+    const int expected = num_slots(spec_.kind, spec_.centered);
+    OP_REQUIRES(context,
+                static_cast<int>(slot_names_.size()) == expected &&
+                    slot_initial_values_.size() == slot_names_.size(),
+                errors::InvalidArgument(optimizer, " keeps ", expected, " slots, but got ",
+                                        slot_names_.size(), " slot names and ",
+                                        slot_initial_values_.size(), " initial values"));
+  }
+
+  void Compute(OpKernelContext* context) override {
+    RefCountPtr<EmbeddingVariable> variable;
+    OP_REQUIRES_OK(context, LookupInitializedVariable(context, 0, key_dtype_, &variable));
+    const Tensor& keys = context->input(1);
+    const Tensor& grads = context->input(2);
+    const Tensor& hyperparameters = context->input(3);
+    const Tensor& global_step = context->input(4);
+    const int64_t dim = variable->embedding_dim();
+    OP_REQUIRES(context, keys.dims() == 1,
+                errors::InvalidArgument("keys must be a vector, got shape ",
+                                        keys.shape().DebugString()));
+    const int64_t n = keys.dim_size(0);
+    OP_REQUIRES(context, grads.dims() == 2 && grads.dim_size(0) == n && grads.dim_size(1) == dim,
+                errors::InvalidArgument("gradient of Embedding Variable '", variable->name(),
+                                        "' must have shape [", n, ", ", dim, "], got ",
+                                        grads.shape().DebugString()));
+    OP_REQUIRES(context, hyperparameters.NumElements() == info_.num_hyperparameters,
+                errors::InvalidArgument("hyperparameters must have ", info_.num_hyperparameters,
+                                        " values, got ", hyperparameters.NumElements()));
+    OP_REQUIRES(context, global_step.NumElements() == 1,
+                errors::InvalidArgument("global_step must be a scalar, got shape ",
+                                        global_step.shape().DebugString()));
+    OptimizerSpec spec = spec_;
+    SetHyperparameters(hyperparameters.flat<float>().data(), &spec);
+    OP_REQUIRES_OK(context, DispatchKeyType(key_dtype_, "keys", [&](auto key) {
+      using Key = decltype(key);
+      Apply<Key>(context, variable->table<Key>().get(), keys.flat<Key>().data(), n,
+                 grads.flat<float>().data(), dim, global_step.flat<int64_t>()(0), spec);
+    }));
+  }
+
+ private:
+  template <typename Key>
+  void Apply(OpKernelContext* context, cpu::HashTable<Key>* table, const Key* keys, int64_t n,
+             const float* grads, int64_t dim, int64_t global_step, OptimizerSpec spec) {
+    for (size_t s = 0; s < slot_names_.size(); ++s) {
+      spec.slot_index[s] = table->add_slot(slot_names_[s], slot_initial_values_[s]);
+    }
+    // A key can arrive several times (from several workers); the optimizer
+    // must see it once with the summed gradient, as TF's sparse apply does.
+    const CpuContext cpu = MakeCpuContext(context);
+    std::vector<Key> unique(n);
+    std::vector<int64_t> inverse(n);
+    int64_t num_unique = 0;
+    cpu::unique_keys(cpu, keys, n, unique.data(), inverse.data(), nullptr, &num_unique);
+    std::vector<float> summed(num_unique * dim, 0.0f);
+    for (int64_t i = 0; i < n; ++i) {
+      float* row = summed.data() + inverse[i] * dim;
+      for (int64_t c = 0; c < dim; ++c) row[c] += grads[i * dim + c];
+    }
+    table->update_rows(cpu, unique.data(), num_unique, global_step,
+                       [&](const int64_t* positions, float* const* rows, int64_t count) {
+                         std::vector<float> shard_grads(count * dim);
+                         for (int64_t k = 0; k < count; ++k) {
+                           std::copy(summed.data() + positions[k] * dim,
+                                     summed.data() + (positions[k] + 1) * dim,
+                                     shard_grads.data() + k * dim);
+                         }
+                         // Already inside a per-shard task: no nested pool.
+                         cpu::apply_optimizer(CpuContext::Serial(), spec, rows,
+                                              shard_grads.data(), count, dim);
+                       });
+  }
+
+  DataType key_dtype_;
+  OptimizerInfo info_;
+  OptimizerSpec spec_;
+  std::vector<std::string> slot_names_;
+  std::vector<float> slot_initial_values_;
+};
+REGISTER_KERNEL_BUILDER(Name("SokEv>SparseApplyOptimizer").Device(tensorflow::DEVICE_CPU),
+                        SparseApplyOptimizerOp);
+
+}  // namespace sok_ev

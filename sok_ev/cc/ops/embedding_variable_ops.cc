@@ -1,0 +1,110 @@
+// Op definitions for creating, initializing, sizing and checkpointing an
+// Embedding Variable. Kernels: sok_ev/cc/kernels/embedding_variable_kernels.cc.
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace sok_ev {
+
+using tensorflow::shape_inference::InferenceContext;
+using tensorflow::shape_inference::ShapeHandle;
+
+REGISTER_OP("SokEv>EmbeddingVariableHandle")
+    .Output("resource: resource")
+    .Attr("container: string = ''")
+    .Attr("shared_name: string = ''")
+    .Attr("key_dtype: {int32, int64}")
+    .Attr("embedding_dim: int >= 1")
+    .SetIsStateful()
+    .SetShapeFn(tensorflow::shape_inference::ScalarShape)
+    .Doc("A handle to the Embedding Variable named `shared_name`.");
+
+// initializer_kind follows sok_ev::InitializerSpec::Kind (cc/initializer.h).
+REGISTER_OP("SokEv>InitializeEmbeddingVariable")
+    .Input("resource: resource")
+    .Input("default_values: float")
+    .Attr("key_dtype: {int32, int64}")
+    .Attr("embedding_dim: int >= 1")
+    .Attr("initializer_kind: int")
+    .Attr("param_a: float = 0.0")
+    .Attr("param_b: float = 0.0")
+    .Attr("seed: int = 0")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle default_values;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &default_values));
+      return absl::OkStatus();
+    })
+    .Doc("Creates the variable's table, or empties it if it exists. "
+         "default_values: (N, embedding_dim), N = 0 unless initializer_kind "
+         "is the default-value matrix.");
+
+REGISTER_OP("SokEv>EmbeddingVariableIsInitialized")
+    .Input("resource: resource")
+    .Output("is_initialized: bool")
+    .SetShapeFn(tensorflow::shape_inference::ScalarShape);
+
+REGISTER_OP("SokEv>EmbeddingVariableSize")
+    .Input("resource: resource")
+    .Output("size: int64")
+    .SetShapeFn(tensorflow::shape_inference::ScalarShape)
+    .Doc("Number of keys stored.");
+
+// Checkpoint export: rows are [value | slots], (n, (1 + num_slots) * dim).
+REGISTER_OP("SokEv>EmbeddingVariableExport")
+    .Input("resource: resource")
+    .Output("keys: key_dtype")
+    .Output("rows: float")
+    .Output("frequencies: int64")
+    .Output("versions: int64")
+    .Output("slot_names: string")
+    .Output("slot_initial_values: float")
+    .Attr("key_dtype: {int32, int64}")
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
+      c->set_output(1, c->Matrix(InferenceContext::kUnknownDim,
+                                 InferenceContext::kUnknownDim));
+      c->set_output(2, c->Vector(InferenceContext::kUnknownDim));
+      c->set_output(3, c->Vector(InferenceContext::kUnknownDim));
+      c->set_output(4, c->Vector(InferenceContext::kUnknownDim));
+      c->set_output(5, c->Vector(InferenceContext::kUnknownDim));
+      return absl::OkStatus();
+    });
+
+REGISTER_OP("SokEv>EmbeddingVariableImport")
+    .Input("resource: resource")
+    .Input("keys: key_dtype")
+    .Input("rows: float")
+    .Input("frequencies: int64")
+    .Input("versions: int64")
+    .Input("slot_names: string")
+    .Input("slot_initial_values: float")
+    .Attr("key_dtype: {int32, int64}")
+    .SetShapeFn(tensorflow::shape_inference::NoOutputs)
+    .Doc("Replaces the table's contents with a checkpoint's, after checking "
+         "every shape; on a bad input the table is left untouched.");
+
+REGISTER_OP("SokEv>EmbeddingVariableFind")
+    .Input("resource: resource")
+    .Input("keys: key_dtype")
+    .Output("values: float")
+    .Attr("key_dtype: {int32, int64}")
+    .Attr("embedding_dim: int >= 1")
+    .SetShapeFn([](InferenceContext* c) {
+      int64_t dim;
+      TF_RETURN_IF_ERROR(c->GetAttr("embedding_dim", &dim));
+      c->set_output(0, c->Matrix(c->Dim(c->input(1), 0), dim));
+      return absl::OkStatus();
+    })
+    .Doc("Values of `keys` without inserting; an absent key reads its "
+         "initial value.");
+
+REGISTER_OP("SokEv>EmbeddingVariableEvict")
+    .Input("resource: resource")
+    .Input("global_step: int64")
+    .Output("evicted: int64")
+    .Attr("key_dtype: {int32, int64}")
+    .Attr("steps_to_live: int >= 1")
+    .SetShapeFn(tensorflow::shape_inference::ScalarShape)
+    .Doc("Erases keys not updated in the last steps_to_live steps.");
+
+}  // namespace sok_ev

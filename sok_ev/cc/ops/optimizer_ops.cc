@@ -1,0 +1,33 @@
+// Op definition of the fused optimizer update on an Embedding Variable.
+// Kernel: sok_ev/cc/kernels/optimizer_kernels.cc.
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace sok_ev {
+
+// hyperparameters, by optimizer (the order sok_ev/optimizers.py packs):
+//   sgd:      [learning_rate]
+//   adagrad:  [learning_rate]
+//   adam:     [learning_rate, beta1, beta2, epsilon, beta1_power, beta2_power]
+//   ftrl:     [learning_rate, learning_rate_power, l1, l2, l2_shrinkage]
+//   momentum: [learning_rate, momentum]
+//   rmsprop:  [learning_rate, decay, momentum, epsilon]
+REGISTER_OP("SokEv>SparseApplyOptimizer")
+    .Input("resource: resource")
+    .Input("keys: key_dtype")
+    .Input("grads: float")
+    .Input("hyperparameters: float")
+    .Input("global_step: int64")
+    .Attr("key_dtype: {int32, int64}")
+    .Attr("optimizer: {'sgd', 'adagrad', 'adam', 'ftrl', 'momentum', 'rmsprop'}")
+    .Attr("slot_names: list(string) >= 0")
+    .Attr("slot_initial_values: list(float) >= 0")
+    .Attr("use_nesterov: bool = false")
+    .Attr("centered: bool = false")
+    .SetShapeFn(tensorflow::shape_inference::NoOutputs)
+    .Doc("Applies one optimizer step to the rows of `keys` (duplicates are "
+         "summed first). Slots are created on first use with their initial "
+         "values; each key's version becomes global_step.");
+
+}  // namespace sok_ev
