@@ -216,6 +216,19 @@ class EmbeddingVariable(variables.Variable):
   def _as_graph_element(self):
     return None
 
+  def _ref(self):
+    # Reached when a stock optimizer handles the variable without the hook.
+    raise TypeError(
+        f"Embedding Variable '{self.name}' can only be updated by a "
+        "tf.compat.v1.train optimizer after sok_ev.init(), or through "
+        "sok_ev.OptimizerWrapper(optimizer).")
+
+  def to_proto(self, export_scope=None):
+    # A MetaGraph has no VariableDef for a hash table: the table is saved
+    # by the Saver, and rebuilt by running the script that made it.
+    del export_scope
+    return None
+
   def __repr__(self):
     return (f"<sok_ev.EmbeddingVariable '{self.name}' embedding_dim="
             f"{self._embedding_dim} key_dtype={self._key_dtype.name} "

@@ -154,6 +154,8 @@ def apply_to_embedding_variable(optimizer, grad, variable):
       optimizer._create_non_slot_variable(initial_value=value, name=name,
                                           colocate_with=variable)
   slots = rule.slots(optimizer)
+  for slot_name, _ in slots:
+    _slot_of(optimizer, variable, slot_name)  # so get_slot() finds it
   hyperparameters = tf.stack(
       [tf.cast(h, tf.float32) for h in rule.hyperparameters(optimizer)])
   return ops().sok_ev_sparse_apply_optimizer(
