@@ -16,6 +16,7 @@ from tensorflow.python.framework import ops as framework_ops
 from tensorflow.python.ops import resource_variable_ops
 from tensorflow.python.ops import variables
 from tensorflow.python.trackable import base as trackable
+from tensorflow.python.types import core
 
 from sok_ev import initializers
 from sok_ev import options as options_lib
@@ -28,7 +29,9 @@ EMBEDDING_VARIABLES = "sok_ev_embedding_variables"
 _SUPPORTED_KEY_DTYPES = (tf.int32, tf.int64)
 
 
-class EmbeddingVariable(variables.Variable):
+# core.Tensor as for tf.Variable's resource variables: tapes check it to decide
+# that a watched variable is trainable.
+class EmbeddingVariable(variables.Variable, core.Tensor):
   """A hash-based embedding table whose keys are raw ids.
 
   Shape notation: `dim` = `embedding_dim`. `shape` is `[dim]` (as in DeepRec),
