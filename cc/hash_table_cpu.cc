@@ -268,7 +268,7 @@ void HashTable<Key>::find_or_insert(const CpuContext& context, const Key* keys,
           continue;
         }
         std::memcpy(values + i * dim_, shard.row(id), dim_ * sizeof(float));
-        if (frequencies) atomic_add(&shard.frequencies[id], frequencies[i]);
+        atomic_add(&shard.frequencies[id], frequencies ? frequencies[i] : 1);
       }
     }
     if (missing.empty()) return;
@@ -282,7 +282,7 @@ void HashTable<Key>::find_or_insert(const CpuContext& context, const Key* keys,
         fill_initial_row(keys[i], shard.row(id));
       }
       std::memcpy(values + i * dim_, shard.row(id), dim_ * sizeof(float));
-      if (frequencies) shard.frequencies[id] += frequencies[i];
+      shard.frequencies[id] += frequencies ? frequencies[i] : 1;
     }
   });
 }

@@ -58,7 +58,7 @@ class HashTable {
   // their initial values.
   //   keys:        (n,)
   //   values:      (n, dim) out
-  //   frequencies: (n,) or null: added to each key's frequency
+  //   frequencies: (n,) added to each key's frequency; null adds 1 per key
   void find_or_insert(const CpuContext& context, const Key* keys, int64_t n,
                       float* values, const int64_t* frequencies);
 

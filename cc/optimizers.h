@@ -61,82 +61,86 @@ inline int num_slots(OptimizerKind kind, bool centered = false) {
   return 0;
 }
 
-// Applies one update to a full row (value followed by the table's slots).
-//   row:  (1 + table_slots) * dim floats
-//   grad: (dim,) the key's gradient, already summed over its occurrences
-SOK_EV_HOST_DEVICE void update_row(const OptimizerSpec& spec, float* row,
-                                   const float* grad, int64_t dim) {
+// Adam's bias-corrected learning rate for this step (TF's lr_t).
+SOK_EV_HOST_DEVICE float adam_learning_rate(const OptimizerSpec& spec) {
+  return spec.learning_rate * sqrtf(1.0f - spec.beta2_power) /
+         (1.0f - spec.beta1_power);
+}
+
+// Updates column c of a full row (value followed by the table's slots). One
+// definition for both twins: the CPU loops over columns, the GPU gives each
+// thread a column, and both produce the same bits (no FMA contraction).
+//   row:     (1 + table_slots) * dim floats
+//   grad:    (dim,) the key's gradient, already summed over its occurrences
+//   adam_lr: adam_learning_rate(spec), hoisted out of the column loop
+SOK_EV_HOST_DEVICE void update_element(const OptimizerSpec& spec, float* row,
+                                       const float* grad, int64_t c,
+                                       int64_t dim, float adam_lr) {
   float* value = row;
   float* slot0 = row + (1 + spec.slot_index[0]) * dim;
   float* slot1 = row + (1 + spec.slot_index[1]) * dim;
   float* slot2 = row + (1 + spec.slot_index[2]) * dim;
   const float lr = spec.learning_rate;
+  const float g = grad[c];
   switch (spec.kind) {
     case OptimizerKind::kSgd:
-      for (int64_t c = 0; c < dim; ++c) value[c] -= lr * grad[c];
+      value[c] -= lr * g;
       break;
     case OptimizerKind::kAdagrad:
-      for (int64_t c = 0; c < dim; ++c) {
-        slot0[c] += grad[c] * grad[c];
-        value[c] -= lr * grad[c] / sqrtf(slot0[c]);
-      }
+      slot0[c] += g * g;
+      value[c] -= lr * g / sqrtf(slot0[c]);
       break;
-    case OptimizerKind::kAdam: {
-      const float lr_t =
-          lr * sqrtf(1.0f - spec.beta2_power) / (1.0f - spec.beta1_power);
-      for (int64_t c = 0; c < dim; ++c) {
-        slot0[c] = spec.beta1 * slot0[c] + (1.0f - spec.beta1) * grad[c];
-        slot1[c] = spec.beta2 * slot1[c] + (1.0f - spec.beta2) * grad[c] * grad[c];
-        value[c] -= lr_t * slot0[c] / (sqrtf(slot1[c]) + spec.epsilon);
+    case OptimizerKind::kAdam:
+      slot0[c] = spec.beta1 * slot0[c] + (1.0f - spec.beta1) * g;
+      slot1[c] = spec.beta2 * slot1[c] + (1.0f - spec.beta2) * g * g;
+      value[c] -= adam_lr * slot0[c] / (sqrtf(slot1[c]) + spec.epsilon);
+      break;
+    case OptimizerKind::kFtrl: {
+      // l2_shrinkage changes the gradient seen by `linear` only (FtrlV2).
+      const float g_shrunk = g + 2.0f * spec.l2_shrinkage * value[c];
+      const float accum = slot0[c];
+      const float new_accum = accum + g * g;
+      float new_root, old_root;
+      if (spec.learning_rate_power == -0.5f) {
+        new_root = sqrtf(new_accum);
+        old_root = sqrtf(accum);
+      } else {
+        new_root = powf(new_accum, -spec.learning_rate_power);
+        old_root = powf(accum, -spec.learning_rate_power);
       }
+      slot1[c] += g_shrunk - (new_root - old_root) / lr * value[c];
+      const float linear = slot1[c];
+      const float quadratic = new_root / lr + 2.0f * spec.l2;
+      value[c] = fabsf(linear) > spec.l1
+                     ? ((linear > 0.0f ? spec.l1 : -spec.l1) - linear) / quadratic
+                     : 0.0f;
+      slot0[c] = new_accum;
       break;
     }
-    case OptimizerKind::kFtrl:
-      for (int64_t c = 0; c < dim; ++c) {
-        const float g = grad[c];
-        // l2_shrinkage changes the gradient seen by `linear` only (FtrlV2).
-        const float g_shrunk = g + 2.0f * spec.l2_shrinkage * value[c];
-        const float accum = slot0[c];
-        const float new_accum = accum + g * g;
-        float new_root, old_root;
-        if (spec.learning_rate_power == -0.5f) {
-          new_root = sqrtf(new_accum);
-          old_root = sqrtf(accum);
-        } else {
-          new_root = powf(new_accum, -spec.learning_rate_power);
-          old_root = powf(accum, -spec.learning_rate_power);
-        }
-        slot1[c] += g_shrunk - (new_root - old_root) / lr * value[c];
-        const float linear = slot1[c];
-        const float quadratic = new_root / lr + 2.0f * spec.l2;
-        value[c] = fabsf(linear) > spec.l1
-                       ? ((linear > 0.0f ? spec.l1 : -spec.l1) - linear) / quadratic
-                       : 0.0f;
-        slot0[c] = new_accum;
-      }
-      break;
     case OptimizerKind::kMomentum:
-      for (int64_t c = 0; c < dim; ++c) {
-        slot0[c] = slot0[c] * spec.momentum + grad[c];
-        value[c] -= spec.use_nesterov
-                        ? grad[c] * lr + slot0[c] * spec.momentum * lr
-                        : lr * slot0[c];
-      }
+      slot0[c] = slot0[c] * spec.momentum + g;
+      value[c] -= spec.use_nesterov ? g * lr + slot0[c] * spec.momentum * lr
+                                    : lr * slot0[c];
       break;
-    case OptimizerKind::kRmsProp:
-      for (int64_t c = 0; c < dim; ++c) {
-        const float g = grad[c];
-        slot0[c] += (g * g - slot0[c]) * (1.0f - spec.decay);
-        float denominator = slot0[c] + spec.epsilon;
-        if (spec.centered) {
-          slot2[c] += (g - slot2[c]) * (1.0f - spec.decay);
-          denominator -= slot2[c] * slot2[c];
-        }
-        slot1[c] = slot1[c] * spec.momentum + lr * g / sqrtf(denominator);
-        value[c] -= slot1[c];
+    case OptimizerKind::kRmsProp: {
+      slot0[c] += (g * g - slot0[c]) * (1.0f - spec.decay);
+      float denominator = slot0[c] + spec.epsilon;
+      if (spec.centered) {
+        slot2[c] += (g - slot2[c]) * (1.0f - spec.decay);
+        denominator -= slot2[c] * slot2[c];
       }
+      slot1[c] = slot1[c] * spec.momentum + lr * g / sqrtf(denominator);
+      value[c] -= slot1[c];
       break;
+    }
   }
+}
+
+// Applies one update to a whole row; see update_element.
+SOK_EV_HOST_DEVICE void update_row(const OptimizerSpec& spec, float* row,
+                                   const float* grad, int64_t dim) {
+  const float adam_lr = adam_learning_rate(spec);
+  for (int64_t c = 0; c < dim; ++c) update_element(spec, row, grad, c, dim, adam_lr);
 }
 
 namespace cpu {

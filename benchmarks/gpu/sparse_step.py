@@ -1,0 +1,240 @@
+#!/usr/bin/env python3
+"""Model-parallel sparse step over N GPUs, one process per GPU, NCCL
+all-to-all between the stages (what Horovod does inside the TF graph):
+
+  forward:  unique -> partition_by_owner -> all-to-all keys ->
+            find_or_insert on owners -> all-to-all values back -> combine
+  backward: combine_backward -> all-to-all gradients to owners ->
+            per-key sum -> Adagrad on the owner's rows
+
+Weak scaling (T4): every GPU keeps its own batch and a table shard of
+--rows-per-gpu keys; efficiency = t(1 GPU) / t(N GPUs).
+--check: N-GPU outputs and trained rows equal a single-GPU run of the
+global batch (rank 0 recomputes it with an unsharded table).
+
+  python3 benchmarks/gpu/sparse_step.py --gpus 2 [--check]
+"""
+import argparse
+import json
+import os
+import statistics
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from common import fmt, time_ms
+import sokev_gpu as sg
+
+LR = 0.05
+
+
+class Exchange:
+    """all-to-all with per-destination counts; a local copy for 1 worker."""
+
+    def __init__(self, world):
+        self.world = world
+
+    def counts(self, send_counts):
+        if self.world == 1:
+            return send_counts.clone()
+        recv = torch.empty_like(send_counts)
+        dist.all_to_all_single(recv, send_counts)
+        return recv
+
+    def __call__(self, send, send_split, recv_split):
+        recv = torch.empty((sum(recv_split),) + tuple(send.shape[1:]),
+                           dtype=send.dtype, device=send.device)
+        if self.world == 1:
+            recv.copy_(send)
+        else:
+            dist.all_to_all_single(recv, send, recv_split, send_split)
+        return recv
+
+
+def sparse_step(table, exchange, keys, offsets, grad_out, step, dim):
+    """One training step; returns the forward output (batch, dim)."""
+    world = exchange.world
+    uniq, inverse, _, num = sg.unique(keys, counts=False)
+    u = int(num.item())
+    uniq = uniq[:u]
+    by_owner, positions, counts = sg.partition(uniq, world)
+    recv_counts = exchange.counts(counts)
+    send_split = counts.tolist()
+    recv_split = recv_counts.tolist()
+    owner_keys = exchange(by_owner, send_split, recv_split)
+    owner_values = torch.empty((owner_keys.numel(), dim), device="cuda")
+    table.find_or_insert(owner_keys, owner_values)
+    back = exchange(owner_values, recv_split, send_split)
+    unique_values = torch.empty((u, dim), device="cuda")
+    unique_values[positions] = back
+    out = torch.empty((offsets.numel() - 1, dim), device="cuda")
+    sg.combine_forward(unique_values, inverse, offsets, out)
+    # backward
+    grad_unique = sg.combine_backward(grad_out, inverse, offsets, u,
+                                      torch.empty((u, dim), device="cuda"))
+    owner_grads = exchange(grad_unique[positions], send_split, recv_split)
+    m = owner_keys.numel()
+    ouniq, oinverse, _, onum = sg.unique(owner_keys, counts=False)
+    ou = int(onum.item())
+    ident = torch.arange(m + 1, device="cuda", dtype=torch.int64)
+    key_grads = sg.combine_backward(owner_grads, oinverse, ident, ou,
+                                    torch.empty((ou, dim), device="cuda"))
+    rows = torch.empty(ou, dtype=torch.int64, device="cuda")
+    table.update_rows(ouniq[:ou], step, rows)
+    sg.apply_optimizer("adagrad", rows, key_grads, dim, lr=LR)
+    return out
+
+
+def make_batch(gen, all_keys, batch, features, hot, dim):
+    nnz = batch * features * hot
+    idx = torch.randint(0, all_keys.numel(), (nnz,), generator=gen, device="cuda")
+    offsets = torch.arange(0, nnz + 1, hot, device="cuda", dtype=torch.int64)
+    grad = torch.randn((batch * features, dim), generator=gen, device="cuda")
+    return all_keys[idx], offsets, grad
+
+
+def new_table(dim, capacity):
+    table = sg.HashTable(dim, torch.int64, init="uniform", a=-0.05, b=0.05,
+                         seed=11, capacity=capacity)
+    table.add_slot("accumulator", 0.1)
+    return table
+
+
+def worker(rank, args, result_path):
+    torch.cuda.set_device(rank)
+    world = args.gpus
+    if world > 1:
+        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{args.port}",
+                                 rank=rank, world_size=world)
+    exchange = Exchange(world)
+    dim = args.dim
+    # Every rank builds the same global key set, then inserts its own shard.
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    total_rows = args.rows_per_gpu * world
+    all_keys = torch.randint(-(1 << 62), 1 << 62, (total_rows,), generator=gen,
+                             device="cuda", dtype=torch.int64)
+    mine_keys, _, counts = sg.partition(all_keys, world)
+    start = int(counts[:rank].sum().item())
+    mine = mine_keys[start:start + int(counts[rank].item())]
+    table = new_table(dim, int(mine.numel() * 1.3))
+    for s in range(0, mine.numel(), 1 << 22):
+        table.find_or_insert(mine[s:s + (1 << 22)])
+    batch_gen = torch.Generator(device="cuda").manual_seed(100 + rank)
+    result = {}
+    if args.check:
+        batches = [make_batch(batch_gen, all_keys, args.check_batch, args.features,
+                              args.hot, dim) for _ in range(3)]
+        outs = [sparse_step(table, exchange, k, o, g, step + 1, dim)
+                for step, (k, o, g) in enumerate(batches)]
+        probe = all_keys[:20000]
+        found = torch.zeros(probe.numel(), dtype=torch.bool, device="cuda")
+        vals = torch.zeros((probe.numel(), dim), device="cuda")
+        table.find(probe, vals, found)
+        if world > 1:
+            gathered = [[torch.empty_like(o) for _ in range(world)] for o in outs]
+            for g, o in zip(gathered, outs):
+                dist.all_gather(g, o)
+            dist.all_reduce(vals)  # each key lives on exactly one rank
+            keys_all = [[torch.empty_like(b[0]) for _ in range(world)] for b in batches]
+            grads_all = [[torch.empty_like(b[2]) for _ in range(world)] for b in batches]
+            for i, b in enumerate(batches):
+                dist.all_gather(keys_all[i], b[0])
+                dist.all_gather(grads_all[i], b[2])
+        else:
+            gathered = [[o] for o in outs]
+            keys_all = [[b[0]] for b in batches]
+            grads_all = [[b[2]] for b in batches]
+        if rank == 0:
+            # Single GPU, unsharded table, the global batch.
+            ref_table = new_table(dim, int(total_rows * 1.3))
+            for s in range(0, total_rows, 1 << 22):
+                ref_table.find_or_insert(all_keys[s:s + (1 << 22)])
+            one = Exchange(1)
+            err = 0.0
+            for i in range(len(batches)):
+                k = torch.cat(keys_all[i])
+                g = torch.cat(grads_all[i])
+                hot = args.hot
+                o = torch.arange(0, k.numel() + 1, hot, device="cuda", dtype=torch.int64)
+                ref_out = sparse_step(ref_table, one, k, o, g, i + 1, dim)
+                got = torch.cat(gathered[i])
+                err = max(err, ((got - ref_out).norm() / ref_out.norm()).item())
+            ref_vals = torch.zeros_like(vals)
+            ref_table.find(probe, ref_vals)
+            verr = ((vals - ref_vals).norm() / ref_vals.norm()).item()
+            result["check"] = dict(forward_rel_err=err, table_rel_err=verr,
+                                   passed=err < 1e-5 and verr < 1e-5)
+            print(f"[check gpus={world}] forward rel err {err:.2e}, trained rows "
+                  f"rel err {verr:.2e} -> {'PASS' if result['check']['passed'] else 'FAIL'}",
+                  flush=True)
+    else:
+        sets = [make_batch(batch_gen, all_keys, args.batch, args.features, args.hot, dim)
+                for _ in range(3)]
+        state = dict(step=0)
+
+        def run(s):
+            state["step"] += 1
+            sparse_step(table, exchange, s[0], s[1], s[2], state["step"], dim)
+
+        if world > 1:
+            dist.barrier()
+        t = time_ms(run, sets, warmup=3, reps=args.reps)
+        times = [None] * world
+        if world > 1:
+            all_t = [None] * world
+            dist.all_gather_object(all_t, t)
+            times = all_t
+        else:
+            times = [t]
+        if rank == 0:
+            slowest = max(x[0] for x in times)
+            result["step_ms"] = slowest
+            result["per_rank"] = [fmt(x) for x in times]
+            print(f"[gpus={world}] sparse step (batch {args.batch}/GPU, {args.features} "
+                  f"features, {args.hot}-hot, dim {dim}, {args.rows_per_gpu} keys/GPU): "
+                  f"{slowest:.3f} ms  per rank {result['per_rank']}", flush=True)
+    if rank == 0:
+        with open(result_path, "w") as f:
+            json.dump(result, f)
+    if world > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--gpus", type=int, default=1)
+    parser.add_argument("--batch", type=int, default=65536)
+    parser.add_argument("--features", type=int, default=26)
+    parser.add_argument("--hot", type=int, default=1)
+    parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument("--rows-per-gpu", type=int, default=10_000_000)
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--check", action="store_true")
+    parser.add_argument("--check-batch", type=int, default=4096)
+    parser.add_argument("--port", type=int, default=29533)
+    parser.add_argument("--scaling", action="store_true",
+                        help="time 1 GPU and --gpus GPUs, print the efficiency")
+    args = parser.parse_args()
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    out_dir = os.environ.get("OUT", ".")
+    counts = [1, args.gpus] if args.scaling else [args.gpus]
+    results = {}
+    for n in counts:
+        args_n = argparse.Namespace(**{**vars(args), "gpus": n})
+        path = os.path.join(out_dir, f"sparse_step_{n}{'_check' if args.check else ''}.json")
+        if n == 1:
+            worker(0, args_n, path)
+        else:
+            mp.spawn(worker, args=(args_n, path), nprocs=n, join=True)
+        with open(path) as f:
+            results[n] = json.load(f)
+    if args.scaling and not args.check:
+        t1, tn = results[1]["step_ms"], results[args.gpus]["step_ms"]
+        print(f"T4 weak scaling 1 -> {args.gpus} GPUs: {t1:.3f} -> {tn:.3f} ms, "
+              f"efficiency {100 * t1 / tn:.1f}% (target 90%)", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,326 @@
+// C ABI over the GPU core for ctypes: device pointers arrive as integers
+// (torch.Tensor.data_ptr(), cupy's .data.ptr) and the stream as a
+// cudaStream_t integer. Every function returns 0 on success, else 1 with the
+// message in sokev_last_error(). Scratch memory is stream-ordered
+// cudaMallocAsync from the device's default pool.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "cc/combine.h"
+#include "cc/fused_lookup_gpu.h"
+#include "cc/hash_table_gpu.h"
+#include "cc/optimizers.h"
+#include "cc/optimizers_gpu.h"
+#include "cc/partition.h"
+#include "cc/status_gpu.h"
+#include "cc/unique.h"
+
+using sok_ev::Combiner;
+using sok_ev::GpuContext;
+using sok_ev::Status;
+namespace gpu = sok_ev::gpu;
+
+namespace {
+
+thread_local std::string last_error;
+
+int report(const Status& status) {
+  if (status.ok()) return 0;
+  last_error = status.message;
+  return 1;
+}
+
+// Errors of the void core functions, plus any asynchronous fault so far.
+int report_pending() { return report(gpu::take_last_error()); }
+
+GpuContext context_for(uint64_t stream) {
+  static bool pool_configured = [] {
+    // Keep freed scratch in the pool: returning it to the driver after
+    // every call would synchronise.
+    int device = 0;
+    cudaGetDevice(&device);
+    cudaMemPool_t pool;
+    if (cudaDeviceGetDefaultMemPool(&pool, device) == cudaSuccess) {
+      uint64_t threshold = UINT64_MAX;
+      cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold);
+    }
+    return true;
+  }();
+  (void)pool_configured;
+  GpuContext context;
+  context.stream = reinterpret_cast<void*>(stream);
+  context.allocator = nullptr;
+  return context;
+}
+
+struct TableHandle {
+  int key_bits;
+  void* table;
+  template <typename Key>
+  gpu::HashTable<Key>* as() { return static_cast<gpu::HashTable<Key>*>(table); }
+};
+
+template <typename F>
+int with_table(void* handle, F&& f) {
+  TableHandle* h = static_cast<TableHandle*>(handle);
+  if (h->key_bits == 32) return report(f(h->as<int32_t>(), (int32_t*)nullptr));
+  return report(f(h->as<int64_t>(), (int64_t*)nullptr));
+}
+
+template <typename T>
+T* ptr(uint64_t address) { return reinterpret_cast<T*>(address); }
+
+}  // namespace
+
+extern "C" {
+
+const char* sokev_last_error() { return last_error.c_str(); }
+
+int sokev_table_create(int key_bits, int64_t dim, int init_kind, float param_a,
+                       float param_b, uint64_t seed, uint64_t default_values,
+                       int64_t default_value_dim, int64_t initial_capacity,
+                       float max_load_factor, uint64_t stream, void** out) {
+  sok_ev::InitializerSpec spec;
+  spec.kind = static_cast<sok_ev::InitializerSpec::Kind>(init_kind);
+  spec.param_a = param_a;
+  spec.param_b = param_b;
+  spec.seed = seed;
+  spec.default_values = ptr<const float>(default_values);
+  spec.default_value_dim = default_value_dim;
+  gpu::HashTableOptions options;
+  options.initial_capacity = initial_capacity;
+  options.max_load_factor = max_load_factor;
+  TableHandle* handle = new TableHandle{key_bits, nullptr};
+  Status status;
+  if (key_bits == 32) {
+    gpu::HashTable<int32_t>* table = nullptr;
+    status = gpu::HashTable<int32_t>::Create(context_for(stream), dim, spec, options, &table);
+    handle->table = table;
+  } else if (key_bits == 64) {
+    gpu::HashTable<int64_t>* table = nullptr;
+    status = gpu::HashTable<int64_t>::Create(context_for(stream), dim, spec, options, &table);
+    handle->table = table;
+  } else {
+    status = Status::InvalidArgument("key_bits must be 32 or 64");
+  }
+  if (!status.ok()) {
+    delete handle;
+    *out = nullptr;
+    return report(status);
+  }
+  *out = handle;
+  return 0;
+}
+
+int sokev_table_destroy(void* handle) {
+  TableHandle* h = static_cast<TableHandle*>(handle);
+  if (h->key_bits == 32) delete h->as<int32_t>(); else delete h->as<int64_t>();
+  delete h;
+  return 0;
+}
+
+int sokev_table_size(void* handle, uint64_t stream, int64_t* size) {
+  return with_table(handle, [&](auto* t, auto*) { return t->size(context_for(stream), size); });
+}
+
+int sokev_table_info(void* handle, uint64_t* memory_bytes, int64_t* buckets,
+                     int64_t* row_capacity, int64_t* row_width) {
+  return with_table(handle, [&](auto* t, auto*) {
+    *memory_bytes = t->memory_bytes();
+    *buckets = t->bucket_count();
+    *row_capacity = t->row_capacity();
+    *row_width = t->row_width();
+    return Status::Ok();
+  });
+}
+
+int sokev_table_add_slot(void* handle, const char* name, float initial_value,
+                         uint64_t stream, int* index) {
+  return with_table(handle, [&](auto* t, auto*) {
+    return t->add_slot(context_for(stream), name, initial_value, index);
+  });
+}
+
+int sokev_table_reserve(void* handle, int64_t keys, uint64_t stream) {
+  return with_table(handle, [&](auto* t, auto*) { return t->reserve(context_for(stream), keys); });
+}
+
+int sokev_table_find_or_insert(void* handle, uint64_t keys, int64_t n,
+                               uint64_t values, uint64_t frequencies,
+                               uint64_t row_ids, uint64_t stream) {
+  return with_table(handle, [&](auto* t, auto* key_type) {
+    using Key = std::remove_pointer_t<decltype(key_type)>;
+    return t->find_or_insert(context_for(stream), ptr<const Key>(keys), n,
+                             ptr<float>(values), ptr<const int64_t>(frequencies),
+                             ptr<int64_t>(row_ids));
+  });
+}
+
+int sokev_table_find(void* handle, uint64_t keys, int64_t n, uint64_t values,
+                     uint64_t found, int initial_for_missing, uint64_t stream) {
+  return with_table(handle, [&](auto* t, auto* key_type) {
+    using Key = std::remove_pointer_t<decltype(key_type)>;
+    return t->find(context_for(stream), ptr<const Key>(keys), n, ptr<float>(values),
+                   ptr<bool>(found), initial_for_missing != 0);
+  });
+}
+
+int sokev_table_insert_or_assign(void* handle, uint64_t keys, int64_t n,
+                                 uint64_t rows, uint64_t frequencies,
+                                 uint64_t versions, uint64_t stream) {
+  return with_table(handle, [&](auto* t, auto* key_type) {
+    using Key = std::remove_pointer_t<decltype(key_type)>;
+    return t->insert_or_assign(context_for(stream), ptr<const Key>(keys), n,
+                               ptr<const float>(rows), ptr<const int64_t>(frequencies),
+                               ptr<const int64_t>(versions));
+  });
+}
+
+int sokev_table_erase(void* handle, uint64_t keys, int64_t n, uint64_t stream,
+                      int64_t* num_erased) {
+  return with_table(handle, [&](auto* t, auto* key_type) {
+    using Key = std::remove_pointer_t<decltype(key_type)>;
+    return t->erase(context_for(stream), ptr<const Key>(keys), n, num_erased);
+  });
+}
+
+int sokev_table_update_rows(void* handle, uint64_t keys, int64_t n,
+                            int64_t global_step, uint64_t rows, uint64_t stream) {
+  return with_table(handle, [&](auto* t, auto* key_type) {
+    using Key = std::remove_pointer_t<decltype(key_type)>;
+    return t->update_rows(context_for(stream), ptr<const Key>(keys), n, global_step,
+                          ptr<float*>(rows));
+  });
+}
+
+int sokev_table_export(void* handle, uint64_t keys, uint64_t rows,
+                       uint64_t frequencies, uint64_t versions, int64_t capacity,
+                       uint64_t stream, int64_t* count) {
+  return with_table(handle, [&](auto* t, auto* key_type) {
+    using Key = std::remove_pointer_t<decltype(key_type)>;
+    return t->export_all(context_for(stream), ptr<Key>(keys), ptr<float>(rows),
+                         ptr<int64_t>(frequencies), ptr<int64_t>(versions),
+                         capacity, count);
+  });
+}
+
+int sokev_table_evict(void* handle, int64_t global_step, int64_t steps_to_live,
+                      uint64_t stream, int64_t* evicted) {
+  return with_table(handle, [&](auto* t, auto*) {
+    return t->evict_stale(context_for(stream), global_step, steps_to_live, evicted);
+  });
+}
+
+int sokev_lookup_combine(void* handle, uint64_t keys, uint64_t weights,
+                         uint64_t row_offsets, int64_t batch, int combiner,
+                         uint64_t out, uint64_t stream) {
+  return with_table(handle, [&](auto* t, auto* key_type) {
+    using Key = std::remove_pointer_t<decltype(key_type)>;
+    return gpu::lookup_combine(context_for(stream), *t, ptr<const Key>(keys),
+                               ptr<const float>(weights),
+                               ptr<const int64_t>(row_offsets), batch,
+                               static_cast<Combiner>(combiner), ptr<float>(out));
+  });
+}
+
+int sokev_unique(int key_bits, uint64_t keys, int64_t n, uint64_t unique_keys,
+                 uint64_t inverse, uint64_t counts, uint64_t num_unique,
+                 uint64_t stream) {
+  if (key_bits == 32) {
+    gpu::unique_keys(context_for(stream), ptr<const int32_t>(keys), n,
+                     ptr<int32_t>(unique_keys), ptr<int64_t>(inverse),
+                     ptr<int64_t>(counts), ptr<int64_t>(num_unique));
+  } else {
+    gpu::unique_keys(context_for(stream), ptr<const int64_t>(keys), n,
+                     ptr<int64_t>(unique_keys), ptr<int64_t>(inverse),
+                     ptr<int64_t>(counts), ptr<int64_t>(num_unique));
+  }
+  return report_pending();
+}
+
+int sokev_partition(int key_bits, uint64_t keys, int64_t n, int num_workers,
+                    uint64_t keys_by_owner, uint64_t positions, uint64_t counts,
+                    uint64_t stream) {
+  if (key_bits == 32) {
+    gpu::partition_by_owner(context_for(stream), ptr<const int32_t>(keys), n,
+                            num_workers, ptr<int32_t>(keys_by_owner),
+                            ptr<int64_t>(positions), ptr<int64_t>(counts));
+  } else {
+    gpu::partition_by_owner(context_for(stream), ptr<const int64_t>(keys), n,
+                            num_workers, ptr<int64_t>(keys_by_owner),
+                            ptr<int64_t>(positions), ptr<int64_t>(counts));
+  }
+  return report_pending();
+}
+
+int sokev_row_offsets(uint64_t sample_ids, int64_t nnz, int64_t batch,
+                      uint64_t row_offsets, uint64_t stream) {
+  gpu::row_offsets_from_sample_ids(context_for(stream), ptr<const int64_t>(sample_ids),
+                                   nnz, batch, ptr<int64_t>(row_offsets));
+  return report_pending();
+}
+
+int sokev_combine_forward(uint64_t unique_values, uint64_t unique_index,
+                          uint64_t weights, uint64_t row_offsets, int64_t batch,
+                          int64_t dim, int combiner, uint64_t out, uint64_t stream) {
+  gpu::combine_forward(context_for(stream), ptr<const float>(unique_values),
+                       ptr<const int64_t>(unique_index), ptr<const float>(weights),
+                       ptr<const int64_t>(row_offsets), batch, dim,
+                       static_cast<Combiner>(combiner), ptr<float>(out));
+  return report_pending();
+}
+
+int sokev_combine_backward(uint64_t grad_out, uint64_t unique_index,
+                           uint64_t weights, uint64_t row_offsets, int64_t batch,
+                           int64_t dim, int combiner, int64_t num_unique,
+                           uint64_t grad_unique, uint64_t stream) {
+  gpu::combine_backward(context_for(stream), ptr<const float>(grad_out),
+                        ptr<const int64_t>(unique_index), ptr<const float>(weights),
+                        ptr<const int64_t>(row_offsets), batch, dim,
+                        static_cast<Combiner>(combiner), num_unique,
+                        ptr<float>(grad_unique));
+  return report_pending();
+}
+
+// hyper: learning_rate, beta1, beta2, epsilon, beta1_power, beta2_power,
+// momentum, l1, l2, l2_shrinkage, learning_rate_power, decay (12 floats,
+// host); flags: use_nesterov, centered, slot_index[0..2] (5 ints, host).
+int sokev_apply_optimizer(int kind, const float* hyper, const int* flags,
+                          uint64_t rows, uint64_t grads, int64_t n, int64_t dim,
+                          int reference, uint64_t stream) {
+  sok_ev::OptimizerSpec spec;
+  spec.kind = static_cast<sok_ev::OptimizerKind>(kind);
+  spec.learning_rate = hyper[0];
+  spec.beta1 = hyper[1];
+  spec.beta2 = hyper[2];
+  spec.epsilon = hyper[3];
+  spec.beta1_power = hyper[4];
+  spec.beta2_power = hyper[5];
+  spec.momentum = hyper[6];
+  spec.l1 = hyper[7];
+  spec.l2 = hyper[8];
+  spec.l2_shrinkage = hyper[9];
+  spec.learning_rate_power = hyper[10];
+  spec.decay = hyper[11];
+  spec.use_nesterov = flags[0] != 0;
+  spec.centered = flags[1] != 0;
+  for (int s = 0; s < 3; ++s) spec.slot_index[s] = flags[2 + s];
+  if (reference) {
+    gpu::apply_optimizer_reference(context_for(stream), spec, ptr<float* const>(rows),
+                                   ptr<const float>(grads), n, dim);
+  } else {
+    gpu::apply_optimizer(context_for(stream), spec, ptr<float* const>(rows),
+                         ptr<const float>(grads), n, dim);
+  }
+  return report_pending();
+}
+
+// Waits for the stream and reports any asynchronous kernel fault.
+int sokev_sync(uint64_t stream) {
+  return report(gpu::cuda_status(
+      cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(stream)), "sync"));
+}
+
+}  // extern "C"

@@ -1,0 +1,842 @@
+// gpu::HashTable: see cc/hash_table_gpu.h for the layout and the protocol.
+#include "cc/hash_table_gpu.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "cc/hash_table_probe_gpu.h"
+#include "cc/status_gpu.h"
+
+namespace sok_ev {
+namespace gpu {
+namespace {
+
+constexpr int kThreads = 256;
+
+__device__ __forceinline__ int32_t load_state_coherent(const int32_t* state) {
+  return *reinterpret_cast<const volatile int32_t*>(state);
+}
+
+// Pops an erased row from the free stack, else takes a fresh arena row. The
+// stack count may go negative under contention; clamp_free_rows fixes it.
+__device__ __forceinline__ int32_t allocate_row(TableCounters* counters,
+                                                const int32_t* free_rows) {
+  const long long old = static_cast<long long>(atomicAdd(
+      reinterpret_cast<unsigned long long*>(&counters->free_rows),
+      static_cast<unsigned long long>(-1LL)));
+  if (old > 0) return free_rows[old - 1];
+  return static_cast<int32_t>(atomicAdd(&counters->next_row, 1ULL));
+}
+
+__global__ void clamp_free_rows(TableCounters* counters) {
+  if (counters->free_rows < 0) counters->free_rows = 0;
+}
+
+__global__ void set_used_slots(TableCounters* counters) {
+  counters->used_slots = counters->size;
+}
+
+// Finds `key` or inserts it; returns its row, or -1 if no free slot was
+// found in the whole index (prepare_insert makes that impossible).
+template <typename Key>
+__device__ int32_t find_or_claim(const TableView<Key>& table,
+                                 TableCounters* counters,
+                                 const int32_t* free_rows, Key key,
+                                 bool* created) {
+  *created = false;
+  for (;;) {
+    uint64_t bucket = bucket_hash(key) & table.bucket_mask;
+    int64_t free_slot = -1;
+    int32_t free_state = 0;
+    for (uint64_t probe = 0; probe <= table.bucket_mask; ++probe) {
+      const uint64_t first = bucket * kBucketSlots;
+      int32_t states[kBucketSlots];
+      load_bucket_states<true>(table.states + first, states);
+#pragma unroll
+      for (int s = 0; s < kBucketSlots; ++s) {
+        // A slot being filled may hold our key: wait until it is published.
+        while (states[s] == kLockedSlot) {
+          __nanosleep(32);
+          states[s] = load_state_coherent(table.states + first + s);
+        }
+      }
+      __threadfence();  // state reads before key reads
+      Key keys[kBucketSlots];
+      load_bucket_keys<Key, true>(table.keys + first, keys);
+      bool has_empty = false;
+#pragma unroll
+      for (int s = 0; s < kBucketSlots; ++s) {
+        if (states[s] >= 0 && keys[s] == key) return states[s];
+        if (states[s] < 0 && free_slot < 0) {
+          free_slot = static_cast<int64_t>(first) + s;
+          free_state = states[s];
+        }
+        has_empty |= states[s] == kEmptySlot;
+      }
+      if (has_empty) break;
+      bucket = (bucket + 1) & table.bucket_mask;
+    }
+    if (free_slot < 0) return -1;
+    if (atomicCAS(table.states + free_slot, free_state, kLockedSlot) !=
+        free_state) {
+      continue;  // someone else took the slot: probe again from the start
+    }
+    table.keys[free_slot] = key;
+    const int32_t row = allocate_row(counters, free_rows);
+    table.frequencies[row] = 0;
+    table.versions[row] = 0;
+    if (free_state == kEmptySlot) atomicAdd(&counters->used_slots, 1ULL);
+    atomicAdd(&counters->size, 1ULL);
+    __threadfence();  // key and counters visible before the slot is published
+    atomicExch(table.states + free_slot, row);
+    *created = true;
+    return row;
+  }
+}
+
+//   keys: (n,)  frequencies: (n,) or null  row_ids: (n,) out
+//   new_flags: (n,) out, 1 where this thread inserted the key
+template <typename Key>
+__global__ void resolve_insert_kernel(TableView<Key> table,
+                                      TableCounters* counters,
+                                      const int32_t* free_rows, const Key* keys,
+                                      int64_t n, const int64_t* frequencies,
+                                      bool count_frequency, int64_t* row_ids,
+                                      uint8_t* new_flags, int* overflow) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    bool created;
+    const int32_t row = find_or_claim(table, counters, free_rows, keys[i], &created);
+    row_ids[i] = row;
+    new_flags[i] = created;
+    if (row < 0) {
+      *overflow = 1;
+      continue;
+    }
+    if (count_frequency) {
+      const long long add = frequencies != nullptr ? frequencies[i] : 1;
+      atomicAdd(reinterpret_cast<unsigned long long*>(table.frequencies + row),
+                static_cast<unsigned long long>(add));
+    }
+  }
+}
+
+//   row_ids: (n,)  out: (n,) row ids, -1 when absent
+template <typename Key>
+__global__ void resolve_find_kernel(TableView<Key> table, const Key* keys,
+                                    int64_t n, int64_t* row_ids) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    row_ids[i] = find_row(table, keys[i]);
+  }
+}
+
+// Writes the initial value and slot values of rows inserted by this call.
+//   keys, row_ids, new_flags: (n,)
+template <typename Key>
+__global__ void init_new_rows_kernel(TableView<Key> table, const Key* keys,
+                                     int64_t n, const int64_t* row_ids,
+                                     const uint8_t* new_flags) {
+  const int lane = threadIdx.x & 31;
+  for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5; i < n;
+       i += (int64_t(gridDim.x) * blockDim.x) >> 5) {
+    if (!new_flags[i]) continue;
+    const Key key = keys[i];
+    float* row = table.rows + row_ids[i] * table.row_width;
+    for (int64_t c = lane; c < table.dim; c += 32) {
+      row[c] = initial_value_at(table.initializer, key, c, table.dim);
+    }
+    for (int slot = 0; slot < table.num_slots; ++slot) {
+      float* slot_row = row + (1 + slot) * table.dim;
+      for (int64_t c = lane; c < table.dim; c += 32) {
+        slot_row[c] = table.slot_initial[slot];
+      }
+    }
+  }
+}
+
+// values[i] = row's value, or zeros / the initial value when absent.
+//   row_ids: (n,)  values: (n, dim) out  found: (n,) out or null
+template <typename Key>
+__global__ void gather_values_kernel(TableView<Key> table, const Key* keys,
+                                     int64_t n, const int64_t* row_ids,
+                                     float* values, bool* found,
+                                     bool initial_for_missing) {
+  const int lane = threadIdx.x & 31;
+  const int64_t dim = table.dim;
+  for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5; i < n;
+       i += (int64_t(gridDim.x) * blockDim.x) >> 5) {
+    const int64_t row_id = row_ids[i];
+    float* out = values + i * dim;
+    if (found != nullptr && lane == 0) found[i] = row_id >= 0;
+    if (row_id >= 0) {
+      const float* row = table.rows + row_id * table.row_width;
+      if ((dim & 3) == 0) {
+        for (int64_t c = lane * 4; c < dim; c += 128) {
+          *reinterpret_cast<float4*>(out + c) =
+              *reinterpret_cast<const float4*>(row + c);
+        }
+      } else {
+        for (int64_t c = lane; c < dim; c += 32) out[c] = row[c];
+      }
+    } else {
+      const Key key = keys[i];
+      for (int64_t c = lane; c < dim; c += 32) {
+        out[c] = initial_for_missing
+                     ? initial_value_at(table.initializer, key, c, dim)
+                     : 0.0f;
+      }
+    }
+  }
+}
+
+//   rows: (n, row_width) source rows  frequencies, versions: (n,) or null
+template <typename Key>
+__global__ void assign_rows_kernel(TableView<Key> table, int64_t n,
+                                   const int64_t* row_ids, const float* rows,
+                                   const int64_t* frequencies,
+                                   const int64_t* versions) {
+  const int lane = threadIdx.x & 31;
+  for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5; i < n;
+       i += (int64_t(gridDim.x) * blockDim.x) >> 5) {
+    const int64_t row_id = row_ids[i];
+    float* destination = table.rows + row_id * table.row_width;
+    const float* source = rows + i * table.row_width;
+    for (int64_t c = lane; c < table.row_width; c += 32) destination[c] = source[c];
+    if (lane == 0) {
+      if (frequencies != nullptr) table.frequencies[row_id] = frequencies[i];
+      if (versions != nullptr) table.versions[row_id] = versions[i];
+    }
+  }
+}
+
+//   row_ids: (n,)  rows: (n,) out, full-row pointers
+template <typename Key>
+__global__ void row_pointers_kernel(TableView<Key> table, int64_t n,
+                                    const int64_t* row_ids, int64_t global_step,
+                                    float** rows) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row_id = row_ids[i];
+    rows[i] = table.rows + row_id * table.row_width;
+    table.versions[row_id] = global_step;
+  }
+}
+
+// Turns an occupied slot into a tombstone and frees its row.
+__device__ __forceinline__ bool release_slot(int32_t* state, int32_t row,
+                                             TableCounters* counters,
+                                             int32_t* free_rows) {
+  if (atomicCAS(state, row, kErasedSlot) != row) return false;
+  const unsigned long long top = atomicAdd(
+      reinterpret_cast<unsigned long long*>(&counters->free_rows), 1ULL);
+  free_rows[top] = row;
+  atomicAdd(&counters->size, static_cast<unsigned long long>(-1LL));
+  return true;
+}
+
+//   keys: (n,)  erased: (1,) device counter
+template <typename Key>
+__global__ void erase_kernel(TableView<Key> table, TableCounters* counters,
+                             int32_t* free_rows, const Key* keys, int64_t n,
+                             unsigned long long* erased) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const Key key = keys[i];
+    uint64_t bucket = bucket_hash(key) & table.bucket_mask;
+    for (uint64_t probe = 0; probe <= table.bucket_mask; ++probe) {
+      const uint64_t first = bucket * kBucketSlots;
+      int32_t states[kBucketSlots];
+      load_bucket_states<true>(table.states + first, states);
+      Key bucket_keys[kBucketSlots];
+      load_bucket_keys<Key, true>(table.keys + first, bucket_keys);
+      bool done = false;
+#pragma unroll
+      for (int s = 0; s < kBucketSlots; ++s) {
+        if (!done && states[s] >= 0 && bucket_keys[s] == key) {
+          // A duplicate of this key in the batch may win the swap instead.
+          if (release_slot(table.states + first + s, states[s], counters,
+                           free_rows)) {
+            atomicAdd(erased, 1ULL);
+          }
+          done = true;
+        }
+        done |= states[s] == kEmptySlot;
+      }
+      if (done) break;
+      bucket = (bucket + 1) & table.bucket_mask;
+    }
+  }
+}
+
+// Reinserts every occupied slot of the old index into the new one.
+template <typename Key>
+__global__ void rehash_kernel(const Key* old_keys, const int32_t* old_states,
+                              int64_t old_slots, Key* new_keys,
+                              int32_t* new_states, uint64_t new_mask) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+       i < old_slots; i += int64_t(gridDim.x) * blockDim.x) {
+    const int32_t row = old_states[i];
+    if (row < 0) continue;
+    const Key key = old_keys[i];
+    uint64_t bucket = bucket_hash(key) & new_mask;
+    for (;;) {
+      const uint64_t first = bucket * kBucketSlots;
+      bool placed = false;
+      for (int s = 0; s < kBucketSlots && !placed; ++s) {
+        // Keys are distinct here, so the first empty slot will do.
+        if (atomicCAS(new_states + first + s, kEmptySlot, row) == kEmptySlot) {
+          new_keys[first + s] = key;
+          placed = true;
+        }
+      }
+      if (placed) break;
+      bucket = (bucket + 1) & new_mask;
+    }
+  }
+}
+
+//   out_keys, out_row_ids: (capacity,)  cursor: (1,) device
+template <typename Key>
+__global__ void compact_slots_kernel(TableView<Key> table, int64_t slots,
+                                     Key* out_keys, int64_t* out_row_ids,
+                                     int64_t capacity,
+                                     unsigned long long* cursor) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < slots;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int32_t row = table.states[i];
+    if (row < 0) continue;
+    const unsigned long long position = atomicAdd(cursor, 1ULL);
+    if (position < static_cast<unsigned long long>(capacity)) {
+      out_keys[position] = table.keys[i];
+      out_row_ids[position] = row;
+    }
+  }
+}
+
+//   row_ids: (n,)  rows: (n, row_width) out  frequencies, versions: (n,) out or null
+template <typename Key>
+__global__ void export_rows_kernel(TableView<Key> table, int64_t n,
+                                   const int64_t* row_ids, float* rows,
+                                   int64_t* frequencies, int64_t* versions) {
+  const int lane = threadIdx.x & 31;
+  for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5; i < n;
+       i += (int64_t(gridDim.x) * blockDim.x) >> 5) {
+    const int64_t row_id = row_ids[i];
+    const float* source = table.rows + row_id * table.row_width;
+    if (rows != nullptr) {
+      float* destination = rows + i * table.row_width;
+      for (int64_t c = lane; c < table.row_width; c += 32) destination[c] = source[c];
+    }
+    if (lane == 0) {
+      if (frequencies != nullptr) frequencies[i] = table.frequencies[row_id];
+      if (versions != nullptr) versions[i] = table.versions[row_id];
+    }
+  }
+}
+
+template <typename Key>
+__global__ void evict_kernel(TableView<Key> table, TableCounters* counters,
+                             int32_t* free_rows, int64_t slots,
+                             int64_t oldest_version,
+                             unsigned long long* evicted) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < slots;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int32_t row = table.states[i];
+    if (row < 0 || table.versions[row] >= oldest_version) continue;
+    if (release_slot(table.states + i, row, counters, free_rows)) {
+      atomicAdd(evicted, 1ULL);
+    }
+  }
+}
+
+// Sets column block [first_column, first_column + dim) of rows to value.
+__global__ void fill_slot_kernel(float* rows, int64_t num_rows,
+                                 int64_t row_width, int64_t first_column,
+                                 int64_t dim, float value) {
+  const int64_t total = num_rows * dim;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total;
+       e += int64_t(gridDim.x) * blockDim.x) {
+    rows[(e / dim) * row_width + first_column + e % dim] = value;
+  }
+}
+
+int64_t next_power_of_two(int64_t x) {
+  int64_t p = 1;
+  while (p < x) p <<= 1;
+  return p;
+}
+
+}  // namespace
+
+template <typename Key>
+HashTable<Key>::HashTable(int64_t dim, const InitializerSpec& initializer,
+                          const HashTableOptions& options,
+                          DeviceAllocator* allocator)
+    : dim_(dim), initializer_(initializer), options_(options),
+      allocator_(allocator) {}
+
+template <typename Key>
+void* HashTable<Key>::allocate(size_t bytes) {
+  if (bytes == 0) bytes = 16;
+  if (allocator_ != nullptr) return allocator_->allocate(bytes);
+  void* pointer = nullptr;
+  if (cudaMalloc(&pointer, bytes) != cudaSuccess) return nullptr;
+  return pointer;
+}
+
+template <typename Key>
+void HashTable<Key>::deallocate(void* pointer) {
+  if (pointer == nullptr) return;
+  if (allocator_ != nullptr) {
+    allocator_->deallocate(pointer);
+  } else {
+    cudaFree(pointer);
+  }
+}
+
+template <typename Key>
+Status HashTable<Key>::Create(const GpuContext& context, int64_t dim,
+                              const InitializerSpec& initializer,
+                              const HashTableOptions& options,
+                              HashTable** table) {
+  *table = nullptr;
+  if (dim < 1 || dim > 1024) {
+    return Status::InvalidArgument("dim must be in [1, 1024], got " +
+                                   std::to_string(dim));
+  }
+  if (!(options.max_load_factor > 0.0f && options.max_load_factor <= 0.95f)) {
+    return Status::InvalidArgument("max_load_factor must be in (0, 0.95]");
+  }
+  if (initializer.kind == InitializerSpec::Kind::kDefaultValueMatrix &&
+      (initializer.default_values == nullptr ||
+       initializer.default_value_dim <= 0)) {
+    return Status::InvalidArgument(
+        "kDefaultValueMatrix needs default_values and default_value_dim > 0");
+  }
+  HashTable* created = new HashTable(dim, initializer, options, context.allocator);
+  cudaStream_t stream = stream_of(context);
+  auto fail = [&](Status status) {
+    delete created;
+    return status;
+  };
+  if (initializer.kind == InitializerSpec::Kind::kDefaultValueMatrix) {
+    const size_t bytes = initializer.default_value_dim * dim * sizeof(float);
+    created->default_values_ = static_cast<float*>(created->allocate(bytes));
+    if (created->default_values_ == nullptr) {
+      return fail(Status::Internal("out of device memory (default values)"));
+    }
+    Status copied = cuda_status(
+        cudaMemcpyAsync(created->default_values_, initializer.default_values,
+                        bytes, cudaMemcpyDeviceToDevice, stream),
+        "copy default values");
+    if (!copied.ok()) return fail(copied);
+    created->initializer_.default_values = created->default_values_;
+  }
+  created->counters_ =
+      static_cast<TableCounters*>(created->allocate(sizeof(TableCounters)));
+  if (created->counters_ == nullptr) return fail(Status::Internal("out of device memory"));
+  Status zeroed = cuda_status(
+      cudaMemsetAsync(created->counters_, 0, sizeof(TableCounters), stream),
+      "zero counters");
+  if (!zeroed.ok()) return fail(zeroed);
+  const int64_t capacity = std::max<int64_t>(options.initial_capacity, 1024);
+  const int64_t buckets = next_power_of_two(static_cast<int64_t>(
+      std::ceil(capacity / (options.max_load_factor * kBucketSlots))));
+  Status status = created->rehash(context, buckets);
+  if (status.ok()) status = created->grow_arena(context, capacity, dim);
+  if (!status.ok()) return fail(status);
+  *table = created;
+  return Status::Ok();
+}
+
+template <typename Key>
+HashTable<Key>::~HashTable() {
+  deallocate(keys_);
+  deallocate(states_);
+  deallocate(arena_);
+  deallocate(frequencies_);
+  deallocate(versions_);
+  deallocate(free_rows_);
+  deallocate(counters_);
+  deallocate(default_values_);
+}
+
+template <typename Key>
+TableView<Key> HashTable<Key>::view() const {
+  TableView<Key> v;
+  v.keys = keys_;
+  v.states = states_;
+  v.bucket_mask = static_cast<uint64_t>(num_buckets_ - 1);
+  v.rows = arena_;
+  v.row_width = row_width();
+  v.dim = dim_;
+  v.frequencies = frequencies_;
+  v.versions = versions_;
+  v.initializer = initializer_;
+  v.num_slots = num_slots();
+  for (int s = 0; s < num_slots(); ++s) v.slot_initial[s] = slot_initial_[s];
+  return v;
+}
+
+template <typename Key>
+size_t HashTable<Key>::memory_bytes() const {
+  const size_t slots = num_buckets_ * kBucketSlots;
+  return slots * (sizeof(Key) + sizeof(int32_t)) +
+         row_capacity_ * (row_width() * sizeof(float) + 2 * sizeof(int64_t) +
+                          sizeof(int32_t)) +
+         sizeof(TableCounters) +
+         (default_values_ ? initializer_.default_value_dim * dim_ * sizeof(float) : 0);
+}
+
+template <typename Key>
+Status HashTable<Key>::read_counters(const GpuContext& context,
+                                     TableCounters* counters) const {
+  cudaStream_t stream = stream_of(context);
+  SOK_EV_CUDA_RETURN(cudaMemcpyAsync(counters, counters_, sizeof(TableCounters),
+                                     cudaMemcpyDeviceToHost, stream));
+  SOK_EV_CUDA_RETURN(cudaStreamSynchronize(stream));
+  return Status::Ok();
+}
+
+template <typename Key>
+Status HashTable<Key>::size(const GpuContext& context, int64_t* size) {
+  TableCounters counters;
+  SOK_EV_RETURN_IF_ERROR(read_counters(context, &counters));
+  *size = static_cast<int64_t>(counters.size);
+  return Status::Ok();
+}
+
+template <typename Key>
+Status HashTable<Key>::rehash(const GpuContext& context, int64_t num_buckets) {
+  cudaStream_t stream = stream_of(context);
+  const int64_t slots = num_buckets * kBucketSlots;
+  Key* new_keys = static_cast<Key*>(allocate(slots * sizeof(Key)));
+  int32_t* new_states = static_cast<int32_t*>(allocate(slots * sizeof(int32_t)));
+  if (new_keys == nullptr || new_states == nullptr) {
+    deallocate(new_keys);
+    deallocate(new_states);
+    return Status::Internal("out of device memory growing the index to " +
+                            std::to_string(slots) + " slots");
+  }
+  // 0xff bytes: every state kEmptySlot.
+  SOK_EV_CUDA_RETURN(cudaMemsetAsync(new_states, 0xff, slots * sizeof(int32_t), stream));
+  SOK_EV_CUDA_RETURN(cudaMemsetAsync(new_keys, 0, slots * sizeof(Key), stream));
+  if (keys_ != nullptr) {
+    const int64_t old_slots = num_buckets_ * kBucketSlots;
+    rehash_kernel<Key><<<grid_for(old_slots, kThreads), kThreads, 0, stream>>>(
+        keys_, states_, old_slots, new_keys, new_states,
+        static_cast<uint64_t>(num_buckets - 1));
+    SOK_EV_LAUNCH_CHECK("rehash");
+    set_used_slots<<<1, 1, 0, stream>>>(counters_);
+    SOK_EV_LAUNCH_CHECK("set_used_slots");
+    // Frees are stream-ordered (allocator) or synchronising (cudaFree).
+    if (allocator_ == nullptr) SOK_EV_CUDA_RETURN(cudaStreamSynchronize(stream));
+  }
+  deallocate(keys_);
+  deallocate(states_);
+  keys_ = new_keys;
+  states_ = new_states;
+  num_buckets_ = num_buckets;
+  return Status::Ok();
+}
+
+template <typename Key>
+Status HashTable<Key>::grow_arena(const GpuContext& context,
+                                  int64_t row_capacity, int64_t new_row_width) {
+  cudaStream_t stream = stream_of(context);
+  const int64_t old_width = arena_ != nullptr ? row_width() : 0;
+  float* arena = static_cast<float*>(allocate(row_capacity * new_row_width * sizeof(float)));
+  int64_t* frequencies = static_cast<int64_t*>(allocate(row_capacity * sizeof(int64_t)));
+  int64_t* versions = static_cast<int64_t*>(allocate(row_capacity * sizeof(int64_t)));
+  int32_t* free_rows = static_cast<int32_t*>(allocate(row_capacity * sizeof(int32_t)));
+  if (!arena || !frequencies || !versions || !free_rows) {
+    deallocate(arena);
+    deallocate(frequencies);
+    deallocate(versions);
+    deallocate(free_rows);
+    return Status::Internal("out of device memory growing the arena to " +
+                            std::to_string(row_capacity) + " rows");
+  }
+  if (arena_ != nullptr) {
+    const int64_t rows = std::min(row_capacity_, row_capacity);
+    SOK_EV_CUDA_RETURN(cudaMemcpy2DAsync(
+        arena, new_row_width * sizeof(float), arena_, old_width * sizeof(float),
+        old_width * sizeof(float), rows, cudaMemcpyDeviceToDevice, stream));
+    SOK_EV_CUDA_RETURN(cudaMemcpyAsync(frequencies, frequencies_, rows * sizeof(int64_t),
+                                       cudaMemcpyDeviceToDevice, stream));
+    SOK_EV_CUDA_RETURN(cudaMemcpyAsync(versions, versions_, rows * sizeof(int64_t),
+                                       cudaMemcpyDeviceToDevice, stream));
+    SOK_EV_CUDA_RETURN(cudaMemcpyAsync(free_rows, free_rows_, rows * sizeof(int32_t),
+                                       cudaMemcpyDeviceToDevice, stream));
+    if (allocator_ == nullptr) SOK_EV_CUDA_RETURN(cudaStreamSynchronize(stream));
+  }
+  deallocate(arena_);
+  deallocate(frequencies_);
+  deallocate(versions_);
+  deallocate(free_rows_);
+  arena_ = arena;
+  frequencies_ = frequencies;
+  versions_ = versions;
+  free_rows_ = free_rows;
+  row_capacity_ = row_capacity;
+  return Status::Ok();
+}
+
+template <typename Key>
+Status HashTable<Key>::prepare_insert(const GpuContext& context,
+                                      int64_t incoming) {
+  const double slot_limit =
+      options_.max_load_factor * static_cast<double>(num_buckets_ * kBucketSlots);
+  if (used_slots_bound_ + incoming > slot_limit ||
+      next_row_bound_ + incoming > row_capacity_) {
+    TableCounters counters;
+    SOK_EV_RETURN_IF_ERROR(read_counters(context, &counters));
+    used_slots_bound_ = static_cast<int64_t>(counters.used_slots);
+    next_row_bound_ = static_cast<int64_t>(counters.next_row);
+    if (used_slots_bound_ + incoming > slot_limit) {
+      // Sized from live keys: erased slots are dropped by the rehash.
+      const int64_t needed = static_cast<int64_t>(counters.size) + incoming;
+      int64_t buckets = next_power_of_two(static_cast<int64_t>(
+          std::ceil(needed / (options_.max_load_factor * kBucketSlots))));
+      buckets = std::max(buckets, num_buckets_);
+      SOK_EV_RETURN_IF_ERROR(rehash(context, buckets));
+      used_slots_bound_ = static_cast<int64_t>(counters.size);
+    }
+    if (next_row_bound_ + incoming > row_capacity_) {
+      const int64_t rows = std::max<int64_t>(
+          next_row_bound_ + incoming,
+          static_cast<int64_t>(row_capacity_ * options_.arena_growth));
+      if (rows > (int64_t{1} << 31) - 4) {
+        return Status::InvalidArgument("table is full: 2^31 rows");
+      }
+      SOK_EV_RETURN_IF_ERROR(grow_arena(context, rows, row_width()));
+    }
+  }
+  used_slots_bound_ += incoming;
+  next_row_bound_ += incoming;
+  return Status::Ok();
+}
+
+template <typename Key>
+Status HashTable<Key>::reserve(const GpuContext& context, int64_t keys) {
+  TableCounters counters;
+  SOK_EV_RETURN_IF_ERROR(read_counters(context, &counters));
+  const int64_t needed = static_cast<int64_t>(counters.size) + keys;
+  const int64_t buckets = next_power_of_two(static_cast<int64_t>(
+      std::ceil(needed / (options_.max_load_factor * kBucketSlots))));
+  if (buckets > num_buckets_) {
+    SOK_EV_RETURN_IF_ERROR(rehash(context, buckets));
+    counters.used_slots = counters.size;
+  }
+  const int64_t rows = static_cast<int64_t>(counters.next_row) + keys;
+  if (rows > row_capacity_) SOK_EV_RETURN_IF_ERROR(grow_arena(context, rows, row_width()));
+  used_slots_bound_ = static_cast<int64_t>(counters.used_slots);
+  next_row_bound_ = static_cast<int64_t>(counters.next_row);
+  return Status::Ok();
+}
+
+template <typename Key>
+Status HashTable<Key>::resolve_insert(const GpuContext& context, const Key* keys,
+                                      int64_t n, const int64_t* frequencies,
+                                      bool count_frequency, int64_t* row_ids,
+                                      uint8_t* new_flags) {
+  cudaStream_t stream = stream_of(context);
+  SOK_EV_RETURN_IF_ERROR(prepare_insert(context, n));
+  ScratchBuffer overflow(context, sizeof(int));
+  if (!overflow.ok()) return Status::Internal("out of device memory");
+  SOK_EV_CUDA_RETURN(cudaMemsetAsync(overflow.get(), 0, sizeof(int), stream));
+  resolve_insert_kernel<Key><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
+      view(), counters_, free_rows_, keys, n, frequencies, count_frequency,
+      row_ids, new_flags, overflow.as<int>());
+  SOK_EV_LAUNCH_CHECK("resolve_insert");
+  clamp_free_rows<<<1, 1, 0, stream>>>(counters_);
+  SOK_EV_LAUNCH_CHECK("clamp_free_rows");
+  init_new_rows_kernel<Key><<<grid_for(n * 32, kThreads), kThreads, 0, stream>>>(
+      view(), keys, n, row_ids, new_flags);
+  SOK_EV_LAUNCH_CHECK("init_new_rows");
+  return Status::Ok();
+}
+
+template <typename Key>
+Status HashTable<Key>::find_or_insert(const GpuContext& context, const Key* keys,
+                                      int64_t n, float* values,
+                                      const int64_t* frequencies,
+                                      int64_t* row_ids) {
+  if (n <= 0) return Status::Ok();
+  cudaStream_t stream = stream_of(context);
+  ScratchBuffer row_scratch(context, row_ids ? 0 : n * sizeof(int64_t));
+  ScratchBuffer flags(context, n);
+  if (!row_scratch.ok() || !flags.ok()) return Status::Internal("out of device memory");
+  int64_t* rows = row_ids ? row_ids : row_scratch.as<int64_t>();
+  SOK_EV_RETURN_IF_ERROR(resolve_insert(context, keys, n, frequencies, true, rows,
+                                        flags.as<uint8_t>()));
+  if (values != nullptr) {
+    gather_values_kernel<Key><<<grid_for(n * 32, kThreads), kThreads, 0, stream>>>(
+        view(), keys, n, rows, values, nullptr, false);
+    SOK_EV_LAUNCH_CHECK("gather_values");
+  }
+  return Status::Ok();
+}
+
+template <typename Key>
+Status HashTable<Key>::find(const GpuContext& context, const Key* keys, int64_t n,
+                            float* values, bool* found,
+                            bool initial_for_missing) const {
+  if (n <= 0) return Status::Ok();
+  cudaStream_t stream = stream_of(context);
+  ScratchBuffer rows(context, n * sizeof(int64_t));
+  if (!rows.ok()) return Status::Internal("out of device memory");
+  resolve_find_kernel<Key><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
+      view(), keys, n, rows.as<int64_t>());
+  SOK_EV_LAUNCH_CHECK("resolve_find");
+  gather_values_kernel<Key><<<grid_for(n * 32, kThreads), kThreads, 0, stream>>>(
+      view(), keys, n, rows.as<int64_t>(), values, found, initial_for_missing);
+  SOK_EV_LAUNCH_CHECK("gather_values");
+  return Status::Ok();
+}
+
+template <typename Key>
+Status HashTable<Key>::insert_or_assign(const GpuContext& context,
+                                        const Key* keys, int64_t n,
+                                        const float* rows,
+                                        const int64_t* frequencies,
+                                        const int64_t* versions) {
+  if (n <= 0) return Status::Ok();
+  cudaStream_t stream = stream_of(context);
+  ScratchBuffer row_ids(context, n * sizeof(int64_t));
+  ScratchBuffer flags(context, n);
+  if (!row_ids.ok() || !flags.ok()) return Status::Internal("out of device memory");
+  SOK_EV_RETURN_IF_ERROR(resolve_insert(context, keys, n, nullptr, false,
+                                        row_ids.as<int64_t>(), flags.as<uint8_t>()));
+  assign_rows_kernel<Key><<<grid_for(n * 32, kThreads), kThreads, 0, stream>>>(
+      view(), n, row_ids.as<int64_t>(), rows, frequencies, versions);
+  SOK_EV_LAUNCH_CHECK("assign_rows");
+  return Status::Ok();
+}
+
+template <typename Key>
+Status HashTable<Key>::update_rows(const GpuContext& context, const Key* keys,
+                                   int64_t n, int64_t global_step, float** rows) {
+  if (n <= 0) return Status::Ok();
+  cudaStream_t stream = stream_of(context);
+  ScratchBuffer row_ids(context, n * sizeof(int64_t));
+  ScratchBuffer flags(context, n);
+  if (!row_ids.ok() || !flags.ok()) return Status::Internal("out of device memory");
+  SOK_EV_RETURN_IF_ERROR(resolve_insert(context, keys, n, nullptr, false,
+                                        row_ids.as<int64_t>(), flags.as<uint8_t>()));
+  row_pointers_kernel<Key><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
+      view(), n, row_ids.as<int64_t>(), global_step, rows);
+  SOK_EV_LAUNCH_CHECK("row_pointers");
+  return Status::Ok();
+}
+
+template <typename Key>
+Status HashTable<Key>::erase(const GpuContext& context, const Key* keys,
+                             int64_t n, int64_t* num_erased) {
+  if (num_erased != nullptr) *num_erased = 0;
+  if (n <= 0) return Status::Ok();
+  cudaStream_t stream = stream_of(context);
+  ScratchBuffer erased(context, sizeof(unsigned long long));
+  if (!erased.ok()) return Status::Internal("out of device memory");
+  SOK_EV_CUDA_RETURN(cudaMemsetAsync(erased.get(), 0, sizeof(unsigned long long), stream));
+  erase_kernel<Key><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
+      view(), counters_, free_rows_, keys, n, erased.as<unsigned long long>());
+  SOK_EV_LAUNCH_CHECK("erase");
+  if (num_erased != nullptr) {
+    unsigned long long host = 0;
+    SOK_EV_CUDA_RETURN(cudaMemcpyAsync(&host, erased.get(), sizeof(host),
+                                       cudaMemcpyDeviceToHost, stream));
+    SOK_EV_CUDA_RETURN(cudaStreamSynchronize(stream));
+    *num_erased = static_cast<int64_t>(host);
+  }
+  return Status::Ok();
+}
+
+template <typename Key>
+Status HashTable<Key>::export_all(const GpuContext& context, Key* keys,
+                                  float* rows, int64_t* frequencies,
+                                  int64_t* versions, int64_t capacity,
+                                  int64_t* count) const {
+  cudaStream_t stream = stream_of(context);
+  const int64_t slots = num_buckets_ * kBucketSlots;
+  ScratchBuffer cursor(context, sizeof(unsigned long long));
+  ScratchBuffer row_ids(context, std::max<int64_t>(capacity, 1) * sizeof(int64_t));
+  if (!cursor.ok() || !row_ids.ok()) return Status::Internal("out of device memory");
+  SOK_EV_CUDA_RETURN(cudaMemsetAsync(cursor.get(), 0, sizeof(unsigned long long), stream));
+  compact_slots_kernel<Key><<<grid_for(slots, kThreads), kThreads, 0, stream>>>(
+      view(), slots, keys, row_ids.as<int64_t>(), capacity,
+      cursor.as<unsigned long long>());
+  SOK_EV_LAUNCH_CHECK("compact_slots");
+  unsigned long long written = 0;
+  SOK_EV_CUDA_RETURN(cudaMemcpyAsync(&written, cursor.get(), sizeof(written),
+                                     cudaMemcpyDeviceToHost, stream));
+  SOK_EV_CUDA_RETURN(cudaStreamSynchronize(stream));
+  if (written > static_cast<unsigned long long>(capacity)) {
+    return Status::InvalidArgument("export_all: table holds " +
+                                   std::to_string(written) + " keys, capacity " +
+                                   std::to_string(capacity));
+  }
+  const int64_t n = static_cast<int64_t>(written);
+  *count = n;
+  if (n > 0) {
+    export_rows_kernel<Key><<<grid_for(n * 32, kThreads), kThreads, 0, stream>>>(
+        view(), n, row_ids.as<int64_t>(), rows, frequencies, versions);
+    SOK_EV_LAUNCH_CHECK("export_rows");
+  }
+  return Status::Ok();
+}
+
+template <typename Key>
+Status HashTable<Key>::evict_stale(const GpuContext& context, int64_t global_step,
+                                   int64_t steps_to_live, int64_t* num_evicted) {
+  cudaStream_t stream = stream_of(context);
+  const int64_t slots = num_buckets_ * kBucketSlots;
+  ScratchBuffer evicted(context, sizeof(unsigned long long));
+  if (!evicted.ok()) return Status::Internal("out of device memory");
+  SOK_EV_CUDA_RETURN(cudaMemsetAsync(evicted.get(), 0, sizeof(unsigned long long), stream));
+  evict_kernel<Key><<<grid_for(slots, kThreads), kThreads, 0, stream>>>(
+      view(), counters_, free_rows_, slots, global_step - steps_to_live,
+      evicted.as<unsigned long long>());
+  SOK_EV_LAUNCH_CHECK("evict");
+  unsigned long long host = 0;
+  SOK_EV_CUDA_RETURN(cudaMemcpyAsync(&host, evicted.get(), sizeof(host),
+                                     cudaMemcpyDeviceToHost, stream));
+  SOK_EV_CUDA_RETURN(cudaStreamSynchronize(stream));
+  if (num_evicted != nullptr) *num_evicted = static_cast<int64_t>(host);
+  return Status::Ok();
+}
+
+template <typename Key>
+Status HashTable<Key>::add_slot(const GpuContext& context, const std::string& name,
+                                float initial_value, int* index) {
+  for (size_t s = 0; s < slot_names_.size(); ++s) {
+    if (slot_names_[s] == name) {
+      *index = static_cast<int>(s);
+      return Status::Ok();
+    }
+  }
+  if (num_slots() >= kMaxTableSlots) {
+    return Status::InvalidArgument("add_slot: at most " +
+                                   std::to_string(kMaxTableSlots) + " slots");
+  }
+  const int64_t new_width = row_width() + dim_;
+  SOK_EV_RETURN_IF_ERROR(grow_arena(context, row_capacity_, new_width));
+  slot_names_.push_back(name);
+  slot_initial_.push_back(initial_value);
+  const int64_t first_column = (static_cast<int64_t>(slot_names_.size())) * dim_;
+  fill_slot_kernel<<<grid_for(row_capacity_ * dim_, kThreads), kThreads, 0,
+                     stream_of(context)>>>(arena_, row_capacity_, new_width,
+                                           first_column, dim_, initial_value);
+  SOK_EV_LAUNCH_CHECK("fill_slot");
+  *index = num_slots() - 1;
+  return Status::Ok();
+}
+
+template class HashTable<int32_t>;
+template class HashTable<int64_t>;
+
+}  // namespace gpu
+}  // namespace sok_ev

@@ -1,0 +1,202 @@
+// The GPU Embedding Variable store: the twin of cpu::HashTable
+// (cc/hash_table_cpu.h) with device pointers and work ordered on
+// context.stream.
+//
+// Layout. An open-addressing index of buckets of kBucketSlots slots, probed
+// bucket after bucket (linear probing by bucket). Each slot has a key and a
+// separate 32-bit state word, so every key value is valid:
+//   state >= 0  occupied, the key's row id in the arena
+//   kEmptySlot  never used: a probe for a missing key stops at its bucket
+//   kErasedSlot erased (tombstone): probes go on past it, inserts reuse it
+//   kLockedSlot being filled by an inserting thread of the same launch
+// Rows live in a separate arena, row_width() floats each ([value | slot0 |
+// slot1 ...], dim floats each), plus per-row frequency and version. Growing
+// the index rehashes keys and row ids only; rows never move except when the
+// arena itself is enlarged or add_slot() widens rows.
+//
+// Concurrency. Within one launch any thread may insert any key, duplicates
+// included: a slot is claimed by compare-and-swap on its state, and a thread
+// that meets a locked slot waits for it to be published before comparing
+// keys, so a key is inserted at most once. Different methods must not run
+// concurrently with each other (they are ordered on one stream).
+//
+// Sizing without synchronising. The host keeps upper bounds on the slots and
+// rows in use; only when a call could exceed the capacity does it read the
+// exact counts back (one stream sync) and grow.
+#ifndef SOK_EV_CC_HASH_TABLE_GPU_H_
+#define SOK_EV_CC_HASH_TABLE_GPU_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cc/common.h"
+#include "cc/initializer.h"
+
+namespace sok_ev {
+namespace gpu {
+
+constexpr int kBucketSlots = 16;
+constexpr int32_t kEmptySlot = -1;
+constexpr int32_t kErasedSlot = -2;
+constexpr int32_t kLockedSlot = -3;
+// Slots beyond the value; rows carry their initial values in kernel args.
+constexpr int kMaxTableSlots = 8;
+
+// Plain-old-data view of a table for kernels (fused lookups read it).
+template <typename Key>
+struct TableView {
+  Key* keys = nullptr;          // (num_buckets * kBucketSlots,)
+  int32_t* states = nullptr;    // (num_buckets * kBucketSlots,)
+  uint64_t bucket_mask = 0;     // num_buckets - 1, num_buckets a power of 2
+  float* rows = nullptr;        // (row_capacity, row_width)
+  int64_t row_width = 0;        // (1 + num_slots) * dim
+  int64_t dim = 0;
+  int64_t* frequencies = nullptr;  // (row_capacity,)
+  int64_t* versions = nullptr;     // (row_capacity,)
+  InitializerSpec initializer;     // default_values in device memory
+  int num_slots = 0;
+  float slot_initial[kMaxTableSlots] = {};
+};
+
+// Device-side counters, read back only when the host bounds say so.
+struct TableCounters {
+  unsigned long long size;        // occupied slots (keys stored)
+  unsigned long long used_slots;  // occupied + erased slots
+  unsigned long long next_row;    // rows handed out from the arena's end
+  long long free_rows;            // entries in the free-row stack
+};
+
+struct HashTableOptions {
+  int64_t initial_capacity = 1 << 16;  // keys, before the first growth
+  float max_load_factor = 0.75f;       // (occupied + erased) / slots
+  float arena_growth = 1.25f;          // factor the row arena grows by
+};
+
+template <typename Key>
+class HashTable {
+ public:
+  // dim in [1, 1024]. For kDefaultValueMatrix the (default_value_dim, dim)
+  // matrix in device memory is copied. The context's allocator (or
+  // cudaMallocAsync when null) provides every buffer, for the table's life.
+  static Status Create(const GpuContext& context, int64_t dim,
+                       const InitializerSpec& initializer,
+                       const HashTableOptions& options, HashTable** table);
+  ~HashTable();
+  HashTable(const HashTable&) = delete;
+  HashTable& operator=(const HashTable&) = delete;
+
+  int64_t dim() const { return dim_; }
+  int num_slots() const { return static_cast<int>(slot_names_.size()); }
+  int64_t row_width() const { return (1 + num_slots()) * dim_; }
+  // Number of keys stored; synchronises context.stream.
+  Status size(const GpuContext& context, int64_t* size);
+  // Device bytes the table holds (index, arena, per-row counters, free list).
+  size_t memory_bytes() const;
+  int64_t bucket_count() const { return num_buckets_; }
+  int64_t row_capacity() const { return row_capacity_; }
+
+  // As cpu::HashTable::add_slot: every present and future key gets the slot
+  // at `initial_value`. At most kMaxTableSlots slots.
+  Status add_slot(const GpuContext& context, const std::string& name,
+                  float initial_value, int* index);
+  std::vector<std::string> slot_names() const { return slot_names_; }
+  std::vector<float> slot_initial_values() const { return slot_initial_; }
+
+  // Makes room for `keys` more keys without growing later.
+  Status reserve(const GpuContext& context, int64_t keys);
+
+  // Inserts missing keys with their initial rows; copies values out.
+  //   keys:        (n,) device
+  //   values:      (n, dim) out or null (then only the insert happens)
+  //   frequencies: (n,) or null: added to each key's frequency (1 when null)
+  //   row_ids:     (n,) out or null: each key's arena row
+  Status find_or_insert(const GpuContext& context, const Key* keys, int64_t n,
+                        float* values, const int64_t* frequencies,
+                        int64_t* row_ids);
+
+  // Copies the values of present keys; missing keys get zeros (or their
+  // initial value when initial_for_missing) and found[i] = false.
+  //   values: (n, dim) out    found: (n,) out or null
+  Status find(const GpuContext& context, const Key* keys, int64_t n,
+              float* values, bool* found, bool initial_for_missing) const;
+
+  // Sets whole rows, inserting missing keys (checkpoint restore). When a key
+  // repeats within one call, which of its rows is kept is unspecified.
+  //   rows: (n, row_width())   frequencies, versions: (n,) or null (then
+  //   new keys start at 0 and present keys keep theirs)
+  Status insert_or_assign(const GpuContext& context, const Key* keys,
+                          int64_t n, const float* rows,
+                          const int64_t* frequencies, const int64_t* versions);
+
+  // Removes keys; *num_erased (host, may be null: then no sync) gets how many
+  // were present.
+  Status erase(const GpuContext& context, const Key* keys, int64_t n,
+               int64_t* num_erased);
+
+  // The device twin of cpu::HashTable::update_rows: inserts missing keys,
+  // sets each key's version to global_step and returns full-row pointers
+  // for gpu::apply_optimizer. Valid until the next call that inserts.
+  //   rows: (n,) out, device
+  Status update_rows(const GpuContext& context, const Key* keys, int64_t n,
+                     int64_t global_step, float** rows);
+
+  // Copies every key, row, frequency and version out, in no particular
+  // order. Outputs hold `capacity` entries; *count (host) gets the number
+  // written; fails if the table holds more than capacity keys.
+  Status export_all(const GpuContext& context, Key* keys, float* rows,
+                    int64_t* frequencies, int64_t* versions, int64_t capacity,
+                    int64_t* count) const;
+
+  // Erases keys whose version < global_step - steps_to_live.
+  Status evict_stale(const GpuContext& context, int64_t global_step,
+                     int64_t steps_to_live, int64_t* num_evicted);
+
+  // For fused kernels. Valid until the next call that inserts or grows.
+  TableView<Key> view() const;
+
+ private:
+  HashTable(int64_t dim, const InitializerSpec& initializer,
+            const HashTableOptions& options, DeviceAllocator* allocator);
+  void* allocate(size_t bytes);
+  void deallocate(void* pointer);
+  Status read_counters(const GpuContext& context, TableCounters* counters) const;
+  // Ensures room for `incoming` more keys in the index and the arena.
+  Status prepare_insert(const GpuContext& context, int64_t incoming);
+  Status rehash(const GpuContext& context, int64_t num_buckets);
+  Status grow_arena(const GpuContext& context, int64_t row_capacity,
+                    int64_t new_row_width);
+  // Finds or inserts; new_flags[i] = 1 for the thread that created a key.
+  Status resolve_insert(const GpuContext& context, const Key* keys, int64_t n,
+                        const int64_t* frequencies, bool count_frequency,
+                        int64_t* row_ids, uint8_t* new_flags);
+
+  const int64_t dim_;
+  InitializerSpec initializer_;
+  HashTableOptions options_;
+  DeviceAllocator* allocator_;
+  void* allocation_stream_ = nullptr;  // for cudaMallocAsync when no allocator
+  float* default_values_ = nullptr;    // device copy backing initializer_
+
+  Key* keys_ = nullptr;
+  int32_t* states_ = nullptr;
+  int64_t num_buckets_ = 0;
+  float* arena_ = nullptr;
+  int64_t* frequencies_ = nullptr;
+  int64_t* versions_ = nullptr;
+  int32_t* free_rows_ = nullptr;  // (row_capacity_,) stack of erased rows
+  int64_t row_capacity_ = 0;
+  TableCounters* counters_ = nullptr;  // device
+
+  // Host upper bounds of counters_.used_slots and .next_row.
+  int64_t used_slots_bound_ = 0;
+  int64_t next_row_bound_ = 0;
+
+  std::vector<std::string> slot_names_;
+  std::vector<float> slot_initial_;
+};
+
+}  // namespace gpu
+}  // namespace sok_ev
+
+#endif  // SOK_EV_CC_HASH_TABLE_GPU_H_

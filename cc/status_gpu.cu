@@ -1,0 +1,40 @@
+#include "cc/status_gpu.h"
+
+namespace sok_ev {
+namespace gpu {
+namespace {
+thread_local Status pending_error;
+}  // namespace
+
+Status take_last_error() {
+  Status result = pending_error;
+  pending_error = Status::Ok();
+  return result;
+}
+
+void record_error(const Status& status) {
+  if (!status.ok() && pending_error.ok()) pending_error = status;
+}
+
+ScratchBuffer::ScratchBuffer(const GpuContext& context, size_t bytes)
+    : context_(context), bytes_(bytes) {
+  if (bytes == 0) return;
+  if (context.allocator != nullptr) {
+    pointer_ = context.allocator->allocate(bytes);
+  } else if (cudaMallocAsync(&pointer_, bytes, stream_of(context)) !=
+             cudaSuccess) {
+    pointer_ = nullptr;
+  }
+}
+
+ScratchBuffer::~ScratchBuffer() {
+  if (pointer_ == nullptr) return;
+  if (context_.allocator != nullptr) {
+    context_.allocator->deallocate(pointer_);
+  } else {
+    cudaFreeAsync(pointer_, stream_of(context_));
+  }
+}
+
+}  // namespace gpu
+}  // namespace sok_ev

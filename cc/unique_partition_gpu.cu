@@ -1,0 +1,219 @@
+// gpu::unique_keys and gpu::partition_by_owner: both sort-based (CUB radix
+// sort is stable), so positions within an owner keep batch order.
+#include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_scan.cuh>
+
+#include "cc/partition.h"
+#include "cc/status_gpu.h"
+#include "cc/unique.h"
+
+namespace sok_ev {
+namespace gpu {
+namespace {
+
+constexpr int kThreads = 256;
+
+__global__ void iota_kernel(int64_t* values, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    values[i] = i;
+  }
+}
+
+//   sorted: (n,)  heads: (n,) out, 1 where a run of equal keys starts
+template <typename Key>
+__global__ void run_heads_kernel(const Key* sorted, int64_t n, int64_t* heads) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    heads[i] = (i == 0 || sorted[i] != sorted[i - 1]) ? 1 : 0;
+  }
+}
+
+//   run_ids: (n,) inclusive scan of heads, so run id = run_ids[i] - 1
+template <typename Key>
+__global__ void scatter_unique_kernel(const Key* sorted, const int64_t* positions,
+                                      const int64_t* run_ids, int64_t n,
+                                      Key* unique_keys, int64_t* inverse,
+                                      int64_t* counts, int64_t* num_unique) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t id = run_ids[i] - 1;
+    inverse[positions[i]] = id;
+    const bool head = i == 0 || run_ids[i] != run_ids[i - 1];
+    if (head) unique_keys[id] = sorted[i];
+    if (counts != nullptr) {
+      const bool tail = i == n - 1 || run_ids[i + 1] != run_ids[i];
+      // The run's length, found by its tail: walk back to the head is
+      // avoided by a binary search over the non-decreasing run ids.
+      if (tail) {
+        int64_t lo = 0, hi = i;
+        while (lo < hi) {
+          const int64_t mid = (lo + hi) / 2;
+          if (run_ids[mid] < run_ids[i]) lo = mid + 1; else hi = mid;
+        }
+        counts[id] = i - lo + 1;
+      }
+    }
+    if (i == n - 1) *num_unique = run_ids[i];
+  }
+}
+
+template <typename Key>
+__global__ void owners_kernel(const Key* keys, int64_t n, int32_t num_workers,
+                              int32_t* owners) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    owners[i] = owner_of(keys[i], num_workers);
+  }
+}
+
+//   positions: (n,)  keys_by_owner: (n,) out, keys[positions[j]]
+template <typename Key>
+__global__ void gather_keys_kernel(const Key* keys, const int64_t* positions,
+                                   int64_t n, Key* keys_by_owner) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    keys_by_owner[i] = keys[positions[i]];
+  }
+}
+
+// counts[w] = number of sorted owners equal to w, by binary search for the
+// first index of each owner (owners are sorted).
+__global__ void owner_counts_kernel(const int32_t* sorted_owners, int64_t n,
+                                    int32_t num_workers, int64_t* counts) {
+  for (int32_t w = blockIdx.x * blockDim.x + threadIdx.x; w < num_workers;
+       w += gridDim.x * blockDim.x) {
+    auto lower = [&](int32_t value) {
+      int64_t lo = 0, hi = n;
+      while (lo < hi) {
+        const int64_t mid = (lo + hi) / 2;
+        if (sorted_owners[mid] < value) lo = mid + 1; else hi = mid;
+      }
+      return lo;
+    };
+    counts[w] = lower(w + 1) - lower(w);
+  }
+}
+
+int bits_for(int64_t values) {
+  int bits = 1;
+  while ((int64_t{1} << bits) < values) ++bits;
+  return bits;
+}
+
+template <typename Key>
+Status unique_keys_impl(const GpuContext& context, const Key* keys, int64_t n,
+                        Key* unique_keys, int64_t* inverse, int64_t* counts,
+                        int64_t* num_unique) {
+  cudaStream_t stream = stream_of(context);
+  if (n <= 0) {
+    SOK_EV_CUDA_RETURN(cudaMemsetAsync(num_unique, 0, sizeof(int64_t), stream));
+    return Status::Ok();
+  }
+  ScratchBuffer sorted(context, n * sizeof(Key));
+  ScratchBuffer positions_in(context, n * sizeof(int64_t));
+  ScratchBuffer positions(context, n * sizeof(int64_t));
+  ScratchBuffer heads(context, n * sizeof(int64_t));
+  ScratchBuffer run_ids(context, n * sizeof(int64_t));
+  if (!sorted.ok() || !positions_in.ok() || !positions.ok() || !heads.ok() ||
+      !run_ids.ok()) {
+    return Status::Internal("unique_keys: out of device memory");
+  }
+  iota_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(positions_in.as<int64_t>(), n);
+  SOK_EV_LAUNCH_CHECK("iota");
+  size_t sort_bytes = 0, scan_bytes = 0;
+  SOK_EV_CUDA_RETURN(cub::DeviceRadixSort::SortPairs(
+      nullptr, sort_bytes, keys, sorted.as<Key>(), positions_in.as<int64_t>(),
+      positions.as<int64_t>(), n, 0, int(sizeof(Key) * 8), stream));
+  SOK_EV_CUDA_RETURN(cub::DeviceScan::InclusiveSum(
+      nullptr, scan_bytes, heads.as<int64_t>(), run_ids.as<int64_t>(), n, stream));
+  ScratchBuffer temp(context, std::max(sort_bytes, scan_bytes));
+  if (!temp.ok()) return Status::Internal("unique_keys: out of device memory");
+  SOK_EV_CUDA_RETURN(cub::DeviceRadixSort::SortPairs(
+      temp.get(), sort_bytes, keys, sorted.as<Key>(), positions_in.as<int64_t>(),
+      positions.as<int64_t>(), n, 0, int(sizeof(Key) * 8), stream));
+  run_heads_kernel<Key><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
+      sorted.as<Key>(), n, heads.as<int64_t>());
+  SOK_EV_LAUNCH_CHECK("run_heads");
+  SOK_EV_CUDA_RETURN(cub::DeviceScan::InclusiveSum(
+      temp.get(), scan_bytes, heads.as<int64_t>(), run_ids.as<int64_t>(), n, stream));
+  scatter_unique_kernel<Key><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
+      sorted.as<Key>(), positions.as<int64_t>(), run_ids.as<int64_t>(), n,
+      unique_keys, inverse, counts, num_unique);
+  SOK_EV_LAUNCH_CHECK("scatter_unique");
+  return Status::Ok();
+}
+
+template <typename Key>
+Status partition_impl(const GpuContext& context, const Key* keys, int64_t n,
+                      int32_t num_workers, Key* keys_by_owner,
+                      int64_t* positions, int64_t* counts) {
+  cudaStream_t stream = stream_of(context);
+  if (num_workers < 1) {
+    return Status::InvalidArgument("partition_by_owner: num_workers must be >= 1");
+  }
+  if (n <= 0) {
+    SOK_EV_CUDA_RETURN(cudaMemsetAsync(counts, 0, num_workers * sizeof(int64_t), stream));
+    return Status::Ok();
+  }
+  ScratchBuffer owners(context, n * sizeof(int32_t));
+  ScratchBuffer sorted_owners(context, n * sizeof(int32_t));
+  ScratchBuffer positions_in(context, n * sizeof(int64_t));
+  if (!owners.ok() || !sorted_owners.ok() || !positions_in.ok()) {
+    return Status::Internal("partition_by_owner: out of device memory");
+  }
+  owners_kernel<Key><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
+      keys, n, num_workers, owners.as<int32_t>());
+  SOK_EV_LAUNCH_CHECK("owners");
+  iota_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(positions_in.as<int64_t>(), n);
+  SOK_EV_LAUNCH_CHECK("iota");
+  const int end_bit = bits_for(num_workers);
+  size_t sort_bytes = 0;
+  SOK_EV_CUDA_RETURN(cub::DeviceRadixSort::SortPairs(
+      nullptr, sort_bytes, owners.as<int32_t>(), sorted_owners.as<int32_t>(),
+      positions_in.as<int64_t>(), positions, n, 0, end_bit, stream));
+  ScratchBuffer temp(context, sort_bytes);
+  if (!temp.ok()) return Status::Internal("partition_by_owner: out of device memory");
+  SOK_EV_CUDA_RETURN(cub::DeviceRadixSort::SortPairs(
+      temp.get(), sort_bytes, owners.as<int32_t>(), sorted_owners.as<int32_t>(),
+      positions_in.as<int64_t>(), positions, n, 0, end_bit, stream));
+  gather_keys_kernel<Key><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
+      keys, positions, n, keys_by_owner);
+  SOK_EV_LAUNCH_CHECK("gather_keys");
+  owner_counts_kernel<<<grid_for(num_workers, kThreads), kThreads, 0, stream>>>(
+      sorted_owners.as<int32_t>(), n, num_workers, counts);
+  SOK_EV_LAUNCH_CHECK("owner_counts");
+  return Status::Ok();
+}
+
+}  // namespace
+
+template <typename Key>
+void unique_keys(const GpuContext& context, const Key* keys, int64_t n,
+                 Key* unique_keys, int64_t* inverse, int64_t* counts,
+                 int64_t* num_unique) {
+  record_error(unique_keys_impl(context, keys, n, unique_keys, inverse, counts,
+                                num_unique));
+}
+
+template <typename Key>
+void partition_by_owner(const GpuContext& context, const Key* keys, int64_t n,
+                        int32_t num_workers, Key* keys_by_owner,
+                        int64_t* positions, int64_t* counts) {
+  record_error(partition_impl(context, keys, n, num_workers, keys_by_owner,
+                              positions, counts));
+}
+
+template void unique_keys<int32_t>(const GpuContext&, const int32_t*, int64_t,
+                                   int32_t*, int64_t*, int64_t*, int64_t*);
+template void unique_keys<int64_t>(const GpuContext&, const int64_t*, int64_t,
+                                   int64_t*, int64_t*, int64_t*, int64_t*);
+template void partition_by_owner<int32_t>(const GpuContext&, const int32_t*,
+                                          int64_t, int32_t, int32_t*, int64_t*,
+                                          int64_t*);
+template void partition_by_owner<int64_t>(const GpuContext&, const int64_t*,
+                                          int64_t, int32_t, int64_t*, int64_t*,
+                                          int64_t*);
+
+}  // namespace gpu
+}  // namespace sok_ev

@@ -1,0 +1,149 @@
+"""gpu::HashTable vs a Python dict: millions of mixed operations with growth,
+duplicates within a launch, every key value valid, initializers, slots,
+frequencies, versions, export and eviction."""
+import numpy as np
+import pytest
+
+from sokev_gpu_reference import SKIP_REASON, uniform_rows
+
+if SKIP_REASON is None:
+    import torch
+    import sokev_gpu as sg
+
+RNG = np.random.default_rng()
+
+
+def tensor(array):
+    return torch.from_numpy(np.ascontiguousarray(array)).cuda()
+
+
+def nan_poison(shape):
+    return torch.full(shape, float("nan"), device="cuda")
+
+
+def key_range(dtype):
+    return ((-(1 << 31), (1 << 31) - 1) if dtype == "int32"
+            else (-(1 << 63), (1 << 63) - 1))
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+def test_differential_vs_dict(dtype):
+    rounds, ops = (50, 100_000)
+    dim = 8
+    np_dtype = np.int32 if dtype == "int32" else np.int64
+    seed = int(RNG.integers(1 << 40))
+    table = sg.HashTable(dim, torch.int32 if dtype == "int32" else torch.int64,
+                         init="uniform", a=-0.5, b=0.5, seed=seed, capacity=1024)
+    lo, hi = key_range(dtype)
+    ref = {}       # key -> value row (float32 array)
+    freq = {}
+    pool = np.array([lo, hi, 0, -1, 1], dtype=np_dtype)  # edge keys are valid
+    for r in range(rounds):
+        fresh = RNG.integers(lo, hi, ops // 2, dtype=np.int64, endpoint=True).astype(np_dtype)
+        pool = np.concatenate([pool, fresh])
+        batch = RNG.choice(pool, ops)  # duplicates and re-used keys
+        q = ops // 4
+        ins, era, asg, fnd = batch[:q], batch[q:2 * q], batch[2 * q:3 * q], batch[3 * q:]
+        # find_or_insert
+        values = table.find_or_insert(tensor(ins), nan_poison((q, dim)))
+        uniq, counts = np.unique(ins, return_counts=True)
+        missing = np.array([k not in ref for k in uniq.tolist()])
+        init = uniform_rows(seed, -0.5, 0.5, uniq[missing], dim)
+        for k, row in zip(uniq[missing].tolist(), init):
+            ref[k] = row
+            freq[k] = 0
+        for k, c in zip(uniq.tolist(), counts.tolist()):
+            freq[k] += c
+        expected = np.stack([ref[k] for k in ins.tolist()])
+        got = values.cpu().numpy()
+        assert np.array_equal(got, expected), f"round {r}: find_or_insert values"
+        # erase
+        erased = table.erase(tensor(era))
+        present = {k for k in np.unique(era).tolist() if k in ref}
+        assert erased == len(present), f"round {r}: erase count"
+        for k in present:
+            del ref[k]
+            del freq[k]
+        # insert_or_assign (distinct keys: repeats keep an unspecified row)
+        asg = np.unique(asg)
+        rows = RNG.standard_normal((len(asg), dim)).astype(np.float32)
+        table.insert_or_assign(tensor(asg), tensor(rows))
+        for k, row in zip(asg.tolist(), rows):
+            if k not in ref:
+                freq[k] = 0
+            ref[k] = row
+        # find
+        found = torch.zeros(len(fnd), dtype=torch.bool, device="cuda")
+        values = table.find(tensor(fnd), nan_poison((len(fnd), dim)), found)
+        exp_found = np.array([k in ref for k in fnd.tolist()])
+        assert np.array_equal(found.cpu().numpy(), exp_found), f"round {r}: found"
+        expected = np.stack([ref.get(k, np.zeros(dim, np.float32)) for k in fnd.tolist()])
+        assert np.array_equal(values.cpu().numpy(), expected), f"round {r}: find values"
+        assert table.size() == len(ref), f"round {r}: size"
+    keys, rows, freqs, _ = table.export()
+    keys = keys.cpu().numpy()
+    assert len(keys) == len(ref) and len(np.unique(keys)) == len(keys)
+    rows = rows.cpu().numpy()
+    freqs = freqs.cpu().numpy()
+    for i in RNG.choice(len(keys), min(len(keys), 20000), replace=False):
+        k = keys[i].item()
+        assert np.array_equal(rows[i], ref[k])
+        assert freqs[i] == freq[k]
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+def test_duplicates_in_one_launch_insert_once(dtype):
+    np_dtype = np.int32 if dtype == "int32" else np.int64
+    distinct = RNG.integers(-1000, 1000, 300).astype(np_dtype)
+    keys = RNG.choice(distinct, 1_000_000)
+    table = sg.HashTable(16, torch.int32 if dtype == "int32" else torch.int64,
+                         init="constant", a=1.5, capacity=64)
+    row_ids = torch.full((len(keys),), -9, dtype=torch.int64, device="cuda")
+    values = table.find_or_insert(tensor(keys), nan_poison((len(keys), 16)),
+                                  row_ids=row_ids)
+    assert table.size() == len(np.unique(keys))
+    ids = row_ids.cpu().numpy()
+    for k in np.unique(keys)[:50]:
+        assert len(np.unique(ids[keys == k])) == 1
+    assert np.all(values.cpu().numpy() == 1.5)
+    _, _, freqs, _ = table.export()
+    assert freqs.sum().item() == len(keys)
+
+
+def test_default_value_matrix_and_slots():
+    dim, n_default = 5, 7
+    matrix = RNG.standard_normal((n_default, dim)).astype(np.float32)
+    table = sg.HashTable(dim, torch.int64, init="matrix", default_values=tensor(matrix))
+    keys = np.array([-9, -1, 0, 3, 13, 1 << 40], dtype=np.int64)
+    table.find_or_insert(tensor(keys[:3]))
+    assert table.add_slot("accum", 0.25) == 0
+    assert table.add_slot("accum", 0.25) == 0
+    assert table.add_slot("m", -1.0) == 1
+    values = table.find_or_insert(tensor(keys), nan_poison((len(keys), dim)))
+    assert np.array_equal(values.cpu().numpy(), matrix[np.mod(keys, n_default)])
+    k, rows, _, _ = table.export()
+    rows = rows.cpu().numpy()
+    assert rows.shape == (6, 3 * dim)
+    assert np.all(rows[:, dim:2 * dim] == 0.25) and np.all(rows[:, 2 * dim:] == -1.0)
+
+
+def test_update_rows_versions_and_eviction():
+    dim = 4
+    table = sg.HashTable(dim, torch.int64, init="constant", a=0.0)
+    keys = np.arange(100, dtype=np.int64) * 7919
+    ptrs = torch.empty(100, dtype=torch.int64, device="cuda")
+    table.update_rows(tensor(keys[:60]), 5, ptrs[:60])
+    table.update_rows(tensor(keys[40:]), 9, ptrs[40:])
+    k, _, _, versions = table.export()
+    ver = dict(zip(k.cpu().numpy().tolist(), versions.cpu().numpy().tolist()))
+    assert all(ver[x] == (5 if i < 40 else 9) for i, x in enumerate(keys.tolist()))
+    assert table.evict_stale(10, 3) == 40
+    assert table.size() == 60
+    # Erased rows are reused; the table still answers correctly.
+    table.find_or_insert(tensor(keys[:40]))
+    assert table.size() == 100
+
+
+def test_rejects_bad_dim():
+    with pytest.raises(sg.SokevError, match="dim"):
+        sg.HashTable(0, torch.int64)

@@ -1,0 +1,198 @@
+"""unique, partition, row offsets, combine forward/backward, fused lookup and
+optimizers on the GPU vs NumPy / float64 references. Fresh random inputs
+every run; every output is poisoned (NaN / -7) before the call."""
+import numpy as np
+import pytest
+
+from sokev_gpu_reference import (SKIP_REASON, combine_backward_reference, combine_reference,
+                           owner_of, rel_err, zipf_keys)
+
+if SKIP_REASON is None:
+    import torch
+    import sokev_gpu as sg
+
+RNG = np.random.default_rng()
+DTYPES = ["int32", "int64"]
+
+
+def tensor(array):
+    return torch.from_numpy(np.ascontiguousarray(array)).cuda()
+
+
+def poison(shape, dtype):
+    if dtype == torch.float32:
+        return torch.full(shape, float("nan"), dtype=dtype, device="cuda")
+    return torch.full(shape, -7, dtype=dtype, device="cuda")
+
+
+def keys_for(dtype, n, skew):
+    np_dtype = np.int32 if dtype == "int32" else np.int64
+    if skew == "zipf":
+        return zipf_keys(RNG, n, 1 << 20, dtype=np_dtype)
+    lo, hi = (-(1 << 31), (1 << 31) - 1) if dtype == "int32" else (-(1 << 62), 1 << 62)
+    base = RNG.integers(lo, hi, size=max(n // 3, 1), dtype=np.int64)
+    return RNG.choice(base, n).astype(np_dtype)  # duplicates
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("skew", ["uniform", "zipf"])
+@pytest.mark.parametrize("n", [1, 1000, 300_000])
+def test_unique(dtype, skew, n):
+    keys = keys_for(dtype, n, skew)
+    k = tensor(keys)
+    uniq, inverse, counts, num = sg.unique(k)
+    torch.cuda.synchronize()
+    m = int(num.item())
+    ref_u, ref_c = np.unique(keys, return_counts=True)
+    assert m == len(ref_u)
+    u = uniq[:m].cpu().numpy()
+    assert np.array_equal(np.sort(u), ref_u)
+    assert np.array_equal(u[inverse.cpu().numpy()], keys)
+    order = np.argsort(u)
+    assert np.array_equal(counts[:m].cpu().numpy()[order], ref_c)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("workers", [1, 2, 3, 8])
+def test_partition_by_owner(dtype, workers):
+    n = 200_000
+    keys = keys_for(dtype, n, "zipf")
+    kbo, pos, counts = sg.partition(tensor(keys), workers,
+                                    poison((n,), torch.int64 if dtype == "int64" else torch.int32),
+                                    poison((n,), torch.int64), poison((workers,), torch.int64))
+    torch.cuda.synchronize()
+    owners = owner_of(keys, workers)
+    ref_pos = np.argsort(owners, kind="stable")
+    assert np.array_equal(pos.cpu().numpy(), ref_pos)
+    assert np.array_equal(kbo.cpu().numpy(), keys[ref_pos])
+    assert np.array_equal(counts.cpu().numpy(), np.bincount(owners, minlength=workers))
+
+
+def test_row_offsets():
+    batch = 5000
+    sizes = RNG.integers(0, 5, batch)
+    ids = np.repeat(np.arange(batch), sizes)
+    out = sg.row_offsets(tensor(ids), batch, poison((batch + 1,), torch.int64))
+    ref = np.concatenate([[0], np.cumsum(sizes)])
+    assert np.array_equal(out.cpu().numpy(), ref)
+
+
+def ragged(batch, max_hot):
+    sizes = RNG.integers(0, max_hot + 1, batch)
+    sizes[RNG.integers(0, batch, batch // 10)] = 0  # empty rows
+    return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+
+
+@pytest.mark.parametrize("dim", [1, 3, 8, 37, 128, 200, 1024])
+@pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_combine_forward_backward(dim, combiner, weighted):
+    batch = 700 if dim < 512 else 150
+    offsets = ragged(batch, 7)
+    nnz = int(offsets[-1])
+    num_unique = max(nnz // 3, 1)
+    index = RNG.integers(0, num_unique, nnz).astype(np.int64)
+    values = RNG.standard_normal((num_unique, dim)).astype(np.float32)
+    weights = RNG.uniform(0.1, 2.0, nnz).astype(np.float32) if weighted else None
+    out = sg.combine_forward(tensor(values), tensor(index), tensor(offsets),
+                             poison((batch, dim), torch.float32),
+                             None if weights is None else tensor(weights), combiner)
+    ref = combine_reference(values, index, weights, offsets, combiner)
+    assert rel_err(out.cpu().numpy(), ref) < 1e-5
+    grad_out = RNG.standard_normal((batch, dim)).astype(np.float32)
+    grad = sg.combine_backward(tensor(grad_out), tensor(index), tensor(offsets),
+                               num_unique, poison((num_unique, dim), torch.float32),
+                               None if weights is None else tensor(weights), combiner)
+    ref_g = combine_backward_reference(grad_out, index, weights, offsets, combiner,
+                                       num_unique)
+    assert rel_err(grad.cpu().numpy(), ref_g) < 1e-5
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dim", [4, 7, 128, 512])
+@pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
+def test_fused_lookup_combine_matches_find_then_combine(dtype, dim, combiner):
+    torch_dtype = torch.int32 if dtype == "int32" else torch.int64
+    table = sg.HashTable(dim, torch_dtype, init="uniform", a=-1, b=1,
+                         seed=int(RNG.integers(1 << 40)), capacity=1024)
+    batch = 3000
+    offsets = ragged(batch, 5)
+    nnz = int(offsets[-1])
+    keys = keys_for(dtype, nnz, "zipf")
+    present = keys[RNG.random(nnz) < 0.9]  # 10% of entries miss -> zeros
+    table.find_or_insert(tensor(present))
+    weights = RNG.uniform(0.1, 2.0, nnz).astype(np.float32)
+    out = table.lookup_combine(tensor(keys), tensor(offsets),
+                               poison((batch, dim), torch.float32),
+                               tensor(weights), combiner)
+    values = table.find(tensor(keys), torch.empty((nnz, dim), device="cuda"))
+    ref = combine_reference(values.cpu().numpy(), np.arange(nnz), weights,
+                            offsets, combiner)
+    assert rel_err(out.cpu().numpy(), ref) < 1e-5
+
+
+def optimizer_reference(kind, row, g, dim, hp):
+    """float64 reference of update_row for one row (value, slots)."""
+    v = row[:dim].copy()
+    s = [row[(1 + k) * dim:(2 + k) * dim].copy() for k in range(3)]
+    lr = hp["lr"]
+    if kind == "sgd":
+        v -= lr * g
+    elif kind == "adagrad":
+        s[0] += g * g
+        v -= lr * g / np.sqrt(s[0])
+    elif kind == "adam":
+        lr_t = lr * np.sqrt(1 - hp["beta2_power"]) / (1 - hp["beta1_power"])
+        s[0] = hp["beta1"] * s[0] + (1 - hp["beta1"]) * g
+        s[1] = hp["beta2"] * s[1] + (1 - hp["beta2"]) * g * g
+        v -= lr_t * s[0] / (np.sqrt(s[1]) + hp["epsilon"])
+    elif kind == "ftrl":
+        gs = g + 2 * hp["l2_shrinkage"] * v
+        new_acc = s[0] + g * g
+        s[1] += gs - (np.sqrt(new_acc) - np.sqrt(s[0])) / lr * v
+        quad = np.sqrt(new_acc) / lr + 2 * hp["l2"]
+        v = np.where(np.abs(s[1]) > hp["l1"],
+                     (np.sign(s[1]) * hp["l1"] - s[1]) / quad, 0.0)
+        s[0] = new_acc
+    elif kind == "momentum":
+        s[0] = s[0] * hp["momentum"] + g
+        v -= (g * lr + s[0] * hp["momentum"] * lr) if hp["use_nesterov"] else lr * s[0]
+    elif kind == "rmsprop":
+        s[0] += (g * g - s[0]) * (1 - hp["decay"])
+        den = s[0] + hp["epsilon"]
+        if hp["centered"]:
+            s[2] += (g - s[2]) * (1 - hp["decay"])
+            den -= s[2] * s[2]
+        s[1] = s[1] * hp["momentum"] + lr * g / np.sqrt(den)
+        v -= s[1]
+    return np.concatenate([v] + s)
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adagrad", "adam", "ftrl", "momentum", "rmsprop"])
+@pytest.mark.parametrize("dim", [1, 8, 128, 1000])
+def test_optimizers(kind, dim):
+    n = 2000 if dim <= 128 else 300
+    width = 4 * dim  # value + 3 slots
+    hp = dict(lr=0.05, beta1=0.9, beta2=0.999, epsilon=1e-7, beta1_power=0.9 ** 3,
+              beta2_power=0.999 ** 3, momentum=0.8, l1=0.01, l2=0.02,
+              l2_shrinkage=0.01, lr_power=-0.5, decay=0.9,
+              use_nesterov=bool(RNG.integers(2)), centered=bool(RNG.integers(2)))
+    rows = RNG.standard_normal((n, width)).astype(np.float32)
+    rows[:, dim:] = np.abs(rows[:, dim:]) + 0.1  # accumulators positive
+    rows[:, 3 * dim:] *= 0.01  # centered RMSProp: mean grad^2 < rms
+    grads = RNG.standard_normal((n, dim)).astype(np.float32)
+    fast = tensor(rows)
+    slow = tensor(rows)
+    g = tensor(grads)
+    base = 4 * width
+    fast_ptrs = torch.arange(n, dtype=torch.int64, device="cuda") * base + fast.data_ptr()
+    slow_ptrs = torch.arange(n, dtype=torch.int64, device="cuda") * base + slow.data_ptr()
+    sg.apply_optimizer(kind, fast_ptrs, g, dim, **hp)
+    sg.apply_optimizer(kind, slow_ptrs, g, dim, reference=True, **hp)
+    out = fast.cpu().numpy()
+    # Same bits as the shared update_row() math.
+    assert np.array_equal(out.view(np.int32), slow.cpu().numpy().view(np.int32))
+    ref = np.stack([optimizer_reference(kind, rows[i].astype(np.float64),
+                                        grads[i].astype(np.float64), dim, hp)
+                    for i in range(n)])
+    assert rel_err(out, ref) < 1e-5
