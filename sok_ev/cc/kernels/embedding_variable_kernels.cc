@@ -24,11 +24,12 @@ namespace errors = tensorflow::errors;
 REGISTER_KERNEL_BUILDER(Name("SokEv>EmbeddingVariableHandle").Device(tensorflow::DEVICE_CPU),
                         tensorflow::ResourceHandleOp<EmbeddingVariable>);
 
-class InitializeEmbeddingVariableOp : public OpKernel {
+// Derives from EmbeddingVariableOpKernel for key_dtype_ only: its variable
+// may not exist yet, so it is looked up or created here.
+class InitializeEmbeddingVariableOp : public EmbeddingVariableOpKernel {
  public:
   explicit InitializeEmbeddingVariableOp(OpKernelConstruction* context)
-      : OpKernel(context) {
-    OP_REQUIRES_OK(context, context->GetAttr("key_dtype", &key_dtype_));
+      : EmbeddingVariableOpKernel(context) {
     OP_REQUIRES_OK(context, context->GetAttr("embedding_dim", &embedding_dim_));
     int kind;
     OP_REQUIRES_OK(context, context->GetAttr("initializer_kind", &kind));
@@ -83,7 +84,6 @@ class InitializeEmbeddingVariableOp : public OpKernel {
   }
 
  private:
-  DataType key_dtype_;
   int64_t embedding_dim_;
   InitializerSpec spec_;
 };
@@ -127,15 +127,13 @@ class EmbeddingVariableSizeOp : public OpKernel {
 REGISTER_KERNEL_BUILDER(Name("SokEv>EmbeddingVariableSize").Device(tensorflow::DEVICE_CPU),
                         EmbeddingVariableSizeOp);
 
-class EmbeddingVariableExportOp : public OpKernel {
+class EmbeddingVariableExportOp : public EmbeddingVariableOpKernel {
  public:
-  explicit EmbeddingVariableExportOp(OpKernelConstruction* context) : OpKernel(context) {
-    OP_REQUIRES_OK(context, context->GetAttr("key_dtype", &key_dtype_));
-  }
+  using EmbeddingVariableOpKernel::EmbeddingVariableOpKernel;
 
   void Compute(OpKernelContext* context) override {
     RefCountPtr<EmbeddingVariable> variable;
-    OP_REQUIRES_OK(context, LookupInitializedVariable(context, 0, key_dtype_, &variable));
+    OP_REQUIRES_OK(context, LookupVariable(context, &variable));
     OP_REQUIRES_OK(context, DispatchKeyType(key_dtype_, "key_dtype", [&](auto key) {
                      using Key = decltype(key);
                      Export<Key>(context, *variable->table<Key>());
@@ -172,20 +170,17 @@ class EmbeddingVariableExportOp : public OpKernel {
     }
   }
 
-  DataType key_dtype_;
 };
 REGISTER_KERNEL_BUILDER(Name("SokEv>EmbeddingVariableExport").Device(tensorflow::DEVICE_CPU),
                         EmbeddingVariableExportOp);
 
-class EmbeddingVariableImportOp : public OpKernel {
+class EmbeddingVariableImportOp : public EmbeddingVariableOpKernel {
  public:
-  explicit EmbeddingVariableImportOp(OpKernelConstruction* context) : OpKernel(context) {
-    OP_REQUIRES_OK(context, context->GetAttr("key_dtype", &key_dtype_));
-  }
+  using EmbeddingVariableOpKernel::EmbeddingVariableOpKernel;
 
   void Compute(OpKernelContext* context) override {
     RefCountPtr<EmbeddingVariable> variable;
-    OP_REQUIRES_OK(context, LookupInitializedVariable(context, 0, key_dtype_, &variable));
+    OP_REQUIRES_OK(context, LookupVariable(context, &variable));
     OP_REQUIRES_OK(context, DispatchKeyType(key_dtype_, "key_dtype", [&](auto key) {
                      Import<decltype(key)>(context, variable.get());
                    }));
@@ -244,20 +239,17 @@ class EmbeddingVariableImportOp : public OpKernel {
     variable->replace_table<Key>(std::move(table));
   }
 
-  DataType key_dtype_;
 };
 REGISTER_KERNEL_BUILDER(Name("SokEv>EmbeddingVariableImport").Device(tensorflow::DEVICE_CPU),
                         EmbeddingVariableImportOp);
 
-class EmbeddingVariableFindOp : public OpKernel {
+class EmbeddingVariableFindOp : public EmbeddingVariableOpKernel {
  public:
-  explicit EmbeddingVariableFindOp(OpKernelConstruction* context) : OpKernel(context) {
-    OP_REQUIRES_OK(context, context->GetAttr("key_dtype", &key_dtype_));
-  }
+  using EmbeddingVariableOpKernel::EmbeddingVariableOpKernel;
 
   void Compute(OpKernelContext* context) override {
     RefCountPtr<EmbeddingVariable> variable;
-    OP_REQUIRES_OK(context, LookupInitializedVariable(context, 0, key_dtype_, &variable));
+    OP_REQUIRES_OK(context, LookupVariable(context, &variable));
     const Tensor& keys = context->input(1);
     OP_REQUIRES(context, keys.dims() == 1,
                 errors::InvalidArgument("keys must be a vector, got shape ",
@@ -274,22 +266,19 @@ class EmbeddingVariableFindOp : public OpKernel {
                    }));
   }
 
- private:
-  DataType key_dtype_;
 };
 REGISTER_KERNEL_BUILDER(Name("SokEv>EmbeddingVariableFind").Device(tensorflow::DEVICE_CPU),
                         EmbeddingVariableFindOp);
 
-class EmbeddingVariableEvictOp : public OpKernel {
+class EmbeddingVariableEvictOp : public EmbeddingVariableOpKernel {
  public:
-  explicit EmbeddingVariableEvictOp(OpKernelConstruction* context) : OpKernel(context) {
-    OP_REQUIRES_OK(context, context->GetAttr("key_dtype", &key_dtype_));
+  explicit EmbeddingVariableEvictOp(OpKernelConstruction* context) : EmbeddingVariableOpKernel(context) {
     OP_REQUIRES_OK(context, context->GetAttr("steps_to_live", &steps_to_live_));
   }
 
   void Compute(OpKernelContext* context) override {
     RefCountPtr<EmbeddingVariable> variable;
-    OP_REQUIRES_OK(context, LookupInitializedVariable(context, 0, key_dtype_, &variable));
+    OP_REQUIRES_OK(context, LookupVariable(context, &variable));
     const int64_t global_step = context->input(1).scalar<int64_t>()();
     int64_t evicted = 0;
     OP_REQUIRES_OK(context, DispatchKeyType(key_dtype_, "key_dtype", [&](auto key) {
@@ -302,7 +291,6 @@ class EmbeddingVariableEvictOp : public OpKernel {
   }
 
  private:
-  DataType key_dtype_;
   int64_t steps_to_live_;
 };
 REGISTER_KERNEL_BUILDER(Name("SokEv>EmbeddingVariableEvict").Device(tensorflow::DEVICE_CPU),

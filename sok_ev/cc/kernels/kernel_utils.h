@@ -80,6 +80,24 @@ inline absl::Status LookupInitializedVariable(
   return absl::OkStatus();
 }
 
+// Base of the kernels that act on the one Embedding Variable at input 0,
+// whose keys have the op's `key_dtype` attribute.
+class EmbeddingVariableOpKernel : public tensorflow::OpKernel {
+ public:
+  explicit EmbeddingVariableOpKernel(tensorflow::OpKernelConstruction* context)
+      : OpKernel(context) {
+    OP_REQUIRES_OK(context, context->GetAttr("key_dtype", &key_dtype_));
+  }
+
+ protected:
+  absl::Status LookupVariable(tensorflow::OpKernelContext* context,
+                              tensorflow::core::RefCountPtr<EmbeddingVariable>* variable) const {
+    return LookupInitializedVariable(context, 0, key_dtype_, variable);
+  }
+
+  tensorflow::DataType key_dtype_;
+};
+
 }  // namespace sok_ev
 
 #endif  // SOK_EV_CC_KERNELS_KERNEL_UTILS_H_

@@ -222,6 +222,25 @@ class CombineOpBase : public OpKernel {
     return absl::OkStatus();
   }
 
+  // The four per-table input lists every combine op takes, whose first is
+  // named `first`, and the per-table sizes vector after them.
+  struct Inputs {
+    OpInputList first, unique_index, sample_ids, weights;
+    const Tensor* sizes = nullptr;
+  };
+  static absl::Status ReadInputs(OpKernelContext* context, const char* first, Inputs* in) {
+    TF_RETURN_IF_ERROR(context->input_list(first, &in->first));
+    TF_RETURN_IF_ERROR(context->input_list("unique_index", &in->unique_index));
+    TF_RETURN_IF_ERROR(context->input_list("sample_ids", &in->sample_ids));
+    TF_RETURN_IF_ERROR(context->input_list("weights", &in->weights));
+    in->sizes = &context->input(4 * in->first.size());
+    if (in->sizes->NumElements() != in->first.size()) {
+      return errors::InvalidArgument("expected ", in->first.size(), " per-table sizes, got ",
+                                     in->sizes->NumElements());
+    }
+    return absl::OkStatus();
+  }
+
   const float* WeightsOrNull(int t, const Tensor& weights) const {
     return weighted_[t] ? weights.flat<float>().data() : nullptr;
   }
@@ -235,15 +254,10 @@ class CombineForwardOp : public CombineOpBase {
   using CombineOpBase::CombineOpBase;
 
   void Compute(OpKernelContext* context) override {
-    OpInputList unique_values, unique_index, sample_ids, weights;
-    OP_REQUIRES_OK(context, context->input_list("unique_values", &unique_values));
-    OP_REQUIRES_OK(context, context->input_list("unique_index", &unique_index));
-    OP_REQUIRES_OK(context, context->input_list("sample_ids", &sample_ids));
-    OP_REQUIRES_OK(context, context->input_list("weights", &weights));
-    const auto batch_sizes = context->input(4 * unique_values.size()).flat<int64_t>();
-    OP_REQUIRES(context, batch_sizes.size() == unique_values.size(),
-                errors::InvalidArgument("batch_sizes has ", batch_sizes.size(), " entries for ",
-                                        unique_values.size(), " tables"));
+    Inputs in;
+    OP_REQUIRES_OK(context, ReadInputs(context, "unique_values", &in));
+    const OpInputList& unique_values = in.first;
+    const auto batch_sizes = in.sizes->flat<int64_t>();
     OpOutputList embeddings;
     OP_REQUIRES_OK(context, context->output_list("embeddings", &embeddings));
     const CpuContext cpu = MakeCpuContext(context);
@@ -251,12 +265,12 @@ class CombineForwardOp : public CombineOpBase {
       const int64_t num_unique = unique_values[t].dim_size(0);
       const int64_t dim = unique_values[t].dim_size(1);
       std::vector<int64_t> offsets;
-      OP_REQUIRES_OK(context, RowOffsets(t, unique_index[t], sample_ids[t], weights[t],
+      OP_REQUIRES_OK(context, RowOffsets(t, in.unique_index[t], in.sample_ids[t], in.weights[t],
                                          num_unique, batch_sizes(t), &offsets));
       Tensor* out;
       OP_REQUIRES_OK(context, embeddings.allocate(t, TensorShape({batch_sizes(t), dim}), &out));
       cpu::combine_forward(cpu, unique_values[t].flat<float>().data(),
-                           unique_index[t].flat<int64_t>().data(), WeightsOrNull(t, weights[t]),
+                           in.unique_index[t].flat<int64_t>().data(), WeightsOrNull(t, in.weights[t]),
                            offsets.data(), batch_sizes(t), dim, combiners_[t],
                            out->flat<float>().data());
     }
@@ -270,12 +284,10 @@ class CombineBackwardOp : public CombineOpBase {
   using CombineOpBase::CombineOpBase;
 
   void Compute(OpKernelContext* context) override {
-    OpInputList grads, unique_index, sample_ids, weights;
-    OP_REQUIRES_OK(context, context->input_list("grads", &grads));
-    OP_REQUIRES_OK(context, context->input_list("unique_index", &unique_index));
-    OP_REQUIRES_OK(context, context->input_list("sample_ids", &sample_ids));
-    OP_REQUIRES_OK(context, context->input_list("weights", &weights));
-    const auto num_unique = context->input(4 * grads.size()).flat<int64_t>();
+    Inputs in;
+    OP_REQUIRES_OK(context, ReadInputs(context, "grads", &in));
+    const OpInputList& grads = in.first;
+    const auto num_unique = in.sizes->flat<int64_t>();
     OpOutputList grad_unique;
     OP_REQUIRES_OK(context, context->output_list("grad_unique", &grad_unique));
     const CpuContext cpu = MakeCpuContext(context);
@@ -283,12 +295,12 @@ class CombineBackwardOp : public CombineOpBase {
       const int64_t batch = grads[t].dim_size(0);
       const int64_t dim = grads[t].dim_size(1);
       std::vector<int64_t> offsets;
-      OP_REQUIRES_OK(context, RowOffsets(t, unique_index[t], sample_ids[t], weights[t],
+      OP_REQUIRES_OK(context, RowOffsets(t, in.unique_index[t], in.sample_ids[t], in.weights[t],
                                          num_unique(t), batch, &offsets));
       Tensor* out;
       OP_REQUIRES_OK(context, grad_unique.allocate(t, TensorShape({num_unique(t), dim}), &out));
       cpu::combine_backward(cpu, grads[t].flat<float>().data(),
-                            unique_index[t].flat<int64_t>().data(), WeightsOrNull(t, weights[t]),
+                            in.unique_index[t].flat<int64_t>().data(), WeightsOrNull(t, in.weights[t]),
                             offsets.data(), batch, dim, combiners_[t], num_unique(t),
                             out->flat<float>().data());
     }

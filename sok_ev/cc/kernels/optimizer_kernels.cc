@@ -71,10 +71,9 @@ void SetHyperparameters(const float* h, OptimizerSpec* spec) {
 
 }  // namespace
 
-class SparseApplyOptimizerOp : public OpKernel {
+class SparseApplyOptimizerOp : public EmbeddingVariableOpKernel {
  public:
-  explicit SparseApplyOptimizerOp(OpKernelConstruction* context) : OpKernel(context) {
-    OP_REQUIRES_OK(context, context->GetAttr("key_dtype", &key_dtype_));
+  explicit SparseApplyOptimizerOp(OpKernelConstruction* context) : EmbeddingVariableOpKernel(context) {
     std::string optimizer;
     OP_REQUIRES_OK(context, context->GetAttr("optimizer", &optimizer));
     info_ = Optimizers().at(optimizer);  // the op's attr enum admits only these
@@ -94,7 +93,7 @@ class SparseApplyOptimizerOp : public OpKernel {
 
   void Compute(OpKernelContext* context) override {
     RefCountPtr<EmbeddingVariable> variable;
-    OP_REQUIRES_OK(context, LookupInitializedVariable(context, 0, key_dtype_, &variable));
+    OP_REQUIRES_OK(context, LookupVariable(context, &variable));
     const Tensor& keys = context->input(1);
     const Tensor& grads = context->input(2);
     const Tensor& hyperparameters = context->input(3);
@@ -156,7 +155,6 @@ class SparseApplyOptimizerOp : public OpKernel {
                        });
   }
 
-  DataType key_dtype_;
   OptimizerInfo info_;
   OptimizerSpec spec_;
   std::vector<std::string> slot_names_;

@@ -75,6 +75,16 @@ REGISTER_OP("SokEv>FindOrInsert")
     .Doc("Values of each table's keys, inserting absent keys with their "
          "initial values; counts are added to the keys' frequencies.");
 
+// Both combine ops output, per table, [unknown rows, the dim of input t].
+absl::Status CombineShape(InferenceContext* c) {
+  int n;
+  TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+  for (int i = 0; i < n; ++i) {
+    c->set_output(i, c->Matrix(InferenceContext::kUnknownDim, c->Dim(c->input(i), 1)));
+  }
+  return absl::OkStatus();
+}
+
 // weights[t] is empty when weighted[t] is false.
 REGISTER_OP("SokEv>CombineForward")
     .Input("unique_values: N * float")
@@ -86,15 +96,7 @@ REGISTER_OP("SokEv>CombineForward")
     .Attr("N: int >= 1")
     .Attr("combiners: list(string)")
     .Attr("weighted: list(bool)")
-    .SetShapeFn([](InferenceContext* c) {
-      int n;
-      TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
-      for (int i = 0; i < n; ++i) {
-        c->set_output(i, c->Matrix(InferenceContext::kUnknownDim,
-                                   c->Dim(c->input(i), 1)));
-      }
-      return absl::OkStatus();
-    })
+    .SetShapeFn(CombineShape)
     .Doc("embeddings[t][b] combines the rows of sample b's entries, as "
          "tf.nn.embedding_lookup_sparse does; empty samples give zeros.");
 
@@ -108,15 +110,7 @@ REGISTER_OP("SokEv>CombineBackward")
     .Attr("N: int >= 1")
     .Attr("combiners: list(string)")
     .Attr("weighted: list(bool)")
-    .SetShapeFn([](InferenceContext* c) {
-      int n;
-      TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
-      for (int i = 0; i < n; ++i) {
-        c->set_output(i, c->Matrix(InferenceContext::kUnknownDim,
-                                   c->Dim(c->input(i), 1)));
-      }
-      return absl::OkStatus();
-    })
+    .SetShapeFn(CombineShape)
     .Doc("Gradient of CombineForward with respect to unique_values, "
          "summed per unique key.");
 
