@@ -1,0 +1,58 @@
+"""Fixtures for the single-worker CPU test suite (tests/*.py).
+
+* `sok`: the sok_ev package, initialised once (sok_ev.init() is idempotent
+  and installs the optimizer hook every optimizer test relies on).
+* `rng`: a NumPy Generator seeded per test from the test's id, so each test
+  gets its own random data, and a failure reproduces on rerun. Set
+  SOK_EV_TEST_SEED to draw a different data set for the whole suite.
+* `unique_name`: EV names that do not collide across tests (eager EVs live
+  for the whole process).
+
+Shared reference computations live in tests/sok_ev_reference.py.
+"""
+import os
+import re
+import sys
+import zlib
+
+import numpy as np
+import pytest
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Prefer an installed sok_ev; fall back to the in-tree package (built in place).
+if REPO_ROOT not in sys.path:
+    sys.path.append(REPO_ROOT)
+
+BASE_SEED = int(os.environ.get("SOK_EV_TEST_SEED", "0"))
+
+
+@pytest.fixture(scope="session")
+def sok():
+    import sok_ev
+
+    sok_ev.init()
+    return sok_ev
+
+
+@pytest.fixture
+def seed(request):
+    return zlib.crc32(request.node.nodeid.encode()) ^ BASE_SEED
+
+
+@pytest.fixture
+def rng(seed):
+    return np.random.default_rng(seed)
+
+
+@pytest.fixture
+def unique_name(request):
+    stem = re.sub(r"[^A-Za-z0-9_]", "_", request.node.name)[:60]
+    counter = iter(range(1_000_000))
+    return lambda tag="ev": f"{stem}_{tag}_{next(counter)}"
+
+
+def pytest_runtest_makereport(item, call):
+    # Print the data seed of a failing test, to reproduce it exactly.
+    if call.when == "call" and call.excinfo is not None and "seed" in item.fixturenames:
+        item.add_report_section("call", "seed", f"SOK_EV_TEST_SEED={BASE_SEED}, "
+                                f"test seed={zlib.crc32(item.nodeid.encode()) ^ BASE_SEED}")

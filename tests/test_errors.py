@@ -1,0 +1,139 @@
+"""Bad inputs fail early with a clear error naming the argument and the value.
+
+Pinned down for get_embedding_variable (embedding_dim, key_dtype,
+partitioner), lookup_sparse (key dtype mismatch, float keys, list lengths,
+combiner, SparseTensor rank, non-EV params, target_gpu out of range) and
+the optimizer hook (unsupported optimizers list the supported ones).
+"""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import sok_ev_reference as ref
+
+# The errors the spec allows for a bad Python-level argument.
+ARGUMENT_ERRORS = (ValueError, TypeError)
+
+
+def _batch(rng, key_dtype=np.int64):
+    return ref.random_sparse_batch(rng, 6, 3, lambda n: rng.integers(0, 50, size=n), key_dtype)
+
+
+# --------------------------------------------------------------------------- creation
+
+
+@pytest.mark.parametrize("dim", [0, -3])
+def test_non_positive_embedding_dim_is_rejected(sok, unique_name, dim):
+    with pytest.raises(ValueError) as error:
+        sok.get_embedding_variable(unique_name(), embedding_dim=dim)
+    assert ref.error_names(error.value, "embedding_dim", dim)
+
+
+@pytest.mark.parametrize("key_dtype", [tf.float32, tf.string, tf.int16, tf.uint64])
+def test_key_dtype_other_than_int32_or_int64_is_rejected(sok, unique_name, key_dtype):
+    with pytest.raises(ARGUMENT_ERRORS) as error:
+        sok.get_embedding_variable(unique_name(), embedding_dim=4, key_dtype=key_dtype)
+    assert ref.error_names(error.value, "key_dtype", key_dtype.name)
+
+
+def test_partitioner_is_rejected(sok, unique_name):
+    with pytest.raises(ValueError) as error:
+        sok.get_embedding_variable(unique_name(), embedding_dim=4,
+                                   partitioner=tf.compat.v1.fixed_size_partitioner(2))
+    assert ref.error_names(error.value, "partitioner")
+
+
+# --------------------------------------------------------------------------- lookup arguments
+
+
+def test_int64_keys_into_int32_ev_are_rejected(sok, rng, unique_name):
+    ev = sok.get_embedding_variable(unique_name(), embedding_dim=4, key_dtype=tf.int32)
+    with pytest.raises(ARGUMENT_ERRORS) as error:
+        sok.lookup_sparse([ev], [_batch(rng, np.int64).sp_ids()], combiners=["sum"])
+    assert ref.error_names(error.value, "int64", "int32")
+
+
+def test_int32_keys_into_int64_ev_are_rejected(sok, rng, unique_name):
+    ev = sok.get_embedding_variable(unique_name(), embedding_dim=4, key_dtype=tf.int64)
+    with pytest.raises(ARGUMENT_ERRORS) as error:
+        sok.lookup_sparse([ev], [_batch(rng, np.int32).sp_ids()], combiners=["sum"])
+    assert ref.error_names(error.value, "int64", "int32")
+
+
+def test_float_keys_are_rejected(sok, rng, unique_name):
+    ev = sok.get_embedding_variable(unique_name(), embedding_dim=4)
+    batch = _batch(rng)
+    float_ids = tf.SparseTensor(batch.indices, batch.keys.astype(np.float32), batch.dense_shape)
+    with pytest.raises(ARGUMENT_ERRORS) as error:
+        sok.lookup_sparse([ev], [float_ids], combiners=["sum"])
+    assert ref.error_names(error.value, "float32")
+
+
+@pytest.mark.parametrize("wrong_list", ["indices", "combiners", "sp_weights"])
+def test_lists_of_different_lengths_are_rejected(sok, rng, unique_name, wrong_list):
+    # Two tables; the named list has three entries instead of two.
+    evs = [sok.get_embedding_variable(unique_name(), embedding_dim=4) for _ in range(2)]
+    batch = _batch(rng)
+    lengths = {"indices": 2, "combiners": 2, "sp_weights": 2, wrong_list: 3}
+    with pytest.raises(ValueError) as error:
+        sok.lookup_sparse(evs, [batch.sp_ids()] * lengths["indices"],
+                          combiners=["sum"] * lengths["combiners"],
+                          sp_weights=[batch.sp_weights()] * lengths["sp_weights"])
+    assert ref.error_names(error.value, wrong_list, "2", "3")  # the list and both lengths
+
+
+def test_unknown_combiner_is_rejected(sok, rng, unique_name):
+    ev = sok.get_embedding_variable(unique_name(), embedding_dim=4)
+    with pytest.raises(ValueError) as error:
+        sok.lookup_sparse([ev], [_batch(rng).sp_ids()], combiners=["max"])
+    assert ref.error_names(error.value, "combiner", "max")
+
+
+@pytest.mark.parametrize("rank", [1, 3])
+def test_sparse_tensor_of_rank_other_than_2_is_rejected(sok, unique_name, rank):
+    ev = sok.get_embedding_variable(unique_name(), embedding_dim=4)
+    indices = np.zeros((3, rank), np.int64)
+    indices[:, 0] = [0, 1, 2]
+    sp = tf.SparseTensor(indices, tf.constant([1, 2, 3], tf.int64), [3] + [2] * (rank - 1))
+    with pytest.raises(ValueError) as error:
+        sok.lookup_sparse([ev], [sp], combiners=["sum"])
+    assert ref.error_names(error.value, "rank", rank)
+
+
+def test_dense_variable_in_params_is_rejected(sok, rng):
+    dense = tf.Variable(np.zeros((50, 4), np.float32), name="dense_table")
+    with pytest.raises(ARGUMENT_ERRORS) as error:
+        sok.lookup_sparse([dense], [_batch(rng).sp_ids()], combiners=["sum"])
+    assert ref.error_names(error.value, "params")
+
+
+@pytest.mark.parametrize("target_gpu", [1, 5, -2])
+def test_target_gpu_out_of_range_is_rejected_at_lookup(sok, rng, unique_name, target_gpu):
+    # One worker without Horovod: world size 1, so only -1 (local) and 0 are valid.
+    ev = sok.get_embedding_variable(unique_name(), embedding_dim=4)
+    ev.target_gpu = target_gpu
+    with pytest.raises((ValueError, tf.errors.InvalidArgumentError)) as error:
+        out = sok.lookup_sparse([ev], [_batch(rng).sp_ids()], combiners=["sum"])
+        out[0].numpy()
+    assert ref.error_names(error.value, "target_gpu", target_gpu)
+
+
+# --------------------------------------------------------------------------- optimizers
+
+UNSUPPORTED_OPTIMIZERS = {
+    "ProximalAdagradOptimizer": lambda: tf.compat.v1.train.ProximalAdagradOptimizer(0.1),
+    "AdadeltaOptimizer": lambda: tf.compat.v1.train.AdadeltaOptimizer(0.1),
+    "ProximalGradientDescentOptimizer":
+        lambda: tf.compat.v1.train.ProximalGradientDescentOptimizer(0.1),
+}
+SUPPORTED_NAMES = ["GradientDescent", "Adagrad", "Adam", "Ftrl", "Momentum", "RMSProp"]
+
+
+@pytest.mark.parametrize("optimizer", sorted(UNSUPPORTED_OPTIMIZERS))
+def test_unsupported_optimizer_on_an_ev_raises_listing_supported_ones(sok, rng, optimizer):
+    with ref.graph_session():
+        ev = sok.get_embedding_variable("emb", embedding_dim=4)
+        loss = tf.reduce_sum(sok.lookup_sparse([ev], [_batch(rng).sp_ids()])[0])
+        with pytest.raises((ValueError, TypeError, NotImplementedError)) as error:
+            UNSUPPORTED_OPTIMIZERS[optimizer]().minimize(loss)
+    assert ref.error_names(error.value, optimizer.replace("Optimizer", ""), *SUPPORTED_NAMES)

@@ -1,0 +1,116 @@
+"""Gradients of sok_ev.lookup_sparse with respect to Embedding Variables.
+
+Pinned down: the gradient reaching an EV is a tf.IndexedSlices whose indices
+are the raw keys of the batch, each once (deduplicated), and whose values
+are the gradient summed over every occurrence of the key. The values must
+equal TF's own gradient of tf.nn.embedding_lookup_sparse on a dense
+tf.Variable holding the same rows (GradientTape on both; TF's IndexedSlices
+densified, ours turned into {key: row}).
+"""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import sok_ev_reference as ref
+
+# A key's gradient is a sum over its occurrences of upstream * weight (and
+# the mean/sqrtn scale); only the summation order differs from TF.
+RTOL, ATOL = 1e-5, 1e-6
+
+N_ROWS, DIM, BATCH, MAX_HOTNESS = 16, 6, 12, 5
+
+
+def _assert_gradient_matches(grad, matrix, batch, combiner, use_weights, upstream):
+    assert isinstance(grad, tf.IndexedSlices), type(grad)
+    keys = grad.indices.numpy().reshape(-1)
+    assert len(np.unique(keys)) == len(keys), f"duplicate keys in gradient indices: {keys}"
+    # The raw keys, not positions in some internal table.
+    assert sorted(keys.astype(np.int64).tolist()) == batch.unique_keys().astype(np.int64).tolist()
+    expected = ref.reference_gradient(matrix, batch, combiner, use_weights, upstream)
+    actual = ref.indexed_slices_to_dict(keys, grad.values.numpy())
+    ref.assert_rows_close(actual, expected, RTOL, ATOL, "gradient")
+
+
+@pytest.mark.parametrize("key_dtype", ref.KEY_DTYPES, ids=["int32", "int64"])
+@pytest.mark.parametrize("use_weights", [False, True], ids=["unweighted", "weighted"])
+@pytest.mark.parametrize("combiner", ref.COMBINERS)
+def test_gradient_matches_tf_gradient_of_dense_lookup(sok, rng, unique_name, combiner,
+                                                      use_weights, key_dtype):
+    matrix = ref.random_matrix(rng, N_ROWS, DIM)
+    ev = ref.matrix_ev(sok, unique_name(), matrix, key_dtype)
+    batch = ref.random_sparse_batch(rng, BATCH, MAX_HOTNESS,
+                                    ref.key_sampler(rng, "beyond_n", N_ROWS, key_dtype), key_dtype)
+    upstream = rng.normal(size=(BATCH, DIM)).astype(np.float32)
+
+    with tf.GradientTape() as tape:
+        out = sok.lookup_sparse([ev], [batch.sp_ids()], combiners=[combiner],
+                                sp_weights=[batch.sp_weights()] if use_weights else None)[0]
+        loss = tf.reduce_sum(out * upstream)
+    grad = tape.gradient(loss, ev)
+
+    _assert_gradient_matches(grad, matrix, batch, combiner, use_weights, upstream)
+
+
+def test_gradient_of_a_key_repeated_across_samples_is_summed_once(sok, rng, unique_name):
+    # Key 7 appears three times (twice in sample 0, once in sample 2); with a
+    # sum combiner and upstream u its gradient is 2*u[0] + u[2], reported once.
+    matrix = ref.random_matrix(rng, N_ROWS, DIM)
+    ev = ref.matrix_ev(sok, unique_name(), matrix)
+    sp_ids = tf.SparseTensor([[0, 0], [0, 1], [1, 0], [2, 0]],
+                             tf.constant([7, 7, 3, 7], tf.int64), [4, 2])
+    upstream = rng.normal(size=(4, DIM)).astype(np.float32)
+
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(sok.lookup_sparse([ev], [sp_ids], combiners=["sum"])[0] * upstream)
+    grad = tape.gradient(loss, ev)
+
+    got = ref.indexed_slices_to_dict(grad.indices.numpy(), grad.values.numpy())
+    assert sorted(got) == [3, 7] and len(grad.indices.numpy()) == 2
+    np.testing.assert_allclose(got[7], 2 * upstream[0] + upstream[2], rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(got[3], upstream[1], rtol=RTOL, atol=ATOL)
+
+
+def test_gradients_of_several_tables_in_one_call(sok, rng, unique_name):
+    specs = [(3, np.int64, "sum", True), (8, np.int32, "mean", False), (5, np.int64, "sqrtn", True)]
+    matrices = [ref.random_matrix(rng, N_ROWS, dim) for dim, _, _, _ in specs]
+    evs = [ref.matrix_ev(sok, unique_name(), m, kd) for m, (_, kd, _, _) in zip(matrices, specs)]
+    batches = [ref.random_sparse_batch(rng, BATCH, MAX_HOTNESS,
+                                       ref.key_sampler(rng, "beyond_n", N_ROWS, kd), kd)
+               for _, kd, _, _ in specs]
+    upstreams = [rng.normal(size=(BATCH, dim)).astype(np.float32) for dim, _, _, _ in specs]
+
+    with tf.GradientTape() as tape:
+        outs = sok.lookup_sparse(
+            evs, [b.sp_ids() for b in batches], combiners=[s[2] for s in specs],
+            sp_weights=[b.sp_weights() if s[3] else None for b, s in zip(batches, specs)])
+        loss = tf.add_n([tf.reduce_sum(o * u) for o, u in zip(outs, upstreams)])
+    grads = tape.gradient(loss, evs)
+
+    for grad, matrix, batch, (_, _, combiner, weighted), upstream in zip(
+            grads, matrices, batches, specs, upstreams):
+        _assert_gradient_matches(grad, matrix, batch, combiner, weighted, upstream)
+
+
+@pytest.mark.parametrize("combiner", ref.COMBINERS)
+def test_compute_gradients_in_graph_mode_gives_key_indexed_slices(sok, rng, combiner):
+    matrix = ref.random_matrix(rng, N_ROWS, DIM)
+    batch = ref.random_sparse_batch(rng, BATCH, MAX_HOTNESS,
+                                    ref.key_sampler(rng, "beyond_n", N_ROWS, np.int64), np.int64)
+    upstream = rng.normal(size=(BATCH, DIM)).astype(np.float32)
+    expected = ref.reference_gradient(matrix, batch, combiner, True, upstream)
+
+    with ref.graph_session() as sess:
+        ev = ref.matrix_ev(sok, "table", matrix)
+        out = sok.lookup_sparse([ev], [batch.sp_ids()], combiners=[combiner],
+                                sp_weights=[batch.sp_weights()])[0]
+        loss = tf.reduce_sum(out * upstream)
+        opt = tf.compat.v1.train.GradientDescentOptimizer(0.1)
+        (grad, var), = opt.compute_gradients(loss, var_list=[ev])
+        assert var is ev
+        assert isinstance(grad, tf.IndexedSlices), type(grad)
+        sess.run(tf.compat.v1.global_variables_initializer())
+        keys, values = sess.run([grad.indices, grad.values])
+
+    assert len(np.unique(keys)) == len(keys)
+    ref.assert_rows_close(ref.indexed_slices_to_dict(keys, values), expected, RTOL, ATOL,
+                          "graph-mode gradient")

@@ -1,0 +1,197 @@
+"""sok_ev.lookup_sparse forward values, pinned against tf.nn.embedding_lookup_sparse.
+
+Each Embedding Variable starts key k at M[k mod N] (default_value_dim=N with
+tf.constant_initializer(M)), so the reference is stock
+tf.nn.embedding_lookup_sparse over a dense tf.Variable holding those rows.
+Covered: every combiner, with and without sp_weights, duplicated keys in a
+sample, empty samples (including the last one), int32 and int64 keys, keys
+beyond N and negative keys, several tables of different dims in one call,
+eager, tf.function and tf.compat.v1 graph mode.
+"""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import sok_ev_reference as ref
+
+# The forward pass gathers float32 rows and sums at most a few of them: only
+# summation order can differ from TF, so float32 round-off is the tolerance.
+RTOL, ATOL = 1e-6, 1e-6
+
+N_ROWS, DIM, BATCH, MAX_HOTNESS = 16, 8, 12, 5
+
+
+def _lookup_one(sok, ev, batch, combiner, use_weights):
+    sp_weights = [batch.sp_weights()] if use_weights else None
+    out = sok.lookup_sparse([ev], [batch.sp_ids()], combiners=[combiner], sp_weights=sp_weights)
+    assert isinstance(out, list) and len(out) == 1
+    return out[0]
+
+
+@pytest.mark.parametrize("key_dtype", ref.KEY_DTYPES, ids=["int32", "int64"])
+@pytest.mark.parametrize("use_weights", [False, True], ids=["unweighted", "weighted"])
+@pytest.mark.parametrize("combiner", ref.COMBINERS)
+def test_lookup_matches_tf_embedding_lookup_sparse(sok, rng, unique_name, combiner,
+                                                   use_weights, key_dtype):
+    matrix = ref.random_matrix(rng, N_ROWS, DIM)
+    ev = ref.matrix_ev(sok, unique_name(), matrix, key_dtype)
+    batch = ref.random_sparse_batch(rng, BATCH, MAX_HOTNESS,
+                                    ref.key_sampler(rng, "in_range", N_ROWS, key_dtype), key_dtype)
+
+    out = _lookup_one(sok, ev, batch, combiner, use_weights)
+
+    assert out.dtype == tf.float32
+    assert out.shape == (BATCH, DIM)
+    expected = ref.reference_lookup(matrix, batch, combiner, use_weights)
+    np.testing.assert_allclose(out.numpy(), expected, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("combiner", ref.COMBINERS)
+def test_empty_samples_combine_to_zero(sok, rng, unique_name, combiner):
+    matrix = ref.random_matrix(rng, N_ROWS, DIM)
+    ev = ref.matrix_ev(sok, unique_name(), matrix)
+    batch = ref.random_sparse_batch(rng, BATCH, MAX_HOTNESS,
+                                    ref.key_sampler(rng, "in_range", N_ROWS, np.int64), np.int64)
+    empty = np.setdiff1d(np.arange(BATCH), batch.indices[:, 0])
+    assert BATCH - 1 in empty and len(empty) >= 2  # the batch builder guarantees it
+
+    out = _lookup_one(sok, ev, batch, combiner, use_weights=True).numpy()
+
+    np.testing.assert_array_equal(out[empty], np.zeros((len(empty), DIM), np.float32))
+
+
+@pytest.mark.parametrize("key_dtype", ref.KEY_DTYPES, ids=["int32", "int64"])
+@pytest.mark.parametrize("combiner", ref.COMBINERS)
+def test_keys_beyond_n_start_at_row_key_mod_n(sok, rng, unique_name, combiner, key_dtype):
+    matrix = ref.random_matrix(rng, N_ROWS, DIM)
+    ev = ref.matrix_ev(sok, unique_name(), matrix, key_dtype)
+    batch = ref.random_sparse_batch(rng, BATCH, MAX_HOTNESS,
+                                    ref.key_sampler(rng, "beyond_n", N_ROWS, key_dtype), key_dtype)
+    assert batch.keys.max() >= N_ROWS
+
+    out = _lookup_one(sok, ev, batch, combiner, use_weights=True)
+
+    # reference_lookup builds its dense rows as M[key % N].
+    expected = ref.reference_lookup(matrix, batch, combiner, use_weights=True)
+    np.testing.assert_allclose(out.numpy(), expected, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("combiner", ref.COMBINERS)
+def test_negative_int64_keys_start_at_row_nonnegative_key_mod_n(sok, rng, unique_name, combiner):
+    matrix = ref.random_matrix(rng, N_ROWS, DIM)
+    ev = ref.matrix_ev(sok, unique_name(), matrix, np.int64)
+    batch = ref.random_sparse_batch(rng, BATCH, MAX_HOTNESS,
+                                    ref.key_sampler(rng, "negative", N_ROWS, np.int64), np.int64)
+    batch.keys[-1] = -1  # row N-1 under the non-negative mod rule (C's % would give -1)
+    assert (batch.keys < 0).any()
+
+    out = _lookup_one(sok, ev, batch, combiner, use_weights=False)
+
+    expected = ref.reference_lookup(matrix, batch, combiner, use_weights=False)
+    np.testing.assert_allclose(out.numpy(), expected, rtol=RTOL, atol=ATOL)
+
+
+def test_several_tables_in_one_call_each_match_their_reference(sok, rng, unique_name):
+    # Different dims, key dtypes, combiners and weighting in one call.
+    specs = [(4, np.int64, "sum", False), (16, np.int32, "mean", True),
+             (1, np.int64, "sqrtn", True), (9, np.int32, "sum", True),
+             (32, np.int64, "mean", False)]
+    evs, batches, matrices = [], [], []
+    for dim, key_dtype, _, _ in specs:
+        matrix = ref.random_matrix(rng, N_ROWS, dim)
+        matrices.append(matrix)
+        evs.append(ref.matrix_ev(sok, unique_name(), matrix, key_dtype))
+        batches.append(ref.random_sparse_batch(
+            rng, BATCH, MAX_HOTNESS, ref.key_sampler(rng, "beyond_n", N_ROWS, key_dtype),
+            key_dtype))
+
+    outs = sok.lookup_sparse(
+        evs, [b.sp_ids() for b in batches], combiners=[s[2] for s in specs],
+        sp_weights=[b.sp_weights() if s[3] else None for b, s in zip(batches, specs)])
+
+    assert len(outs) == len(specs)
+    for out, matrix, batch, (dim, _, combiner, weighted) in zip(outs, matrices, batches, specs):
+        assert out.shape == (BATCH, dim)
+        expected = ref.reference_lookup(matrix, batch, combiner, weighted)
+        np.testing.assert_allclose(out.numpy(), expected, rtol=RTOL, atol=ATOL,
+                                   err_msg=f"table of dim {dim}, {combiner}")
+
+
+def test_tables_of_one_call_can_have_different_batch_sizes(sok, rng, unique_name):
+    matrices = [ref.random_matrix(rng, N_ROWS, 3), ref.random_matrix(rng, N_ROWS, 5)]
+    evs = [ref.matrix_ev(sok, unique_name(), m) for m in matrices]
+    batches = [ref.random_sparse_batch(rng, size, MAX_HOTNESS,
+                                       ref.key_sampler(rng, "in_range", N_ROWS, np.int64), np.int64)
+               for size in (7, 19)]
+
+    outs = sok.lookup_sparse(evs, [b.sp_ids() for b in batches], combiners=["sum", "sum"])
+
+    for out, matrix, batch in zip(outs, matrices, batches):
+        expected = ref.reference_lookup(matrix, batch, "sum", use_weights=False)
+        np.testing.assert_allclose(out.numpy(), expected, rtol=RTOL, atol=ATOL)
+
+
+def test_combiners_default_to_sum(sok, rng, unique_name):
+    matrix = ref.random_matrix(rng, N_ROWS, DIM)
+    ev = ref.matrix_ev(sok, unique_name(), matrix)
+    batch = ref.random_sparse_batch(rng, BATCH, MAX_HOTNESS,
+                                    ref.key_sampler(rng, "in_range", N_ROWS, np.int64), np.int64)
+
+    out = sok.lookup_sparse([ev], [batch.sp_ids()])[0]
+
+    expected = ref.reference_lookup(matrix, batch, "sum", use_weights=False)
+    np.testing.assert_allclose(out.numpy(), expected, rtol=RTOL, atol=ATOL)
+
+
+def test_repeated_lookups_return_the_same_values(sok, rng, unique_name):
+    # A key's initial value is drawn once, when first seen; later lookups
+    # (without training) read the stored row. Default random initializer.
+    ev = sok.get_embedding_variable(unique_name(), embedding_dim=DIM)
+    batch = ref.random_sparse_batch(rng, BATCH, MAX_HOTNESS,
+                                    ref.key_sampler(rng, "beyond_n", N_ROWS, np.int64), np.int64)
+
+    first = sok.lookup_sparse([ev], [batch.sp_ids()], combiners=["sum"])[0].numpy()
+    second = sok.lookup_sparse([ev], [batch.sp_ids()], combiners=["sum"])[0].numpy()
+
+    np.testing.assert_array_equal(first, second)
+
+
+@pytest.mark.parametrize("combiner", ref.COMBINERS)
+def test_lookup_inside_tf_function_matches_reference(sok, rng, unique_name, combiner):
+    matrix = ref.random_matrix(rng, N_ROWS, DIM)
+    ev = ref.matrix_ev(sok, unique_name(), matrix)
+    batches = [ref.random_sparse_batch(rng, BATCH, MAX_HOTNESS,
+                                       ref.key_sampler(rng, "beyond_n", N_ROWS, np.int64),
+                                       np.int64) for _ in range(2)]
+
+    @tf.function
+    def lookup(sp_ids, sp_weights):
+        return sok.lookup_sparse([ev], [sp_ids], combiners=[combiner],
+                                 sp_weights=[sp_weights])[0]
+
+    for batch in batches:  # the second call reuses the trace with new data
+        out = lookup(batch.sp_ids(), batch.sp_weights())
+        expected = ref.reference_lookup(matrix, batch, combiner, use_weights=True)
+        np.testing.assert_allclose(out.numpy(), expected, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("key_dtype", ref.KEY_DTYPES, ids=["int32", "int64"])
+@pytest.mark.parametrize("combiner", ref.COMBINERS)
+def test_lookup_in_graph_mode_session_matches_reference(sok, rng, combiner, key_dtype):
+    matrix = ref.random_matrix(rng, N_ROWS, DIM)
+    batches = [ref.random_sparse_batch(rng, BATCH, MAX_HOTNESS,
+                                       ref.key_sampler(rng, "beyond_n", N_ROWS, key_dtype),
+                                       key_dtype) for _ in range(2)]
+    expected = [ref.reference_lookup(matrix, b, combiner, use_weights=True) for b in batches]
+
+    with ref.graph_session() as sess:
+        ev = ref.matrix_ev(sok, "table", matrix, key_dtype)
+        sp_ids = tf.compat.v1.sparse_placeholder(tf.as_dtype(key_dtype), shape=[None, None])
+        sp_w = tf.compat.v1.sparse_placeholder(tf.float32, shape=[None, None])
+        out = sok.lookup_sparse([ev], [sp_ids], combiners=[combiner], sp_weights=[sp_w])[0]
+        sess.run(tf.compat.v1.global_variables_initializer())
+        for batch, want in zip(batches, expected):
+            got = sess.run(out, {sp_ids: batch.ids_value(),
+                                 sp_w: tf.compat.v1.SparseTensorValue(
+                                     batch.indices, batch.weights, batch.dense_shape)})
+            np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
