@@ -114,3 +114,21 @@ def test_compute_gradients_in_graph_mode_gives_key_indexed_slices(sok, rng, comb
     assert len(np.unique(keys)) == len(keys)
     ref.assert_rows_close(ref.indexed_slices_to_dict(keys, values), expected, RTOL, ATOL,
                           "graph-mode gradient")
+
+
+def test_explicit_tape_watch_of_an_ev_gives_its_gradient(sok, rng, unique_name):
+    # Users who turn automatic watching off watch the EV themselves.
+    ev = sok.get_embedding_variable(unique_name(), 3)
+    keys = rng.integers(0, 50, size=4)
+    ids = tf.SparseTensor([[0, 0], [0, 1], [1, 0], [1, 1]], tf.constant(keys, tf.int64), [2, 2])
+    with tf.GradientTape(watch_accessed_variables=False) as tape:
+        tape.watch(ev)
+        emb, = sok.lookup_sparse([ev], [ids])
+        loss = tf.reduce_sum(emb)
+    grad = tape.gradient(loss, ev)
+    # d(sum of sums)/d(row) is 1 per occurrence of the key.
+    expected = {int(k): np.full(3, float(np.sum(keys == k))) for k in np.unique(keys)}
+    actual = ref.indexed_slices_to_dict(grad.indices.numpy(), grad.values.numpy())
+    assert sorted(actual) == sorted(expected)
+    for k in expected:
+        np.testing.assert_array_equal(actual[k], expected[k])
