@@ -26,6 +26,7 @@ from typing import Callable, List, Tuple
 import tensorflow as tf
 from tensorflow.python.training import optimizer as optimizer_module
 
+from sok_ev import distributed
 from sok_ev._ops import ops
 from sok_ev.embedding_variable import EmbeddingVariable
 
@@ -146,6 +147,9 @@ def apply_to_embedding_variable(optimizer, grad, variable):
         f"The gradient of Embedding Variable '{variable.name}' must be "
         "tf.IndexedSlices keyed by raw keys (as sok_ev.lookup_sparse produces), "
         f"got {type(grad).__name__}")
+  # With several workers the gradient must come from the lookup's own
+  # exchange, never from a Horovod reduction (which would mix shards).
+  distributed.check_embedding_gradient(grad, variable)
   if rule.op_name == "adam" and optimizer._get_beta_accumulators()[0] is None:
     # Only the patch-free path gets here with no dense variable to carry
     # Adam's beta powers; the hook path creates them in _create_slots.

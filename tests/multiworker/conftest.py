@@ -1,0 +1,41 @@
+"""Fixtures of the multi-worker tests: one Horovod launch per world size.
+
+`lookup_run(workers)` runs tests/multiworker/lookup_worker.py once per world
+size (2 and 3 workers) for every case of `harness.CASES[workers]` and the guard
+checks, and caches the result for the session, so the tests of
+test_model_parallel.py and test_guards.py share a few launches.
+"""
+import os
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+import harness  # noqa: E402  pylint: disable=wrong-import-position
+
+
+@pytest.fixture(scope="session")
+def lookup_run():
+    launches = {}
+
+    def run(workers):
+        harness.require_horovodrun()
+        if workers not in launches:
+            launches[workers] = harness.launch(
+                os.path.join(HERE, "lookup_worker.py"), workers,
+                ["--cases", ",".join(harness.CASES[workers])] +
+                (["--guards"] if workers == 2 else []),
+                timeout=harness.LAUNCH_TIMEOUT)
+        result = launches[workers]
+        assert not result.timed_out, (
+            f"{workers}-worker launch exceeded {harness.LAUNCH_TIMEOUT}s:\n"
+            f"{result.tail()}")
+        assert result.returncode == 0 and len(result.results) == workers, (
+            f"{workers}-worker launch failed (exit {result.returncode}):\n"
+            f"{result.tail()}")
+        return result
+
+    return run

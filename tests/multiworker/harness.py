@@ -1,0 +1,259 @@
+"""Shared harness of the multi-worker tests: launch, time limit, results.
+
+`launch(script, workers, ...)` runs `horovodrun --gloo -np W -H localhost:W
+python script --out DIR ...` (Gloo oversubscribes a 2-core machine fine) in
+its own process group, with a hard wall-clock limit: on expiry the whole
+group -- horovodrun and every rank -- is killed, so a test ends in bounded
+time even when a rank dies or hangs in a collective. Each rank writes its
+results to `DIR/rank<r>.npz`; `launch` returns them with the exit status and
+the output.
+
+The data shared by worker scripts and the single-process references in the
+tests (batches, initial rows, targets) is generated here from fixed seeds,
+identically in every process. `owner_of` re-implements the documented
+placement function of cc/partition.h in NumPy, so tests check that contract.
+"""
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO_ROOT = os.path.dirname(os.path.dirname(HERE))
+
+# horovodrun is installed next to the Python that runs the tests (.venv/bin).
+HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+
+
+@dataclasses.dataclass
+class Launch:
+    returncode: int          # None when the time limit killed the job
+    timed_out: bool
+    seconds: float
+    output: str              # stdout and stderr of horovodrun and all ranks
+    results: dict            # rank -> dict of arrays from rank<r>.npz
+
+    def tail(self, chars=6000):
+        return self.output[-chars:]
+
+
+def launch(script, workers, args=(), timeout=240, out_dir=None, pass_out=True):
+    """Runs `script` on `workers` Horovod/Gloo processes with a hard limit.
+
+    Args:
+      script: path of the worker script; it gets `--out DIR` then `args`.
+      workers: number of ranks.
+      timeout: seconds before the whole process group is killed.
+      out_dir: where ranks write rank<r>.npz (a fresh temp dir by default).
+      pass_out: False runs `script args` alone (a user script).
+
+    Returns:
+      A Launch. Ranks that wrote no file are absent from `results`.
+    """
+    out_dir = out_dir or tempfile.mkdtemp(prefix="sok_ev_mw_")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [REPO_ROOT, HERE] + [p for p in [env.get("PYTHONPATH")] if p])
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env["PYTHONUNBUFFERED"] = "1"
+    command = [HOROVODRUN, "--gloo", "-np", str(workers), "-H",
+               f"localhost:{workers}", sys.executable, script,
+               *(["--out", out_dir] if pass_out else []), *map(str, args)]
+    start = time.monotonic()
+    process = subprocess.Popen(command, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, env=env,
+                               cwd=REPO_ROOT, start_new_session=True)
+    timed_out = False
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        # The ranks are horovodrun's children in the same new session/group.
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+    seconds = time.monotonic() - start
+    results = {}
+    for rank in range(workers):
+        path = os.path.join(out_dir, f"rank{rank}.npz")
+        if os.path.exists(path):
+            with np.load(path, allow_pickle=False) as data:
+                results[rank] = dict(data)
+    return Launch(None if timed_out else process.returncode, timed_out,
+                  seconds, output.decode(errors="replace"), results)
+
+
+def rank_stdout(output, rank):
+    """Rank `rank`'s stdout lines from horovodrun's prefixed output."""
+    prefix = f"[{rank}]<stdout>:"
+    return "\n".join(line[len(prefix):] for line in output.splitlines()
+                     if line.startswith(prefix))
+
+
+def horovod_available():
+    return os.path.exists(HOROVODRUN)
+
+
+# SCENARIO:PLACEMENT:MODE. Every placement runs in both modes on 2 workers;
+# 3 workers run each placement once, alternating the mode, to bound CI time.
+CASES = {
+    2: ["random:sharded:graph", "random:sharded:eager",
+        "random:target:graph", "random:target:eager",
+        "random:mixed:graph", "random:mixed:eager",
+        "empty:sharded:eager", "one_owner:sharded:graph",
+        "duplicates:mixed:eager"],
+    3: ["random:sharded:eager", "random:target:graph", "random:mixed:eager",
+        "empty:mixed:graph", "one_owner:sharded:eager",
+        "duplicates:sharded:graph"],
+}
+LAUNCH_TIMEOUT = 240  # seconds; a healthy launch takes well under half
+
+
+def require_horovodrun():
+    """Fails (never skips) the calling test when horovodrun is missing."""
+    import pytest  # pylint: disable=import-outside-toplevel
+    if not horovod_available():
+        pytest.fail(f"{HOROVODRUN} not found: the multi-worker tests "
+                    "need Horovod in the test interpreter's environment "
+                    "(bash request.sh installs it)")
+
+
+# --- Worker side -------------------------------------------------------------
+
+
+def save_rank_results(out_dir, rank, results):
+    """Writes one rank's results (name -> array or str) atomically."""
+    path = os.path.join(out_dir, f"rank{rank}.npz")
+    np.savez(path + ".tmp.npz", **results)
+    os.replace(path + ".tmp.npz", path)
+
+
+# --- Placement contract (cc/partition.h) -------------------------------------
+
+_MASK = (1 << 64) - 1
+OWNER_SALT = 0x5bd1e9955bd1e995
+
+
+def owner_of(key, num_workers):
+    """owner_of(key, W) = splitmix64_finalizer(int64(key) XOR salt) mod W."""
+    z = (int(key) & _MASK) ^ OWNER_SALT
+    z = ((z ^ (z >> 30)) * 0xbf58476d1ce4e5b9) & _MASK
+    z = ((z ^ (z >> 27)) * 0x94d049bb133111eb) & _MASK
+    z ^= z >> 31
+    return z % num_workers
+
+
+# --- The model of the equivalence tests --------------------------------------
+
+# Two tables, as the issue specifies: dims 128 and 4, hotness 10 and 3.
+# Table 1 uses int32 keys so both key dtypes cross the exchange.
+TABLES = (
+    dict(name="t0", dim=128, hotness=10, key_dtype="int64", default_rows=7),
+    dict(name="t1", dim=4, hotness=3, key_dtype="int32", default_rows=5),
+)
+VOCABULARY = 300         # keys in [0, VOCABULARY): duplicates within and
+                         # across workers' batches
+PER_WORKER_BATCH = 6
+STEPS = 10
+LEARNING_RATE = 0.1      # tf.compat.v1.train.AdagradOptimizer, default
+                         # initial_accumulator_value 0.1
+
+
+def default_rows(table):
+    """The `[default_rows, dim]` matrix given to
+    `InitializerOption(default_value_dim=default_rows)` through
+    `tf.constant_initializer`: key k starts as row k mod default_rows."""
+    rng = np.random.default_rng(1000 + table["dim"])
+    return rng.normal(size=(table["default_rows"], table["dim"])).astype(np.float32)
+
+
+def initial_dense_table(table):
+    """The reference's dense table: row k = default_rows[k mod default_rows]."""
+    rows = default_rows(table)
+    return rows[np.arange(VOCABULARY) % len(rows)]
+
+
+@dataclasses.dataclass
+class Batch:
+    """One worker's (or the global) batch of one table, as SparseTensor parts."""
+    indices: np.ndarray      # [nnz, 2] int64, rows in order
+    values: np.ndarray       # [nnz] keys
+    batch_size: int
+
+
+def _random_batch(rng, table, batch_size, keys=None):
+    rows = []
+    for b in range(batch_size):
+        hotness = rng.integers(1, table["hotness"] + 1)
+        pool = keys if keys is not None else np.arange(VOCABULARY)
+        rows.append(rng.choice(pool, size=hotness))
+    return rows
+
+
+def _to_batch(rows, table):
+    indices = np.array([[b, j] for b, row in enumerate(rows)
+                        for j in range(len(row))], np.int64).reshape(-1, 2)
+    values = np.array([k for row in rows for k in row],
+                      dtype=table["key_dtype"]).reshape(-1)
+    return Batch(indices, values, len(rows))
+
+
+def make_step_data(scenario, workers, step):
+    """Per-worker batches and targets of one step of `scenario`.
+
+    Scenarios (every worker computes the same data from the seed):
+      "random": independent random batches per worker.
+      "empty": the last worker's batch has no samples.
+      "one_owner": every key is owned by worker 0 under owner_of.
+      "duplicates": every worker feeds the same batch (same keys everywhere).
+
+    Returns:
+      (batches, targets): batches[w][t] is a Batch; targets[w][t] is the
+      `[batch_size, dim]` float32 target of worker w's samples.
+    """
+    rng = np.random.default_rng(
+        [sum(map(ord, scenario)), workers, step])
+    keys = None
+    if scenario == "one_owner":
+        keys = np.array([k for k in range(VOCABULARY)
+                         if owner_of(k, workers) == 0])
+    # "duplicates": one set of rows per table, fed by every worker.
+    shared_rows = [_random_batch(rng, table, PER_WORKER_BATCH)
+                   for table in TABLES]
+    batches, targets = [], []
+    for w in range(workers):
+        size = 0 if scenario == "empty" and w == workers - 1 else PER_WORKER_BATCH
+        worker_batches, worker_targets = [], []
+        for t, table in enumerate(TABLES):
+            rows = (shared_rows[t] if scenario == "duplicates" else
+                    _random_batch(rng, table, size, keys))
+            worker_batches.append(_to_batch(rows, table))
+            worker_targets.append(
+                rng.normal(size=(size, table["dim"])).astype(np.float32))
+        batches.append(worker_batches)
+        targets.append(worker_targets)
+    return batches, targets
+
+
+def global_batch(batches, t):
+    """Concatenates every worker's batch of table t (the reference's input)."""
+    indices, values, offset = [], [], 0
+    for worker_batches in batches:
+        batch = worker_batches[t]
+        shifted = batch.indices.copy()
+        shifted[:, 0] += offset
+        indices.append(shifted)
+        values.append(batch.values)
+        offset += batch.batch_size
+    return Batch(np.concatenate(indices), np.concatenate(values), offset)
+
+
+def loss_of(embeddings, targets):
+    """The model's loss: sum over tables and samples of 0.5 * |emb - y|^2.
+    A sum (not a mean), so the global loss is the sum of the workers'."""
+    return sum(0.5 * np.sum((e - y) ** 2) for e, y in zip(embeddings, targets))

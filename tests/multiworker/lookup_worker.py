@@ -1,0 +1,221 @@
+"""One rank of the multi-worker lookup tests (launched by harness.launch).
+
+  python lookup_worker.py --out DIR --cases SCENARIO:PLACEMENT:MODE,... [--guards]
+
+For each case: builds the two tables of harness.TABLES with the placement,
+trains 10 Adagrad steps on this rank's part of the scenario's batches
+(harness.make_step_data) in graph mode (tf.compat.v1.Session) or eagerly with
+a tf.function step, and records, under "<case>/": this rank's loss and
+embeddings of every step, and its final shard of each table (export()).
+With --guards, also records the messages of the refused ways of allreducing
+an Embedding Variable gradient (see test_guards.py).
+"""
+
+import argparse
+import sys
+
+import numpy as np
+import tensorflow as tf
+import horovod.tensorflow as hvd
+
+import harness
+
+hvd.init()
+import sok_ev  # pylint: disable=wrong-import-position
+
+sok_ev.init()
+RANK, WORKERS = hvd.rank(), hvd.size()
+
+
+def placement(name):
+    """target_gpu of each table: sharded by key, whole on one worker, or a mix
+    of both in one lookup_sparse call."""
+    return {"sharded": [-1, -1], "target": [WORKERS - 1, 0],
+            "mixed": [-1, WORKERS - 1]}[name]
+
+
+def make_tables(targets):
+    tables = []
+    for table, target in zip(harness.TABLES, targets):
+        option = sok_ev.EmbeddingVariableOption(
+            init_option=sok_ev.InitializerOption(
+                default_value_dim=table["default_rows"]))
+        tables.append(sok_ev.get_embedding_variable(
+            table["name"], embedding_dim=table["dim"],
+            key_dtype=table["key_dtype"],
+            initializer=tf.constant_initializer(harness.default_rows(table)),
+            ev_option=option, target_gpu=target))
+    return tables
+
+
+def model(tables, sparse_ids, targets):
+    embeddings = sok_ev.lookup_sparse(tables, sparse_ids,
+                                      combiners=["sum"] * len(tables))
+    loss = tf.add_n([0.5 * tf.reduce_sum(tf.square(e - y))
+                     for e, y in zip(embeddings, targets)])
+    return loss, embeddings
+
+
+def my_feeds(scenario, step):
+    batches, targets = harness.make_step_data(scenario, WORKERS, step)
+    return batches[RANK], targets[RANK]
+
+
+def run_graph(scenario, targets_gpu):
+    with tf.Graph().as_default() as graph:
+        tables = make_tables(targets_gpu)
+        indices = [tf.compat.v1.placeholder(tf.int64, [None, 2]) for _ in tables]
+        values = [tf.compat.v1.placeholder(v.key_dtype, [None]) for v in tables]
+        sizes = [tf.compat.v1.placeholder(tf.int64, []) for _ in tables]
+        ys = [tf.compat.v1.placeholder(tf.float32, [None, v.embedding_dim])
+              for v in tables]
+        sparse_ids = [tf.SparseTensor(i, v, tf.stack([s, table["hotness"]]))
+                      for i, v, s, table in zip(indices, values, sizes,
+                                                harness.TABLES)]
+        loss, embeddings = model(tables, sparse_ids, ys)
+        train = tf.compat.v1.train.AdagradOptimizer(
+            harness.LEARNING_RATE).minimize(loss)
+        exports = [v.export() for v in tables]
+        losses, embs = [], []
+        with tf.compat.v1.Session(graph=graph) as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            for step in range(harness.STEPS):
+                batches, targets = my_feeds(scenario, step)
+                feed = {}
+                for t in range(len(tables)):
+                    feed.update({indices[t]: batches[t].indices,
+                                 values[t]: batches[t].values,
+                                 sizes[t]: batches[t].batch_size,
+                                 ys[t]: targets[t]})
+                step_loss, step_embs, _ = session.run([loss, embeddings, train],
+                                                      feed)
+                losses.append(step_loss)
+                embs.append(step_embs)
+            shards = session.run(exports)
+    return losses, embs, shards
+
+
+def run_eager(scenario, targets_gpu):
+    tables = make_tables(targets_gpu)
+    optimizer = tf.compat.v1.train.AdagradOptimizer(harness.LEARNING_RATE)
+    signature = []
+    for v in tables:
+        signature += [tf.TensorSpec([None, 2], tf.int64),
+                      tf.TensorSpec([None], v.key_dtype),
+                      tf.TensorSpec([2], tf.int64),
+                      tf.TensorSpec([None, v.embedding_dim], tf.float32)]
+
+    @tf.function(input_signature=signature)
+    def train_step(*flat):
+        sparse_ids = [tf.SparseTensor(*flat[4 * t:4 * t + 3])
+                      for t in range(len(tables))]
+        ys = [flat[4 * t + 3] for t in range(len(tables))]
+        with tf.GradientTape() as tape:
+            loss, embeddings = model(tables, sparse_ids, ys)
+        grads = tape.gradient(loss, tables)
+        optimizer.apply_gradients(zip(grads, tables))
+        return loss, embeddings
+
+    losses, embs = [], []
+    for step in range(harness.STEPS):
+        batches, targets = my_feeds(scenario, step)
+        flat = []
+        for t, table in enumerate(harness.TABLES):
+            flat += [batches[t].indices, batches[t].values,
+                     np.array([batches[t].batch_size, table["hotness"]]),
+                     targets[t]]
+        step_loss, step_embs = train_step(*flat)
+        losses.append(step_loss.numpy())
+        embs.append([e.numpy() for e in step_embs])
+    shards = [[x.numpy() for x in v.export()] for v in tables]
+    return losses, embs, shards
+
+
+def record_case(results, case):
+    scenario, placement_name, mode = case.split(":")
+    run = run_graph if mode == "graph" else run_eager
+    losses, embs, shards = run(scenario, placement(placement_name))
+    results[f"{case}/loss"] = np.array(losses, np.float64)
+    for t in range(len(harness.TABLES)):
+        results[f"{case}/emb{t}"] = np.stack([e[t] for e in embs])
+        results[f"{case}/keys{t}"] = shards[t][0].astype(np.int64)
+        results[f"{case}/values{t}"] = shards[t][1]
+
+
+def _message_of(build):
+    """The ValueError message `build()` raises, or "" when it does not."""
+    try:
+        build()
+    except ValueError as error:
+        return str(error)
+    return ""
+
+
+def record_guards(results):
+    """Each way of allreducing an Embedding Variable gradient, and its error."""
+    batches, targets = my_feeds("random", 0)
+
+    def sparse_ids():
+        return [tf.SparseTensor(b.indices, b.values,
+                                [b.batch_size, table["hotness"]])
+                for b, table in zip(batches, harness.TABLES)]
+
+    with tf.Graph().as_default():
+        tables = make_tables([-1, -1])
+        dense = tf.compat.v1.get_variable("dense", initializer=tf.ones([4]))
+        loss, embeddings = model(tables, sparse_ids(), targets)
+        loss += tf.reduce_sum(dense * embeddings[1])
+        optimizer = tf.compat.v1.train.AdagradOptimizer(0.1)
+        results["guard/graph_distributed_optimizer"] = _message_of(
+            lambda: hvd.DistributedOptimizer(optimizer).minimize(loss))
+        grads_and_vars = optimizer.compute_gradients(loss)
+        ev_grad = grads_and_vars[0][0]
+        results["guard/graph_allreduce"] = _message_of(
+            lambda: hvd.allreduce(ev_grad))
+        results["guard/graph_grouped_allreduce"] = _message_of(
+            lambda: hvd.grouped_allreduce([g for g, _ in grads_and_vars]))
+        # An allreduce sok_ev could not intercept (bound before sok_ev.init()):
+        # the optimizer-side check finds the Horovod op in the graph.
+        unguarded = sok_ev.communication._guards["allreduce"]  # pylint: disable=protected-access
+        reduced = unguarded(ev_grad)
+        results["guard/graph_unguarded_allreduce"] = _message_of(
+            lambda: sok_ev.distributed.check_embedding_gradient(
+                reduced, tables[0]))
+        # The supported pattern: allreduce only the dense gradients.
+        results["guard/graph_dense_only"] = _message_of(
+            lambda: optimizer.apply_gradients(
+                [(g if isinstance(v, sok_ev.EmbeddingVariable)
+                  else hvd.allreduce(g), v) for g, v in grads_and_vars]))
+
+    tables = make_tables([-1, -1])
+
+    def tape_gradient(tape_factory):
+        with tape_factory() as tape:
+            loss, _ = model(tables, sparse_ids(), targets)
+        return tape.gradient(loss, tables)
+
+    results["guard/eager_distributed_tape"] = _message_of(
+        lambda: tape_gradient(lambda: hvd.DistributedGradientTape(
+            tf.GradientTape())))
+    eager_grads = tape_gradient(tf.GradientTape)
+    results["guard/eager_allreduce"] = _message_of(
+        lambda: hvd.allreduce(eager_grads[0]))
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--cases", default="")
+    parser.add_argument("--guards", action="store_true")
+    args = parser.parse_args()
+    results = {}
+    for case in filter(None, args.cases.split(",")):
+        record_case(results, case)
+    if args.guards:
+        record_guards(results)
+    harness.save_rank_results(args.out, RANK, results)
+    print(f"rank {RANK}: done", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""Failures end every worker in bounded time, with a clear message.
+
+* Mismatch: workers that built different tables fail at the first lookup,
+  every one of them, with a ValueError naming the table, the field and both
+  values -- before any exchange that could hang.
+* Time limit: when a rank dies, horovodrun stops the others; when a rank
+  hangs, the harness kills the whole process group at its time limit.
+"""
+import os
+import time
+
+import harness
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def test_mismatched_tables_fail_clearly_on_every_worker():
+    harness.require_horovodrun()
+    result = harness.launch(os.path.join(HERE, "mismatch_worker.py"), 2,
+                            timeout=120)
+    assert result.returncode == 0 and len(result.results) == 2, result.tail()
+    for rank, other in ((0, 1), (1, 0)):
+        mine, theirs = (4, 8) if rank == 0 else (8, 4)
+        message = str(result.results[rank]["dim"])
+        assert "Embedding Variable 't1:0'" in message, message
+        assert (f"embedding_dim is {mine} on worker {rank} but {theirs} on "
+                f"worker {other}") in message, message
+        mine, theirs = (-1, 0) if rank == 0 else (0, -1)
+        message = str(result.results[rank]["target_gpu"])
+        assert "Embedding Variable 't2:0'" in message, message
+        assert (f"target_gpu is {mine} on worker {rank} but {theirs} on "
+                f"worker {other}") in message, message
+
+
+def test_a_dying_worker_stops_the_job():
+    harness.require_horovodrun()
+    result = harness.launch(os.path.join(HERE, "stuck_worker.py"), 2,
+                            ["--fault", "die"], timeout=120)
+    assert not result.timed_out, result.tail()
+    assert result.returncode != 0
+
+
+def test_a_hanging_worker_is_killed_at_the_time_limit():
+    harness.require_horovodrun()
+    limit = 15
+    start = time.monotonic()
+    result = harness.launch(os.path.join(HERE, "stuck_worker.py"), 2,
+                            ["--fault", "hang"], timeout=limit)
+    assert result.timed_out
+    assert time.monotonic() - start < limit + 15
+    for _ in range(20):  # killed ranks may take a moment to be reaped
+        if "stuck_worker.py" not in os.popen("ps -eo args").read():
+            break
+        time.sleep(0.5)
+    else:
+        raise AssertionError("a rank survived the time limit")

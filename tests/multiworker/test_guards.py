@@ -1,0 +1,34 @@
+"""Embedding Variable gradients are never allreduced: each way a script could
+do it raises a ValueError naming the variable, in graph and eager mode.
+
+Each worker's Embedding Variable gradient already holds, for the keys it
+owns, every worker's contributions (the lookup's backward alltoall routes
+them); an allreduce would apply keys into shards that do not own them. The
+messages were recorded by lookup_worker.record_guards on 2 workers.
+"""
+import pytest
+
+GUARDED = {
+    "graph_distributed_optimizer": "hvd.DistributedOptimizer would allreduce",
+    "graph_allreduce": "hvd.allreduce would allreduce",
+    "graph_grouped_allreduce": "hvd.grouped_allreduce would allreduce",
+    "graph_unguarded_allreduce": "went through Horovod op",
+    "eager_distributed_tape": "hvd.DistributedGradientTape.gradient would",
+    "eager_allreduce": "hvd.allreduce would allreduce",
+}
+
+
+@pytest.mark.parametrize("way", sorted(GUARDED))
+def test_allreducing_an_embedding_gradient_raises(lookup_run, way):
+    result = lookup_run(2)
+    for rank in range(2):
+        message = str(result.results[rank][f"guard/{way}"])
+        assert GUARDED[way] in message, message
+        assert "Embedding Variable" in message and "'t0:0'" in message
+        assert "dense" in message  # says what to do instead
+
+
+def test_allreducing_only_dense_gradients_is_accepted(lookup_run):
+    result = lookup_run(2)
+    for rank in range(2):
+        assert str(result.results[rank]["guard/graph_dense_only"]) == ""
