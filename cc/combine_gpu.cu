@@ -39,28 +39,6 @@ __global__ void row_offsets_kernel(const int64_t* sample_ids, int64_t nnz,
   }
 }
 
-// Each entry's sample, and each sample's gradient scale (1, 1 / sum w, or
-// 1 / sqrt(sum w^2)), so entry j's gradient is grad_out[bag] * w_j * scale.
-//   entry_bag: (nnz,) out   bag_scale: (batch,) out
-__global__ void bag_scale_kernel(const float* weights, const int64_t* row_offsets,
-                                 int64_t batch, Combiner combiner,
-                                 int64_t* entry_bag, float* bag_scale) {
-  for (int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; b < batch;
-       b += int64_t(gridDim.x) * blockDim.x) {
-    float weight_sum = 0.0f, weight_square_sum = 0.0f;
-    for (int64_t j = row_offsets[b]; j < row_offsets[b + 1]; ++j) {
-      const float w = weights != nullptr ? weights[j] : 1.0f;
-      weight_sum += w;
-      weight_square_sum += w * w;
-      entry_bag[j] = b;
-    }
-    float denominator = 1.0f;
-    if (combiner == Combiner::kMean) denominator = weight_sum;
-    if (combiner == Combiner::kSqrtn) denominator = sqrtf(weight_square_sum);
-    bag_scale[b] = denominator;
-  }
-}
-
 __global__ void iota_kernel(int64_t* values, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -143,7 +121,7 @@ Status combine_backward_impl(const GpuContext& context, const float* grad_out,
     return Status::Internal("combine_backward: out of device memory");
   }
   if (batch > 0) {
-    bag_scale_kernel<<<grid_for(batch, kThreads), kThreads, 0, stream>>>(
+    bag_scale_kernel<int64_t><<<grid_for(batch, kThreads), kThreads, 0, stream>>>(
         weights, row_offsets, batch, combiner, entry_bag.as<int64_t>(),
         bag_scale.as<float>());
     SOK_EV_LAUNCH_CHECK("bag_scale");

@@ -153,6 +153,30 @@ combine_rows_kernel(Source source, const float* __restrict__ weights,
   while (bag < bags) finish_bag();
 }
 
+// Each entry's sample, and each sample's gradient scale (1, 1 / sum w, or
+// 1 / sqrt(sum w^2)), so entry j's gradient is grad_out[bag] * w_j * scale.
+//   entry_bag: (nnz,) out   bag_scale: (batch,) out
+// (A template only so that every file including this header may launch it.)
+template <typename Offset>
+__global__ void bag_scale_kernel(const float* weights, const Offset* row_offsets,
+                                 int64_t batch, Combiner combiner,
+                                 int64_t* entry_bag, float* bag_scale) {
+  for (int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; b < batch;
+       b += int64_t(gridDim.x) * blockDim.x) {
+    float weight_sum = 0.0f, weight_square_sum = 0.0f;
+    for (int64_t j = row_offsets[b]; j < row_offsets[b + 1]; ++j) {
+      const float w = weights != nullptr ? weights[j] : 1.0f;
+      weight_sum += w;
+      weight_square_sum += w * w;
+      entry_bag[j] = b;
+    }
+    float denominator = 1.0f;
+    if (combiner == Combiner::kMean) denominator = weight_sum;
+    if (combiner == Combiner::kSqrtn) denominator = sqrtf(weight_square_sum);
+    bag_scale[b] = denominator;
+  }
+}
+
 // Launches combine_rows_kernel with the narrowest register footprint that
 // covers dim (<= 1024).
 template <class Source>

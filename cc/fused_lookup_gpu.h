@@ -25,6 +25,17 @@ Status lookup_combine(const GpuContext& context, const HashTable<Key>& table,
                       const int64_t* row_offsets, int64_t batch,
                       Combiner combiner, float* out);
 
+// lookup_combine for keys whose rows are already resolved (training: the
+// rows of the batch's unique keys come from find_or_insert), so the forward
+// gathers without probing: entry j reads row row_ids[inverse[j]].
+//   row_ids: (num_unique,) from this table since its last insert
+//   inverse: (nnz,) unique index of each entry; the rest as lookup_combine
+template <typename Key>
+Status lookup_combine_rows(const GpuContext& context, const HashTable<Key>& table,
+                           const int64_t* row_ids, const int64_t* inverse,
+                           const float* weights, const int64_t* row_offsets,
+                           int64_t batch, Combiner combiner, float* out);
+
 }  // namespace gpu
 }  // namespace sok_ev
 

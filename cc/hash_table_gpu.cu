@@ -15,10 +15,6 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__device__ __forceinline__ int32_t load_state_coherent(const int32_t* state) {
-  return *reinterpret_cast<const volatile int32_t*>(state);
-}
-
 // Pops an erased row from the free stack, else takes a fresh arena row. The
 // stack count may go negative under contention; clamp_free_rows fixes it.
 __device__ __forceinline__ int32_t allocate_row(TableCounters* counters,
@@ -38,155 +34,180 @@ __global__ void set_used_slots(TableCounters* counters) {
   counters->used_slots = counters->size;
 }
 
-// Finds `key` or inserts it; returns its row, or -1 if no free slot was
-// found in the whole index (prepare_insert makes that impossible).
+// Finds `key` or inserts it with its initial row; the whole group gets the
+// row (-1 only when no slot is free, which prepare_insert rules out).
+//
+// Publish protocol: an inserter claims a slot (CAS to kLockedSlot), writes
+// the key, the counters and the whole initial row, then releases (fence)
+// and publishes the row id in the state. A reader loads states relaxed,
+// fences (acquire) and only then loads keys, so a published state is never
+// paired with a stale key; the keys' line is prefetched first so that
+// ordered read hits L2 rather than costing a second DRAM round trip.
 template <typename Key>
-__device__ int32_t find_or_claim(const TableView<Key>& table,
-                                 TableCounters* counters,
-                                 const int32_t* free_rows, Key key,
-                                 bool* created) {
-  *created = false;
+__device__ int32_t group_find_or_claim(const TableView<Key>& table,
+                                       TableCounters* counters,
+                                       const int32_t* free_rows,
+                                       const ProbeGroup<Key>& g, Key key) {
+  constexpr int kK = ProbeGroup<Key>::kKeysPerLane;
   for (;;) {
     uint64_t bucket = bucket_hash(key) & table.bucket_mask;
     int64_t free_slot = -1;
     int32_t free_state = 0;
-    for (uint64_t probe = 0; probe <= table.bucket_mask; ++probe) {
-      const uint64_t first = bucket * kBucketSlots;
-      int32_t states[kBucketSlots];
-      load_bucket_states<true>(table.states + first, states);
+    for (uint64_t probe = 0; probe <= table.bucket_mask;) {
+      const uint64_t slot = bucket * kBucketSlots + g.rank * kK;
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(table.keys + slot));
+      LaneSlots<Key> s;
+      load_lane_states_relaxed(table.states + slot, s);
+      fence_acq_rel();
+      load_lane_keys(table.keys + slot, true, s);
+      int32_t row = -1, lane_free_state = 0;
+      int lane_free = -1;
+      bool locked = false, empty = false;
 #pragma unroll
-      for (int s = 0; s < kBucketSlots; ++s) {
-        // A slot being filled may hold our key: wait until it is published.
-        while (states[s] == kLockedSlot) {
-          __nanosleep(32);
-          states[s] = load_state_coherent(table.states + first + s);
+      for (int j = kK - 1; j >= 0; --j) {
+        if (s.states[j] >= 0 && s.keys[j] == key) row = s.states[j];
+        locked |= s.states[j] == kLockedSlot;
+        empty |= s.states[j] == kEmptySlot;
+        if (s.states[j] == kEmptySlot || s.states[j] == kErasedSlot) {
+          lane_free = j;
+          lane_free_state = s.states[j];
         }
       }
-      __threadfence();  // state reads before key reads
-      Key keys[kBucketSlots];
-      load_bucket_keys<Key, true>(table.keys + first, keys);
-      bool has_empty = false;
-#pragma unroll
-      for (int s = 0; s < kBucketSlots; ++s) {
-        if (states[s] >= 0 && keys[s] == key) return states[s];
-        if (states[s] < 0 && free_slot < 0) {
-          free_slot = static_cast<int64_t>(first) + s;
-          free_state = states[s];
-        }
-        has_empty |= states[s] == kEmptySlot;
+      const unsigned hits = g.ballot(row >= 0);
+      if (hits != 0) return g.shfl(row, __ffs(hits) - 1);
+      // A slot being filled may be our key: read the bucket again.
+      if (g.ballot(locked) != 0) {
+        __nanosleep(64);
+        continue;
       }
-      if (has_empty) break;
+      if (free_slot < 0) {
+        const unsigned frees = g.ballot(lane_free >= 0);
+        if (frees != 0) {
+          const int src = __ffs(frees) - 1;
+          free_slot = static_cast<int64_t>(bucket * kBucketSlots) + src * kK +
+                      g.shfl(lane_free, src);
+          free_state = g.shfl(lane_free_state, src);
+        }
+      }
+      if (g.ballot(empty) != 0) break;
       bucket = (bucket + 1) & table.bucket_mask;
+      ++probe;
     }
     if (free_slot < 0) return -1;
-    if (atomicCAS(table.states + free_slot, free_state, kLockedSlot) !=
-        free_state) {
-      continue;  // someone else took the slot: probe again from the start
+    int won = 0;
+    if (g.rank == 0) {
+      won = atomicCAS(table.states + free_slot, free_state, kLockedSlot) == free_state;
     }
-    table.keys[free_slot] = key;
-    const int32_t row = allocate_row(counters, free_rows);
-    table.frequencies[row] = 0;
-    table.versions[row] = 0;
-    if (free_state == kEmptySlot) atomicAdd(&counters->used_slots, 1ULL);
-    atomicAdd(&counters->size, 1ULL);
-    __threadfence();  // key and counters visible before the slot is published
-    atomicExch(table.states + free_slot, row);
-    *created = true;
+    if (!g.shfl(won, 0)) continue;  // someone else took it: probe again
+    int32_t row = 0;
+    if (g.rank == 0) {
+      table.keys[free_slot] = key;
+      row = allocate_row(counters, free_rows);
+      table.frequencies[row] = 0;
+      table.versions[row] = 0;
+      if (free_state == kEmptySlot) atomicAdd(&counters->used_slots, 1ULL);
+      atomicAdd(&counters->size, 1ULL);
+    }
+    row = g.shfl(row, 0);
+    // The initial row, written before the publish so that duplicates of the
+    // key in this launch copy initialized values.
+    float* values = table.rows + static_cast<int64_t>(row) * table.row_width;
+    for (int64_t c = g.rank; c < table.dim; c += ProbeGroup<Key>::kLanes) {
+      values[c] = initial_value_at(table.initializer, key, c, table.dim);
+    }
+    for (int slot = 0; slot < table.num_slots; ++slot) {
+      float* slot_row = values + (1 + slot) * table.dim;
+      for (int64_t c = g.rank; c < table.dim; c += ProbeGroup<Key>::kLanes) {
+        slot_row[c] = table.slot_initial[slot];
+      }
+    }
+    fence_acq_rel();  // release this lane's writes...
+    __syncwarp(g.mask);
+    if (g.rank == 0) {
+      fence_acq_rel();  // ...and, after the barrier, the group's
+      atomicExch(table.states + free_slot, row);
+    }
     return row;
   }
 }
 
-//   keys: (n,)  frequencies: (n,) or null  row_ids: (n,) out
-//   new_flags: (n,) out, 1 where this thread inserted the key
-template <typename Key>
-__global__ void resolve_insert_kernel(TableView<Key> table,
-                                      TableCounters* counters,
-                                      const int32_t* free_rows, const Key* keys,
-                                      int64_t n, const int64_t* frequencies,
-                                      bool count_frequency, int64_t* row_ids,
-                                      uint8_t* new_flags, int* overflow) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    bool created;
-    const int32_t row = find_or_claim(table, counters, free_rows, keys[i], &created);
-    row_ids[i] = row;
-    new_flags[i] = created;
-    if (row < 0) {
-      *overflow = 1;
-      continue;
-    }
-    if (count_frequency) {
-      const long long add = frequencies != nullptr ? frequencies[i] : 1;
-      atomicAdd(reinterpret_cast<unsigned long long*>(table.frequencies + row),
-                static_cast<unsigned long long>(add));
-    }
-  }
-}
-
-//   row_ids: (n,)  out: (n,) row ids, -1 when absent
-template <typename Key>
-__global__ void resolve_find_kernel(TableView<Key> table, const Key* keys,
-                                    int64_t n, int64_t* row_ids) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    row_ids[i] = find_row(table, keys[i]);
-  }
-}
-
-// Writes the initial value and slot values of rows inserted by this call.
-//   keys, row_ids, new_flags: (n,)
-template <typename Key>
-__global__ void init_new_rows_kernel(TableView<Key> table, const Key* keys,
-                                     int64_t n, const int64_t* row_ids,
-                                     const uint8_t* new_flags) {
-  const int lane = threadIdx.x & 31;
-  for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5; i < n;
-       i += (int64_t(gridDim.x) * blockDim.x) >> 5) {
-    if (!new_flags[i]) continue;
-    const Key key = keys[i];
-    float* row = table.rows + row_ids[i] * table.row_width;
-    for (int64_t c = lane; c < table.dim; c += 32) {
-      row[c] = initial_value_at(table.initializer, key, c, table.dim);
-    }
-    for (int slot = 0; slot < table.num_slots; ++slot) {
-      float* slot_row = row + (1 + slot) * table.dim;
-      for (int64_t c = lane; c < table.dim; c += 32) {
-        slot_row[c] = table.slot_initial[slot];
-      }
-    }
-  }
-}
-
-// values[i] = row's value, or zeros / the initial value when absent.
-//   row_ids: (n,)  values: (n, dim) out  found: (n,) out or null
-template <typename Key>
-__global__ void gather_values_kernel(TableView<Key> table, const Key* keys,
-                                     int64_t n, const int64_t* row_ids,
-                                     float* values, bool* found,
-                                     bool initial_for_missing) {
-  const int lane = threadIdx.x & 31;
+// The group copies a row's value columns to out (dim floats); zeros when
+// row < 0. kCoherent: read through L2 (rows written during the launch).
+template <typename Key, bool kCoherent>
+__device__ __forceinline__ void group_copy_value(const TableView<Key>& table,
+                                                 const ProbeGroup<Key>& g,
+                                                 int32_t row, float* out) {
+  constexpr int kLanes = ProbeGroup<Key>::kLanes;
   const int64_t dim = table.dim;
-  for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5; i < n;
-       i += (int64_t(gridDim.x) * blockDim.x) >> 5) {
-    const int64_t row_id = row_ids[i];
-    float* out = values + i * dim;
-    if (found != nullptr && lane == 0) found[i] = row_id >= 0;
-    if (row_id >= 0) {
-      const float* row = table.rows + row_id * table.row_width;
-      if ((dim & 3) == 0) {
-        for (int64_t c = lane * 4; c < dim; c += 128) {
-          *reinterpret_cast<float4*>(out + c) =
-              *reinterpret_cast<const float4*>(row + c);
-        }
-      } else {
-        for (int64_t c = lane; c < dim; c += 32) out[c] = row[c];
+  const float* source = table.rows + static_cast<int64_t>(row) * table.row_width;
+  if ((dim & 3) == 0) {
+    for (int64_t c = g.rank * 4; c < dim; c += kLanes * 4) {
+      float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (row >= 0) {
+        const float4* p = reinterpret_cast<const float4*>(source + c);
+        v = kCoherent ? __ldcg(p) : __ldg(p);
       }
+      *reinterpret_cast<float4*>(out + c) = v;
+    }
+  } else {
+    for (int64_t c = g.rank; c < dim; c += kLanes) {
+      out[c] = row < 0 ? 0.0f : (kCoherent ? __ldcg(source + c) : __ldg(source + c));
+    }
+  }
+}
+
+// One group of ProbeGroup<Key>::kLanes lanes per key: finds or inserts it,
+// counts its frequency and copies its value out.
+//   keys: (n,)  frequencies: (n,) or null  row_ids: (n,) out or null
+//   values: (n, dim) out or null
+template <typename Key>
+__global__ void __launch_bounds__(256)
+insert_kernel(TableView<Key> table, TableCounters* counters,
+              const int32_t* free_rows, const Key* keys, int64_t n,
+              const int64_t* frequencies, bool count_frequency,
+              int64_t* row_ids, float* values) {
+  constexpr int kLanes = ProbeGroup<Key>::kLanes;
+  const ProbeGroup<Key> g;
+  const int64_t stride = (int64_t(gridDim.x) * blockDim.x) / kLanes;
+  for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / kLanes;
+       i < n; i += stride) {
+    const Key key = keys[i];
+    const int32_t row = group_find_or_claim(table, counters, free_rows, g, key);
+    if (g.rank == 0) {
+      if (row_ids != nullptr) row_ids[i] = row;
+      if (count_frequency && row >= 0) {
+        const long long add = frequencies != nullptr ? frequencies[i] : 1;
+        atomicAdd(reinterpret_cast<unsigned long long*>(table.frequencies + row),
+                  static_cast<unsigned long long>(add));
+      }
+    }
+    if (values != nullptr) {
+      group_copy_value<Key, true>(table, g, row, values + i * table.dim);
+    }
+  }
+}
+
+// One group per key: probe, then copy the value (or zeros / the initial
+// value when absent) in the same kernel.
+//   keys: (n,)  values: (n, dim) out  found: (n,) out or null
+template <typename Key>
+__global__ void __launch_bounds__(256)
+find_kernel(TableView<Key> table, const Key* keys, int64_t n, float* values,
+            bool* found, bool initial_for_missing) {
+  constexpr int kLanes = ProbeGroup<Key>::kLanes;
+  const ProbeGroup<Key> g;
+  const int64_t stride = (int64_t(gridDim.x) * blockDim.x) / kLanes;
+  for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / kLanes;
+       i < n; i += stride) {
+    const Key key = keys[i];
+    const int32_t row = group_find_row(table, g, key);
+    if (found != nullptr && g.rank == 0) found[i] = row >= 0;
+    float* out = values + i * table.dim;
+    if (row >= 0 || !initial_for_missing) {
+      group_copy_value<Key, false>(table, g, row, out);
     } else {
-      const Key key = keys[i];
-      for (int64_t c = lane; c < dim; c += 32) {
-        out[c] = initial_for_missing
-                     ? initial_value_at(table.initializer, key, c, dim)
-                     : 0.0f;
+      for (int64_t c = g.rank; c < table.dim; c += kLanes) {
+        out[c] = initial_value_at(table.initializer, key, c, table.dim);
       }
     }
   }
@@ -202,6 +223,7 @@ __global__ void assign_rows_kernel(TableView<Key> table, int64_t n,
   for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5; i < n;
        i += (int64_t(gridDim.x) * blockDim.x) >> 5) {
     const int64_t row_id = row_ids[i];
+    if (row_id < 0) continue;  // no free slot (prepare_insert prevents it)
     float* destination = table.rows + row_id * table.row_width;
     const float* source = rows + i * table.row_width;
     for (int64_t c = lane; c < table.row_width; c += 32) destination[c] = source[c];
@@ -220,8 +242,8 @@ __global__ void row_pointers_kernel(TableView<Key> table, int64_t n,
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t row_id = row_ids[i];
-    rows[i] = table.rows + row_id * table.row_width;
-    table.versions[row_id] = global_step;
+    rows[i] = row_id < 0 ? nullptr : table.rows + row_id * table.row_width;
+    if (row_id >= 0) table.versions[row_id] = global_step;
   }
 }
 
@@ -642,21 +664,15 @@ template <typename Key>
 Status HashTable<Key>::resolve_insert(const GpuContext& context, const Key* keys,
                                       int64_t n, const int64_t* frequencies,
                                       bool count_frequency, int64_t* row_ids,
-                                      uint8_t* new_flags) {
+                                      float* values) {
   cudaStream_t stream = stream_of(context);
   SOK_EV_RETURN_IF_ERROR(prepare_insert(context, n));
-  ScratchBuffer overflow(context, sizeof(int));
-  if (!overflow.ok()) return Status::Internal("out of device memory");
-  SOK_EV_CUDA_RETURN(cudaMemsetAsync(overflow.get(), 0, sizeof(int), stream));
-  resolve_insert_kernel<Key><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
-      view(), counters_, free_rows_, keys, n, frequencies, count_frequency,
-      row_ids, new_flags, overflow.as<int>());
-  SOK_EV_LAUNCH_CHECK("resolve_insert");
+  insert_kernel<Key><<<grid_for(n * ProbeGroup<Key>::kLanes, kThreads), kThreads,
+                       0, stream>>>(view(), counters_, free_rows_, keys, n,
+                                    frequencies, count_frequency, row_ids, values);
+  SOK_EV_LAUNCH_CHECK("insert");
   clamp_free_rows<<<1, 1, 0, stream>>>(counters_);
   SOK_EV_LAUNCH_CHECK("clamp_free_rows");
-  init_new_rows_kernel<Key><<<grid_for(n * 32, kThreads), kThreads, 0, stream>>>(
-      view(), keys, n, row_ids, new_flags);
-  SOK_EV_LAUNCH_CHECK("init_new_rows");
   return Status::Ok();
 }
 
@@ -666,19 +682,7 @@ Status HashTable<Key>::find_or_insert(const GpuContext& context, const Key* keys
                                       const int64_t* frequencies,
                                       int64_t* row_ids) {
   if (n <= 0) return Status::Ok();
-  cudaStream_t stream = stream_of(context);
-  ScratchBuffer row_scratch(context, row_ids ? 0 : n * sizeof(int64_t));
-  ScratchBuffer flags(context, n);
-  if (!row_scratch.ok() || !flags.ok()) return Status::Internal("out of device memory");
-  int64_t* rows = row_ids ? row_ids : row_scratch.as<int64_t>();
-  SOK_EV_RETURN_IF_ERROR(resolve_insert(context, keys, n, frequencies, true, rows,
-                                        flags.as<uint8_t>()));
-  if (values != nullptr) {
-    gather_values_kernel<Key><<<grid_for(n * 32, kThreads), kThreads, 0, stream>>>(
-        view(), keys, n, rows, values, nullptr, false);
-    SOK_EV_LAUNCH_CHECK("gather_values");
-  }
-  return Status::Ok();
+  return resolve_insert(context, keys, n, frequencies, true, row_ids, values);
 }
 
 template <typename Key>
@@ -686,15 +690,10 @@ Status HashTable<Key>::find(const GpuContext& context, const Key* keys, int64_t 
                             float* values, bool* found,
                             bool initial_for_missing) const {
   if (n <= 0) return Status::Ok();
-  cudaStream_t stream = stream_of(context);
-  ScratchBuffer rows(context, n * sizeof(int64_t));
-  if (!rows.ok()) return Status::Internal("out of device memory");
-  resolve_find_kernel<Key><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
-      view(), keys, n, rows.as<int64_t>());
-  SOK_EV_LAUNCH_CHECK("resolve_find");
-  gather_values_kernel<Key><<<grid_for(n * 32, kThreads), kThreads, 0, stream>>>(
-      view(), keys, n, rows.as<int64_t>(), values, found, initial_for_missing);
-  SOK_EV_LAUNCH_CHECK("gather_values");
+  find_kernel<Key><<<grid_for(n * ProbeGroup<Key>::kLanes, kThreads), kThreads, 0,
+                     stream_of(context)>>>(view(), keys, n, values, found,
+                                           initial_for_missing);
+  SOK_EV_LAUNCH_CHECK("find");
   return Status::Ok();
 }
 
@@ -707,10 +706,9 @@ Status HashTable<Key>::insert_or_assign(const GpuContext& context,
   if (n <= 0) return Status::Ok();
   cudaStream_t stream = stream_of(context);
   ScratchBuffer row_ids(context, n * sizeof(int64_t));
-  ScratchBuffer flags(context, n);
-  if (!row_ids.ok() || !flags.ok()) return Status::Internal("out of device memory");
+  if (!row_ids.ok()) return Status::Internal("out of device memory");
   SOK_EV_RETURN_IF_ERROR(resolve_insert(context, keys, n, nullptr, false,
-                                        row_ids.as<int64_t>(), flags.as<uint8_t>()));
+                                        row_ids.as<int64_t>(), nullptr));
   assign_rows_kernel<Key><<<grid_for(n * 32, kThreads), kThreads, 0, stream>>>(
       view(), n, row_ids.as<int64_t>(), rows, frequencies, versions);
   SOK_EV_LAUNCH_CHECK("assign_rows");
@@ -721,14 +719,20 @@ template <typename Key>
 Status HashTable<Key>::update_rows(const GpuContext& context, const Key* keys,
                                    int64_t n, int64_t global_step, float** rows) {
   if (n <= 0) return Status::Ok();
-  cudaStream_t stream = stream_of(context);
   ScratchBuffer row_ids(context, n * sizeof(int64_t));
-  ScratchBuffer flags(context, n);
-  if (!row_ids.ok() || !flags.ok()) return Status::Internal("out of device memory");
+  if (!row_ids.ok()) return Status::Internal("out of device memory");
   SOK_EV_RETURN_IF_ERROR(resolve_insert(context, keys, n, nullptr, false,
-                                        row_ids.as<int64_t>(), flags.as<uint8_t>()));
-  row_pointers_kernel<Key><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
-      view(), n, row_ids.as<int64_t>(), global_step, rows);
+                                        row_ids.as<int64_t>(), nullptr));
+  return rows_for_ids(context, row_ids.as<int64_t>(), n, global_step, rows);
+}
+
+template <typename Key>
+Status HashTable<Key>::rows_for_ids(const GpuContext& context,
+                                    const int64_t* row_ids, int64_t n,
+                                    int64_t global_step, float** rows) {
+  if (n <= 0) return Status::Ok();
+  row_pointers_kernel<Key><<<grid_for(n, kThreads), kThreads, 0, stream_of(context)>>>(
+      view(), n, row_ids, global_step, rows);
   SOK_EV_LAUNCH_CHECK("row_pointers");
   return Status::Ok();
 }

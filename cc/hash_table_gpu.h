@@ -141,6 +141,12 @@ class HashTable {
   Status update_rows(const GpuContext& context, const Key* keys, int64_t n,
                      int64_t global_step, float** rows);
 
+  // update_rows for row ids already resolved by find_or_insert (no second
+  // probe): sets each row's version and returns its full-row pointer.
+  // row_ids: (n,) device, from this table since its last insert.
+  Status rows_for_ids(const GpuContext& context, const int64_t* row_ids,
+                      int64_t n, int64_t global_step, float** rows);
+
   // Copies every key, row, frequency and version out, in no particular
   // order. Outputs hold `capacity` entries; *count (host) gets the number
   // written; fails if the table holds more than capacity keys.
@@ -166,10 +172,11 @@ class HashTable {
   Status rehash(const GpuContext& context, int64_t num_buckets);
   Status grow_arena(const GpuContext& context, int64_t row_capacity,
                     int64_t new_row_width);
-  // Finds or inserts; new_flags[i] = 1 for the thread that created a key.
+  // Finds or inserts (new rows initialized), one kernel; row_ids and
+  // values (n, dim) are optional outputs.
   Status resolve_insert(const GpuContext& context, const Key* keys, int64_t n,
                         const int64_t* frequencies, bool count_frequency,
-                        int64_t* row_ids, uint8_t* new_flags);
+                        int64_t* row_ids, float* values);
 
   const int64_t dim_;
   InitializerSpec initializer_;

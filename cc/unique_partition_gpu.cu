@@ -6,6 +6,7 @@
 #include "cc/partition.h"
 #include "cc/status_gpu.h"
 #include "cc/unique.h"
+#include "cc/unique_partition_gpu.h"
 
 namespace sok_ev {
 namespace gpu {
@@ -34,13 +35,16 @@ template <typename Key>
 __global__ void scatter_unique_kernel(const Key* sorted, const int64_t* positions,
                                       const int64_t* run_ids, int64_t n,
                                       Key* unique_keys, int64_t* inverse,
-                                      int64_t* counts, int64_t* num_unique) {
+                                      int64_t* counts, int64_t* segments,
+                                      int64_t* num_unique) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t id = run_ids[i] - 1;
     inverse[positions[i]] = id;
     const bool head = i == 0 || run_ids[i] != run_ids[i - 1];
     if (head) unique_keys[id] = sorted[i];
+    if (head && segments != nullptr) segments[id] = i;
+    if (i == n - 1 && segments != nullptr) segments[id + 1] = n;
     if (counts != nullptr) {
       const bool tail = i == n - 1 || run_ids[i + 1] != run_ids[i];
       // The run's length, found by its tail: walk back to the head is
@@ -104,18 +108,23 @@ int bits_for(int64_t values) {
 template <typename Key>
 Status unique_keys_impl(const GpuContext& context, const Key* keys, int64_t n,
                         Key* unique_keys, int64_t* inverse, int64_t* counts,
-                        int64_t* num_unique) {
+                        int64_t* order, int64_t* segments, int64_t* num_unique) {
   cudaStream_t stream = stream_of(context);
   if (n <= 0) {
     SOK_EV_CUDA_RETURN(cudaMemsetAsync(num_unique, 0, sizeof(int64_t), stream));
+    if (segments != nullptr) {
+      SOK_EV_CUDA_RETURN(cudaMemsetAsync(segments, 0, sizeof(int64_t), stream));
+    }
     return Status::Ok();
   }
   ScratchBuffer sorted(context, n * sizeof(Key));
   ScratchBuffer positions_in(context, n * sizeof(int64_t));
-  ScratchBuffer positions(context, n * sizeof(int64_t));
+  // The sort's positions are the caller's `order` when it wants them.
+  ScratchBuffer positions_scratch(context, order ? 0 : n * sizeof(int64_t));
+  int64_t* positions = order ? order : positions_scratch.as<int64_t>();
   ScratchBuffer heads(context, n * sizeof(int64_t));
   ScratchBuffer run_ids(context, n * sizeof(int64_t));
-  if (!sorted.ok() || !positions_in.ok() || !positions.ok() || !heads.ok() ||
+  if (!sorted.ok() || !positions_in.ok() || !positions_scratch.ok() || !heads.ok() ||
       !run_ids.ok()) {
     return Status::Internal("unique_keys: out of device memory");
   }
@@ -124,22 +133,22 @@ Status unique_keys_impl(const GpuContext& context, const Key* keys, int64_t n,
   size_t sort_bytes = 0, scan_bytes = 0;
   SOK_EV_CUDA_RETURN(cub::DeviceRadixSort::SortPairs(
       nullptr, sort_bytes, keys, sorted.as<Key>(), positions_in.as<int64_t>(),
-      positions.as<int64_t>(), n, 0, int(sizeof(Key) * 8), stream));
+      positions, n, 0, int(sizeof(Key) * 8), stream));
   SOK_EV_CUDA_RETURN(cub::DeviceScan::InclusiveSum(
       nullptr, scan_bytes, heads.as<int64_t>(), run_ids.as<int64_t>(), n, stream));
   ScratchBuffer temp(context, std::max(sort_bytes, scan_bytes));
   if (!temp.ok()) return Status::Internal("unique_keys: out of device memory");
   SOK_EV_CUDA_RETURN(cub::DeviceRadixSort::SortPairs(
       temp.get(), sort_bytes, keys, sorted.as<Key>(), positions_in.as<int64_t>(),
-      positions.as<int64_t>(), n, 0, int(sizeof(Key) * 8), stream));
+      positions, n, 0, int(sizeof(Key) * 8), stream));
   run_heads_kernel<Key><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
       sorted.as<Key>(), n, heads.as<int64_t>());
   SOK_EV_LAUNCH_CHECK("run_heads");
   SOK_EV_CUDA_RETURN(cub::DeviceScan::InclusiveSum(
       temp.get(), scan_bytes, heads.as<int64_t>(), run_ids.as<int64_t>(), n, stream));
   scatter_unique_kernel<Key><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
-      sorted.as<Key>(), positions.as<int64_t>(), run_ids.as<int64_t>(), n,
-      unique_keys, inverse, counts, num_unique);
+      sorted.as<Key>(), positions, run_ids.as<int64_t>(), n,
+      unique_keys, inverse, counts, segments, num_unique);
   SOK_EV_LAUNCH_CHECK("scatter_unique");
   return Status::Ok();
 }
@@ -193,7 +202,15 @@ void unique_keys(const GpuContext& context, const Key* keys, int64_t n,
                  Key* unique_keys, int64_t* inverse, int64_t* counts,
                  int64_t* num_unique) {
   record_error(unique_keys_impl(context, keys, n, unique_keys, inverse, counts,
-                                num_unique));
+                                nullptr, nullptr, num_unique));
+}
+
+template <typename Key>
+void unique_keys_segmented(const GpuContext& context, const Key* keys, int64_t n,
+                           Key* unique_keys, int64_t* inverse, int64_t* order,
+                           int64_t* segments, int64_t* num_unique) {
+  record_error(unique_keys_impl(context, keys, n, unique_keys, inverse, nullptr,
+                                order, segments, num_unique));
 }
 
 template <typename Key>
@@ -208,6 +225,12 @@ template void unique_keys<int32_t>(const GpuContext&, const int32_t*, int64_t,
                                    int32_t*, int64_t*, int64_t*, int64_t*);
 template void unique_keys<int64_t>(const GpuContext&, const int64_t*, int64_t,
                                    int64_t*, int64_t*, int64_t*, int64_t*);
+template void unique_keys_segmented<int32_t>(const GpuContext&, const int32_t*,
+                                             int64_t, int32_t*, int64_t*,
+                                             int64_t*, int64_t*, int64_t*);
+template void unique_keys_segmented<int64_t>(const GpuContext&, const int64_t*,
+                                             int64_t, int64_t*, int64_t*,
+                                             int64_t*, int64_t*, int64_t*);
 template void partition_by_owner<int32_t>(const GpuContext&, const int32_t*,
                                           int64_t, int32_t, int32_t*, int64_t*,
                                           int64_t*);

@@ -2,10 +2,11 @@
 """Model-parallel sparse step over N GPUs, one process per GPU, NCCL
 all-to-all between the stages (what Horovod does inside the TF graph):
 
-  forward:  unique -> partition_by_owner -> all-to-all keys ->
-            find_or_insert on owners -> all-to-all values back -> combine
-  backward: combine_backward -> all-to-all gradients to owners ->
-            per-key sum -> Adagrad on the owner's rows
+  forward:  unique -> partition_by_owner -> all-to-all keys -> owner
+            unique + find_or_insert (row ids) -> gather -> all-to-all values
+            back -> combine
+  backward: combine_backward -> all-to-all gradients to owners, by key
+            range -> per-key sum fused with Adagrad, range by range
 
 Weak scaling (T4): every GPU keeps its own batch and a table shard of
 --rows-per-gpu keys; efficiency = t(1 GPU) / t(N GPUs).
@@ -30,32 +31,52 @@ LR = 0.05
 
 
 class Exchange:
-    """all-to-all with per-destination counts; a local copy for 1 worker."""
+    """all-to-all with per-destination counts. With 1 worker there is
+    nothing to exchange: the data is used in place (no copy)."""
 
     def __init__(self, world):
         self.world = world
 
     def counts(self, send_counts):
         if self.world == 1:
-            return send_counts.clone()
+            return send_counts
         recv = torch.empty_like(send_counts)
         dist.all_to_all_single(recv, send_counts)
         return recv
 
     def __call__(self, send, send_split, recv_split):
+        if self.world == 1:
+            return send
         recv = torch.empty((sum(recv_split),) + tuple(send.shape[1:]),
                            dtype=send.dtype, device=send.device)
-        if self.world == 1:
-            recv.copy_(send)
-        else:
-            dist.all_to_all_single(recv, send, recv_split, send_split)
+        dist.all_to_all_single(recv, send, recv_split, send_split)
         return recv
 
 
-def sparse_step(table, exchange, keys, offsets, grad_out, step, dim):
-    """One training step; returns the forward output (batch, dim)."""
+def _cuts(sorted_keys, splits, bounds):
+    """For each segment of sorted_keys (lengths `splits`), the indices where
+    each key range of `bounds` starts, plus its end: (segments, chunks + 1)."""
+    rows, start = [], 0
+    for n in splits:
+        seg = sorted_keys[start:start + n]
+        rows.append(torch.cat([torch.zeros(1, dtype=torch.int64, device=bounds.device),
+                               torch.searchsorted(seg, bounds),
+                               torch.tensor([n], device=bounds.device)]) + start)
+        start += n
+    return torch.stack(rows) if rows else torch.empty((0, bounds.numel() + 1))
+
+
+def sparse_step(table, exchange, keys, offsets, grad_out, step, dim, chunks=1):
+    """One training step; returns the forward output (batch, dim).
+
+    Each key is probed once (find_or_insert of the owner's unique keys gives
+    row ids), sorted once per side (unique_segmented; its sort also yields
+    the backward's segments), and the owner's gradient sum is fused with
+    Adagrad (backward_apply). With chunks > 1 the backward gradient exchange
+    is split by key range, so that the owner applies Adagrad to range c
+    while range c + 1 is still in flight (same sums, same updates)."""
     world = exchange.world
-    uniq, inverse, _, num = sg.unique(keys, counts=False)
+    uniq, inverse, _, _, num = sg.unique_segmented(keys)
     u = int(num.item())
     uniq = uniq[:u]
     by_owner, positions, counts = sg.partition(uniq, world)
@@ -63,26 +84,55 @@ def sparse_step(table, exchange, keys, offsets, grad_out, step, dim):
     send_split = counts.tolist()
     recv_split = recv_counts.tolist()
     owner_keys = exchange(by_owner, send_split, recv_split)
-    owner_values = torch.empty((owner_keys.numel(), dim), device="cuda")
-    table.find_or_insert(owner_keys, owner_values)
-    back = exchange(owner_values, recv_split, send_split)
-    unique_values = torch.empty((u, dim), device="cuda")
-    unique_values[positions] = back
-    out = torch.empty((offsets.numel() - 1, dim), device="cuda")
-    sg.combine_forward(unique_values, inverse, offsets, out)
-    # backward
-    grad_unique = sg.combine_backward(grad_out, inverse, offsets, u,
-                                      torch.empty((u, dim), device="cuda"))
-    owner_grads = exchange(grad_unique[positions], send_split, recv_split)
     m = owner_keys.numel()
-    ouniq, oinverse, _, onum = sg.unique(owner_keys, counts=False)
+    # Owner side: a key may come from several workers; one row lookup each.
+    ouniq, oinverse, oorder, osegs, onum = sg.unique_segmented(owner_keys)
     ou = int(onum.item())
+    orows = torch.empty(ou, dtype=torch.int64, device="cuda")
+    table.find_or_insert(ouniq[:ou], row_ids=orows)
     ident = torch.arange(m + 1, device="cuda", dtype=torch.int64)
-    key_grads = sg.combine_backward(owner_grads, oinverse, ident, ou,
-                                    torch.empty((ou, dim), device="cuda"))
-    rows = torch.empty(ou, dtype=torch.int64, device="cuda")
-    table.update_rows(ouniq[:ou], step, rows)
-    sg.apply_optimizer("adagrad", rows, key_grads, dim, lr=LR)
+    owner_values = table.lookup_combine_rows(orows, oinverse, ident,
+                                             torch.empty((m, dim), device="cuda"))
+    back = exchange(owner_values, recv_split, send_split)
+    # back is in by_owner order: entry j reads back[slot[inverse[j]]].
+    slot = torch.empty(u, dtype=torch.int64, device="cuda")
+    slot[positions] = torch.arange(u, device="cuda", dtype=torch.int64)
+    index = slot[inverse]
+    out = sg.combine_forward(back, index, offsets,
+                             torch.empty((offsets.numel() - 1, dim), device="cuda"))
+    # backward: per-unique gradients, already in by_owner (send) order
+    grad_sent = sg.combine_backward(grad_out, index, offsets, u,
+                                    torch.empty((u, dim), device="cuda"))
+    if world == 1 or chunks <= 1:
+        owner_grads = exchange(grad_sent, send_split, recv_split)
+        table.backward_apply("adagrad", owner_grads, ident, m, oorder, osegs, onum,
+                             ou, orows, step, lr=LR)
+        return out
+    # Key-range chunks: every segment is sorted by key (unique output is
+    # ascending and partition is stable), so a range is contiguous in each.
+    span = 1 << 64
+    bounds = torch.tensor([-(1 << 63) + span * c // chunks for c in range(1, chunks)],
+                          dtype=torch.int64, device="cuda")
+    send_cuts = _cuts(by_owner, send_split, bounds)
+    recv_cuts = _cuts(owner_keys, recv_split, bounds)
+    unique_cuts = torch.cat([torch.zeros(1, dtype=torch.int64, device="cuda"),
+                             torch.searchsorted(ouniq[:ou], bounds),
+                             torch.tensor([ou], device="cuda")])
+    chunk_counts = unique_cuts[1:] - unique_cuts[:-1]
+    send_cuts, recv_cuts, ucuts = (send_cuts.tolist(), recv_cuts.tolist(),
+                                   unique_cuts.tolist())
+    owner_grads = torch.empty((m, dim), device="cuda")
+    works = []
+    for c in range(chunks):
+        ins = [grad_sent[row[c]:row[c + 1]] for row in send_cuts]
+        outs = [owner_grads[row[c]:row[c + 1]] for row in recv_cuts]
+        works.append(dist.all_to_all(outs, ins, async_op=True))
+    for c in range(chunks):
+        works[c].wait()  # the compute stream waits for range c only
+        a, b = ucuts[c], ucuts[c + 1]
+        if b > a:
+            table.backward_apply("adagrad", owner_grads, ident, m, oorder, osegs[a:],
+                                 chunk_counts[c:c + 1], b - a, orows[a:], step, lr=LR)
     return out
 
 
@@ -125,7 +175,7 @@ def worker(rank, args, result_path):
     if args.check:
         batches = [make_batch(batch_gen, all_keys, args.check_batch, args.features,
                               args.hot, dim) for _ in range(3)]
-        outs = [sparse_step(table, exchange, k, o, g, step + 1, dim)
+        outs = [sparse_step(table, exchange, k, o, g, step + 1, dim, args.chunks)
                 for step, (k, o, g) in enumerate(batches)]
         probe = all_keys[:20000]
         found = torch.zeros(probe.numel(), dtype=torch.bool, device="cuda")
@@ -175,7 +225,8 @@ def worker(rank, args, result_path):
 
         def run(s):
             state["step"] += 1
-            sparse_step(table, exchange, s[0], s[1], s[2], state["step"], dim)
+            sparse_step(table, exchange, s[0], s[1], s[2], state["step"], dim,
+                        args.chunks)
 
         if world > 1:
             dist.barrier()
@@ -212,6 +263,9 @@ def main():
     parser.add_argument("--rows-per-gpu", type=int, default=10_000_000)
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--check", action="store_true")
+    parser.add_argument("--chunks", type=int, default=1,
+                        help="key-range chunks of the pipelined gradient exchange "
+                             "(4 measured slower than 1 on 2x H200: NOTES.md)")
     parser.add_argument("--check-batch", type=int, default=4096)
     parser.add_argument("--port", type=int, default=29533)
     parser.add_argument("--scaling", action="store_true",

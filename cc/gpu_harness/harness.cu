@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 
+#include "cc/backward_apply_gpu.h"
 #include "cc/combine.h"
 #include "cc/fused_lookup_gpu.h"
 #include "cc/hash_table_gpu.h"
@@ -16,6 +17,7 @@
 #include "cc/partition.h"
 #include "cc/status_gpu.h"
 #include "cc/unique.h"
+#include "cc/unique_partition_gpu.h"
 
 using sok_ev::Combiner;
 using sok_ev::GpuContext;
@@ -71,6 +73,30 @@ int with_table(void* handle, F&& f) {
 
 template <typename T>
 T* ptr(uint64_t address) { return reinterpret_cast<T*>(address); }
+
+// hyper: learning_rate, beta1, beta2, epsilon, beta1_power, beta2_power,
+// momentum, l1, l2, l2_shrinkage, learning_rate_power, decay (12 floats,
+// host); flags: use_nesterov, centered, slot_index[0..2] (5 ints, host).
+sok_ev::OptimizerSpec optimizer_spec(int kind, const float* hyper, const int* flags) {
+  sok_ev::OptimizerSpec spec;
+  spec.kind = static_cast<sok_ev::OptimizerKind>(kind);
+  spec.learning_rate = hyper[0];
+  spec.beta1 = hyper[1];
+  spec.beta2 = hyper[2];
+  spec.epsilon = hyper[3];
+  spec.beta1_power = hyper[4];
+  spec.beta2_power = hyper[5];
+  spec.momentum = hyper[6];
+  spec.l1 = hyper[7];
+  spec.l2 = hyper[8];
+  spec.l2_shrinkage = hyper[9];
+  spec.learning_rate_power = hyper[10];
+  spec.decay = hyper[11];
+  spec.use_nesterov = flags[0] != 0;
+  spec.centered = flags[1] != 0;
+  for (int s = 0; s < 3; ++s) spec.slot_index[s] = flags[2 + s];
+  return spec;
+}
 
 }  // namespace
 
@@ -284,29 +310,11 @@ int sokev_combine_backward(uint64_t grad_out, uint64_t unique_index,
   return report_pending();
 }
 
-// hyper: learning_rate, beta1, beta2, epsilon, beta1_power, beta2_power,
-// momentum, l1, l2, l2_shrinkage, learning_rate_power, decay (12 floats,
-// host); flags: use_nesterov, centered, slot_index[0..2] (5 ints, host).
+// hyper, flags: as optimizer_spec.
 int sokev_apply_optimizer(int kind, const float* hyper, const int* flags,
                           uint64_t rows, uint64_t grads, int64_t n, int64_t dim,
                           int reference, uint64_t stream) {
-  sok_ev::OptimizerSpec spec;
-  spec.kind = static_cast<sok_ev::OptimizerKind>(kind);
-  spec.learning_rate = hyper[0];
-  spec.beta1 = hyper[1];
-  spec.beta2 = hyper[2];
-  spec.epsilon = hyper[3];
-  spec.beta1_power = hyper[4];
-  spec.beta2_power = hyper[5];
-  spec.momentum = hyper[6];
-  spec.l1 = hyper[7];
-  spec.l2 = hyper[8];
-  spec.l2_shrinkage = hyper[9];
-  spec.learning_rate_power = hyper[10];
-  spec.decay = hyper[11];
-  spec.use_nesterov = flags[0] != 0;
-  spec.centered = flags[1] != 0;
-  for (int s = 0; s < 3; ++s) spec.slot_index[s] = flags[2 + s];
+  const sok_ev::OptimizerSpec spec = optimizer_spec(kind, hyper, flags);
   if (reference) {
     gpu::apply_optimizer_reference(context_for(stream), spec, ptr<float* const>(rows),
                                    ptr<const float>(grads), n, dim);
@@ -315,6 +323,61 @@ int sokev_apply_optimizer(int kind, const float* hyper, const int* flags,
                          ptr<const float>(grads), n, dim);
   }
   return report_pending();
+}
+
+int sokev_unique_segmented(int key_bits, uint64_t keys, int64_t n,
+                           uint64_t unique_keys, uint64_t inverse, uint64_t order,
+                           uint64_t segments, uint64_t num_unique, uint64_t stream) {
+  if (key_bits == 32) {
+    gpu::unique_keys_segmented(context_for(stream), ptr<const int32_t>(keys), n,
+                               ptr<int32_t>(unique_keys), ptr<int64_t>(inverse),
+                               ptr<int64_t>(order), ptr<int64_t>(segments),
+                               ptr<int64_t>(num_unique));
+  } else {
+    gpu::unique_keys_segmented(context_for(stream), ptr<const int64_t>(keys), n,
+                               ptr<int64_t>(unique_keys), ptr<int64_t>(inverse),
+                               ptr<int64_t>(order), ptr<int64_t>(segments),
+                               ptr<int64_t>(num_unique));
+  }
+  return report_pending();
+}
+
+int sokev_table_rows_for_ids(void* handle, uint64_t row_ids, int64_t n,
+                             int64_t global_step, uint64_t rows, uint64_t stream) {
+  return with_table(handle, [&](auto* t, auto*) {
+    return t->rows_for_ids(context_for(stream), ptr<const int64_t>(row_ids), n,
+                           global_step, ptr<float*>(rows));
+  });
+}
+
+int sokev_lookup_combine_rows(void* handle, uint64_t row_ids, uint64_t inverse,
+                              uint64_t weights, uint64_t row_offsets, int64_t batch,
+                              int combiner, uint64_t out, uint64_t stream) {
+  return with_table(handle, [&](auto* t, auto*) {
+    return gpu::lookup_combine_rows(context_for(stream), *t,
+                                    ptr<const int64_t>(row_ids),
+                                    ptr<const int64_t>(inverse),
+                                    ptr<const float>(weights),
+                                    ptr<const int64_t>(row_offsets), batch,
+                                    static_cast<Combiner>(combiner), ptr<float>(out));
+  });
+}
+
+int sokev_backward_apply(void* handle, int kind, const float* hyper,
+                         const int* flags, uint64_t grad_out, uint64_t weights,
+                         uint64_t row_offsets, int64_t batch, int64_t nnz,
+                         int combiner, uint64_t order, uint64_t segments,
+                         uint64_t num_unique, int64_t max_unique,
+                         uint64_t row_ids, int64_t global_step, uint64_t stream) {
+  const sok_ev::OptimizerSpec spec = optimizer_spec(kind, hyper, flags);
+  return with_table(handle, [&](auto* t, auto*) {
+    return gpu::combine_backward_apply(
+        context_for(stream), *t, spec, ptr<const float>(grad_out),
+        ptr<const float>(weights), ptr<const int64_t>(row_offsets), batch, nnz,
+        static_cast<Combiner>(combiner), ptr<const int64_t>(order),
+        ptr<const int64_t>(segments), ptr<const int64_t>(num_unique), max_unique,
+        ptr<const int64_t>(row_ids), global_step);
+  });
 }
 
 // Waits for the stream and reports any asynchronous kernel fault.

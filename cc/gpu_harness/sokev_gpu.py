@@ -32,6 +32,11 @@ def lib():
             ctypes.c_int, ctypes.POINTER(ctypes.c_float),
             ctypes.POINTER(ctypes.c_int), ctypes.c_uint64, ctypes.c_uint64,
             ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_uint64]
+        _lib.sokev_backward_apply.argtypes = [
+            ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_float),
+            ctypes.POINTER(ctypes.c_int)] + [ctypes.c_uint64] * 3 + [
+            ctypes.c_int64, ctypes.c_int64, ctypes.c_int] + [ctypes.c_uint64] * 3 + [
+            ctypes.c_int64, ctypes.c_uint64, ctypes.c_int64, ctypes.c_uint64]
         _lib.sokev_table_add_slot.argtypes = [
             ctypes.c_void_p, ctypes.c_char_p, ctypes.c_float, ctypes.c_uint64,
             ctypes.POINTER(ctypes.c_int)]
@@ -157,6 +162,32 @@ class HashTable:
         c = count.value
         return keys[:c], rows[:c], freqs[:c], versions[:c]
 
+    def rows_for_ids(self, row_ids, global_step, rows):
+        """update_rows for row ids from find_or_insert(row_ids=...)."""
+        _check(lib().sokev_table_rows_for_ids(self.handle, _p(row_ids),
+                                              _i(row_ids.numel()), _i(global_step),
+                                              _p(rows), _stream()))
+
+    def lookup_combine_rows(self, row_ids, inverse, row_offsets, out,
+                            weights=None, combiner="sum"):
+        """lookup_combine with rows resolved: entry j reads row_ids[inverse[j]]."""
+        _check(lib().sokev_lookup_combine_rows(
+            self.handle, _p(row_ids), _p(inverse), _p(weights), _p(row_offsets),
+            _i(row_offsets.numel() - 1), COMBINERS[combiner], _p(out), _stream()))
+        return out
+
+    def backward_apply(self, kind, grad_out, row_offsets, nnz, order, segments,
+                       num_unique, max_unique, row_ids, global_step,
+                       weights=None, combiner="sum", **hyper):
+        """combine_backward + rows_for_ids + apply_optimizer in one kernel."""
+        h, f = _optimizer_args(**hyper)
+        _check(lib().sokev_backward_apply(
+            self.handle, OPTIMIZERS[kind], h, f, _p(grad_out).value,
+            _p(weights).value, _p(row_offsets).value, row_offsets.numel() - 1,
+            int(nnz), COMBINERS[combiner], _p(order).value, _p(segments).value,
+            _p(num_unique).value, int(max_unique), _p(row_ids).value,
+            int(global_step), _stream().value))
+
     def evict_stale(self, global_step, steps_to_live):
         out = ctypes.c_int64()
         _check(lib().sokev_table_evict(self.handle, _i(global_step),
@@ -182,6 +213,21 @@ def unique(keys, counts=True):
     _check(lib().sokev_unique(_bits(keys), _p(keys), _i(n), _p(uniq),
                               _p(inverse), _p(cnt), _p(num), _stream()))
     return uniq, inverse[:n], cnt, num
+
+
+def unique_segmented(keys):
+    """unique plus the sort behind it: (uniq, inverse, order, segments, num);
+    unique u's entries are order[segments[u]:segments[u + 1]]."""
+    n = keys.numel()
+    uniq = torch.empty(max(n, 1), dtype=keys.dtype, device=keys.device)
+    inverse = torch.empty(max(n, 1), dtype=torch.int64, device=keys.device)
+    order = torch.empty(max(n, 1), dtype=torch.int64, device=keys.device)
+    segments = torch.empty(n + 1, dtype=torch.int64, device=keys.device)
+    num = torch.empty(1, dtype=torch.int64, device=keys.device)
+    _check(lib().sokev_unique_segmented(_bits(keys), _p(keys), _i(n), _p(uniq),
+                                        _p(inverse), _p(order), _p(segments),
+                                        _p(num), _stream()))
+    return uniq, inverse[:n], order[:n], segments, num
 
 
 def partition(keys, num_workers, keys_by_owner=None, positions=None, counts=None):
@@ -222,16 +268,27 @@ def combine_backward(grad_out, unique_index, row_offsets, num_unique,
     return grad_unique
 
 
+def _optimizer_args(lr=0.1, beta1=0.9, beta2=0.999, epsilon=1e-8,
+                    beta1_power=0.9, beta2_power=0.999, momentum=0.0, l1=0.0,
+                    l2=0.0, l2_shrinkage=0.0, lr_power=-0.5, decay=0.9,
+                    use_nesterov=False, centered=False, slot_index=(0, 1, 2)):
+    """The C ABI's (hyper, flags) arrays of an optimizer."""
+    hyper = (ctypes.c_float * 12)(lr, beta1, beta2, epsilon, beta1_power,
+                                  beta2_power, momentum, l1, l2, l2_shrinkage,
+                                  lr_power, decay)
+    flags = (ctypes.c_int * 5)(int(use_nesterov), int(centered), *slot_index)
+    return hyper, flags
+
+
 def apply_optimizer(kind, rows, grads, dim, reference=False, lr=0.1,
                     beta1=0.9, beta2=0.999, epsilon=1e-8, beta1_power=0.9,
                     beta2_power=0.999, momentum=0.0, l1=0.0, l2=0.0,
                     l2_shrinkage=0.0, lr_power=-0.5, decay=0.9,
                     use_nesterov=False, centered=False, slot_index=(0, 1, 2)):
-    hyper = (ctypes.c_float * 12)(lr, beta1, beta2, epsilon, beta1_power,
-                                  beta2_power, momentum, l1, l2, l2_shrinkage,
-                                  lr_power, decay)
-    flags = (ctypes.c_int * 5)(int(use_nesterov), int(centered), *slot_index)
-    _check(lib().sokev_apply_optimizer(OPTIMIZERS[kind], hyper, flags,
+    h, f = _optimizer_args(lr, beta1, beta2, epsilon, beta1_power, beta2_power,
+                           momentum, l1, l2, l2_shrinkage, lr_power, decay,
+                           use_nesterov, centered, slot_index)
+    _check(lib().sokev_apply_optimizer(OPTIMIZERS[kind], h, f,
                                        _p(rows).value, _p(grads).value,
                                        rows.numel(), dim, int(reference),
                                        _stream().value))
