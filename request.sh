@@ -1,0 +1,206 @@
+#!/usr/bin/env bash
+# Installs everything sok-ev needs to build and test, then builds and installs
+# sok-ev itself into .venv. Idempotent: each step checks first and skips what is
+# already right, so a second run only re-checks. Fetches from PyPI and Debian
+# apt only.
+#
+# Environment:
+#   SOK_EV_TF_PACKAGE   TensorFlow requirement (default tensorflow-cpu==2.21.0)
+#   SOK_EV_BASE_PYTHON  interpreter that creates .venv (default python3)
+set -Eeuo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")"
+ROOT=$PWD
+VENV=$ROOT/.venv
+PY=$VENV/bin/python
+TF_PACKAGE=${SOK_EV_TF_PACKAGE:-tensorflow-cpu==2.21.0}
+HOROVOD_VERSION=0.28.1
+APT_PACKAGES=(bazel-bootstrap bazel-rules-java build-essential cmake)
+PY_PACKAGES=("$TF_PACKAGE" numpy pytest pytest-timeout wheel setuptools)
+# TensorFlow's INFO/WARNING start-up chatter would drown the step output.
+export TF_CPP_MIN_LOG_LEVEL=2 PIP_DISABLE_PIP_VERSION_CHECK=1
+
+STEP="start"
+trap 'echo "request.sh: FAILED in step [$STEP] (line $LINENO: $BASH_COMMAND)" >&2' ERR
+
+step() {
+    STEP=$1
+    echo "==> [$1] $2"
+}
+
+# Runs the venv's Python with stderr shown only on failure (TensorFlow logs a
+# few lines at import even with TF_CPP_MIN_LOG_LEVEL set).
+py_quiet() {
+    local err rc=0
+    err=$(mktemp)
+    "$PY" "$@" 2>"$err" || rc=$?
+    ((rc == 0)) || cat "$err" >&2
+    rm -f "$err"
+    return "$rc"
+}
+
+# Where the project's stamps live: inside the venv, so a new venv starts clean.
+stamp_matches() { [[ -f $VENV/.sok_ev-$1 && $(<"$VENV/.sok_ev-$1") == "$2" ]]; }
+write_stamp() { printf '%s' "$2" >"$VENV/.sok_ev-$1"; }
+
+# ---------------------------------------------------------------------------
+step apt "Debian packages: ${APT_PACKAGES[*]}"
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+    [[ $(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null) == "install ok installed" ]] || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+    SUDO=()
+    [[ $(id -u) == 0 ]] || SUDO=(sudo)
+    echo "installing: ${missing[*]}"
+    "${SUDO[@]}" apt-get update -q
+    "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+else
+    echo "already installed"
+fi
+
+# ---------------------------------------------------------------------------
+step venv "Python venv .venv with ${PY_PACKAGES[*]}"
+if ! "$PY" -c 'import sys' 2>/dev/null; then
+    rm -rf "$VENV"
+    "${SOK_EV_BASE_PYTHON:-python3}" -m venv "$VENV"
+fi
+# Checked against the installed metadata, offline, so a no-change run does
+# not ask the index anything.
+py_requirements_met() {
+    "$PY" - "$@" <<'EOF'
+import sys
+from importlib.metadata import PackageNotFoundError, version
+try:
+    from packaging.requirements import Requirement
+except ImportError:
+    sys.exit(1)
+for spec in sys.argv[1:]:
+    req = Requirement(spec)
+    try:
+        installed = version(req.name)
+    except PackageNotFoundError:
+        sys.exit(1)
+    if not req.specifier.contains(installed, prereleases=True):
+        sys.exit(1)
+EOF
+}
+TF_CHANGED=0
+if py_requirements_met "${PY_PACKAGES[@]}"; then
+    echo "already installed"
+else
+    "$PY" -m pip install -q "${PY_PACKAGES[@]}"
+    TF_CHANGED=1
+fi
+# Which TensorFlow is installed ("<version> <dir>"), read from metadata:
+# importing TensorFlow takes seconds.
+TF_ID=$(py_quiet -c '
+import importlib.metadata as md, importlib.util as iu
+dist = md.packages_distributions()["tensorflow"][0]
+print(md.version(dist), iu.find_spec("tensorflow").submodule_search_locations[0])')
+echo "TensorFlow $TF_ID"
+
+# ---------------------------------------------------------------------------
+step horovod "Horovod $HOROVOD_VERSION (TensorFlow + Gloo, no MPI)"
+# Horovod's op library is compiled against one TensorFlow build, so the stamp
+# records which one; a different TensorFlow means a rebuild.
+HVD_STAMP="horovod==$HOROVOD_VERSION tf=$TF_ID"
+horovod_ok() {
+    stamp_matches horovod "$HVD_STAMP" &&
+        "$PY" -c 'import sys, horovod.tensorflow as hvd; sys.exit(0 if hvd.gloo_built() else 1)' 2>/dev/null
+}
+if horovod_ok; then
+    echo "already installed"
+else
+    HVD_TMP=$(mktemp -d)
+    trap 'rm -rf "$HVD_TMP"' EXIT
+    "$PY" -m pip download -q --no-binary :all: --no-deps -d "$HVD_TMP" "horovod==$HOROVOD_VERSION"
+    tar -xzf "$HVD_TMP/horovod-$HOROVOD_VERSION.tar.gz" -C "$HVD_TMP"
+    HVD_SRC=$HVD_TMP/horovod-$HOROVOD_VERSION
+    # The XLA ops no longer build against TensorFlow 2.21's XLA headers and
+    # are not needed (no XLA/MPI path is used), so drop them from TF_SOURCES.
+    sed -i '\#horovod/tensorflow/xla_mpi_ops.cc#d' "$HVD_SRC/horovod/tensorflow/CMakeLists.txt"
+    if grep -q xla_mpi_ops.cc "$HVD_SRC/horovod/tensorflow/CMakeLists.txt"; then
+        echo "could not drop xla_mpi_ops.cc from horovod's CMakeLists.txt" >&2
+        false
+    fi
+    HVD_ENV=(HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1
+        HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_CPU_OPERATIONS=GLOO
+        CMAKE_POLICY_VERSION_MINIMUM=3.5)
+    # GPU collectives only when both a CUDA-enabled TensorFlow and NCCL exist;
+    # never required. NCCL may come from the system or from pip's nvidia-nccl.
+    if "$PY" -c 'import sys, tensorflow as tf; sys.exit(0 if tf.test.is_built_with_cuda() else 1)' 2>/dev/null; then
+        NCCL_DIR=$("$PY" - <<'EOF'
+import glob, os, sysconfig
+candidates = [os.environ.get("NCCL_HOME", ""), "/usr", "/usr/local/nccl", "/usr/local/cuda"]
+candidates += glob.glob(os.path.join(sysconfig.get_paths()["purelib"], "nvidia", "nccl"))
+for d in candidates:
+    if d and os.path.exists(os.path.join(d, "include", "nccl.h")):
+        print(d)
+        break
+EOF
+        )
+        if [[ -n $NCCL_DIR ]]; then
+            echo "CUDA TensorFlow and NCCL ($NCCL_DIR) found: HOROVOD_GPU_OPERATIONS=NCCL"
+            HVD_ENV+=(HOROVOD_GPU_OPERATIONS=NCCL "HOROVOD_NCCL_HOME=$NCCL_DIR"
+                "HOROVOD_CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}")
+        fi
+    fi
+    echo "building horovod (about 3 minutes)"
+    # TensorFlow must be importable while horovod builds: no build isolation.
+    env "${HVD_ENV[@]}" "$PY" -m pip install -q --no-build-isolation --no-cache-dir "$HVD_SRC"
+    rm -rf "$HVD_TMP"
+    trap - EXIT
+    py_quiet -c 'import sys, horovod.tensorflow as hvd; sys.exit(0 if hvd.gloo_built() else 1)'
+    out=$(cd / && PATH="$VENV/bin:$PATH" horovodrun --gloo -np 2 -H localhost:2 \
+        python -c 'import horovod.tensorflow as hvd; hvd.init(); print("hvd-rank", hvd.rank())' 2>&1) || {
+        echo "$out" >&2
+        false
+    }
+    for rank in 0 1; do
+        grep -q "hvd-rank $rank" <<<"$out" || { echo "$out" >&2; echo "horovodrun: rank $rank did not run" >&2; false; }
+    done
+    echo "horovodrun --gloo -np 2: ok"
+    write_stamp horovod "$HVD_STAMP"
+fi
+
+# ---------------------------------------------------------------------------
+step build "bazel build //:build_sok"
+# The build uses the venv's TensorFlow; override a SOK_EV_PYTHON that points
+# elsewhere, and leave it unset otherwise (addons/tensorflow.bzl defaults to
+# .venv) so plain `bazel build` runs share this run's cache.
+if [[ -n ${SOK_EV_PYTHON:-} && ${SOK_EV_PYTHON} != "$PY" ]]; then
+    echo "SOK_EV_PYTHON=$SOK_EV_PYTHON ignored: request.sh builds against $PY"
+    export SOK_EV_PYTHON=$PY
+fi
+# Bazel cannot see files outside the workspace change: re-read TensorFlow's
+# location and flags whenever this run installed packages.
+if ((TF_CHANGED)); then
+    bazel sync --only=local_tensorflow
+fi
+bazel build //:build_sok
+version=$(sed -n 's/^SOK_EV_VERSION = "\(.*\)"$/\1/p' addons/build_defs.bzl)
+WHEEL=bazel-bin/sok_ev-$version-py3-none-linux_x86_64.whl
+[[ -f $WHEEL ]] || { echo "expected wheel $WHEEL was not built" >&2; false; }
+
+# ---------------------------------------------------------------------------
+step install "pip install $WHEEL"
+wheel_sum=$(sha256sum "$WHEEL" | cut -d' ' -f1)
+if stamp_matches wheel "$wheel_sum" && "$PY" -m pip show -q sok_ev >/dev/null 2>&1; then
+    echo "already installed"
+else
+    "$PY" -m pip install -q --force-reinstall --no-deps "$WHEEL"
+    write_stamp wheel "$wheel_sum"
+fi
+# Running from the checkout (pytest from the repo root, python -c in it) puts
+# the source sok_ev/ first on sys.path, so it needs the op library too.
+if ! cmp -s bazel-bin/sok_ev/_sok_ev_ops.so sok_ev/_sok_ev_ops.so; then
+    install -m 0755 bazel-bin/sok_ev/_sok_ev_ops.so sok_ev/_sok_ev_ops.so
+fi
+# From outside the checkout this is the installed wheel; loading its op
+# library explicitly catches unresolved symbols even before sok_ev loads it.
+(cd / && py_quiet -c '
+import os, sok_ev, tensorflow as tf
+tf.load_op_library(os.path.join(list(sok_ev.__path__)[0], "_sok_ev_ops.so"))')
+py_quiet -c 'import sok_ev'
+echo "==> done: .venv/bin/python -c 'import sok_ev' works"
