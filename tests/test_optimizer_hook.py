@@ -4,6 +4,7 @@ and the private TensorFlow names it replaces exist, with the parameters it
 expects, in the installed TensorFlow.
 """
 import inspect
+import os
 import subprocess
 import sys
 import textwrap
@@ -13,8 +14,9 @@ import pytest
 import tensorflow as tf
 from tensorflow.python.training import optimizer as optimizer_module
 
-from conftest import REPO_ROOT
 from sok_ev_reference import graph_session
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # What sok_ev/optimizers.py replaces, and the parameters it relies on.
 HOOKED = {
