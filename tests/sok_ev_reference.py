@@ -14,6 +14,7 @@ Embedding Variable, and stock TF ops on it are the reference.
 """
 import contextlib
 import dataclasses
+import os
 import re
 
 import numpy as np
@@ -306,3 +307,40 @@ def error_names(error, *fragments):
     """True if the error message contains every fragment (case-insensitive)."""
     message = str(error).lower()
     return all(re.search(re.escape(str(f).lower()), message) for f in fragments)
+
+
+# ---------------------------------------------------------------------------
+# The user example
+# ---------------------------------------------------------------------------
+
+EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                       "python", "examples", "deeprec_sok_example.py")
+# The floats numpy prints: '2.', '30.0', '1.8006e+00'.
+PRINTED_FLOAT = re.compile(r"[-+]?\d+\.\d*(?:[eE][-+]?\d+)?")
+
+
+def example_replay(workers=1, steps=3, lr=0.1, initial_accumulator=0.1):
+    """The floats python/examples/deeprec_sok_example.py prints, in NumPy.
+
+    Every key starts at ones(3); sample 0 holds key 1 twice and sample 1 keys
+    3, 4, 5; loss = sum(2 * emb). Each of `workers` feeds that same batch, so
+    a key's gradient is summed over the workers (by its owner) before
+    Adagrad(lr), with TF's initial accumulator, applies it. Returns, per step,
+    the 6 embedding values and then the loss (the mean over workers, equal to
+    each worker's own).
+    """
+    samples = [[1, 1], [3, 4, 5]]
+    value = {k: np.ones(3) for k in (1, 3, 4, 5)}
+    accum = {k: np.full(3, initial_accumulator) for k in value}
+    numbers = []
+    for _ in range(steps):
+        emb = np.stack([sum(value[k] for k in sample) for sample in samples])
+        numbers += emb.reshape(-1).tolist() + [2.0 * emb.sum()]
+        grad = {k: np.zeros(3) for k in value}
+        for sample in samples:
+            for k in sample:
+                grad[k] += 2.0 * workers  # d loss / d emb = 2, from each worker
+        for k, g in grad.items():
+            accum[k] += g * g
+            value[k] -= lr * g / np.sqrt(accum[k])
+    return numbers
