@@ -1,24 +1,33 @@
 // The TensorFlow resource behind an Embedding Variable: a thin owner of one
-// core hash table (cc/hash_table_cpu.h) of the variable's key dtype.
+// core hash table of the variable's key dtype on one device
+// (cc/hash_table_cpu.h or cc/hash_table_gpu.h, through Core<Device>). A
+// variable lives in the resource manager of the device its handle op ran on;
+// the CPU and GPU kinds are distinct resource types.
 #ifndef SOK_EV_CC_KERNELS_EMBEDDING_VARIABLE_H_
 #define SOK_EV_CC_KERNELS_EMBEDDING_VARIABLE_H_
 
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <vector>
+#include <type_traits>
 
-#include "cc/hash_table_cpu.h"
+#include "cc/common.h"
 #include "cc/initializer.h"
+#include "sok_ev/cc/kernels/device_core.h"
 #include "tensorflow/core/framework/resource_base.h"
+#include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/types.h"
 
 namespace sok_ev {
 
+template <typename Device>
 class EmbeddingVariable : public tensorflow::ResourceBase {
  public:
-  EmbeddingVariable(std::string name, tensorflow::DataType key_dtype,
-                    int64_t embedding_dim)
+  template <typename Key>
+  using Table = typename Core<Device>::template Table<Key>;
+
+  EmbeddingVariable(std::string name, tensorflow::DataType key_dtype, int64_t embedding_dim)
       : name_(std::move(name)), key_dtype_(key_dtype), embedding_dim_(embedding_dim) {}
 
   const std::string& name() const { return name_; }
@@ -27,30 +36,40 @@ class EmbeddingVariable : public tensorflow::ResourceBase {
 
   // Replaces the table with an empty one (TF semantics of re-running a
   // variable's initializer). Running ops keep the table they started with.
-  // For kDefaultValueMatrix, `default_values` backs initializer.default_values.
-  void initialize(const InitializerSpec& initializer,
-                  std::vector<float> default_values) {
+  // default_values: (default_value_dim, dim) on the device, a copy this
+  // variable keeps for the tables it makes later (checkpoint restore).
+  absl::Status initialize(tensorflow::OpKernelContext* context,
+                          const InitializerSpec& initializer,
+                          tensorflow::Tensor default_values) {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (table_allocator_ == nullptr) {
+      table_allocator_ = Core<Device>::NewTableAllocator(context);
+    }
     initializer_ = initializer;
     default_values_ = std::move(default_values);
-    initializer_.default_values = default_values_.data();
-    if (key_dtype_ == tensorflow::DT_INT32) {
-      table32_ = std::make_shared<cpu::HashTable<int32_t>>(embedding_dim_, initializer_);
-    } else {
-      table64_ = std::make_shared<cpu::HashTable<int64_t>>(embedding_dim_, initializer_);
+    if (initializer_.kind == InitializerSpec::Kind::kDefaultValueMatrix) {
+      initializer_.default_values = default_values_.flat<float>().data();
     }
+    Core<Device> core(context);
+    if (key_dtype_ == tensorflow::DT_INT32) {
+      return core.NewTable(table_allocator_.get(), embedding_dim_, initializer_, &table32_);
+    }
+    return core.NewTable(table_allocator_.get(), embedding_dim_, initializer_, &table64_);
   }
 
   // An empty table with this variable's initializer, to be filled and then
   // swapped in with replace_table (checkpoint restore).
   template <typename Key>
-  std::shared_ptr<cpu::HashTable<Key>> new_empty_table() const {
+  absl::Status new_empty_table(Core<Device>& core, std::shared_ptr<Table<Key>>* table) const {
     std::lock_guard<std::mutex> lock(mutex_);
-    return std::make_shared<cpu::HashTable<Key>>(embedding_dim_, initializer_);
+    return core.NewTable(table_allocator_.get(), embedding_dim_, initializer_, table);
   }
 
   template <typename Key>
-  void replace_table(std::shared_ptr<cpu::HashTable<Key>> table);
+  void replace_table(std::shared_ptr<Table<Key>> table) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    slot<Key>() = std::move(table);
+  }
 
   bool is_initialized() const {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -59,50 +78,48 @@ class EmbeddingVariable : public tensorflow::ResourceBase {
 
   // The table for keys of type Key; null before initialization.
   template <typename Key>
-  std::shared_ptr<cpu::HashTable<Key>> table() const;
+  std::shared_ptr<Table<Key>> table() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return const_cast<EmbeddingVariable*>(this)->slot<Key>();
+  }
+
+  // Held around every use of a table whose methods must not overlap (the
+  // GPU table); an unlocked lock for the CPU table, which locks itself.
+  std::unique_lock<std::mutex> lock_table() const {
+    if (Core<Device>::kTableIsThreadSafe) return std::unique_lock<std::mutex>();
+    return std::unique_lock<std::mutex>(table_mutex_);
+  }
 
   std::string DebugString() const override {
     return "sok_ev EmbeddingVariable '" + name_ + "' (key " +
-           tensorflow::DataTypeString(key_dtype_) + ", dim " +
-           std::to_string(embedding_dim_) + ")";
+           tensorflow::DataTypeString(key_dtype_) + ", dim " + std::to_string(embedding_dim_) +
+           ")";
   }
 
  private:
+  template <typename Key>
+  std::shared_ptr<Table<Key>>& slot() {
+    static_assert(std::is_same<Key, int32_t>::value || std::is_same<Key, int64_t>::value,
+                  "keys are int32 or int64");
+    if constexpr (std::is_same<Key, int32_t>::value) {
+      return table32_;
+    } else {
+      return table64_;
+    }
+  }
+
   const std::string name_;
   const tensorflow::DataType key_dtype_;
   const int64_t embedding_dim_;
-  mutable std::mutex mutex_;  // guards the members below, not the tables
+  mutable std::mutex mutex_;        // guards the members below, not the tables
+  mutable std::mutex table_mutex_;  // see lock_table()
+  // Declared before the tables, so it is destroyed after them.
+  std::unique_ptr<DeviceAllocator> table_allocator_;
   InitializerSpec initializer_;
-  std::vector<float> default_values_;
-  std::shared_ptr<cpu::HashTable<int32_t>> table32_;
-  std::shared_ptr<cpu::HashTable<int64_t>> table64_;
+  tensorflow::Tensor default_values_;  // backs initializer_.default_values
+  std::shared_ptr<Table<int32_t>> table32_;
+  std::shared_ptr<Table<int64_t>> table64_;
 };
-
-template <>
-inline std::shared_ptr<cpu::HashTable<int32_t>> EmbeddingVariable::table() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return table32_;
-}
-
-template <>
-inline std::shared_ptr<cpu::HashTable<int64_t>> EmbeddingVariable::table() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return table64_;
-}
-
-template <>
-inline void EmbeddingVariable::replace_table(
-    std::shared_ptr<cpu::HashTable<int32_t>> table) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  table32_ = std::move(table);
-}
-
-template <>
-inline void EmbeddingVariable::replace_table(
-    std::shared_ptr<cpu::HashTable<int64_t>> table) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  table64_ = std::move(table);
-}
 
 }  // namespace sok_ev
 

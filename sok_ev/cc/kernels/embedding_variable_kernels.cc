@@ -1,9 +1,12 @@
-// Kernels that create, initialize, size and checkpoint Embedding Variables.
-// Op definitions: sok_ev/cc/ops/embedding_variable_ops.cc.
-#include <algorithm>
-#include <unordered_set>
+// Kernels that create, initialize, size and checkpoint Embedding Variables,
+// for CPU and (GOOGLE_CUDA builds) GPU. Op definitions:
+// sok_ev/cc/ops/embedding_variable_ops.cc.
+#define EIGEN_USE_THREADS
+#if GOOGLE_CUDA && !defined(EIGEN_USE_GPU)
+#define EIGEN_USE_GPU
+#endif
 
-#include "cc/unique.h"
+#include "sok_ev/cc/kernels/device_core.h"
 #include "sok_ev/cc/kernels/embedding_variable.h"
 #include "sok_ev/cc/kernels/kernel_utils.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -12,7 +15,6 @@
 
 namespace sok_ev {
 
-using tensorflow::DataType;
 using tensorflow::OpKernel;
 using tensorflow::OpKernelConstruction;
 using tensorflow::OpKernelContext;
@@ -21,15 +23,13 @@ using tensorflow::TensorShape;
 using tensorflow::core::RefCountPtr;
 namespace errors = tensorflow::errors;
 
-REGISTER_KERNEL_BUILDER(Name("SokEv>EmbeddingVariableHandle").Device(tensorflow::DEVICE_CPU),
-                        tensorflow::ResourceHandleOp<EmbeddingVariable>);
-
 // Derives from EmbeddingVariableOpKernel for key_dtype_ only: its variable
 // may not exist yet, so it is looked up or created here.
-class InitializeEmbeddingVariableOp : public EmbeddingVariableOpKernel {
+template <typename Device>
+class InitializeEmbeddingVariableOp : public EmbeddingVariableOpKernel<Device> {
  public:
   explicit InitializeEmbeddingVariableOp(OpKernelConstruction* context)
-      : EmbeddingVariableOpKernel(context) {
+      : EmbeddingVariableOpKernel<Device>(context) {
     OP_REQUIRES_OK(context, context->GetAttr("embedding_dim", &embedding_dim_));
     int kind;
     OP_REQUIRES_OK(context, context->GetAttr("initializer_kind", &kind));
@@ -45,6 +45,7 @@ class InitializeEmbeddingVariableOp : public EmbeddingVariableOpKernel {
   }
 
   void Compute(OpKernelContext* context) override {
+    const tensorflow::DataType key_dtype = this->key_dtype_;
     const tensorflow::ResourceHandle& handle = tensorflow::HandleFromInput(context, 0);
     const Tensor& default_values = context->input(1);
     OP_REQUIRES(context,
@@ -54,47 +55,51 @@ class InitializeEmbeddingVariableOp : public EmbeddingVariableOpKernel {
                     "' must have shape [N, ", embedding_dim_, "], got ",
                     default_values.shape().DebugString()));
     InitializerSpec spec = spec_;
-    std::vector<float> matrix;
+    // The variable keeps its own copy: the input's buffer may be reused.
+    Tensor matrix;
     if (spec.kind == InitializerSpec::Kind::kDefaultValueMatrix) {
       OP_REQUIRES(context, default_values.dim_size(0) > 0,
                   errors::InvalidArgument("default_value_dim of Embedding Variable '",
                                           handle.name(), "' must be positive, got 0"));
-      auto flat = default_values.flat<float>();
-      matrix.assign(flat.data(), flat.data() + flat.size());
+      OP_REQUIRES_OK(context, context->allocate_temp(tensorflow::DT_FLOAT,
+                                                     default_values.shape(), &matrix));
+      Core<Device> core(context);
+      OP_REQUIRES_OK(context, core.Copy(matrix.flat<float>().data(),
+                                        default_values.flat<float>().data(),
+                                        default_values.NumElements()));
       spec.default_value_dim = default_values.dim_size(0);
     }
-    RefCountPtr<EmbeddingVariable> variable;
-    OP_REQUIRES_OK(context, tensorflow::LookupOrCreateResource<EmbeddingVariable>(
+    RefCountPtr<EmbeddingVariable<Device>> variable;
+    OP_REQUIRES_OK(context, tensorflow::LookupOrCreateResource<EmbeddingVariable<Device>>(
                                 context, handle, &variable,
-                                [&](EmbeddingVariable** created) {
-                                  *created = new EmbeddingVariable(handle.name(), key_dtype_,
-                                                                   embedding_dim_);
+                                [&](EmbeddingVariable<Device>** created) {
+                                  *created = new EmbeddingVariable<Device>(
+                                      handle.name(), key_dtype, embedding_dim_);
                                   return absl::OkStatus();
                                 }));
     OP_REQUIRES(context,
-                variable->key_dtype() == key_dtype_ &&
+                variable->key_dtype() == key_dtype &&
                     variable->embedding_dim() == embedding_dim_,
                 errors::InvalidArgument(
                     "Embedding Variable '", handle.name(), "' already exists with key_dtype ",
                     tensorflow::DataTypeString(variable->key_dtype()), " and embedding_dim ",
                     variable->embedding_dim(), "; cannot initialize it with key_dtype ",
-                    tensorflow::DataTypeString(key_dtype_), " and embedding_dim ",
+                    tensorflow::DataTypeString(key_dtype), " and embedding_dim ",
                     embedding_dim_));
-    variable->initialize(spec, std::move(matrix));
+    OP_REQUIRES_OK(context, variable->initialize(context, spec, std::move(matrix)));
   }
 
  private:
   int64_t embedding_dim_;
   InitializerSpec spec_;
 };
-REGISTER_KERNEL_BUILDER(Name("SokEv>InitializeEmbeddingVariable").Device(tensorflow::DEVICE_CPU),
-                        InitializeEmbeddingVariableOp);
 
+template <typename Device>
 class EmbeddingVariableIsInitializedOp : public OpKernel {
  public:
   using OpKernel::OpKernel;
   void Compute(OpKernelContext* context) override {
-    RefCountPtr<EmbeddingVariable> variable;
+    RefCountPtr<EmbeddingVariable<Device>> variable;
     const bool found =
         tensorflow::LookupResource(context, tensorflow::HandleFromInput(context, 0), &variable)
             .ok();
@@ -103,86 +108,88 @@ class EmbeddingVariableIsInitializedOp : public OpKernel {
     output->scalar<bool>()() = found && variable->is_initialized();
   }
 };
-REGISTER_KERNEL_BUILDER(
-    Name("SokEv>EmbeddingVariableIsInitialized").Device(tensorflow::DEVICE_CPU),
-    EmbeddingVariableIsInitializedOp);
 
+template <typename Device>
 class EmbeddingVariableSizeOp : public OpKernel {
  public:
   using OpKernel::OpKernel;
   void Compute(OpKernelContext* context) override {
-    RefCountPtr<EmbeddingVariable> variable;
+    RefCountPtr<EmbeddingVariable<Device>> variable;
     const tensorflow::ResourceHandle& handle = tensorflow::HandleFromInput(context, 0);
     OP_REQUIRES_OK(context, tensorflow::LookupResource(context, handle, &variable));
+    Core<Device> core(context);
     int64_t size = 0;
     OP_REQUIRES_OK(context, DispatchKeyType(variable->key_dtype(), "key_dtype", [&](auto key) {
-                     auto table = variable->table<decltype(key)>();
-                     size = table ? table->size() : 0;
+                     auto table = variable->template table<decltype(key)>();
+                     if (table == nullptr) return absl::OkStatus();
+                     auto lock = variable->lock_table();
+                     return core.Size(*table, &size);
                    }));
     Tensor* output;
     OP_REQUIRES_OK(context, context->allocate_output(0, TensorShape({}), &output));
     output->scalar<int64_t>()() = size;
   }
 };
-REGISTER_KERNEL_BUILDER(Name("SokEv>EmbeddingVariableSize").Device(tensorflow::DEVICE_CPU),
-                        EmbeddingVariableSizeOp);
 
-class EmbeddingVariableExportOp : public EmbeddingVariableOpKernel {
+template <typename Device>
+class EmbeddingVariableExportOp : public EmbeddingVariableOpKernel<Device> {
  public:
-  using EmbeddingVariableOpKernel::EmbeddingVariableOpKernel;
+  using EmbeddingVariableOpKernel<Device>::EmbeddingVariableOpKernel;
 
   void Compute(OpKernelContext* context) override {
-    RefCountPtr<EmbeddingVariable> variable;
-    OP_REQUIRES_OK(context, LookupVariable(context, &variable));
-    OP_REQUIRES_OK(context, DispatchKeyType(key_dtype_, "key_dtype", [&](auto key) {
+    RefCountPtr<EmbeddingVariable<Device>> variable;
+    OP_REQUIRES_OK(context, this->LookupVariable(context, &variable));
+    OP_REQUIRES_OK(context, DispatchKeyType(this->key_dtype_, "key_dtype", [&](auto key) {
                      using Key = decltype(key);
-                     Export<Key>(context, *variable->table<Key>());
+                     return Export<Key>(context, variable.get());
                    }));
   }
 
  private:
   template <typename Key>
-  void Export(OpKernelContext* context, const cpu::HashTable<Key>& table) {
-    const auto snapshot = table.export_all();
-    const int64_t n = static_cast<int64_t>(snapshot.keys.size());
-    const int64_t width = n > 0 ? static_cast<int64_t>(snapshot.rows.size()) / n
-                                : table.row_width();
-    Tensor *keys, *rows, *frequencies, *versions, *names, *initial_values;
-    OP_REQUIRES_OK(context, context->allocate_output(0, TensorShape({n}), &keys));
-    OP_REQUIRES_OK(context, context->allocate_output(1, TensorShape({n, width}), &rows));
-    OP_REQUIRES_OK(context, context->allocate_output(2, TensorShape({n}), &frequencies));
-    OP_REQUIRES_OK(context, context->allocate_output(3, TensorShape({n}), &versions));
-    std::copy(snapshot.keys.begin(), snapshot.keys.end(), keys->flat<Key>().data());
-    std::copy(snapshot.rows.begin(), snapshot.rows.end(), rows->flat<float>().data());
-    std::copy(snapshot.frequencies.begin(), snapshot.frequencies.end(),
-              frequencies->flat<int64_t>().data());
-    std::copy(snapshot.versions.begin(), snapshot.versions.end(),
-              versions->flat<int64_t>().data());
-    const auto slot_names = table.slot_names();
-    const auto slot_values = table.slot_initial_values();
+  absl::Status Export(OpKernelContext* context, EmbeddingVariable<Device>* variable) {
+    auto table = variable->template table<Key>();
+    Core<Device> core(context);
+    auto lock = variable->lock_table();
+    TF_RETURN_IF_ERROR(core.ExportAll(
+        *table, ExportAllocator<Key>([&](int64_t n, int64_t width,
+                                         ExportBuffers<Key>* out) -> absl::Status {
+          Tensor *keys, *rows, *frequencies, *versions;
+          TF_RETURN_IF_ERROR(context->allocate_output(0, TensorShape({n}), &keys));
+          TF_RETURN_IF_ERROR(context->allocate_output(1, TensorShape({n, width}), &rows));
+          TF_RETURN_IF_ERROR(context->allocate_output(2, TensorShape({n}), &frequencies));
+          TF_RETURN_IF_ERROR(context->allocate_output(3, TensorShape({n}), &versions));
+          out->keys = keys->flat<Key>().data();
+          out->rows = rows->flat<float>().data();
+          out->frequencies = frequencies->flat<int64_t>().data();
+          out->versions = versions->flat<int64_t>().data();
+          return absl::OkStatus();
+        })));
+    // Slot names and initial values: host outputs.
+    const auto slot_names = table->slot_names();
+    const auto slot_values = table->slot_initial_values();
     const int64_t num_slots = static_cast<int64_t>(slot_names.size());
-    OP_REQUIRES_OK(context, context->allocate_output(4, TensorShape({num_slots}), &names));
-    OP_REQUIRES_OK(context,
-                   context->allocate_output(5, TensorShape({num_slots}), &initial_values));
+    Tensor *names, *initial_values;
+    TF_RETURN_IF_ERROR(context->allocate_output(4, TensorShape({num_slots}), &names));
+    TF_RETURN_IF_ERROR(context->allocate_output(5, TensorShape({num_slots}), &initial_values));
     for (int64_t s = 0; s < num_slots; ++s) {
       names->flat<tensorflow::tstring>()(s) = slot_names[s];
       initial_values->flat<float>()(s) = slot_values[s];
     }
+    return absl::OkStatus();
   }
-
 };
-REGISTER_KERNEL_BUILDER(Name("SokEv>EmbeddingVariableExport").Device(tensorflow::DEVICE_CPU),
-                        EmbeddingVariableExportOp);
 
-class EmbeddingVariableImportOp : public EmbeddingVariableOpKernel {
+template <typename Device>
+class EmbeddingVariableImportOp : public EmbeddingVariableOpKernel<Device> {
  public:
-  using EmbeddingVariableOpKernel::EmbeddingVariableOpKernel;
+  using EmbeddingVariableOpKernel<Device>::EmbeddingVariableOpKernel;
 
   void Compute(OpKernelContext* context) override {
-    RefCountPtr<EmbeddingVariable> variable;
-    OP_REQUIRES_OK(context, LookupVariable(context, &variable));
-    OP_REQUIRES_OK(context, DispatchKeyType(key_dtype_, "key_dtype", [&](auto key) {
-                     Import<decltype(key)>(context, variable.get());
+    RefCountPtr<EmbeddingVariable<Device>> variable;
+    OP_REQUIRES_OK(context, this->LookupVariable(context, &variable));
+    OP_REQUIRES_OK(context, DispatchKeyType(this->key_dtype_, "key_dtype", [&](auto key) {
+                     return Import<decltype(key)>(context, variable.get());
                    }));
   }
 
@@ -190,66 +197,64 @@ class EmbeddingVariableImportOp : public EmbeddingVariableOpKernel {
   // Every check runs before the table is touched, so a corrupt checkpoint
   // leaves the variable as it was.
   template <typename Key>
-  void Import(OpKernelContext* context, EmbeddingVariable* variable) {
+  absl::Status Import(OpKernelContext* context, EmbeddingVariable<Device>* variable) {
     const Tensor& keys = context->input(1);
     const Tensor& rows = context->input(2);
     const Tensor& frequencies = context->input(3);
     const Tensor& versions = context->input(4);
-    const Tensor& slot_names = context->input(5);
-    const Tensor& slot_initial_values = context->input(6);
+    const Tensor& slot_names = context->input(5);           // host
+    const Tensor& slot_initial_values = context->input(6);  // host
     const std::string where = "checkpoint of Embedding Variable '" + variable->name() + "'";
     const int64_t dim = variable->embedding_dim();
-    OP_REQUIRES(context, keys.dims() == 1,
-                errors::InvalidArgument(where, ": keys must be a vector, got shape ",
-                                        keys.shape().DebugString()));
+    if (keys.dims() != 1) {
+      return errors::InvalidArgument(where, ": keys must be a vector, got shape ",
+                                     keys.shape().DebugString());
+    }
     const int64_t n = keys.dim_size(0);
-    OP_REQUIRES(context, slot_names.dims() == 1 && slot_initial_values.dims() == 1 &&
-                             slot_names.dim_size(0) == slot_initial_values.dim_size(0),
-                errors::InvalidArgument(where, ": slot_names ", slot_names.shape().DebugString(),
-                                        " and slot_initial_values ",
-                                        slot_initial_values.shape().DebugString(),
-                                        " must be vectors of one length"));
+    if (!(slot_names.dims() == 1 && slot_initial_values.dims() == 1 &&
+          slot_names.dim_size(0) == slot_initial_values.dim_size(0))) {
+      return errors::InvalidArgument(where, ": slot_names ", slot_names.shape().DebugString(),
+                                     " and slot_initial_values ",
+                                     slot_initial_values.shape().DebugString(),
+                                     " must be vectors of one length");
+    }
     const int64_t width = (1 + slot_names.dim_size(0)) * dim;
-    OP_REQUIRES(context, rows.dims() == 2 && rows.dim_size(0) == n && rows.dim_size(1) == width,
-                errors::InvalidArgument(where, ": rows must have shape [", n, ", ", width,
-                                        "] (value and ", slot_names.dim_size(0),
-                                        " slots of dim ", dim, "), got ",
-                                        rows.shape().DebugString()));
-    OP_REQUIRES(context, frequencies.shape() == keys.shape() && versions.shape() == keys.shape(),
-                errors::InvalidArgument(where, ": frequencies ",
-                                        frequencies.shape().DebugString(), " and versions ",
-                                        versions.shape().DebugString(),
-                                        " must match keys ", keys.shape().DebugString()));
+    if (!(rows.dims() == 2 && rows.dim_size(0) == n && rows.dim_size(1) == width)) {
+      return errors::InvalidArgument(where, ": rows must have shape [", n, ", ", width,
+                                     "] (value and ", slot_names.dim_size(0), " slots of dim ",
+                                     dim, "), got ", rows.shape().DebugString());
+    }
+    if (!(frequencies.shape() == keys.shape() && versions.shape() == keys.shape())) {
+      return errors::InvalidArgument(where, ": frequencies ", frequencies.shape().DebugString(),
+                                     " and versions ", versions.shape().DebugString(),
+                                     " must match keys ", keys.shape().DebugString());
+    }
+    Core<Device> core(context);
     const Key* key_data = keys.flat<Key>().data();
-    std::unordered_set<Key> seen;
-    seen.reserve(n);
-    for (int64_t i = 0; i < n; ++i) {
-      OP_REQUIRES(context, seen.insert(key_data[i]).second,
-                  errors::InvalidArgument(where, ": key ", key_data[i],
-                                          " appears more than once"));
-    }
-    auto table = variable->new_empty_table<Key>();
+    TF_RETURN_IF_ERROR(core.CheckDistinct(key_data, n, where));
+    std::shared_ptr<typename EmbeddingVariable<Device>::template Table<Key>> table;
+    TF_RETURN_IF_ERROR(variable->template new_empty_table<Key>(core, &table));
     for (int64_t s = 0; s < slot_names.dim_size(0); ++s) {
-      table->add_slot(slot_names.flat<tensorflow::tstring>()(s),
-                      slot_initial_values.flat<float>()(s));
+      int index;
+      TF_RETURN_IF_ERROR(core.AddSlot(*table, slot_names.flat<tensorflow::tstring>()(s),
+                                      slot_initial_values.flat<float>()(s), &index));
     }
-    table->insert_or_assign(MakeCpuContext(context), key_data, n, rows.flat<float>().data(),
-                            frequencies.flat<int64_t>().data(),
-                            versions.flat<int64_t>().data());
-    variable->replace_table<Key>(std::move(table));
+    TF_RETURN_IF_ERROR(core.InsertOrAssign(*table, key_data, n, rows.flat<float>().data(),
+                                           frequencies.flat<int64_t>().data(),
+                                           versions.flat<int64_t>().data()));
+    variable->template replace_table<Key>(std::move(table));
+    return absl::OkStatus();
   }
-
 };
-REGISTER_KERNEL_BUILDER(Name("SokEv>EmbeddingVariableImport").Device(tensorflow::DEVICE_CPU),
-                        EmbeddingVariableImportOp);
 
-class EmbeddingVariableFindOp : public EmbeddingVariableOpKernel {
+template <typename Device>
+class EmbeddingVariableFindOp : public EmbeddingVariableOpKernel<Device> {
  public:
-  using EmbeddingVariableOpKernel::EmbeddingVariableOpKernel;
+  using EmbeddingVariableOpKernel<Device>::EmbeddingVariableOpKernel;
 
   void Compute(OpKernelContext* context) override {
-    RefCountPtr<EmbeddingVariable> variable;
-    OP_REQUIRES_OK(context, LookupVariable(context, &variable));
+    RefCountPtr<EmbeddingVariable<Device>> variable;
+    OP_REQUIRES_OK(context, this->LookupVariable(context, &variable));
     const Tensor& keys = context->input(1);
     OP_REQUIRES(context, keys.dims() == 1,
                 errors::InvalidArgument("keys must be a vector, got shape ",
@@ -258,32 +263,35 @@ class EmbeddingVariableFindOp : public EmbeddingVariableOpKernel {
     OP_REQUIRES_OK(context, context->allocate_output(
                                 0, TensorShape({keys.dim_size(0), variable->embedding_dim()}),
                                 &values));
-    OP_REQUIRES_OK(context, DispatchKeyType(key_dtype_, "key_dtype", [&](auto key) {
+    Core<Device> core(context);
+    OP_REQUIRES_OK(context, DispatchKeyType(this->key_dtype_, "key_dtype", [&](auto key) {
                      using Key = decltype(key);
-                     variable->table<Key>()->find(MakeCpuContext(context), keys.flat<Key>().data(),
-                                                  keys.dim_size(0), values->flat<float>().data(),
-                                                  /*found=*/nullptr, /*initial_for_missing=*/true);
+                     auto table = variable->template table<Key>();
+                     auto lock = variable->lock_table();
+                     return core.Find(*table, keys.flat<Key>().data(), keys.dim_size(0),
+                                      values->flat<float>().data());
                    }));
   }
-
 };
-REGISTER_KERNEL_BUILDER(Name("SokEv>EmbeddingVariableFind").Device(tensorflow::DEVICE_CPU),
-                        EmbeddingVariableFindOp);
 
-class EmbeddingVariableEvictOp : public EmbeddingVariableOpKernel {
+template <typename Device>
+class EmbeddingVariableEvictOp : public EmbeddingVariableOpKernel<Device> {
  public:
-  explicit EmbeddingVariableEvictOp(OpKernelConstruction* context) : EmbeddingVariableOpKernel(context) {
+  explicit EmbeddingVariableEvictOp(OpKernelConstruction* context)
+      : EmbeddingVariableOpKernel<Device>(context) {
     OP_REQUIRES_OK(context, context->GetAttr("steps_to_live", &steps_to_live_));
   }
 
   void Compute(OpKernelContext* context) override {
-    RefCountPtr<EmbeddingVariable> variable;
-    OP_REQUIRES_OK(context, LookupVariable(context, &variable));
-    const int64_t global_step = context->input(1).scalar<int64_t>()();
+    RefCountPtr<EmbeddingVariable<Device>> variable;
+    OP_REQUIRES_OK(context, this->LookupVariable(context, &variable));
+    const int64_t global_step = context->input(1).scalar<int64_t>()();  // host
+    Core<Device> core(context);
     int64_t evicted = 0;
-    OP_REQUIRES_OK(context, DispatchKeyType(key_dtype_, "key_dtype", [&](auto key) {
-                     evicted = variable->table<decltype(key)>()->evict_stale(global_step,
-                                                                             steps_to_live_);
+    OP_REQUIRES_OK(context, DispatchKeyType(this->key_dtype_, "key_dtype", [&](auto key) {
+                     auto table = variable->template table<decltype(key)>();
+                     auto lock = variable->lock_table();
+                     return core.EvictStale(*table, global_step, steps_to_live_, &evicted);
                    }));
     Tensor* output;
     OP_REQUIRES_OK(context, context->allocate_output(0, TensorShape({}), &output));
@@ -293,7 +301,65 @@ class EmbeddingVariableEvictOp : public EmbeddingVariableOpKernel {
  private:
   int64_t steps_to_live_;
 };
-REGISTER_KERNEL_BUILDER(Name("SokEv>EmbeddingVariableEvict").Device(tensorflow::DEVICE_CPU),
-                        EmbeddingVariableEvictOp);
+
+#define SOK_EV_REGISTER_CPU(name, kernel)                                           \
+  REGISTER_KERNEL_BUILDER(Name("SokEv>" name).Device(tensorflow::DEVICE_CPU), \
+                          kernel<CPUDevice>)
+REGISTER_KERNEL_BUILDER(Name("SokEv>EmbeddingVariableHandle").Device(tensorflow::DEVICE_CPU),
+                        tensorflow::ResourceHandleOp<EmbeddingVariable<CPUDevice>>);
+SOK_EV_REGISTER_CPU("InitializeEmbeddingVariable", InitializeEmbeddingVariableOp);
+SOK_EV_REGISTER_CPU("EmbeddingVariableIsInitialized", EmbeddingVariableIsInitializedOp);
+SOK_EV_REGISTER_CPU("EmbeddingVariableSize", EmbeddingVariableSizeOp);
+SOK_EV_REGISTER_CPU("EmbeddingVariableExport", EmbeddingVariableExportOp);
+SOK_EV_REGISTER_CPU("EmbeddingVariableImport", EmbeddingVariableImportOp);
+SOK_EV_REGISTER_CPU("EmbeddingVariableFind", EmbeddingVariableFindOp);
+SOK_EV_REGISTER_CPU("EmbeddingVariableEvict", EmbeddingVariableEvictOp);
+#undef SOK_EV_REGISTER_CPU
+
+#if GOOGLE_CUDA
+// Resource handles live in host memory, as for TF's own resource ops; so do
+// scalars and attribute-like inputs the kernel reads on host.
+using tensorflow::DEVICE_GPU;
+REGISTER_KERNEL_BUILDER(Name("SokEv>EmbeddingVariableHandle")
+                            .Device(DEVICE_GPU)
+                            .HostMemory("resource"),
+                        tensorflow::ResourceHandleOp<EmbeddingVariable<GPUDevice>>);
+REGISTER_KERNEL_BUILDER(Name("SokEv>InitializeEmbeddingVariable")
+                            .Device(DEVICE_GPU)
+                            .HostMemory("resource"),
+                        InitializeEmbeddingVariableOp<GPUDevice>);
+REGISTER_KERNEL_BUILDER(Name("SokEv>EmbeddingVariableIsInitialized")
+                            .Device(DEVICE_GPU)
+                            .HostMemory("resource")
+                            .HostMemory("is_initialized"),
+                        EmbeddingVariableIsInitializedOp<GPUDevice>);
+REGISTER_KERNEL_BUILDER(Name("SokEv>EmbeddingVariableSize")
+                            .Device(DEVICE_GPU)
+                            .HostMemory("resource")
+                            .HostMemory("size"),
+                        EmbeddingVariableSizeOp<GPUDevice>);
+REGISTER_KERNEL_BUILDER(Name("SokEv>EmbeddingVariableExport")
+                            .Device(DEVICE_GPU)
+                            .HostMemory("resource")
+                            .HostMemory("slot_names")
+                            .HostMemory("slot_initial_values"),
+                        EmbeddingVariableExportOp<GPUDevice>);
+REGISTER_KERNEL_BUILDER(Name("SokEv>EmbeddingVariableImport")
+                            .Device(DEVICE_GPU)
+                            .HostMemory("resource")
+                            .HostMemory("slot_names")
+                            .HostMemory("slot_initial_values"),
+                        EmbeddingVariableImportOp<GPUDevice>);
+REGISTER_KERNEL_BUILDER(Name("SokEv>EmbeddingVariableFind")
+                            .Device(DEVICE_GPU)
+                            .HostMemory("resource"),
+                        EmbeddingVariableFindOp<GPUDevice>);
+REGISTER_KERNEL_BUILDER(Name("SokEv>EmbeddingVariableEvict")
+                            .Device(DEVICE_GPU)
+                            .HostMemory("resource")
+                            .HostMemory("global_step")
+                            .HostMemory("evicted"),
+                        EmbeddingVariableEvictOp<GPUDevice>);
+#endif  // GOOGLE_CUDA
 
 }  // namespace sok_ev

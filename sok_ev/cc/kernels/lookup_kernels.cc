@@ -1,13 +1,16 @@
-// Kernels of the grouped sparse-lookup pipeline. Each adapts TF tensors to
-// one core stage (cc/unique.h, cc/partition.h, cc/hash_table_cpu.h,
-// cc/combine.h) for every table of the call.
-// Op definitions: sok_ev/cc/ops/lookup_ops.cc.
+// Kernels of the grouped sparse-lookup pipeline, for CPU and (GOOGLE_CUDA
+// builds) GPU. Each adapts TF tensors to one core stage (cc/unique.h,
+// cc/partition.h, the hash table, cc/combine.h) through Core<Device>, for
+// every table of the call. Op definitions: sok_ev/cc/ops/lookup_ops.cc.
+#define EIGEN_USE_THREADS
+#if GOOGLE_CUDA && !defined(EIGEN_USE_GPU)
+#define EIGEN_USE_GPU
+#endif
+
 #include <string>
 #include <vector>
 
-#include "cc/combine.h"
-#include "cc/partition.h"
-#include "cc/unique.h"
+#include "sok_ev/cc/kernels/device_core.h"
 #include "sok_ev/cc/kernels/embedding_variable.h"
 #include "sok_ev/cc/kernels/kernel_utils.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -25,6 +28,9 @@ using tensorflow::TensorShape;
 using tensorflow::core::RefCountPtr;
 namespace errors = tensorflow::errors;
 
+// Every table's unique keys go to scratch first; their counts are read back
+// at once (one stream sync on GPU) to size the outputs, then copied there.
+template <typename Device>
 class UniqueKeysOp : public OpKernel {
  public:
   using OpKernel::OpKernel;
@@ -36,8 +42,13 @@ class UniqueKeysOp : public OpKernel {
     OP_REQUIRES_OK(context, context->output_list("unique_keys", &unique_keys));
     OP_REQUIRES_OK(context, context->output_list("unique_index", &unique_index));
     OP_REQUIRES_OK(context, context->output_list("counts", &counts));
-    const CpuContext cpu = MakeCpuContext(context);
-    for (int t = 0; t < keys.size(); ++t) {
+    Core<Device> core(context);
+    const int num_tables = keys.size();
+    std::vector<Tensor> found(num_tables), occurrences(num_tables);
+    Tensor num_unique_device;
+    OP_REQUIRES_OK(context, AllocateVector<int64_t>(context, num_tables, &num_unique_device));
+    int64_t* num_unique_of = num_unique_device.flat<int64_t>().data();  // (num_tables,)
+    for (int t = 0; t < num_tables; ++t) {
       const Tensor& table_keys = keys[t];
       OP_REQUIRES(context, table_keys.dims() == 1,
                   errors::InvalidArgument("keys[", t, "] must be a vector, got shape ",
@@ -47,23 +58,31 @@ class UniqueKeysOp : public OpKernel {
       OP_REQUIRES_OK(context, unique_index.allocate(t, TensorShape({n}), &inverse));
       OP_REQUIRES_OK(context, DispatchKeyType(table_keys.dtype(), "keys", [&](auto key) {
         using Key = decltype(key);
-        std::vector<Key> found(n);
-        std::vector<int64_t> occurrences(n);
-        int64_t num_unique = 0;
-        cpu::unique_keys(cpu, table_keys.flat<Key>().data(), n, found.data(),
-                         inverse->flat<int64_t>().data(), occurrences.data(), &num_unique);
+        TF_RETURN_IF_ERROR(AllocateVector<Key>(context, n, &found[t]));
+        TF_RETURN_IF_ERROR(AllocateVector<int64_t>(context, n, &occurrences[t]));
+        return core.UniqueKeys(table_keys.flat<Key>().data(), n, found[t].flat<Key>().data(),
+                               inverse->flat<int64_t>().data(),
+                               occurrences[t].flat<int64_t>().data(), num_unique_of + t);
+      }));
+    }
+    std::vector<int64_t> num_unique(num_tables);
+    OP_REQUIRES_OK(context, core.CopyToHost(num_unique_of, num_tables, num_unique.data()));
+    for (int t = 0; t < num_tables; ++t) {
+      OP_REQUIRES_OK(context, DispatchKeyType(keys[t].dtype(), "keys", [&](auto key) {
+        using Key = decltype(key);
         Tensor *unique_out, *counts_out;
-        OP_REQUIRES_OK(context, unique_keys.allocate(t, TensorShape({num_unique}), &unique_out));
-        OP_REQUIRES_OK(context, counts.allocate(t, TensorShape({num_unique}), &counts_out));
-        std::copy(found.begin(), found.begin() + num_unique, unique_out->flat<Key>().data());
-        std::copy(occurrences.begin(), occurrences.begin() + num_unique,
-                  counts_out->flat<int64_t>().data());
+        TF_RETURN_IF_ERROR(unique_keys.allocate(t, TensorShape({num_unique[t]}), &unique_out));
+        TF_RETURN_IF_ERROR(counts.allocate(t, TensorShape({num_unique[t]}), &counts_out));
+        TF_RETURN_IF_ERROR(core.Copy(unique_out->flat<Key>().data(),
+                                     found[t].flat<Key>().data(), num_unique[t]));
+        return core.Copy(counts_out->flat<int64_t>().data(),
+                         occurrences[t].flat<int64_t>().data(), num_unique[t]);
       }));
     }
   }
 };
-REGISTER_KERNEL_BUILDER(Name("SokEv>UniqueKeys").Device(tensorflow::DEVICE_CPU), UniqueKeysOp);
 
+template <typename Device>
 class PartitionByOwnerOp : public OpKernel {
  public:
   explicit PartitionByOwnerOp(OpKernelConstruction* context) : OpKernel(context) {
@@ -88,29 +107,26 @@ class PartitionByOwnerOp : public OpKernel {
     Tensor* counts;
     OP_REQUIRES_OK(context, context->allocate_output(
                                 "counts", TensorShape({keys.size(), num_workers_}), &counts));
-    auto counts_matrix = counts->matrix<int64_t>();
-    const CpuContext cpu = MakeCpuContext(context);
+    Core<Device> core(context);
     for (int t = 0; t < keys.size(); ++t) {
       const int64_t n = keys[t].NumElements();
       Tensor *grouped, *order;
       OP_REQUIRES_OK(context, keys_by_owner.allocate(t, keys[t].shape(), &grouped));
       OP_REQUIRES_OK(context, positions.allocate(t, TensorShape({n}), &order));
-      int64_t* table_counts = &counts_matrix(t, 0);
+      int64_t* table_counts = counts->flat<int64_t>().data() + t * num_workers_;  // (W,)
       OP_REQUIRES_OK(context, DispatchKeyType(keys[t].dtype(), "unique_keys", [&](auto key) {
         using Key = decltype(key);
         const Key* in = keys[t].flat<Key>().data();
         Key* out = grouped->flat<Key>().data();
         int64_t* where = order->flat<int64_t>().data();
         if (target_workers_[t] < 0) {
-          cpu::partition_by_owner(cpu, in, n, num_workers_, out, where, table_counts);
-          return;
+          return core.PartitionByOwner(in, n, num_workers_, out, where, table_counts);
         }
-        // A table placed whole on one worker: every key goes there.
-        for (int64_t i = 0; i < n; ++i) {
-          out[i] = in[i];
-          where[i] = i;
-        }
-        for (int w = 0; w < num_workers_; ++w) table_counts[w] = w == target_workers_[t] ? n : 0;
+        // A table placed whole on one worker: every key goes there. A
+        // partition over one worker is stable, so it copies the keys, counts
+        // positions up from 0 and writes n into the target's count.
+        TF_RETURN_IF_ERROR(core.SetZero(table_counts, num_workers_));
+        return core.PartitionByOwner(in, n, 1, out, where, table_counts + target_workers_[t]);
       }));
     }
   }
@@ -119,9 +135,8 @@ class PartitionByOwnerOp : public OpKernel {
   std::vector<int> target_workers_;
   int num_workers_;
 };
-REGISTER_KERNEL_BUILDER(Name("SokEv>PartitionByOwner").Device(tensorflow::DEVICE_CPU),
-                        PartitionByOwnerOp);
 
+template <typename Device>
 class FindOrInsertOp : public OpKernel {
  public:
   explicit FindOrInsertOp(OpKernelConstruction* context) : OpKernel(context) {
@@ -134,10 +149,11 @@ class FindOrInsertOp : public OpKernel {
     OP_REQUIRES_OK(context, context->input_list("counts", &counts));
     OpOutputList values;
     OP_REQUIRES_OK(context, context->output_list("values", &values));
-    const CpuContext cpu = MakeCpuContext(context);
+    Core<Device> core(context);
     for (int t = 0; t < keys.size(); ++t) {
-      RefCountPtr<EmbeddingVariable> variable;
-      OP_REQUIRES_OK(context, LookupInitializedVariable(context, t, keys[t].dtype(), &variable));
+      RefCountPtr<EmbeddingVariable<Device>> variable;
+      OP_REQUIRES_OK(context,
+                     LookupInitializedVariable<Device>(context, t, keys[t].dtype(), &variable));
       OP_REQUIRES(context, variable->embedding_dim() == embedding_dims_[t],
                   errors::InvalidArgument("Embedding Variable '", variable->name(),
                                           "' has embedding_dim ", variable->embedding_dim(),
@@ -150,9 +166,10 @@ class FindOrInsertOp : public OpKernel {
       OP_REQUIRES_OK(context, values.allocate(t, TensorShape({n, embedding_dims_[t]}), &out));
       OP_REQUIRES_OK(context, DispatchKeyType(keys[t].dtype(), "keys", [&](auto key) {
         using Key = decltype(key);
-        variable->table<Key>()->find_or_insert(cpu, keys[t].flat<Key>().data(), n,
-                                               out->flat<float>().data(),
-                                               counts[t].flat<int64_t>().data());
+        auto table = variable->template table<Key>();
+        auto lock = variable->lock_table();
+        return core.FindOrInsert(*table, keys[t].flat<Key>().data(), n,
+                                 out->flat<float>().data(), counts[t].flat<int64_t>().data());
       }));
     }
   }
@@ -160,11 +177,17 @@ class FindOrInsertOp : public OpKernel {
  private:
   std::vector<int64_t> embedding_dims_;
 };
-REGISTER_KERNEL_BUILDER(Name("SokEv>FindOrInsert").Device(tensorflow::DEVICE_CPU),
-                        FindOrInsertOp);
+
+// The four per-table input lists every combine op takes, whose first is
+// named `first`, and the per-table sizes vector (host) after them.
+struct CombineInputs {
+  OpInputList first, unique_index, sample_ids, weights;
+  const Tensor* sizes = nullptr;
+};
 
 // Shared by CombineForward and CombineBackward: the attributes, and the
 // checks that turn a table's SparseTensor pieces into row offsets.
+template <typename Device>
 class CombineOpBase : public OpKernel {
  public:
   explicit CombineOpBase(OpKernelConstruction* context) : OpKernel(context) {
@@ -187,10 +210,12 @@ class CombineOpBase : public OpKernel {
   }
 
  protected:
-  // Checks table t's entries and fills its row offsets (batch + 1).
-  absl::Status RowOffsets(int t, const Tensor& unique_index, const Tensor& sample_ids,
+  // Checks table t's entries and fills its row offsets, a (batch + 1,)
+  // vector on the device.
+  absl::Status RowOffsets(OpKernelContext* context, Core<Device>& core, int t,
+                          const Tensor& unique_index, const Tensor& sample_ids,
                           const Tensor& weights, int64_t num_unique, int64_t batch,
-                          std::vector<int64_t>* offsets) const {
+                          Tensor* offsets) const {
     const int64_t nnz = sample_ids.NumElements();
     if (unique_index.NumElements() != nnz) {
       return errors::InvalidArgument("table ", t, ": unique_index has ",
@@ -201,34 +226,14 @@ class CombineOpBase : public OpKernel {
                                      " values, but indices[", t, "] has ", nnz);
     }
     const int64_t* ids = sample_ids.flat<int64_t>().data();
-    const int64_t* index = unique_index.flat<int64_t>().data();
-    for (int64_t j = 0; j < nnz; ++j) {
-      if (ids[j] < 0 || ids[j] >= batch) {
-        return errors::InvalidArgument("indices[", t, "]: row ", ids[j], " of entry ", j,
-                                       " is outside the batch [0, ", batch, ")");
-      }
-      if (j > 0 && ids[j] < ids[j - 1]) {
-        return errors::InvalidArgument(
-            "indices[", t, "]: rows must be in order, but entry ", j, " has row ", ids[j],
-            " after row ", ids[j - 1], "; reorder the SparseTensor with tf.sparse.reorder");
-      }
-      if (index[j] < 0 || index[j] >= num_unique) {
-        return errors::InvalidArgument("table ", t, ": unique_index ", index[j], " of entry ", j,
-                                       " is outside [0, ", num_unique, ")");
-      }
-    }
-    offsets->resize(batch + 1);
-    cpu::row_offsets_from_sample_ids(ids, nnz, batch, offsets->data());
-    return absl::OkStatus();
+    TF_RETURN_IF_ERROR(core.CheckCombineEntries(t, ids, unique_index.flat<int64_t>().data(),
+                                                nnz, batch, num_unique));
+    TF_RETURN_IF_ERROR(AllocateVector<int64_t>(context, batch + 1, offsets));
+    return core.RowOffsets(ids, nnz, batch, offsets->flat<int64_t>().data());
   }
 
-  // The four per-table input lists every combine op takes, whose first is
-  // named `first`, and the per-table sizes vector after them.
-  struct Inputs {
-    OpInputList first, unique_index, sample_ids, weights;
-    const Tensor* sizes = nullptr;
-  };
-  static absl::Status ReadInputs(OpKernelContext* context, const char* first, Inputs* in) {
+  static absl::Status ReadInputs(OpKernelContext* context, const char* first,
+                                 CombineInputs* in) {
     TF_RETURN_IF_ERROR(context->input_list(first, &in->first));
     TF_RETURN_IF_ERROR(context->input_list("unique_index", &in->unique_index));
     TF_RETURN_IF_ERROR(context->input_list("sample_ids", &in->sample_ids));
@@ -249,64 +254,98 @@ class CombineOpBase : public OpKernel {
   std::vector<bool> weighted_;
 };
 
-class CombineForwardOp : public CombineOpBase {
+template <typename Device>
+class CombineForwardOp : public CombineOpBase<Device> {
  public:
-  using CombineOpBase::CombineOpBase;
+  using CombineOpBase<Device>::CombineOpBase;
 
   void Compute(OpKernelContext* context) override {
-    Inputs in;
-    OP_REQUIRES_OK(context, ReadInputs(context, "unique_values", &in));
+    CombineInputs in;
+    OP_REQUIRES_OK(context, this->ReadInputs(context, "unique_values", &in));
     const OpInputList& unique_values = in.first;
-    const auto batch_sizes = in.sizes->flat<int64_t>();
+    const auto batch_sizes = in.sizes->flat<int64_t>();  // host
     OpOutputList embeddings;
     OP_REQUIRES_OK(context, context->output_list("embeddings", &embeddings));
-    const CpuContext cpu = MakeCpuContext(context);
+    Core<Device> core(context);
     for (int t = 0; t < unique_values.size(); ++t) {
       const int64_t num_unique = unique_values[t].dim_size(0);
       const int64_t dim = unique_values[t].dim_size(1);
-      std::vector<int64_t> offsets;
-      OP_REQUIRES_OK(context, RowOffsets(t, in.unique_index[t], in.sample_ids[t], in.weights[t],
-                                         num_unique, batch_sizes(t), &offsets));
+      Tensor offsets;
+      OP_REQUIRES_OK(context, this->RowOffsets(context, core, t, in.unique_index[t],
+                                               in.sample_ids[t], in.weights[t], num_unique,
+                                               batch_sizes(t), &offsets));
       Tensor* out;
       OP_REQUIRES_OK(context, embeddings.allocate(t, TensorShape({batch_sizes(t), dim}), &out));
-      cpu::combine_forward(cpu, unique_values[t].flat<float>().data(),
-                           in.unique_index[t].flat<int64_t>().data(), WeightsOrNull(t, in.weights[t]),
-                           offsets.data(), batch_sizes(t), dim, combiners_[t],
-                           out->flat<float>().data());
+      OP_REQUIRES_OK(context,
+                     core.CombineForward(unique_values[t].flat<float>().data(),
+                                         in.unique_index[t].flat<int64_t>().data(),
+                                         this->WeightsOrNull(t, in.weights[t]),
+                                         offsets.flat<int64_t>().data(), batch_sizes(t), dim,
+                                         this->combiners_[t], out->flat<float>().data()));
     }
   }
 };
-REGISTER_KERNEL_BUILDER(Name("SokEv>CombineForward").Device(tensorflow::DEVICE_CPU),
-                        CombineForwardOp);
 
-class CombineBackwardOp : public CombineOpBase {
+template <typename Device>
+class CombineBackwardOp : public CombineOpBase<Device> {
  public:
-  using CombineOpBase::CombineOpBase;
+  using CombineOpBase<Device>::CombineOpBase;
 
   void Compute(OpKernelContext* context) override {
-    Inputs in;
-    OP_REQUIRES_OK(context, ReadInputs(context, "grads", &in));
+    CombineInputs in;
+    OP_REQUIRES_OK(context, this->ReadInputs(context, "grads", &in));
     const OpInputList& grads = in.first;
-    const auto num_unique = in.sizes->flat<int64_t>();
+    const auto num_unique = in.sizes->flat<int64_t>();  // host
     OpOutputList grad_unique;
     OP_REQUIRES_OK(context, context->output_list("grad_unique", &grad_unique));
-    const CpuContext cpu = MakeCpuContext(context);
+    Core<Device> core(context);
     for (int t = 0; t < grads.size(); ++t) {
       const int64_t batch = grads[t].dim_size(0);
       const int64_t dim = grads[t].dim_size(1);
-      std::vector<int64_t> offsets;
-      OP_REQUIRES_OK(context, RowOffsets(t, in.unique_index[t], in.sample_ids[t], in.weights[t],
-                                         num_unique(t), batch, &offsets));
+      Tensor offsets;
+      OP_REQUIRES_OK(context, this->RowOffsets(context, core, t, in.unique_index[t],
+                                               in.sample_ids[t], in.weights[t], num_unique(t),
+                                               batch, &offsets));
       Tensor* out;
       OP_REQUIRES_OK(context, grad_unique.allocate(t, TensorShape({num_unique(t), dim}), &out));
-      cpu::combine_backward(cpu, grads[t].flat<float>().data(),
-                            in.unique_index[t].flat<int64_t>().data(), WeightsOrNull(t, in.weights[t]),
-                            offsets.data(), batch, dim, combiners_[t], num_unique(t),
-                            out->flat<float>().data());
+      OP_REQUIRES_OK(context,
+                     core.CombineBackward(grads[t].flat<float>().data(),
+                                          in.unique_index[t].flat<int64_t>().data(),
+                                          this->WeightsOrNull(t, in.weights[t]),
+                                          offsets.flat<int64_t>().data(), batch, dim,
+                                          this->combiners_[t], num_unique(t),
+                                          out->flat<float>().data()));
     }
   }
 };
-REGISTER_KERNEL_BUILDER(Name("SokEv>CombineBackward").Device(tensorflow::DEVICE_CPU),
-                        CombineBackwardOp);
+
+#define SOK_EV_REGISTER_CPU(name, kernel)                                           \
+  REGISTER_KERNEL_BUILDER(Name("SokEv>" name).Device(tensorflow::DEVICE_CPU), \
+                          kernel<CPUDevice>)
+SOK_EV_REGISTER_CPU("UniqueKeys", UniqueKeysOp);
+SOK_EV_REGISTER_CPU("PartitionByOwner", PartitionByOwnerOp);
+SOK_EV_REGISTER_CPU("FindOrInsert", FindOrInsertOp);
+SOK_EV_REGISTER_CPU("CombineForward", CombineForwardOp);
+SOK_EV_REGISTER_CPU("CombineBackward", CombineBackwardOp);
+#undef SOK_EV_REGISTER_CPU
+
+#if GOOGLE_CUDA
+// Key, index and value tensors stay on the GPU; resource handles and the
+// per-table sizes that shape the outputs are host memory.
+using tensorflow::DEVICE_GPU;
+REGISTER_KERNEL_BUILDER(Name("SokEv>UniqueKeys").Device(DEVICE_GPU), UniqueKeysOp<GPUDevice>);
+REGISTER_KERNEL_BUILDER(Name("SokEv>PartitionByOwner").Device(DEVICE_GPU),
+                        PartitionByOwnerOp<GPUDevice>);
+REGISTER_KERNEL_BUILDER(Name("SokEv>FindOrInsert").Device(DEVICE_GPU).HostMemory("resources"),
+                        FindOrInsertOp<GPUDevice>);
+REGISTER_KERNEL_BUILDER(Name("SokEv>CombineForward")
+                            .Device(DEVICE_GPU)
+                            .HostMemory("batch_sizes"),
+                        CombineForwardOp<GPUDevice>);
+REGISTER_KERNEL_BUILDER(Name("SokEv>CombineBackward")
+                            .Device(DEVICE_GPU)
+                            .HostMemory("num_unique"),
+                        CombineBackwardOp<GPUDevice>);
+#endif  // GOOGLE_CUDA
 
 }  // namespace sok_ev

@@ -1,13 +1,18 @@
-// Kernel of the fused optimizer update on an Embedding Variable: sums the
-// gradients of duplicate keys, then updates each key's row and slots in
-// place with cc/optimizers.h under the table's row locks.
-// Op definition: sok_ev/cc/ops/optimizer_ops.cc.
+// Kernel of the fused optimizer update on an Embedding Variable, for CPU and
+// (GOOGLE_CUDA builds) GPU: sums the gradients of duplicate keys, then
+// updates each key's row and slots in place with cc/optimizers.h, through
+// Core<Device>::ApplyOptimizer. Op definition: sok_ev/cc/ops/optimizer_ops.cc.
+#define EIGEN_USE_THREADS
+#if GOOGLE_CUDA && !defined(EIGEN_USE_GPU)
+#define EIGEN_USE_GPU
+#endif
+
 #include <map>
 #include <string>
 #include <vector>
 
 #include "cc/optimizers.h"
-#include "cc/unique.h"
+#include "sok_ev/cc/kernels/device_core.h"
 #include "sok_ev/cc/kernels/embedding_variable.h"
 #include "sok_ev/cc/kernels/kernel_utils.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -71,9 +76,11 @@ void SetHyperparameters(const float* h, OptimizerSpec* spec) {
 
 }  // namespace
 
-class SparseApplyOptimizerOp : public EmbeddingVariableOpKernel {
+template <typename Device>
+class SparseApplyOptimizerOp : public EmbeddingVariableOpKernel<Device> {
  public:
-  explicit SparseApplyOptimizerOp(OpKernelConstruction* context) : EmbeddingVariableOpKernel(context) {
+  explicit SparseApplyOptimizerOp(OpKernelConstruction* context)
+      : EmbeddingVariableOpKernel<Device>(context) {
     std::string optimizer;
     OP_REQUIRES_OK(context, context->GetAttr("optimizer", &optimizer));
     info_ = Optimizers().at(optimizer);  // the op's attr enum admits only these
@@ -92,12 +99,12 @@ class SparseApplyOptimizerOp : public EmbeddingVariableOpKernel {
   }
 
   void Compute(OpKernelContext* context) override {
-    RefCountPtr<EmbeddingVariable> variable;
-    OP_REQUIRES_OK(context, LookupVariable(context, &variable));
+    RefCountPtr<EmbeddingVariable<Device>> variable;
+    OP_REQUIRES_OK(context, this->LookupVariable(context, &variable));
     const Tensor& keys = context->input(1);
     const Tensor& grads = context->input(2);
-    const Tensor& hyperparameters = context->input(3);
-    const Tensor& global_step = context->input(4);
+    const Tensor& hyperparameters = context->input(3);  // host
+    const Tensor& global_step = context->input(4);      // host
     const int64_t dim = variable->embedding_dim();
     OP_REQUIRES(context, keys.dims() == 1,
                 errors::InvalidArgument("keys must be a vector, got shape ",
@@ -115,52 +122,39 @@ class SparseApplyOptimizerOp : public EmbeddingVariableOpKernel {
                                         global_step.shape().DebugString()));
     OptimizerSpec spec = spec_;
     SetHyperparameters(hyperparameters.flat<float>().data(), &spec);
-    OP_REQUIRES_OK(context, DispatchKeyType(key_dtype_, "keys", [&](auto key) {
+    Core<Device> core(context);
+    OP_REQUIRES_OK(context, DispatchKeyType(this->key_dtype_, "keys", [&](auto key) {
       using Key = decltype(key);
-      Apply<Key>(context, variable->table<Key>().get(), keys.flat<Key>().data(), n,
-                 grads.flat<float>().data(), dim, global_step.flat<int64_t>()(0), spec);
+      auto table = variable->template table<Key>();
+      auto lock = variable->lock_table();
+      // Slots are created on first use; the table places them.
+      for (size_t s = 0; s < slot_names_.size(); ++s) {
+        TF_RETURN_IF_ERROR(core.AddSlot(*table, slot_names_[s], slot_initial_values_[s],
+                                        &spec.slot_index[s]));
+      }
+      return core.ApplyOptimizer(*table, spec, keys.flat<Key>().data(), n,
+                                 grads.flat<float>().data(), dim,
+                                 global_step.flat<int64_t>()(0));
     }));
   }
 
  private:
-  template <typename Key>
-  void Apply(OpKernelContext* context, cpu::HashTable<Key>* table, const Key* keys, int64_t n,
-             const float* grads, int64_t dim, int64_t global_step, OptimizerSpec spec) {
-    for (size_t s = 0; s < slot_names_.size(); ++s) {
-      spec.slot_index[s] = table->add_slot(slot_names_[s], slot_initial_values_[s]);
-    }
-    // A key can arrive several times (from several workers); the optimizer
-    // must see it once with the summed gradient, as TF's sparse apply does.
-    const CpuContext cpu = MakeCpuContext(context);
-    std::vector<Key> unique(n);
-    std::vector<int64_t> inverse(n);
-    int64_t num_unique = 0;
-    cpu::unique_keys(cpu, keys, n, unique.data(), inverse.data(), nullptr, &num_unique);
-    std::vector<float> summed(num_unique * dim, 0.0f);
-    for (int64_t i = 0; i < n; ++i) {
-      float* row = summed.data() + inverse[i] * dim;
-      for (int64_t c = 0; c < dim; ++c) row[c] += grads[i * dim + c];
-    }
-    table->update_rows(cpu, unique.data(), num_unique, global_step,
-                       [&](const int64_t* positions, float* const* rows, int64_t count) {
-                         std::vector<float> shard_grads(count * dim);
-                         for (int64_t k = 0; k < count; ++k) {
-                           std::copy(summed.data() + positions[k] * dim,
-                                     summed.data() + (positions[k] + 1) * dim,
-                                     shard_grads.data() + k * dim);
-                         }
-                         // Already inside a per-shard task: no nested pool.
-                         cpu::apply_optimizer(CpuContext::Serial(), spec, rows,
-                                              shard_grads.data(), count, dim);
-                       });
-  }
-
   OptimizerInfo info_;
   OptimizerSpec spec_;
   std::vector<std::string> slot_names_;
   std::vector<float> slot_initial_values_;
 };
+
 REGISTER_KERNEL_BUILDER(Name("SokEv>SparseApplyOptimizer").Device(tensorflow::DEVICE_CPU),
-                        SparseApplyOptimizerOp);
+                        SparseApplyOptimizerOp<CPUDevice>);
+
+#if GOOGLE_CUDA
+REGISTER_KERNEL_BUILDER(Name("SokEv>SparseApplyOptimizer")
+                            .Device(tensorflow::DEVICE_GPU)
+                            .HostMemory("resource")
+                            .HostMemory("hyperparameters")
+                            .HostMemory("global_step"),
+                        SparseApplyOptimizerOp<GPUDevice>);
+#endif  // GOOGLE_CUDA
 
 }  // namespace sok_ev

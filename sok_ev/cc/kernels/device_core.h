@@ -1,0 +1,45 @@
+// The one seam between the TF op kernels and the framework-neutral core:
+// Core<Device> turns an OpKernelContext into the core's context (CPU thread
+// pool, or GPU stream and allocator), names the device's hash table, and
+// calls each core stage with its Status turned into TF's. The kernels are
+// templates over Device and never touch a thread pool, stream or cudaXxx
+// call themselves, so the CPU build runs every line of them but the device
+// plumbing in device_core_gpu.h.
+//
+// Both specialisations offer the same members:
+//   Table<Key>            cpu::HashTable<Key> / gpu::HashTable<Key>
+//   kTableIsThreadSafe    false: the variable serialises calls on its table
+//   Core(OpKernelContext*)
+//   NewTableAllocator()   table-lifetime memory, null when the table needs none
+//   NewTable, Size, AddSlot, FindOrInsert, Find, InsertOrAssign, EvictStale,
+//   ExportAll, ApplyOptimizer            on one table
+//   UniqueKeys, CheckDistinct, PartitionByOwner, RowOffsets,
+//   CheckCombineEntries, CombineForward, CombineBackward   free stages
+//   Copy, SetZero, CopyToHost             device memory
+// Pointers passed to them are device memory (host memory on CPU) unless a
+// comment says host.
+#ifndef SOK_EV_CC_KERNELS_DEVICE_CORE_H_
+#define SOK_EV_CC_KERNELS_DEVICE_CORE_H_
+
+#if GOOGLE_CUDA && !defined(EIGEN_USE_GPU)
+#error "define EIGEN_USE_GPU before any include in a GOOGLE_CUDA build"
+#endif
+
+#include "tensorflow/core/framework/op_kernel.h"
+
+namespace sok_ev {
+
+using CPUDevice = Eigen::ThreadPoolDevice;
+using GPUDevice = Eigen::GpuDevice;
+
+template <typename Device>
+class Core;
+
+}  // namespace sok_ev
+
+#include "sok_ev/cc/kernels/device_core_cpu.h"
+#if GOOGLE_CUDA
+#include "sok_ev/cc/kernels/device_core_gpu.h"
+#endif
+
+#endif  // SOK_EV_CC_KERNELS_DEVICE_CORE_H_

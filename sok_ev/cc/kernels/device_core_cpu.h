@@ -1,0 +1,265 @@
+// Core<CPUDevice>: the CPU twin of device_core_gpu.h. Core work runs on TF's
+// intra-op thread pool, like TF's own kernels; "device" memory is host
+// memory. Included by device_core.h only.
+#ifndef SOK_EV_CC_KERNELS_DEVICE_CORE_CPU_H_
+#define SOK_EV_CC_KERNELS_DEVICE_CORE_CPU_H_
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "cc/combine.h"
+#include "cc/common.h"
+#include "cc/hash_table_cpu.h"
+#include "cc/initializer.h"
+#include "cc/optimizers.h"
+#include "cc/partition.h"
+#include "cc/unique.h"
+#include "sok_ev/cc/kernels/export_buffers.h"
+#include "sok_ev/cc/kernels/tf_status.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/lib/core/errors.h"
+#include "tensorflow/core/platform/threadpool.h"
+
+namespace sok_ev {
+
+template <>
+class Core<CPUDevice> {
+ public:
+  template <typename Key>
+  using Table = cpu::HashTable<Key>;
+  // The CPU table locks its own shards, so concurrent ops may share it.
+  static constexpr bool kTableIsThreadSafe = true;
+
+  explicit Core(tensorflow::OpKernelContext* context) {
+    tensorflow::thread::ThreadPool* pool =
+        context->device()->tensorflow_cpu_worker_threads()->workers;
+    context_.parallel_for = [pool](int64_t total, int64_t cost_per_unit,
+                                   const CpuContext::Work& work) {
+      pool->ParallelFor(total, cost_per_unit, work);
+    };
+  }
+
+  // The CPU table allocates its own rows.
+  static std::unique_ptr<DeviceAllocator> NewTableAllocator(tensorflow::OpKernelContext*) {
+    return nullptr;
+  }
+
+  // initializer.default_values: (default_value_dim, dim), copied by the table.
+  template <typename Key>
+  absl::Status NewTable(DeviceAllocator* /*table_allocator*/, int64_t dim,
+                        const InitializerSpec& initializer,
+                        std::shared_ptr<Table<Key>>* table) {
+    *table = std::make_shared<Table<Key>>(dim, initializer);
+    return absl::OkStatus();
+  }
+
+  // size: host.
+  template <typename Key>
+  absl::Status Size(Table<Key>& table, int64_t* size) {
+    *size = table.size();
+    return absl::OkStatus();
+  }
+
+  template <typename Key>
+  absl::Status AddSlot(Table<Key>& table, const std::string& name, float initial_value,
+                       int* index) {
+    *index = table.add_slot(name, initial_value);
+    return absl::OkStatus();
+  }
+
+  //   keys: (n,)  values: (n, dim) out  frequencies: (n,)
+  template <typename Key>
+  absl::Status FindOrInsert(Table<Key>& table, const Key* keys, int64_t n, float* values,
+                            const int64_t* frequencies) {
+    table.find_or_insert(context_, keys, n, values, frequencies);
+    return absl::OkStatus();
+  }
+
+  // Absent keys read their initial value.
+  //   keys: (n,)  values: (n, dim) out
+  template <typename Key>
+  absl::Status Find(const Table<Key>& table, const Key* keys, int64_t n, float* values) {
+    table.find(context_, keys, n, values, /*found=*/nullptr, /*initial_for_missing=*/true);
+    return absl::OkStatus();
+  }
+
+  //   keys: (n,) distinct  rows: (n, row_width)  frequencies, versions: (n,)
+  template <typename Key>
+  absl::Status InsertOrAssign(Table<Key>& table, const Key* keys, int64_t n, const float* rows,
+                              const int64_t* frequencies, const int64_t* versions) {
+    table.insert_or_assign(context_, keys, n, rows, frequencies, versions);
+    return absl::OkStatus();
+  }
+
+  // evicted: host.
+  template <typename Key>
+  absl::Status EvictStale(Table<Key>& table, int64_t global_step, int64_t steps_to_live,
+                          int64_t* evicted) {
+    *evicted = table.evict_stale(global_step, steps_to_live);
+    return absl::OkStatus();
+  }
+
+  // A consistent copy of the table into buffers from `allocate`.
+  template <typename Key>
+  absl::Status ExportAll(const Table<Key>& table, const ExportAllocator<Key>& allocate) {
+    const auto snapshot = table.export_all();
+    const int64_t n = static_cast<int64_t>(snapshot.keys.size());
+    const int64_t width =
+        n > 0 ? static_cast<int64_t>(snapshot.rows.size()) / n : table.row_width();
+    ExportBuffers<Key> out;
+    TF_RETURN_IF_ERROR(allocate(n, width, &out));
+    std::copy(snapshot.keys.begin(), snapshot.keys.end(), out.keys);
+    std::copy(snapshot.rows.begin(), snapshot.rows.end(), out.rows);
+    std::copy(snapshot.frequencies.begin(), snapshot.frequencies.end(), out.frequencies);
+    std::copy(snapshot.versions.begin(), snapshot.versions.end(), out.versions);
+    return absl::OkStatus();
+  }
+
+  // One optimizer step on the rows of `keys`, duplicates summed first (a key
+  // can arrive from several workers; TF's sparse apply sums them too), each
+  // key's version set to global_step. spec.slot_index must be set.
+  //   keys: (n,)  grads: (n, dim)
+  template <typename Key>
+  absl::Status ApplyOptimizer(Table<Key>& table, const OptimizerSpec& spec, const Key* keys,
+                              int64_t n, const float* grads, int64_t dim,
+                              int64_t global_step) {
+    std::vector<Key> unique(n);
+    std::vector<int64_t> inverse(n);
+    int64_t num_unique = 0;
+    cpu::unique_keys(context_, keys, n, unique.data(), inverse.data(), nullptr, &num_unique);
+    std::vector<float> summed(num_unique * dim, 0.0f);
+    for (int64_t i = 0; i < n; ++i) {
+      float* row = summed.data() + inverse[i] * dim;
+      for (int64_t c = 0; c < dim; ++c) row[c] += grads[i * dim + c];
+    }
+    table.update_rows(context_, unique.data(), num_unique, global_step,
+                      [&](const int64_t* positions, float* const* rows, int64_t count) {
+                        std::vector<float> shard_grads(count * dim);
+                        for (int64_t k = 0; k < count; ++k) {
+                          std::copy(summed.data() + positions[k] * dim,
+                                    summed.data() + (positions[k] + 1) * dim,
+                                    shard_grads.data() + k * dim);
+                        }
+                        // Already inside a per-shard task: no nested pool.
+                        cpu::apply_optimizer(CpuContext::Serial(), spec, rows,
+                                             shard_grads.data(), count, dim);
+                      });
+    return absl::OkStatus();
+  }
+
+  // Unique keys in first-occurrence order.
+  //   keys: (n,)  unique, inverse, counts: (n,) out  num_unique: (1,) out
+  template <typename Key>
+  absl::Status UniqueKeys(const Key* keys, int64_t n, Key* unique, int64_t* inverse,
+                          int64_t* counts, int64_t* num_unique) {
+    cpu::unique_keys(context_, keys, n, unique, inverse, counts, num_unique);
+    return absl::OkStatus();
+  }
+
+  // Fails, naming the first repeated key, unless keys are distinct.
+  //   keys: (n,)
+  template <typename Key>
+  absl::Status CheckDistinct(const Key* keys, int64_t n, const std::string& where) {
+    std::unordered_set<Key> seen;
+    seen.reserve(n);
+    for (int64_t i = 0; i < n; ++i) {
+      if (!seen.insert(keys[i]).second) {
+        return tensorflow::errors::InvalidArgument(where, ": key ", keys[i],
+                                                   " appears more than once");
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  //   keys, keys_by_owner, positions: (n,)  counts: (num_workers,) out
+  template <typename Key>
+  absl::Status PartitionByOwner(const Key* keys, int64_t n, int32_t num_workers,
+                                Key* keys_by_owner, int64_t* positions, int64_t* counts) {
+    cpu::partition_by_owner(context_, keys, n, num_workers, keys_by_owner, positions, counts);
+    return absl::OkStatus();
+  }
+
+  // Checks table t's combine entries on host: sample ids in [0, batch) and
+  // non-decreasing, unique indices in [0, num_unique).
+  //   sample_ids, unique_index: (nnz,)
+  absl::Status CheckCombineEntries(int t, const int64_t* sample_ids,
+                                   const int64_t* unique_index, int64_t nnz, int64_t batch,
+                                   int64_t num_unique) {
+    namespace errors = tensorflow::errors;
+    for (int64_t j = 0; j < nnz; ++j) {
+      if (sample_ids[j] < 0 || sample_ids[j] >= batch) {
+        return errors::InvalidArgument("indices[", t, "]: row ", sample_ids[j], " of entry ", j,
+                                       " is outside the batch [0, ", batch, ")");
+      }
+      if (j > 0 && sample_ids[j] < sample_ids[j - 1]) {
+        return errors::InvalidArgument(
+            "indices[", t, "]: rows must be in order, but entry ", j, " has row ",
+            sample_ids[j], " after row ", sample_ids[j - 1],
+            "; reorder the SparseTensor with tf.sparse.reorder");
+      }
+      if (unique_index[j] < 0 || unique_index[j] >= num_unique) {
+        return errors::InvalidArgument("table ", t, ": unique_index ", unique_index[j],
+                                       " of entry ", j, " is outside [0, ", num_unique, ")");
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  //   sample_ids: (nnz,) checked  row_offsets: (batch + 1,) out
+  absl::Status RowOffsets(const int64_t* sample_ids, int64_t nnz, int64_t batch,
+                          int64_t* row_offsets) {
+    cpu::row_offsets_from_sample_ids(sample_ids, nnz, batch, row_offsets);
+    return absl::OkStatus();
+  }
+
+  //   unique_values: (num_unique, dim)  unique_index: (nnz,)  weights: (nnz,)
+  //   or null  row_offsets: (batch + 1,)  out: (batch, dim)
+  absl::Status CombineForward(const float* unique_values, const int64_t* unique_index,
+                              const float* weights, const int64_t* row_offsets,
+                              int64_t batch, int64_t dim, Combiner combiner, float* out) {
+    cpu::combine_forward(context_, unique_values, unique_index, weights, row_offsets, batch,
+                         dim, combiner, out);
+    return absl::OkStatus();
+  }
+
+  //   grad_out: (batch, dim)  grad_unique: (num_unique, dim) out; the rest as
+  //   CombineForward
+  absl::Status CombineBackward(const float* grad_out, const int64_t* unique_index,
+                               const float* weights, const int64_t* row_offsets,
+                               int64_t batch, int64_t dim, Combiner combiner,
+                               int64_t num_unique, float* grad_unique) {
+    cpu::combine_backward(context_, grad_out, unique_index, weights, row_offsets, batch, dim,
+                          combiner, num_unique, grad_unique);
+    return absl::OkStatus();
+  }
+
+  //   dst, src: (count,)
+  template <typename T>
+  absl::Status Copy(T* dst, const T* src, int64_t count) {
+    std::copy(src, src + count, dst);
+    return absl::OkStatus();
+  }
+
+  //   dst: (count,)
+  template <typename T>
+  absl::Status SetZero(T* dst, int64_t count) {
+    std::fill(dst, dst + count, T{});
+    return absl::OkStatus();
+  }
+
+  //   src: (count,)  dst: (count,) host
+  template <typename T>
+  absl::Status CopyToHost(const T* src, int64_t count, T* dst) {
+    return Copy(dst, src, count);
+  }
+
+ private:
+  CpuContext context_;
+};
+
+}  // namespace sok_ev
+
+#endif  // SOK_EV_CC_KERNELS_DEVICE_CORE_CPU_H_
