@@ -25,7 +25,7 @@ from sok_ev.options import InitializerOption
 __version__ = "0.1.0"
 
 
-def init():
+def init() -> None:
   """Prepares sok-ev; call once, after `hvd.init()` when using Horovod.
 
   Takes the rank and number of workers from Horovod if it is initialised
@@ -41,12 +41,12 @@ def init():
   optimizers.install_optimizer_hook()
 
 
-def rank():
+def rank() -> int:
   """This worker's index (0 without Horovod)."""
   return communication.rank()
 
 
-def world_size():
+def world_size() -> int:
   """Number of workers (1 without Horovod)."""
   return communication.world_size()
 

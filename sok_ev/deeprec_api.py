@@ -14,7 +14,7 @@ _DEEPREC_NAMES = {
 }
 
 
-def install_deeprec_api():
+def install_deeprec_api() -> None:
   """Adds DeepRec's `tf.get_embedding_variable`, `tf.EmbeddingVariableOption`,
   `tf.InitializerOption` and `tf.GlobalStepEvict` to `tf` and `tf.compat.v1`.
 

@@ -8,6 +8,7 @@ and `tf.train.Checkpoint`), but has no dense value: read it with
 """
 
 import numbers
+from typing import Any, Iterable, Optional
 
 import tensorflow as tf
 from tensorflow.python.eager import context
@@ -144,37 +145,46 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
 
   @property
   def handle(self):
+    """The resource handle of the table (what tapes watch and ops take)."""
     return self._handle
 
   @property
   def name(self):
+    """`<scope>/<name>:0`, as for tf.Variable."""
     return f"{self._handle_name}:0"
 
   @property
   def dtype(self):
+    """tf.float32: the dtype of the rows."""
     return tf.float32
 
   @property
   def shape(self):
+    """`[embedding_dim]`: rows are not counted, the table grows (DeepRec)."""
     return tf.TensorShape([self._embedding_dim])
 
   def get_shape(self):
+    """Same as `shape`."""
     return self.shape
 
   @property
   def op(self):
+    """The op that makes the handle (named after the variable)."""
     return self._handle.op
 
   @property
   def graph(self):
+    """The graph the handle belongs to."""
     return self._handle.graph
 
   @property
   def device(self):
+    """The device the table lives on."""
     return self._handle.device
 
   @property
   def trainable(self):
+    """Whether optimizers update it (and tapes watch it)."""
     return self._trainable
 
   @property
@@ -184,23 +194,28 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
 
   @property
   def initial_value(self):
+    """Raises TypeError: rows start when their key is first looked up."""
     raise TypeError(f"Embedding Variable '{self.name}' has no dense initial "
                     "value; a key's initial value is drawn when it is first "
                     "looked up.")
 
   @property
   def constraint(self):
+    """None: Embedding Variables take no constraint."""
     return None
 
   @property
   def synchronization(self):
+    """AUTO, as for tf.Variable."""
     return tf.VariableSynchronization.AUTO
 
   @property
   def aggregation(self):
+    """NONE: gradients go to the owning worker, never aggregated."""
     return tf.VariableAggregation.NONE
 
   def is_initialized(self, name=None):
+    """A bool scalar tensor: whether the table exists."""
     return ops().sok_ev_embedding_variable_is_initialized(self._handle, name=name)
 
   def _dense_var_to_tensor(self, dtype=None, name=None, as_ref=False):
@@ -211,9 +226,11 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
         "or read them with var.sparse_read(keys) / var.export().")
 
   def value(self):
+    """Raises TypeError: there is no dense value (see lookup_sparse)."""
     return self._dense_var_to_tensor()
 
   def read_value(self):
+    """Raises TypeError: there is no dense value (see lookup_sparse)."""
     return self._dense_var_to_tensor()
 
   def _as_graph_element(self):
@@ -227,8 +244,9 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
         "sok_ev.OptimizerWrapper(optimizer).")
 
   def to_proto(self, export_scope=None):
-    # A MetaGraph has no VariableDef for a hash table: the table is saved
-    # by the Saver, and rebuilt by running the script that made it.
+    """None: a MetaGraph gets no VariableDef for a hash table."""
+    # The table is saved by the Saver, and rebuilt by running the script
+    # that made it.
     del export_scope
     return None
 
@@ -281,23 +299,23 @@ def _graph_registry():
   return graph._sok_ev_variables  # pylint: disable=protected-access
 
 
-def get_embedding_variable(name,
-                           embedding_dim,
-                           key_dtype=tf.int64,
-                           value_dtype=None,
-                           initializer=None,
-                           regularizer=None,
-                           trainable=True,
-                           collections=None,
-                           caching_device=None,
-                           partitioner=None,
-                           validate_shape=True,
-                           custom_getter=None,
-                           constraint=None,
-                           steps_to_live=None,
-                           init_data_source=None,
-                           ev_option=None,
-                           target_gpu=-1):
+def get_embedding_variable(name: str,
+                           embedding_dim: int,
+                           key_dtype: tf.DType = tf.int64,
+                           value_dtype: Optional[tf.DType] = None,
+                           initializer: Any = None,
+                           regularizer: Any = None,
+                           trainable: bool = True,
+                           collections: Optional[Iterable[str]] = None,
+                           caching_device: Any = None,
+                           partitioner: Any = None,
+                           validate_shape: bool = True,
+                           custom_getter: Any = None,
+                           constraint: Any = None,
+                           steps_to_live: Optional[int] = None,
+                           init_data_source: Any = None,
+                           ev_option: Optional[options_lib.EmbeddingVariableOption] = None,
+                           target_gpu: int = -1) -> "EmbeddingVariable":
   """Gets an existing Embedding Variable or creates a new one (DeepRec API).
 
   In graph mode the variable scope applies: the name is prefixed with the

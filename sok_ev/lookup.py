@@ -9,6 +9,8 @@ Gradients flow back through the same stages and reach every Embedding
 Variable as tf.IndexedSlices keyed by its raw keys, deduplicated and summed.
 """
 
+from typing import List, Optional, Sequence, Union
+
 import tensorflow as tf
 
 from sok_ev import communication
@@ -91,7 +93,12 @@ def _check_placement(params):
           f"{variable.target_gpu}")
 
 
-def lookup_sparse(params, indices, combiners=None, sp_weights=None):
+def lookup_sparse(
+    params: Sequence[EmbeddingVariable],
+    indices: Sequence[tf.SparseTensor],
+    combiners: Optional[Union[str, Sequence[str]]] = None,
+    sp_weights: Optional[Sequence[Optional[tf.SparseTensor]]] = None,
+) -> List[tf.Tensor]:
   """Looks up and combines rows of many Embedding Variables in one call.
 
   Shapes: for table t, `indices[t]` is a `[batch_t, max_hotness]` SparseTensor

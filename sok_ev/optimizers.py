@@ -216,7 +216,7 @@ def _dispatching_get_processor(original):
   return get_processor
 
 
-def install_optimizer_hook():
+def install_optimizer_hook() -> None:
   """Lets stock tf.compat.v1.train optimizers update Embedding Variables.
 
   Idempotent. Only Embedding Variables take the new path; every other
@@ -235,7 +235,7 @@ def install_optimizer_hook():
             _dispatching_slot_method(original))
 
 
-def uninstall_optimizer_hook():
+def uninstall_optimizer_hook() -> None:
   """Restores TensorFlow's original optimizer code."""
   if not _originals:
     return
@@ -245,7 +245,8 @@ def uninstall_optimizer_hook():
   _originals.clear()
 
 
-def optimizer_hook_installed():
+def optimizer_hook_installed() -> bool:
+  """Whether install_optimizer_hook() is in effect."""
   return bool(_originals)
 
 
@@ -260,7 +261,7 @@ class OptimizerWrapper:
     >>> train_op = opt.minimize(loss)
   """
 
-  def __init__(self, optimizer):
+  def __init__(self, optimizer: optimizer_module.Optimizer):
     if not isinstance(optimizer, optimizer_module.Optimizer):
       raise TypeError("OptimizerWrapper wraps a tf.compat.v1.train.Optimizer, "
                       f"got {type(optimizer).__name__}")
