@@ -2,6 +2,7 @@
 #include "cc/backward_apply_gpu.h"
 
 #include <algorithm>
+#include <cstdint>
 
 #include "cc/combine_kernels_gpu.h"
 #include "cc/optimizers.h"
@@ -72,6 +73,113 @@ backward_apply_kernel(OptimizerSpec spec, float* rows, int64_t row_width,
   }
 }
 
+// Each sorted entry's sample and weight, so that the vector kernel's chain
+// is segments -> sorted_bag -> gradient row (one dependent load fewer).
+__global__ void sorted_entries_kernel(const int64_t* order, const int64_t* entry_bag,
+                                      const float* weights, int64_t nnz,
+                                      int64_t* sorted_bag, float* sorted_weight) {
+  for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < nnz;
+       k += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t j = order[k];
+    sorted_bag[k] = entry_bag[j];
+    sorted_weight[k] = weights != nullptr ? weights[j] : 1.0f;
+  }
+}
+
+// dim % 4 == 0, dim <= 32 * kCount (<= 256): 8 lanes a key, lane `rank`
+// owns the float4 columns (v * 8 + rank) * 4, v < kCount. The row's value
+// and its kSlots optimizer slots are loaded as soon as row_ids[u] is known,
+// in parallel with the gradient chain; the gradient sum stays in registers;
+// the update is update_element itself on a 4-float register row (slots at
+// 1, 2, 3), so the arithmetic and its bits are the generic kernel's.
+template <int kCount, int kSlots, int kMinBlocks>
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
+backward_apply_vec_kernel(OptimizerSpec spec, float* rows, int64_t row_width,
+                          int64_t* versions, const int64_t* row_ids,
+                          const float* grad_out, const int64_t* segments,
+                          const int64_t* num_unique, const int64_t* sorted_bag,
+                          const float* sorted_weight, const float* bag_scale,
+                          Combiner combiner, int64_t dim, int64_t global_step) {
+  constexpr int kLanes = 8;
+  const int rank = threadIdx.x & (kLanes - 1);
+  const float adam_lr = adam_learning_rate(spec);
+  OptimizerSpec local = spec;  // a register row: value, then slots 0..2
+  local.slot_index[0] = 0;
+  local.slot_index[1] = 1;
+  local.slot_index[2] = 2;
+  int64_t slot_offset[kSlots > 0 ? kSlots : 1];
+#pragma unroll
+  for (int s = 0; s < kSlots; ++s) slot_offset[s] = (1 + spec.slot_index[s]) * dim;
+  const int64_t count = *num_unique;
+  for (int64_t u = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / kLanes;
+       u < count; u += (int64_t(gridDim.x) * blockDim.x) / kLanes) {
+    const int64_t lo = segments[u], hi = segments[u + 1];
+    const int64_t row_id = row_ids[u];
+    float* row = rows + row_id * row_width;
+    float4 value[kCount];
+    float4 slot[kSlots > 0 ? kSlots : 1][kCount];
+    float4 acc[kCount];
+#pragma unroll
+    for (int v = 0; v < kCount; ++v) {
+      const int64_t c = (v * kLanes + rank) * 4;
+      acc[v] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (c < dim) {
+        value[v] = *reinterpret_cast<const float4*>(row + c);
+#pragma unroll
+        for (int s = 0; s < kSlots; ++s) {
+          slot[s][v] = *reinterpret_cast<const float4*>(row + slot_offset[s] + c);
+        }
+      }
+    }
+    // Entries in order, as the generic kernel sums them.
+    for (int64_t k = lo; k < hi; ++k) {
+      const int64_t bag = sorted_bag[k];
+      const float w = sorted_weight[k];
+      const float denominator = combiner == Combiner::kSum ? 1.0f : bag_scale[bag];
+      const float* g = grad_out + bag * dim;
+#pragma unroll
+      for (int v = 0; v < kCount; ++v) {
+        const int64_t c = (v * kLanes + rank) * 4;
+        if (c < dim) {
+          const float4 x = __ldg(reinterpret_cast<const float4*>(g + c));
+          if (combiner == Combiner::kSum) {
+            acc[v].x += w * x.x; acc[v].y += w * x.y;
+            acc[v].z += w * x.z; acc[v].w += w * x.w;
+          } else {
+            acc[v].x += w * x.x / denominator; acc[v].y += w * x.y / denominator;
+            acc[v].z += w * x.z / denominator; acc[v].w += w * x.w / denominator;
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int v = 0; v < kCount; ++v) {
+      const int64_t c = (v * kLanes + rank) * 4;
+      if (c < dim) {
+        float* vp = &value[v].x;
+        const float* ap = &acc[v].x;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float r[4] = {vp[e], 0.0f, 0.0f, 0.0f};
+#pragma unroll
+          for (int s = 0; s < kSlots; ++s) r[1 + s] = (&slot[s][v].x)[e];
+          const float g = ap[e];
+          update_element(local, r, &g, 0, 1, adam_lr);
+          vp[e] = r[0];
+#pragma unroll
+          for (int s = 0; s < kSlots; ++s) (&slot[s][v].x)[e] = r[1 + s];
+        }
+        *reinterpret_cast<float4*>(row + c) = value[v];
+#pragma unroll
+        for (int s = 0; s < kSlots; ++s) {
+          *reinterpret_cast<float4*>(row + slot_offset[s] + c) = slot[s][v];
+        }
+      }
+    }
+    if (rank == 0) versions[row_id] = global_step;
+  }
+}
+
 }  // namespace
 
 template <typename Key>
@@ -94,6 +202,57 @@ Status combine_backward_apply(const GpuContext& context, HashTable<Key>& table,
       bag_scale.as<float>());
   SOK_EV_LAUNCH_CHECK("bag_scale");
   const TableView<Key> view = table.view();
+  const int used_slots = num_slots(spec.kind, spec.centered);
+  const bool aligned =
+      reinterpret_cast<uintptr_t>(grad_out) % 16 == 0 &&
+      reinterpret_cast<uintptr_t>(view.rows) % 16 == 0 && view.row_width % 4 == 0;
+  if (view.dim % 4 == 0 && view.dim <= 256 && aligned && used_slots <= 3) {
+    ScratchBuffer sorted_bag(context, std::max<int64_t>(nnz, 1) * sizeof(int64_t));
+    ScratchBuffer sorted_weight(context, std::max<int64_t>(nnz, 1) * sizeof(float));
+    if (!sorted_bag.ok() || !sorted_weight.ok()) {
+      return Status::Internal("combine_backward_apply: out of device memory");
+    }
+    if (nnz > 0) {
+      sorted_entries_kernel<<<grid_for(nnz, kThreads), kThreads, 0, stream>>>(
+          order, entry_bag.as<int64_t>(), weights, nnz, sorted_bag.as<int64_t>(),
+          sorted_weight.as<float>());
+      SOK_EV_LAUNCH_CHECK("sorted_entries");
+    }
+    const unsigned blocks = grid_for(max_unique * 8, kThreads);
+    // Latency-bound: cap registers so that more keys are in flight (4 blocks
+    // an SM = 64 registers where the row fits; 1.94 vs 2.33 ms at 92).
+#define SOK_EV_BACKWARD_APPLY_VEC(kCount, kSlots)                               \
+  backward_apply_vec_kernel<kCount, kSlots,                                     \
+                            (kCount <= 2 && kSlots >= 2) ? 2                     \
+                                : ((4 * kCount * (kSlots + 2) <= 48)             \
+                                       ? 4                                       \
+                                       : (4 * kCount * (kSlots + 2) <= 80 ? 2 : 1))> \
+      <<<blocks, kThreads, 0, stream>>>(                                        \
+          spec, view.rows, view.row_width, view.versions, row_ids, grad_out,    \
+          segments, num_unique, sorted_bag.as<int64_t>(),                       \
+          sorted_weight.as<float>(), bag_scale.as<float>(), combiner, view.dim, \
+          global_step)
+#define SOK_EV_BACKWARD_APPLY_SLOTS(kCount)          \
+  switch (used_slots) {                              \
+    case 0: SOK_EV_BACKWARD_APPLY_VEC(kCount, 0); break; \
+    case 1: SOK_EV_BACKWARD_APPLY_VEC(kCount, 1); break; \
+    case 2: SOK_EV_BACKWARD_APPLY_VEC(kCount, 2); break; \
+    default: SOK_EV_BACKWARD_APPLY_VEC(kCount, 3); break; \
+  }
+    if (view.dim <= 32) {
+      SOK_EV_BACKWARD_APPLY_SLOTS(1);
+    } else if (view.dim <= 64) {
+      SOK_EV_BACKWARD_APPLY_SLOTS(2);
+    } else if (view.dim <= 128) {
+      SOK_EV_BACKWARD_APPLY_SLOTS(4);
+    } else {
+      SOK_EV_BACKWARD_APPLY_SLOTS(8);
+    }
+#undef SOK_EV_BACKWARD_APPLY_SLOTS
+#undef SOK_EV_BACKWARD_APPLY_VEC
+    SOK_EV_LAUNCH_CHECK("backward_apply_vec");
+    return Status::Ok();
+  }
   // 8 lanes a key up to dim 256 (shared rows: 32 x 1 KB), a warp beyond.
   const bool narrow = view.dim <= 256;
   const int lanes = narrow ? 8 : 32;

@@ -136,6 +136,116 @@ def sparse_step(table, exchange, keys, offsets, grad_out, step, dim, chunks=1):
     return out
 
 
+def _segments(split):
+    offs = [0]
+    for n in split:
+        offs.append(offs[-1] + n)
+    return offs
+
+
+def sparse_step_overlap(table, exchange, keys, offsets, grad_out, step, dim):
+    """sparse_step with the big exchanges overlapped (world > 1; the same
+    sums and updates, so the same results):
+      forward:  the owner gathers the rows its peers asked for first and
+                sends them (async, list all-to-all: no self segment through
+                NCCL) while it gathers its own segment straight into `back`;
+      backward: the gradients for peers go out async while the owner copies
+                its own segment and applies Adagrad to the keys only it
+                asked for; keys a peer asked for are applied after the wait.
+    """
+    world = exchange.world
+    rank = dist.get_rank()
+    uniq, inverse, _, _, num = sg.unique_segmented(keys)
+    u = int(num.item())
+    uniq = uniq[:u]
+    by_owner, positions, counts = sg.partition(uniq, world)
+    recv_counts = exchange.counts(counts)
+    send_split = counts.tolist()
+    recv_split = recv_counts.tolist()
+    owner_keys = exchange(by_owner, send_split, recv_split)
+    m = owner_keys.numel()
+    ouniq, oinverse, oorder, osegs, onum = sg.unique_segmented(owner_keys)
+    ou = int(onum.item())
+    orows = torch.empty(ou, dtype=torch.int64, device="cuda")
+    table.find_or_insert(ouniq[:ou], row_ids=orows)
+    ident = torch.arange(m + 1, device="cuda", dtype=torch.int64)
+    soff, roff = _segments(send_split), _segments(recv_split)
+    self_lo, self_hi = roff[rank], roff[rank + 1]
+    # Owner keys a peer asked for (any entry outside the self segment) go
+    # last: A = [0, n_self_only) can be updated before the gradients arrive.
+    remote = ((oorder < self_lo) | (oorder >= self_hi)).to(torch.int64)
+    cs = torch.cat([torch.zeros(1, dtype=torch.int64, device="cuda"), remote.cumsum(0)])
+    segs = osegs[:ou + 1]
+    has_remote = (cs[segs[1:]] - cs[segs[:-1]]) > 0
+    perm = torch.argsort(has_remote.to(torch.int32), stable=True)
+    lengths = (segs[1:] - segs[:-1])[perm]
+    segs2 = torch.cat([torch.zeros(1, dtype=torch.int64, device="cuda"), lengths.cumsum(0)])
+    seg_of = torch.repeat_interleave(torch.arange(ou, device="cuda"), lengths,
+                                     output_size=m)
+    pos = torch.arange(m, device="cuda") - segs2[seg_of]
+    order2 = oorder[segs[perm[seg_of]] + pos]
+    rows2 = orows[perm]
+    n_a_dev = (~has_remote).sum().reshape(1)
+    n_a = int(n_a_dev.item())
+    n_b_dev = torch.tensor([ou - n_a], dtype=torch.int64, device="cuda")
+    # forward: peers' rows first, sent async; own segment gathered in place.
+    back = torch.empty((u, dim), device="cuda")
+    sends, recvs = [], []
+    for r in range(world):
+        if r == rank:
+            sends.append(back[:0])
+            recvs.append(back[:0])
+            continue
+        n = roff[r + 1] - roff[r]
+        buf = torch.empty((n, dim), device="cuda")
+        if n:
+            table.lookup_combine_rows(orows, oinverse[roff[r]:roff[r + 1]], ident[:n + 1], buf)
+        sends.append(buf)
+        recvs.append(back[soff[r]:soff[r + 1]])
+    work = dist.all_to_all(recvs, sends, async_op=True)
+    n_self = self_hi - self_lo
+    if n_self:
+        table.lookup_combine_rows(orows, oinverse[self_lo:self_hi], ident[:n_self + 1],
+                                  back[soff[rank]:soff[rank + 1]])
+    work.wait()
+    slot = torch.empty(u, dtype=torch.int64, device="cuda")
+    slot[positions] = torch.arange(u, device="cuda", dtype=torch.int64)
+    index = slot[inverse]
+    out = sg.combine_forward(back, index, offsets,
+                             torch.empty((offsets.numel() - 1, dim), device="cuda"))
+    # backward
+    grad_sent = sg.combine_backward(grad_out, index, offsets, u,
+                                    torch.empty((u, dim), device="cuda"))
+    owner_grads = torch.empty((m, dim), device="cuda")
+    sends = [grad_sent[soff[r]:soff[r + 1]] if r != rank else grad_sent[:0]
+             for r in range(world)]
+    recvs = [owner_grads[roff[r]:roff[r + 1]] if r != rank else owner_grads[:0]
+             for r in range(world)]
+    work = dist.all_to_all(recvs, sends, async_op=True)
+    owner_grads[self_lo:self_hi].copy_(grad_sent[soff[rank]:soff[rank + 1]])
+    if n_a:
+        table.backward_apply("adagrad", owner_grads, ident, m, order2, segs2, n_a_dev,
+                             n_a, rows2, step, lr=LR)
+    work.wait()
+    if ou - n_a:
+        table.backward_apply("adagrad", owner_grads, ident, m, order2, segs2[n_a:],
+                             n_b_dev, ou - n_a, rows2[n_a:], step, lr=LR)
+    return out
+
+
+def alltoall_bandwidth(rows, dim, reps=10):
+    """NVLink floor: all_to_all_single of `rows` rows of dim floats to each
+    peer (the self segment empty), alone. Returns (ms, GB/s sent per GPU)."""
+    world = dist.get_world_size()
+    rank = dist.get_rank()
+    split = [rows if r != rank else 0 for r in range(world)]
+    send = torch.randn((sum(split), dim), device="cuda")
+    recv = torch.empty_like(send)
+    t = time_ms(lambda _: dist.all_to_all_single(recv, send, split, split), [None],
+                warmup=3, reps=reps)
+    return t, send.numel() * 4 / (t[0] * 1e-3) / 1e9
+
+
 def make_batch(gen, all_keys, batch, features, hot, dim):
     nnz = batch * features * hot
     idx = torch.randint(0, all_keys.numel(), (nnz,), generator=gen, device="cuda")
@@ -155,10 +265,26 @@ def worker(rank, args, result_path):
     torch.cuda.set_device(rank)
     world = args.gpus
     if world > 1:
-        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{args.port}",
-                                 rank=rank, world_size=world)
+        kwargs = {}
+        if args.overlap:
+            # NCCL's kernels first when they compete with compute for SMs.
+            options = dist.ProcessGroupNCCL.Options()
+            options.is_high_priority_stream = True
+            kwargs["pg_options"] = options
+        try:
+            dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{args.port}",
+                                     rank=rank, world_size=world, **kwargs)
+        except TypeError:  # no pg_options in this torch: default priority
+            dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{args.port}",
+                                     rank=rank, world_size=world)
     exchange = Exchange(world)
     dim = args.dim
+
+    def step_fn(tbl, ex, k, o, g, st, d, chunks=1):
+        if args.overlap and ex.world > 1:
+            return sparse_step_overlap(tbl, ex, k, o, g, st, d)
+        return sparse_step(tbl, ex, k, o, g, st, d, chunks)
+
     # Every rank builds the same global key set, then inserts its own shard.
     gen = torch.Generator(device="cuda").manual_seed(5)
     total_rows = args.rows_per_gpu * world
@@ -175,7 +301,7 @@ def worker(rank, args, result_path):
     if args.check:
         batches = [make_batch(batch_gen, all_keys, args.check_batch, args.features,
                               args.hot, dim) for _ in range(3)]
-        outs = [sparse_step(table, exchange, k, o, g, step + 1, dim, args.chunks)
+        outs = [step_fn(table, exchange, k, o, g, step + 1, dim, args.chunks)
                 for step, (k, o, g) in enumerate(batches)]
         probe = all_keys[:20000]
         found = torch.zeros(probe.numel(), dtype=torch.bool, device="cuda")
@@ -225,12 +351,17 @@ def worker(rank, args, result_path):
 
         def run(s):
             state["step"] += 1
-            sparse_step(table, exchange, s[0], s[1], s[2], state["step"], dim,
-                        args.chunks)
+            step_fn(table, exchange, s[0], s[1], s[2], state["step"], dim,
+                    args.chunks)
 
         if world > 1:
             dist.barrier()
         t = time_ms(run, sets, warmup=3, reps=args.reps)
+        a2a = None
+        if world > 1:
+            # rows sent to each peer per step: this batch's unique keys / world
+            u = sg.unique_segmented(sets[0][0])[4].item()
+            a2a = alltoall_bandwidth(int(u) // world, dim)
         times = [None] * world
         if world > 1:
             all_t = [None] * world
@@ -244,7 +375,13 @@ def worker(rank, args, result_path):
             result["per_rank"] = [fmt(x) for x in times]
             print(f"[gpus={world}] sparse step (batch {args.batch}/GPU, {args.features} "
                   f"features, {args.hot}-hot, dim {dim}, {args.rows_per_gpu} keys/GPU): "
-                  f"{slowest:.3f} ms  per rank {result['per_rank']}", flush=True)
+                  f"{slowest:.3f} ms  per rank {result['per_rank']}"
+                  f"{'  (overlap)' if args.overlap and world > 1 else ''}", flush=True)
+            if a2a is not None:
+                result["alltoall_alone"] = dict(time=fmt(a2a[0]), GBps=a2a[1])
+                print(f"[gpus={world}] all-to-all alone, {int(u) // world} rows x {dim} "
+                      f"floats to each peer: {fmt(a2a[0])}, {a2a[1]:.0f} GB/s sent per GPU "
+                      f"(one exchange; the step has two)", flush=True)
     if rank == 0:
         with open(result_path, "w") as f:
             json.dump(result, f)
@@ -266,6 +403,8 @@ def main():
     parser.add_argument("--chunks", type=int, default=1,
                         help="key-range chunks of the pipelined gradient exchange "
                              "(4 measured slower than 1 on 2x H200: NOTES.md)")
+    parser.add_argument("--overlap", action="store_true",
+                        help="sparse_step_overlap for N > 1 GPUs (1 GPU: the plain step)")
     parser.add_argument("--check-batch", type=int, default=4096)
     parser.add_argument("--port", type=int, default=29533)
     parser.add_argument("--scaling", action="store_true",
