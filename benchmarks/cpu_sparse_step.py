@@ -49,16 +49,20 @@ def parse_args(argv=None):
     p.add_argument("--dim", type=int, default=16)
     p.add_argument("--vocab", type=int, default=100_000, help="keys per table")
     p.add_argument("--zipf", type=float, default=1.1, help="Zipf exponent of key frequency")
-    p.add_argument("--hotness", type=int, nargs="+", default=[1, 10],
+    p.add_argument("--hotness",
+                   type=int,
+                   nargs="+",
+                   default=[1, 10],
                    help="mean keys per sample; 1 = one-hot, >1 = ragged multi-hot")
     p.add_argument("--batches", type=int, default=4, help="distinct batches cycled")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--tf-function", action="store_true", help="also time the tf.function path")
-    p.add_argument("--disable-v2-behavior", action="store_true",
+    p.add_argument("--disable-v2-behavior",
+                   action="store_true",
                    help="tf.compat.v1.disable_v2_behavior() first, as DeepRec-era scripts do "
-                        "(dense tables become legacy ref variables); graph mode only")
+                   "(dense tables become legacy ref variables); graph mode only")
     p.add_argument("--only", choices=["sok_ev", "dense"], help="time one implementation")
     p.add_argument("--no-append", action="store_true", help="do not write RESULTS.md")
     p.add_argument("--seed", type=int, default=0)
@@ -69,12 +73,13 @@ def parse_args(argv=None):
 
 
 def zipf_sampler(rng, vocab, exponent):
-    weights = 1.0 / np.arange(1, vocab + 1) ** exponent
+    weights = 1.0 / np.arange(1, vocab + 1)**exponent
     cdf = np.cumsum(weights / weights.sum())
     scatter = rng.permutation(vocab)  # hot ids spread over the id space
 
     def draw(n):
         return scatter[np.minimum(np.searchsorted(cdf, rng.random(n)), vocab - 1)]
+
     return draw
 
 
@@ -93,7 +98,8 @@ def make_batch(rng, draw, batch, hotness):
 def make_inputs(args, hotness):
     rng = np.random.default_rng(args.seed + hotness)
     draws = [zipf_sampler(rng, args.vocab, args.zipf) for _ in range(args.tables)]
-    return [[make_batch(rng, draws[t], args.batch, hotness) for t in range(args.tables)]
+    return [[make_batch(rng, draws[t], args.batch, hotness)
+             for t in range(args.tables)]
             for _ in range(args.batches)]
 
 
@@ -105,8 +111,8 @@ def input_tensors(inputs):
         for t, (indices, keys, max_hot) in enumerate(tables):
             iv = tf.Variable(indices, trainable=False, name=f"in_idx_{b}_{t}")
             kv = tf.Variable(keys, trainable=False, name=f"in_key_{b}_{t}")
-            sps.append(tf.SparseTensor(iv.read_value(), kv.read_value(),
-                                       [indices[-1, 0] + 1, max_hot]))
+            sps.append(
+                tf.SparseTensor(iv.read_value(), kv.read_value(), [indices[-1, 0] + 1, max_hot]))
         out.append(sps)
     return out
 
@@ -120,8 +126,9 @@ def sok_ev_step_loss(sok, evs, sps):
 
 
 def dense_step_loss(tables, sps):
-    outs = [tf.nn.embedding_lookup_sparse(v, sp, None, combiner="sum")
-            for v, sp in zip(tables, sps)]
+    outs = [
+        tf.nn.embedding_lookup_sparse(v, sp, None, combiner="sum") for v, sp in zip(tables, sps)
+    ]
     return tf.add_n([tf.reduce_sum(o) for o in outs])
 
 
@@ -133,14 +140,18 @@ def build_graph(args, impl, inputs, sok):
         batches = input_tensors(inputs)
         opt = tf.compat.v1.train.AdagradOptimizer(args.lr)
         if impl == "sok_ev":
-            evs = [sok.get_embedding_variable(f"ev_{t}", embedding_dim=args.dim)
-                   for t in range(args.tables)]
+            evs = [
+                sok.get_embedding_variable(f"ev_{t}", embedding_dim=args.dim)
+                for t in range(args.tables)
+            ]
             train_ops = [opt.minimize(sok_ev_step_loss(sok, evs, sps)) for sps in batches]
         else:
-            tables = [tf.compat.v1.get_variable(
-                f"table_{t}", [args.vocab, args.dim],
-                initializer=tf.compat.v1.truncated_normal_initializer(stddev=0.05))
-                for t in range(args.tables)]
+            tables = [
+                tf.compat.v1.get_variable(
+                    f"table_{t}", [args.vocab, args.dim],
+                    initializer=tf.compat.v1.truncated_normal_initializer(stddev=0.05))
+                for t in range(args.tables)
+            ]
             train_ops = [opt.minimize(dense_step_loss(tables, sps)) for sps in batches]
         sess.run(tf.compat.v1.global_variables_initializer())
     graph.finalize()
@@ -149,16 +160,20 @@ def build_graph(args, impl, inputs, sok):
 
 def build_tf_function(args, impl, inputs, sok):
     """The same step as a tf.function on eager variables; returns step(i)."""
-    batches = [[tf.SparseTensor(i, k, [i[-1, 0] + 1, m]) for i, k, m in tables]
-               for tables in inputs]
+    batches = [[tf.SparseTensor(i, k, [i[-1, 0] + 1, m]) for i, k, m in tables] for tables in inputs
+              ]
     opt = tf.compat.v1.train.AdagradOptimizer(args.lr)
     if impl == "sok_ev":
-        params = [sok.get_embedding_variable(f"fn_ev_{t}_{id(inputs)}", embedding_dim=args.dim)
-                  for t in range(args.tables)]
+        params = [
+            sok.get_embedding_variable(f"fn_ev_{t}_{id(inputs)}", embedding_dim=args.dim)
+            for t in range(args.tables)
+        ]
         loss_of = lambda sps: sok_ev_step_loss(sok, params, sps)  # noqa: E731
     else:
-        params = [tf.Variable(tf.random.truncated_normal([args.vocab, args.dim], stddev=0.05))
-                  for _ in range(args.tables)]
+        params = [
+            tf.Variable(tf.random.truncated_normal([args.vocab, args.dim], stddev=0.05))
+            for _ in range(args.tables)
+        ]
         loss_of = lambda sps: dense_step_loss(params, sps)  # noqa: E731
 
     @tf.function(reduce_retracing=True)
@@ -206,8 +221,8 @@ def main(argv=None):
         import sok_ev as sok
         sok.init()
 
-    modes = [("graph", build_graph)] + ([("tf.function", build_tf_function)]
-                                        if args.tf_function else [])
+    modes = [("graph", build_graph)
+            ] + ([("tf.function", build_tf_function)] if args.tf_function else [])
     rows, ratios = [], []
     for hotness in args.hotness:
         inputs = make_inputs(args, hotness)
@@ -229,24 +244,27 @@ def main(argv=None):
                 print(ratios[-1], flush=True)
             del steps
 
-    command = "python " + " ".join([os.path.relpath(os.path.abspath(sys.argv[0]), REPO_ROOT)]
-                                   + (sys.argv[1:] if argv is None else argv))
+    command = "python " + " ".join([os.path.relpath(os.path.abspath(sys.argv[0]), REPO_ROOT)] +
+                                   (sys.argv[1:] if argv is None else argv))
     machine = (f"{platform.machine()}, {os.cpu_count()} cores ({cpu_model()}), "
                f"TensorFlow {tf.__version__}, Python {platform.python_version()}; "
                f"load average at end {os.getloadavg()[0]:.1f}")
-    config = (f"{args.tables} tables, batch {args.batch}, dim {args.dim}, vocab {args.vocab}/table, "
-              f"Zipf {args.zipf}, sum combiner, Adagrad lr {args.lr}; {args.batches} distinct "
-              f"batches cycled, {args.warmup} warm-up + {args.reps} timed steps per implementation, "
-              f"the implementations interleaved step by step"
-              + ("; v2 behavior disabled" if args.disable_v2_behavior else ""))
-    table = "\n".join(["| hotness | mode | impl | median ms | p10 ms | p90 ms | M keys/s |",
-                       "|---|---|---|---|---|---|---|"] + rows)
+    config = (
+        f"{args.tables} tables, batch {args.batch}, dim {args.dim}, vocab {args.vocab}/table, "
+        f"Zipf {args.zipf}, sum combiner, Adagrad lr {args.lr}; {args.batches} distinct "
+        f"batches cycled, {args.warmup} warm-up + {args.reps} timed steps per implementation, "
+        f"the implementations interleaved step by step" +
+        ("; v2 behavior disabled" if args.disable_v2_behavior else ""))
+    table = "\n".join([
+        "| hotness | mode | impl | median ms | p10 ms | p90 ms | M keys/s |",
+        "|---|---|---|---|---|---|---|"
+    ] + rows)
     section = "\n".join([
         f"\n## CPU grouped sparse step (benchmarks/cpu_sparse_step.py), "
-        f"{datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}", "",
-        f"- machine: {machine}", f"- command: `{command}`", f"- setup: {config}", "",
-        "Milliseconds per training step (lookup + backward + Adagrad, all tables).", "",
-        table, ""] + ratios + [""])
+        f"{datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}", "", f"- machine: {machine}",
+        f"- command: `{command}`", f"- setup: {config}", "",
+        "Milliseconds per training step (lookup + backward + Adagrad, all tables).", "", table, ""
+    ] + ratios + [""])
     print(section)
     if not args.no_append:
         with open(RESULTS, "a") as f:

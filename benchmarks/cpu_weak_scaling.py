@@ -50,7 +50,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(HERE)
 TABLES = 26
-BATCHES = 4            # distinct batches cycled
+BATCHES = 4  # distinct batches cycled
 MASK = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
@@ -68,11 +68,12 @@ def make_batches(args, rank):
     """BATCHES batches of this rank: per table [batch] one-hot int64 keys."""
     rng = np.random.default_rng(1234)
     permutations = [rng.permutation(args.vocab) for _ in range(TABLES)]
-    weights = 1.0 / np.arange(1, args.vocab + 1) ** 1.1
+    weights = 1.0 / np.arange(1, args.vocab + 1)**1.1
     weights /= weights.sum()
     rng = np.random.default_rng(1000 + rank)
-    return [[permutations[t][rng.choice(args.vocab, size=args.batch, p=weights)]
-             for t in range(TABLES)] for _ in range(BATCHES)]
+    return [[
+        permutations[t][rng.choice(args.vocab, size=args.batch, p=weights)] for t in range(TABLES)
+    ] for _ in range(BATCHES)]
 
 
 def exchanged_bytes(all_batches, dim, workers):
@@ -87,11 +88,9 @@ def exchanged_bytes(all_batches, dim, workers):
             for t in range(TABLES):
                 unique = np.unique(all_batches[w][b][t])
                 remote_unique += int(np.sum(owner_of(unique, workers) != w))
-            ours += (16 * remote_unique + 16 * TABLES * (workers - 1) +
-                     2 * 4 * dim * remote_unique)
+            ours += (16 * remote_unique + 16 * TABLES * (workers - 1) + 2 * 4 * dim * remote_unique)
             samples = len(all_batches[w][b][0]) * TABLES
-            allgather += (8 * keys * (workers - 1) +
-                          2 * 4 * dim * samples * (workers - 1))
+            allgather += (8 * keys * (workers - 1) + 2 * 4 * dim * samples * (workers - 1))
     return ours / BATCHES, allgather / BATCHES
 
 
@@ -99,11 +98,14 @@ def build_step(tf, args, tables, dense):
     """Placeholders, train op and loss of one grouped step."""
     ids = [tf.compat.v1.placeholder(tf.int64, [args.batch]) for _ in range(TABLES)]
     indices = tf.stack([tf.range(args.batch, dtype=tf.int64),
-                        tf.zeros([args.batch], tf.int64)], axis=1)
+                        tf.zeros([args.batch], tf.int64)],
+                       axis=1)
     sparse = [tf.SparseTensor(indices, k, [args.batch, 1]) for k in ids]
     if dense:
-        embeddings = [tf.nn.embedding_lookup_sparse(v, s, None, combiner="sum")
-                      for v, s in zip(tables, sparse)]
+        embeddings = [
+            tf.nn.embedding_lookup_sparse(v, s, None, combiner="sum")
+            for v, s in zip(tables, sparse)
+        ]
     else:
         import sok_ev  # pylint: disable=import-outside-toplevel
         embeddings = sok_ev.lookup_sparse(tables, sparse, combiners="sum")
@@ -113,9 +115,11 @@ def build_step(tf, args, tables, dense):
 
 
 def time_steps(tf, session, ids, train, batches, args, barrier=None):
+
     def run(step):
         batch = batches[step % BATCHES]
         session.run(train, {p: k for p, k in zip(ids, batch)})
+
     for step in range(args.warmup):
         run(step)
     if barrier is not None:
@@ -137,22 +141,27 @@ def worker(args):
     sok_ev.init()
     rank, workers = hvd.rank(), hvd.size()
     with tf.Graph().as_default():
-        tables = [sok_ev.get_embedding_variable(
-            f"table_{t}", embedding_dim=args.dim, target_gpu=-1)
-                  for t in range(TABLES)]
+        tables = [
+            sok_ev.get_embedding_variable(f"table_{t}", embedding_dim=args.dim, target_gpu=-1)
+            for t in range(TABLES)
+        ]
         ids, train, _ = build_step(tf, args, tables, dense=False)
         barrier = sok_ev.communication.allreduce(tf.constant(1.0))
         with tf.compat.v1.Session() as session:
             session.run(tf.compat.v1.global_variables_initializer())
-            seconds = time_steps(tf, session, ids, train, make_batches(args, rank),
-                                 args, barrier)
+            seconds = time_steps(tf, session, ids, train, make_batches(args, rank), args, barrier)
     if rank == 0:
         all_batches = [make_batches(args, w) for w in range(workers)]
         ours, allgather = exchanged_bytes(all_batches, args.dim, workers)
         with open(args.out, "w") as f:
-            json.dump({"workers": workers, "seconds": seconds,
-                       "steps_per_s": args.steps / seconds,
-                       "bytes": ours, "allgather_bytes": allgather}, f)
+            json.dump(
+                {
+                    "workers": workers,
+                    "seconds": seconds,
+                    "steps_per_s": args.steps / seconds,
+                    "bytes": ours,
+                    "allgather_bytes": allgather
+                }, f)
 
 
 def dense_baseline(args):
@@ -160,9 +169,10 @@ def dense_baseline(args):
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     with tf.Graph().as_default():
         rng = np.random.default_rng(0)
-        tables = [tf.Variable(rng.normal(
-            0, 0.25, (args.vocab, args.dim)).astype(np.float32))
-                  for _ in range(TABLES)]
+        tables = [
+            tf.Variable(rng.normal(0, 0.25, (args.vocab, args.dim)).astype(np.float32))
+            for _ in range(TABLES)
+        ]
         ids, train, _ = build_step(tf, args, tables, dense=True)
         with tf.compat.v1.Session() as session:
             session.run(tf.compat.v1.global_variables_initializer())
@@ -187,23 +197,24 @@ def main():
 
     horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in [REPO_ROOT, env.get("PYTHONPATH")] if p)
-    passed = ["--batch", args.batch, "--dim", args.dim, "--vocab", args.vocab,
-              "--warmup", args.warmup, "--steps", args.steps]
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [REPO_ROOT, env.get("PYTHONPATH")] if p)
+    passed = [
+        "--batch", args.batch, "--dim", args.dim, "--vocab", args.vocab, "--warmup", args.warmup,
+        "--steps", args.steps
+    ]
     rows = []
     for workers in args.workers:
         out = tempfile.mktemp(suffix=".json")
-        command = [horovodrun, "--gloo", "-np", str(workers), "-H",
-                   f"localhost:{workers}", sys.executable, os.path.abspath(__file__),
-                   "--worker", "--out", out, *map(str, passed)]
-        subprocess.run(command, env=env, check=True, timeout=900,
-                       stdout=subprocess.DEVNULL)
+        command = [
+            horovodrun, "--gloo", "-np",
+            str(workers), "-H", f"localhost:{workers}", sys.executable,
+            os.path.abspath(__file__), "--worker", "--out", out, *map(str, passed)
+        ]
+        subprocess.run(command, env=env, check=True, timeout=900, stdout=subprocess.DEVNULL)
         with open(out) as f:
             rows.append(json.load(f))
         os.remove(out)
-        print(f"{workers} workers: {rows[-1]['steps_per_s']:.2f} steps/s",
-              flush=True)
+        print(f"{workers} workers: {rows[-1]['steps_per_s']:.2f} steps/s", flush=True)
     dense_seconds = dense_baseline(args)
     dense_rate = args.steps / dense_seconds
 
@@ -211,18 +222,16 @@ def main():
     lines = [
         "| workers | global batch | steps/s | samples/s | efficiency vs 1 worker"
         " | bytes exchanged/step (this design) | allgather design | ratio |",
-        "|---|---|---|---|---|---|---|---|"]
+        "|---|---|---|---|---|---|---|---|"
+    ]
     for r in rows:
         w = r["workers"]
-        efficiency = (f"{r['steps_per_s'] / one['steps_per_s']:.0%}"
-                      if one else "n/a")
-        ratio = (f"{r['allgather_bytes'] / r['bytes']:.1f}x less"
-                 if r["bytes"] else "-")
-        lines.append(
-            f"| {w} | {w * args.batch} | {r['steps_per_s']:.2f} | "
-            f"{r['steps_per_s'] * w * args.batch:,.0f} | {efficiency} | "
-            f"{r['bytes'] / 1e6:.2f} MB | {r['allgather_bytes'] / 1e6:.2f} MB"
-            f" | {ratio} |")
+        efficiency = (f"{r['steps_per_s'] / one['steps_per_s']:.0%}" if one else "n/a")
+        ratio = (f"{r['allgather_bytes'] / r['bytes']:.1f}x less" if r["bytes"] else "-")
+        lines.append(f"| {w} | {w * args.batch} | {r['steps_per_s']:.2f} | "
+                     f"{r['steps_per_s'] * w * args.batch:,.0f} | {efficiency} | "
+                     f"{r['bytes'] / 1e6:.2f} MB | {r['allgather_bytes'] / 1e6:.2f} MB"
+                     f" | {ratio} |")
     lines.append(f"| 1 (dense tf.Variable baseline) | {args.batch} | "
                  f"{dense_rate:.2f} | {dense_rate * args.batch:,.0f} | - | 0 | "
                  "- | - |")
@@ -232,8 +241,8 @@ def main():
     if args.no_append:
         return
     load = os.getloadavg()[0]
-    command = "python benchmarks/cpu_weak_scaling.py" + (
-        " " + " ".join(sys.argv[1:]) if sys.argv[1:] else "")
+    command = "python benchmarks/cpu_weak_scaling.py" + (" " + " ".join(sys.argv[1:])
+                                                         if sys.argv[1:] else "")
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     section = f"""
 ## CPU weak scaling, model parallel over Horovod/Gloo (benchmarks/cpu_weak_scaling.py), {datetime.datetime.now():%Y-%m-%d %H:%M}

@@ -1,9 +1,8 @@
 // gpu::combine_backward_apply: see cc/backward_apply_gpu.h.
-#include "cc/backward_apply_gpu.h"
-
 #include <algorithm>
 #include <cstdint>
 
+#include "cc/backward_apply_gpu.h"
 #include "cc/combine_kernels_gpu.h"
 #include "cc/optimizers.h"
 #include "cc/status_gpu.h"
@@ -22,23 +21,20 @@ constexpr int kThreads = 256;
 //   shared memory: (kThreads / kLanes, dim) floats
 template <int kLanes>
 __global__ void __launch_bounds__(kThreads)
-backward_apply_kernel(OptimizerSpec spec, float* rows, int64_t row_width,
-                      int64_t* versions, const int64_t* row_ids,
-                      const float* grad_out, const int64_t* order,
-                      const int64_t* segments, const int64_t* num_unique,
-                      const float* weights, const int64_t* entry_bag,
-                      const float* bag_scale, Combiner combiner, int64_t dim,
-                      int64_t global_step) {
+    backward_apply_kernel(OptimizerSpec spec, float* rows, int64_t row_width, int64_t* versions,
+                          const int64_t* row_ids, const float* grad_out, const int64_t* order,
+                          const int64_t* segments, const int64_t* num_unique, const float* weights,
+                          const int64_t* entry_bag, const float* bag_scale, Combiner combiner,
+                          int64_t dim, int64_t global_step) {
   extern __shared__ float shared_grads[];
   const int lane = threadIdx.x & 31;
   const int rank = lane % kLanes;
-  const unsigned mask = (kLanes == 32 ? 0xffffffffu : ((1u << kLanes) - 1))
-                        << (lane - rank);
+  const unsigned mask = (kLanes == 32 ? 0xffffffffu : ((1u << kLanes) - 1)) << (lane - rank);
   float* grad = shared_grads + (threadIdx.x / kLanes) * dim;
   const float adam_lr = adam_learning_rate(spec);
   const int64_t count = *num_unique;
-  for (int64_t u = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / kLanes;
-       u < count; u += (int64_t(gridDim.x) * blockDim.x) / kLanes) {
+  for (int64_t u = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / kLanes; u < count;
+       u += (int64_t(gridDim.x) * blockDim.x) / kLanes) {
     const int64_t lo = segments[u], hi = segments[u + 1];
     const int64_t row_id = row_ids[u];
     for (int64_t c0 = 0; c0 < dim; c0 += kLanes * 8) {
@@ -76,8 +72,8 @@ backward_apply_kernel(OptimizerSpec spec, float* rows, int64_t row_width,
 // Each sorted entry's sample and weight, so that the vector kernel's chain
 // is segments -> sorted_bag -> gradient row (one dependent load fewer).
 __global__ void sorted_entries_kernel(const int64_t* order, const int64_t* entry_bag,
-                                      const float* weights, int64_t nnz,
-                                      int64_t* sorted_bag, float* sorted_weight) {
+                                      const float* weights, int64_t nnz, int64_t* sorted_bag,
+                                      float* sorted_weight) {
   for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < nnz;
        k += int64_t(gridDim.x) * blockDim.x) {
     const int64_t j = order[k];
@@ -94,12 +90,12 @@ __global__ void sorted_entries_kernel(const int64_t* order, const int64_t* entry
 // 1, 2, 3), so the arithmetic and its bits are the generic kernel's.
 template <int kCount, int kSlots, int kMinBlocks>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
-backward_apply_vec_kernel(OptimizerSpec spec, float* rows, int64_t row_width,
-                          int64_t* versions, const int64_t* row_ids,
-                          const float* grad_out, const int64_t* segments,
-                          const int64_t* num_unique, const int64_t* sorted_bag,
-                          const float* sorted_weight, const float* bag_scale,
-                          Combiner combiner, int64_t dim, int64_t global_step) {
+    backward_apply_vec_kernel(OptimizerSpec spec, float* rows, int64_t row_width, int64_t* versions,
+                              const int64_t* row_ids, const float* grad_out,
+                              const int64_t* segments, const int64_t* num_unique,
+                              const int64_t* sorted_bag, const float* sorted_weight,
+                              const float* bag_scale, Combiner combiner, int64_t dim,
+                              int64_t global_step) {
   constexpr int kLanes = 8;
   const int rank = threadIdx.x & (kLanes - 1);
   const float adam_lr = adam_learning_rate(spec);
@@ -111,8 +107,8 @@ backward_apply_vec_kernel(OptimizerSpec spec, float* rows, int64_t row_width,
 #pragma unroll
   for (int s = 0; s < kSlots; ++s) slot_offset[s] = (1 + spec.slot_index[s]) * dim;
   const int64_t count = *num_unique;
-  for (int64_t u = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / kLanes;
-       u < count; u += (int64_t(gridDim.x) * blockDim.x) / kLanes) {
+  for (int64_t u = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / kLanes; u < count;
+       u += (int64_t(gridDim.x) * blockDim.x) / kLanes) {
     const int64_t lo = segments[u], hi = segments[u + 1];
     const int64_t row_id = row_ids[u];
     float* row = rows + row_id * row_width;
@@ -143,11 +139,15 @@ backward_apply_vec_kernel(OptimizerSpec spec, float* rows, int64_t row_width,
         if (c < dim) {
           const float4 x = __ldg(reinterpret_cast<const float4*>(g + c));
           if (combiner == Combiner::kSum) {
-            acc[v].x += w * x.x; acc[v].y += w * x.y;
-            acc[v].z += w * x.z; acc[v].w += w * x.w;
+            acc[v].x += w * x.x;
+            acc[v].y += w * x.y;
+            acc[v].z += w * x.z;
+            acc[v].w += w * x.w;
           } else {
-            acc[v].x += w * x.x / denominator; acc[v].y += w * x.y / denominator;
-            acc[v].z += w * x.z / denominator; acc[v].w += w * x.w / denominator;
+            acc[v].x += w * x.x / denominator;
+            acc[v].y += w * x.y / denominator;
+            acc[v].z += w * x.z / denominator;
+            acc[v].w += w * x.w / denominator;
           }
         }
       }
@@ -185,11 +185,10 @@ backward_apply_vec_kernel(OptimizerSpec spec, float* rows, int64_t row_width,
 template <typename Key>
 Status combine_backward_apply(const GpuContext& context, HashTable<Key>& table,
                               const OptimizerSpec& spec, const float* grad_out,
-                              const float* weights, const int64_t* row_offsets,
-                              int64_t batch, int64_t nnz, Combiner combiner,
-                              const int64_t* order, const int64_t* segments,
-                              const int64_t* num_unique, int64_t max_unique,
-                              const int64_t* row_ids, int64_t global_step) {
+                              const float* weights, const int64_t* row_offsets, int64_t batch,
+                              int64_t nnz, Combiner combiner, const int64_t* order,
+                              const int64_t* segments, const int64_t* num_unique,
+                              int64_t max_unique, const int64_t* row_ids, int64_t global_step) {
   if (max_unique <= 0 || batch <= 0) return Status::Ok();
   cudaStream_t stream = stream_of(context);
   ScratchBuffer entry_bag(context, std::max<int64_t>(nnz, 1) * sizeof(int64_t));
@@ -198,14 +197,12 @@ Status combine_backward_apply(const GpuContext& context, HashTable<Key>& table,
     return Status::Internal("combine_backward_apply: out of device memory");
   }
   bag_scale_kernel<int64_t><<<grid_for(batch, kThreads), kThreads, 0, stream>>>(
-      weights, row_offsets, batch, combiner, entry_bag.as<int64_t>(),
-      bag_scale.as<float>());
+      weights, row_offsets, batch, combiner, entry_bag.as<int64_t>(), bag_scale.as<float>());
   SOK_EV_LAUNCH_CHECK("bag_scale");
   const TableView<Key> view = table.view();
   const int used_slots = num_slots(spec.kind, spec.centered);
-  const bool aligned =
-      reinterpret_cast<uintptr_t>(grad_out) % 16 == 0 &&
-      reinterpret_cast<uintptr_t>(view.rows) % 16 == 0 && view.row_width % 4 == 0;
+  const bool aligned = reinterpret_cast<uintptr_t>(grad_out) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(view.rows) % 16 == 0 && view.row_width % 4 == 0;
   if (view.dim % 4 == 0 && view.dim <= 256 && aligned && used_slots <= 3) {
     ScratchBuffer sorted_bag(context, std::max<int64_t>(nnz, 1) * sizeof(int64_t));
     ScratchBuffer sorted_weight(context, std::max<int64_t>(nnz, 1) * sizeof(float));
@@ -221,23 +218,30 @@ Status combine_backward_apply(const GpuContext& context, HashTable<Key>& table,
     const unsigned blocks = grid_for(max_unique * 8, kThreads);
     // Latency-bound: cap registers so that more keys are in flight (4 blocks
     // an SM = 64 registers where the row fits; 1.94 vs 2.33 ms at 92).
-#define SOK_EV_BACKWARD_APPLY_VEC(kCount, kSlots)                               \
-  backward_apply_vec_kernel<kCount, kSlots,                                     \
-                            (kCount <= 2 && kSlots >= 2) ? 2                     \
-                                : ((4 * kCount * (kSlots + 2) <= 48)             \
-                                       ? 4                                       \
-                                       : (4 * kCount * (kSlots + 2) <= 80 ? 2 : 1))> \
-      <<<blocks, kThreads, 0, stream>>>(                                        \
-          spec, view.rows, view.row_width, view.versions, row_ids, grad_out,    \
-          segments, num_unique, sorted_bag.as<int64_t>(),                       \
-          sorted_weight.as<float>(), bag_scale.as<float>(), combiner, view.dim, \
-          global_step)
-#define SOK_EV_BACKWARD_APPLY_SLOTS(kCount)          \
-  switch (used_slots) {                              \
-    case 0: SOK_EV_BACKWARD_APPLY_VEC(kCount, 0); break; \
-    case 1: SOK_EV_BACKWARD_APPLY_VEC(kCount, 1); break; \
-    case 2: SOK_EV_BACKWARD_APPLY_VEC(kCount, 2); break; \
-    default: SOK_EV_BACKWARD_APPLY_VEC(kCount, 3); break; \
+#define SOK_EV_BACKWARD_APPLY_VEC(kCount, kSlots)                                                 \
+  backward_apply_vec_kernel<                                                                      \
+      kCount, kSlots,                                                                             \
+      (kCount <= 2 && kSlots >= 2)                                                                \
+          ? 2                                                                                     \
+          : ((4 * kCount * (kSlots + 2) <= 48) ? 4 : (4 * kCount * (kSlots + 2) <= 80 ? 2 : 1))>  \
+      <<<blocks, kThreads, 0, stream>>>(spec, view.rows, view.row_width, view.versions, row_ids,  \
+                                        grad_out, segments, num_unique, sorted_bag.as<int64_t>(), \
+                                        sorted_weight.as<float>(), bag_scale.as<float>(),         \
+                                        combiner, view.dim, global_step)
+#define SOK_EV_BACKWARD_APPLY_SLOTS(kCount) \
+  switch (used_slots) {                     \
+    case 0:                                 \
+      SOK_EV_BACKWARD_APPLY_VEC(kCount, 0); \
+      break;                                \
+    case 1:                                 \
+      SOK_EV_BACKWARD_APPLY_VEC(kCount, 1); \
+      break;                                \
+    case 2:                                 \
+      SOK_EV_BACKWARD_APPLY_VEC(kCount, 2); \
+      break;                                \
+    default:                                \
+      SOK_EV_BACKWARD_APPLY_VEC(kCount, 3); \
+      break;                                \
   }
     if (view.dim <= 32) {
       SOK_EV_BACKWARD_APPLY_SLOTS(1);
@@ -258,11 +262,11 @@ Status combine_backward_apply(const GpuContext& context, HashTable<Key>& table,
   const int lanes = narrow ? 8 : 32;
   const size_t shared = (kThreads / lanes) * view.dim * sizeof(float);
   const unsigned blocks = grid_for(max_unique * lanes, kThreads);
-#define SOK_EV_BACKWARD_APPLY(kLanes)                                          \
-  backward_apply_kernel<kLanes><<<blocks, kThreads, shared, stream>>>(         \
-      spec, view.rows, view.row_width, view.versions, row_ids, grad_out, order, \
-      segments, num_unique, weights, entry_bag.as<int64_t>(),                  \
-      bag_scale.as<float>(), combiner, view.dim, global_step)
+#define SOK_EV_BACKWARD_APPLY(kLanes)                                                          \
+  backward_apply_kernel<kLanes><<<blocks, kThreads, shared, stream>>>(                         \
+      spec, view.rows, view.row_width, view.versions, row_ids, grad_out, order, segments,      \
+      num_unique, weights, entry_bag.as<int64_t>(), bag_scale.as<float>(), combiner, view.dim, \
+      global_step)
   if (narrow) {
     SOK_EV_BACKWARD_APPLY(8);
   } else {
@@ -273,14 +277,16 @@ Status combine_backward_apply(const GpuContext& context, HashTable<Key>& table,
   return Status::Ok();
 }
 
-template Status combine_backward_apply<int32_t>(
-    const GpuContext&, HashTable<int32_t>&, const OptimizerSpec&, const float*,
-    const float*, const int64_t*, int64_t, int64_t, Combiner, const int64_t*,
-    const int64_t*, const int64_t*, int64_t, const int64_t*, int64_t);
-template Status combine_backward_apply<int64_t>(
-    const GpuContext&, HashTable<int64_t>&, const OptimizerSpec&, const float*,
-    const float*, const int64_t*, int64_t, int64_t, Combiner, const int64_t*,
-    const int64_t*, const int64_t*, int64_t, const int64_t*, int64_t);
+template Status combine_backward_apply<int32_t>(const GpuContext&, HashTable<int32_t>&,
+                                                const OptimizerSpec&, const float*, const float*,
+                                                const int64_t*, int64_t, int64_t, Combiner,
+                                                const int64_t*, const int64_t*, const int64_t*,
+                                                int64_t, const int64_t*, int64_t);
+template Status combine_backward_apply<int64_t>(const GpuContext&, HashTable<int64_t>&,
+                                                const OptimizerSpec&, const float*, const float*,
+                                                const int64_t*, int64_t, int64_t, Combiner,
+                                                const int64_t*, const int64_t*, const int64_t*,
+                                                int64_t, const int64_t*, int64_t);
 
 }  // namespace gpu
 }  // namespace sok_ev

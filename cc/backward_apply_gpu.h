@@ -25,11 +25,10 @@ namespace gpu {
 template <typename Key>
 Status combine_backward_apply(const GpuContext& context, HashTable<Key>& table,
                               const OptimizerSpec& spec, const float* grad_out,
-                              const float* weights, const int64_t* row_offsets,
-                              int64_t batch, int64_t nnz, Combiner combiner,
-                              const int64_t* order, const int64_t* segments,
-                              const int64_t* num_unique, int64_t max_unique,
-                              const int64_t* row_ids, int64_t global_step);
+                              const float* weights, const int64_t* row_offsets, int64_t batch,
+                              int64_t nnz, Combiner combiner, const int64_t* order,
+                              const int64_t* segments, const int64_t* num_unique,
+                              int64_t max_unique, const int64_t* row_ids, int64_t global_step);
 
 }  // namespace gpu
 }  // namespace sok_ev

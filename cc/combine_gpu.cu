@@ -17,23 +17,24 @@ struct UniqueValuesSource {
   const float* unique_values;   // (num_unique, dim)
   const int64_t* unique_index;  // (nnz,)
   int64_t dim;
-  __device__ __forceinline__ int64_t resolve(int64_t entry) const {
-    return unique_index[entry];
-  }
+  __device__ __forceinline__ int64_t resolve(int64_t entry) const { return unique_index[entry]; }
   __device__ __forceinline__ const float* row(int64_t handle) const {
     return unique_values + handle * dim;
   }
 };
 
 //   sample_ids: (nnz,) non-decreasing  row_offsets: (batch + 1,) out
-__global__ void row_offsets_kernel(const int64_t* sample_ids, int64_t nnz,
-                                   int64_t batch, int64_t* row_offsets) {
+__global__ void row_offsets_kernel(const int64_t* sample_ids, int64_t nnz, int64_t batch,
+                                   int64_t* row_offsets) {
   for (int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; b <= batch;
        b += int64_t(gridDim.x) * blockDim.x) {
     int64_t lo = 0, hi = nnz;
     while (lo < hi) {
       const int64_t mid = (lo + hi) / 2;
-      if (sample_ids[mid] < b) lo = mid + 1; else hi = mid;
+      if (sample_ids[mid] < b)
+        lo = mid + 1;
+      else
+        hi = mid;
     }
     row_offsets[b] = lo;
   }
@@ -50,21 +51,21 @@ __global__ void iota_kernel(int64_t* values, int64_t n) {
 // is stable), so the result does not depend on scheduling.
 //   sorted_index: (nnz,) unique ids, non-decreasing; entries: (nnz,)
 //   grad_unique: (num_unique, dim) out
-__global__ void reduce_by_key_kernel(const float* grad_out,
-                                     const int64_t* sorted_index,
-                                     const int64_t* entries, int64_t nnz,
-                                     const float* weights,
-                                     const int64_t* entry_bag,
-                                     const float* bag_scale, Combiner combiner,
-                                     int64_t dim, int64_t num_unique,
+__global__ void reduce_by_key_kernel(const float* grad_out, const int64_t* sorted_index,
+                                     const int64_t* entries, int64_t nnz, const float* weights,
+                                     const int64_t* entry_bag, const float* bag_scale,
+                                     Combiner combiner, int64_t dim, int64_t num_unique,
                                      float* grad_unique) {
   const int lane = threadIdx.x & 31;
-  for (int64_t u = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5;
-       u < num_unique; u += (int64_t(gridDim.x) * blockDim.x) >> 5) {
+  for (int64_t u = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5; u < num_unique;
+       u += (int64_t(gridDim.x) * blockDim.x) >> 5) {
     int64_t lo = 0, hi = nnz;
     while (lo < hi) {
       const int64_t mid = (lo + hi) / 2;
-      if (sorted_index[mid] < u) lo = mid + 1; else hi = mid;
+      if (sorted_index[mid] < u)
+        lo = mid + 1;
+      else
+        hi = mid;
     }
     float* destination = grad_unique + u * dim;
     for (int64_t c0 = 0; c0 < dim; c0 += 32 * 8) {
@@ -100,15 +101,14 @@ int bits_for(int64_t values) {
 
 Status combine_backward_impl(const GpuContext& context, const float* grad_out,
                              const int64_t* unique_index, const float* weights,
-                             const int64_t* row_offsets, int64_t batch,
-                             int64_t dim, Combiner combiner, int64_t num_unique,
-                             float* grad_unique) {
+                             const int64_t* row_offsets, int64_t batch, int64_t dim,
+                             Combiner combiner, int64_t num_unique, float* grad_unique) {
   cudaStream_t stream = stream_of(context);
   if (num_unique <= 0) return Status::Ok();
   int64_t nnz = 0;
   // nnz = row_offsets[batch], read back: the scratch sizes depend on it.
-  SOK_EV_CUDA_RETURN(cudaMemcpyAsync(&nnz, row_offsets + batch, sizeof(int64_t),
-                                     cudaMemcpyDeviceToHost, stream));
+  SOK_EV_CUDA_RETURN(
+      cudaMemcpyAsync(&nnz, row_offsets + batch, sizeof(int64_t), cudaMemcpyDeviceToHost, stream));
   SOK_EV_CUDA_RETURN(cudaStreamSynchronize(stream));
   const int64_t entries_n = std::max<int64_t>(nnz, 1);
   ScratchBuffer entry_bag(context, entries_n * sizeof(int64_t));
@@ -122,8 +122,7 @@ Status combine_backward_impl(const GpuContext& context, const float* grad_out,
   }
   if (batch > 0) {
     bag_scale_kernel<int64_t><<<grid_for(batch, kThreads), kThreads, 0, stream>>>(
-        weights, row_offsets, batch, combiner, entry_bag.as<int64_t>(),
-        bag_scale.as<float>());
+        weights, row_offsets, batch, combiner, entry_bag.as<int64_t>(), bag_scale.as<float>());
     SOK_EV_LAUNCH_CHECK("bag_scale");
   }
   if (nnz > 0) {
@@ -132,55 +131,49 @@ Status combine_backward_impl(const GpuContext& context, const float* grad_out,
     size_t sort_bytes = 0;
     const int end_bit = bits_for(num_unique);
     SOK_EV_CUDA_RETURN(cub::DeviceRadixSort::SortPairs(
-        nullptr, sort_bytes, unique_index, sorted_index.as<int64_t>(),
-        entries_in.as<int64_t>(), entries.as<int64_t>(), nnz, 0, end_bit, stream));
+        nullptr, sort_bytes, unique_index, sorted_index.as<int64_t>(), entries_in.as<int64_t>(),
+        entries.as<int64_t>(), nnz, 0, end_bit, stream));
     ScratchBuffer temp(context, sort_bytes);
     if (!temp.ok()) return Status::Internal("combine_backward: out of device memory");
     SOK_EV_CUDA_RETURN(cub::DeviceRadixSort::SortPairs(
-        temp.get(), sort_bytes, unique_index, sorted_index.as<int64_t>(),
-        entries_in.as<int64_t>(), entries.as<int64_t>(), nnz, 0, end_bit, stream));
+        temp.get(), sort_bytes, unique_index, sorted_index.as<int64_t>(), entries_in.as<int64_t>(),
+        entries.as<int64_t>(), nnz, 0, end_bit, stream));
   }
   reduce_by_key_kernel<<<grid_for(num_unique * 32, kThreads), kThreads, 0, stream>>>(
       grad_out, sorted_index.as<int64_t>(), entries.as<int64_t>(), nnz, weights,
-      entry_bag.as<int64_t>(), bag_scale.as<float>(), combiner, dim, num_unique,
-      grad_unique);
+      entry_bag.as<int64_t>(), bag_scale.as<float>(), combiner, dim, num_unique, grad_unique);
   SOK_EV_LAUNCH_CHECK("reduce_by_key");
   return Status::Ok();
 }
 
 }  // namespace
 
-void row_offsets_from_sample_ids(const GpuContext& context,
-                                 const int64_t* sample_ids, int64_t nnz,
+void row_offsets_from_sample_ids(const GpuContext& context, const int64_t* sample_ids, int64_t nnz,
                                  int64_t batch, int64_t* row_offsets) {
   cudaStream_t stream = stream_of(context);
-  row_offsets_kernel<<<grid_for(batch + 1, kThreads), kThreads, 0, stream>>>(
-      sample_ids, nnz, batch, row_offsets);
+  row_offsets_kernel<<<grid_for(batch + 1, kThreads), kThreads, 0, stream>>>(sample_ids, nnz, batch,
+                                                                             row_offsets);
   record_error(cuda_status(cudaGetLastError(), "row_offsets_from_sample_ids"));
 }
 
 void combine_forward(const GpuContext& context, const float* unique_values,
-                     const int64_t* unique_index, const float* weights,
-                     const int64_t* row_offsets, int64_t batch, int64_t dim,
-                     Combiner combiner, float* out) {
+                     const int64_t* unique_index, const float* weights, const int64_t* row_offsets,
+                     int64_t batch, int64_t dim, Combiner combiner, float* out) {
   if (dim < 1 || dim > 1024) {
     record_error(Status::InvalidArgument("combine_forward: dim must be in [1, 1024]"));
     return;
   }
   UniqueValuesSource source{unique_values, unique_index, dim};
-  record_error(cuda_status(launch_combine_rows(source, weights, row_offsets, batch,
-                                               dim, combiner, out,
-                                               stream_of(context)),
+  record_error(cuda_status(launch_combine_rows(source, weights, row_offsets, batch, dim, combiner,
+                                               out, stream_of(context)),
                            "combine_forward"));
 }
 
-void combine_backward(const GpuContext& context, const float* grad_out,
-                      const int64_t* unique_index, const float* weights,
-                      const int64_t* row_offsets, int64_t batch, int64_t dim,
+void combine_backward(const GpuContext& context, const float* grad_out, const int64_t* unique_index,
+                      const float* weights, const int64_t* row_offsets, int64_t batch, int64_t dim,
                       Combiner combiner, int64_t num_unique, float* grad_unique) {
-  record_error(combine_backward_impl(context, grad_out, unique_index, weights,
-                                     row_offsets, batch, dim, combiner,
-                                     num_unique, grad_unique));
+  record_error(combine_backward_impl(context, grad_out, unique_index, weights, row_offsets, batch,
+                                     dim, combiner, num_unique, grad_unique));
 }
 
 }  // namespace gpu

@@ -33,7 +33,10 @@ struct Vec<4> {
   float x[4];
   __device__ __forceinline__ void load(const float* p) {
     const float4 v = __ldg(reinterpret_cast<const float4*>(p));
-    x[0] = v.x; x[1] = v.y; x[2] = v.z; x[3] = v.w;
+    x[0] = v.x;
+    x[1] = v.y;
+    x[2] = v.z;
+    x[3] = v.w;
   }
   __device__ __forceinline__ void store(float* p) const {
     *reinterpret_cast<float4*>(p) = make_float4(x[0], x[1], x[2], x[3]);
@@ -45,9 +48,9 @@ struct Vec<4> {
 //   weights: (nnz,) or null   row_offsets: (batch + 1,)   out: (batch, dim)
 template <class Source, int kWidth, int kCount>
 __global__ void __launch_bounds__(256)
-combine_rows_kernel(Source source, const float* __restrict__ weights,
-                    const int64_t* __restrict__ row_offsets, int64_t batch,
-                    int64_t dim, Combiner combiner, float* __restrict__ out) {
+    combine_rows_kernel(Source source, const float* __restrict__ weights,
+                        const int64_t* __restrict__ row_offsets, int64_t batch, int64_t dim,
+                        Combiner combiner, float* __restrict__ out) {
   constexpr int kUnroll = kCount >= 4 ? 1 : 4 / kCount;
   const int lane = threadIdx.x & 31;
   const int64_t warp = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5;
@@ -100,10 +103,8 @@ combine_rows_kernel(Source source, const float* __restrict__ weights,
         Vec<kWidth> result;
 #pragma unroll
         for (int e = 0; e < kWidth; ++e) {
-          result.x[e] = empty ? 0.0f
-                              : (combiner == Combiner::kSum
-                                     ? sum[v].x[e]
-                                     : sum[v].x[e] / denominator);
+          result.x[e] =
+              empty ? 0.0f : (combiner == Combiner::kSum ? sum[v].x[e] : sum[v].x[e] / denominator);
         }
         result.store(destination + c);
       }
@@ -123,8 +124,7 @@ combine_rows_kernel(Source source, const float* __restrict__ weights,
       const int offset = static_cast<int>(entry - window_begin) & 31;
       const int64_t handle = __shfl_sync(0xffffffff, window_row, offset);
       entry_weight[u] = __shfl_sync(0xffffffff, window_weight, offset);
-      const float* row = (entry < entries_end && handle >= 0) ? source.row(handle)
-                                                              : nullptr;
+      const float* row = (entry < entries_end && handle >= 0) ? source.row(handle) : nullptr;
 #pragma unroll
       for (int v = 0; v < kCount; ++v) {
         const int64_t c = (v * 32 + lane) * int64_t(kWidth);
@@ -158,9 +158,8 @@ combine_rows_kernel(Source source, const float* __restrict__ weights,
 //   entry_bag: (nnz,) out   bag_scale: (batch,) out
 // (A template only so that every file including this header may launch it.)
 template <typename Offset>
-__global__ void bag_scale_kernel(const float* weights, const Offset* row_offsets,
-                                 int64_t batch, Combiner combiner,
-                                 int64_t* entry_bag, float* bag_scale) {
+__global__ void bag_scale_kernel(const float* weights, const Offset* row_offsets, int64_t batch,
+                                 Combiner combiner, int64_t* entry_bag, float* bag_scale) {
   for (int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; b < batch;
        b += int64_t(gridDim.x) * blockDim.x) {
     float weight_sum = 0.0f, weight_square_sum = 0.0f;
@@ -181,28 +180,37 @@ __global__ void bag_scale_kernel(const float* weights, const Offset* row_offsets
 // covers dim (<= 1024).
 template <class Source>
 cudaError_t launch_combine_rows(const Source& source, const float* weights,
-                                const int64_t* row_offsets, int64_t batch,
-                                int64_t dim, Combiner combiner, float* out,
-                                cudaStream_t stream) {
+                                const int64_t* row_offsets, int64_t batch, int64_t dim,
+                                Combiner combiner, float* out, cudaStream_t stream) {
   if (batch <= 0) return cudaSuccess;
   constexpr int kThreads = 256;
   const int64_t warps = (batch + 31) / 32;
   const unsigned blocks = static_cast<unsigned>((warps * 32 + kThreads - 1) / kThreads);
-#define SOK_EV_COMBINE_LAUNCH(width, count)                                  \
-  combine_rows_kernel<Source, width, count><<<blocks, kThreads, 0, stream>>>( \
-      source, weights, row_offsets, batch, dim, combiner, out)
+#define SOK_EV_COMBINE_LAUNCH(width, count) \
+  combine_rows_kernel<Source, width, count> \
+      <<<blocks, kThreads, 0, stream>>>(source, weights, row_offsets, batch, dim, combiner, out)
   if (dim % 4 == 0) {
-    if (dim <= 128) SOK_EV_COMBINE_LAUNCH(4, 1);
-    else if (dim <= 256) SOK_EV_COMBINE_LAUNCH(4, 2);
-    else if (dim <= 512) SOK_EV_COMBINE_LAUNCH(4, 4);
-    else SOK_EV_COMBINE_LAUNCH(4, 8);
+    if (dim <= 128)
+      SOK_EV_COMBINE_LAUNCH(4, 1);
+    else if (dim <= 256)
+      SOK_EV_COMBINE_LAUNCH(4, 2);
+    else if (dim <= 512)
+      SOK_EV_COMBINE_LAUNCH(4, 4);
+    else
+      SOK_EV_COMBINE_LAUNCH(4, 8);
   } else {
-    if (dim <= 32) SOK_EV_COMBINE_LAUNCH(1, 1);
-    else if (dim <= 64) SOK_EV_COMBINE_LAUNCH(1, 2);
-    else if (dim <= 128) SOK_EV_COMBINE_LAUNCH(1, 4);
-    else if (dim <= 256) SOK_EV_COMBINE_LAUNCH(1, 8);
-    else if (dim <= 512) SOK_EV_COMBINE_LAUNCH(1, 16);
-    else SOK_EV_COMBINE_LAUNCH(1, 32);
+    if (dim <= 32)
+      SOK_EV_COMBINE_LAUNCH(1, 1);
+    else if (dim <= 64)
+      SOK_EV_COMBINE_LAUNCH(1, 2);
+    else if (dim <= 128)
+      SOK_EV_COMBINE_LAUNCH(1, 4);
+    else if (dim <= 256)
+      SOK_EV_COMBINE_LAUNCH(1, 8);
+    else if (dim <= 512)
+      SOK_EV_COMBINE_LAUNCH(1, 16);
+    else
+      SOK_EV_COMBINE_LAUNCH(1, 32);
   }
 #undef SOK_EV_COMBINE_LAUNCH
   return cudaGetLastError();

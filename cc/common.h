@@ -31,9 +31,7 @@ struct Status {
   static Status InvalidArgument(std::string msg) {
     return Status{Code::kInvalidArgument, std::move(msg)};
   }
-  static Status Internal(std::string msg) {
-    return Status{Code::kInternal, std::move(msg)};
-  }
+  static Status Internal(std::string msg) { return Status{Code::kInternal, std::move(msg)}; }
   bool ok() const { return code == Code::kOk; }
 };
 
@@ -51,8 +49,7 @@ enum class Combiner : int32_t {
 // TF's intra-op thread pool; tests may pass a serial loop.
 struct CpuContext {
   using Work = std::function<void(int64_t begin, int64_t end)>;
-  std::function<void(int64_t total, int64_t cost_per_unit, const Work& work)>
-      parallel_for;
+  std::function<void(int64_t total, int64_t cost_per_unit, const Work& work)> parallel_for;
 
   // A context that runs every range on the calling thread.
   static CpuContext Serial() {

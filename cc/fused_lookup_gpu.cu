@@ -1,6 +1,5 @@
-#include "cc/fused_lookup_gpu.h"
-
 #include "cc/combine_kernels_gpu.h"
+#include "cc/fused_lookup_gpu.h"
 #include "cc/hash_table_probe_gpu.h"
 #include "cc/status_gpu.h"
 
@@ -40,46 +39,39 @@ struct RowIdSource {
 
 template <typename Key>
 Status lookup_combine_rows(const GpuContext& context, const HashTable<Key>& table,
-                           const int64_t* row_ids, const int64_t* inverse,
-                           const float* weights, const int64_t* row_offsets,
-                           int64_t batch, Combiner combiner, float* out) {
+                           const int64_t* row_ids, const int64_t* inverse, const float* weights,
+                           const int64_t* row_offsets, int64_t batch, Combiner combiner,
+                           float* out) {
   const TableView<Key> view = table.view();
   RowIdSource source{view.rows, view.row_width, row_ids, inverse};
-  return cuda_status(launch_combine_rows(source, weights, row_offsets, batch,
-                                         table.dim(), combiner, out,
-                                         stream_of(context)),
+  return cuda_status(launch_combine_rows(source, weights, row_offsets, batch, table.dim(), combiner,
+                                         out, stream_of(context)),
                      "lookup_combine_rows");
 }
 
 template <typename Key>
-Status lookup_combine(const GpuContext& context, const HashTable<Key>& table,
-                      const Key* keys, const float* weights,
-                      const int64_t* row_offsets, int64_t batch,
+Status lookup_combine(const GpuContext& context, const HashTable<Key>& table, const Key* keys,
+                      const float* weights, const int64_t* row_offsets, int64_t batch,
                       Combiner combiner, float* out) {
   HashTableSource<Key> source{table.view(), keys};
-  return cuda_status(launch_combine_rows(source, weights, row_offsets, batch,
-                                         table.dim(), combiner, out,
-                                         stream_of(context)),
+  return cuda_status(launch_combine_rows(source, weights, row_offsets, batch, table.dim(), combiner,
+                                         out, stream_of(context)),
                      "lookup_combine");
 }
 
 template Status lookup_combine<int32_t>(const GpuContext&, const HashTable<int32_t>&,
-                                        const int32_t*, const float*,
-                                        const int64_t*, int64_t, Combiner, float*);
+                                        const int32_t*, const float*, const int64_t*, int64_t,
+                                        Combiner, float*);
 template Status lookup_combine<int64_t>(const GpuContext&, const HashTable<int64_t>&,
-                                        const int64_t*, const float*,
-                                        const int64_t*, int64_t, Combiner, float*);
+                                        const int64_t*, const float*, const int64_t*, int64_t,
+                                        Combiner, float*);
 
-template Status lookup_combine_rows<int32_t>(const GpuContext&,
-                                             const HashTable<int32_t>&,
-                                             const int64_t*, const int64_t*,
-                                             const float*, const int64_t*,
-                                             int64_t, Combiner, float*);
-template Status lookup_combine_rows<int64_t>(const GpuContext&,
-                                             const HashTable<int64_t>&,
-                                             const int64_t*, const int64_t*,
-                                             const float*, const int64_t*,
-                                             int64_t, Combiner, float*);
+template Status lookup_combine_rows<int32_t>(const GpuContext&, const HashTable<int32_t>&,
+                                             const int64_t*, const int64_t*, const float*,
+                                             const int64_t*, int64_t, Combiner, float*);
+template Status lookup_combine_rows<int64_t>(const GpuContext&, const HashTable<int64_t>&,
+                                             const int64_t*, const int64_t*, const float*,
+                                             const int64_t*, int64_t, Combiner, float*);
 
 }  // namespace gpu
 }  // namespace sok_ev

@@ -20,9 +20,8 @@ namespace gpu {
 //   row_offsets: (batch + 1,)
 //   out:         (batch, table.dim()) out, every element written
 template <typename Key>
-Status lookup_combine(const GpuContext& context, const HashTable<Key>& table,
-                      const Key* keys, const float* weights,
-                      const int64_t* row_offsets, int64_t batch,
+Status lookup_combine(const GpuContext& context, const HashTable<Key>& table, const Key* keys,
+                      const float* weights, const int64_t* row_offsets, int64_t batch,
                       Combiner combiner, float* out);
 
 // lookup_combine for keys whose rows are already resolved (training: the
@@ -32,9 +31,9 @@ Status lookup_combine(const GpuContext& context, const HashTable<Key>& table,
 //   inverse: (nnz,) unique index of each entry; the rest as lookup_combine
 template <typename Key>
 Status lookup_combine_rows(const GpuContext& context, const HashTable<Key>& table,
-                           const int64_t* row_ids, const int64_t* inverse,
-                           const float* weights, const int64_t* row_offsets,
-                           int64_t batch, Combiner combiner, float* out);
+                           const int64_t* row_ids, const int64_t* inverse, const float* weights,
+                           const int64_t* row_offsets, int64_t batch, Combiner combiner,
+                           float* out);
 
 }  // namespace gpu
 }  // namespace sok_ev

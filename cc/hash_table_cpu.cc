@@ -31,14 +31,14 @@ void atomic_add(int64_t* target, int64_t delta) {
 template <typename Key>
 struct HashTable<Key>::Shard {
   mutable std::shared_mutex mutex;
-  int64_t width = 0;                   // floats per row
-  std::vector<Key> slot_keys;          // (capacity,)
-  std::vector<int64_t> slot_rows;      // (capacity,) kEmptyRow when free
-  int64_t count = 0;                   // keys stored
+  int64_t width = 0;               // floats per row
+  std::vector<Key> slot_keys;      // (capacity,)
+  std::vector<int64_t> slot_rows;  // (capacity,) kEmptyRow when free
+  int64_t count = 0;               // keys stored
   std::vector<std::unique_ptr<float[]>> chunks;
-  std::vector<int64_t> free_rows;      // row ids released by erase
-  std::vector<int64_t> frequencies;    // (row ids handed out,)
-  std::vector<int64_t> versions;       // (row ids handed out,)
+  std::vector<int64_t> free_rows;    // row ids released by erase
+  std::vector<int64_t> frequencies;  // (row ids handed out,)
+  std::vector<int64_t> versions;     // (row ids handed out,)
 
   float* row(int64_t id) const {
     return chunks[id / kRowsPerChunk].get() + (id % kRowsPerChunk) * width;
@@ -113,8 +113,7 @@ struct HashTable<Key>::Shard {
     free_rows.push_back(slot_rows[hole]);
     slot_rows[hole] = kEmptyRow;
     --count;
-    for (int64_t j = (hole + 1) & mask; slot_rows[j] != kEmptyRow;
-         j = (j + 1) & mask) {
+    for (int64_t j = (hole + 1) & mask; slot_rows[j] != kEmptyRow; j = (j + 1) & mask) {
       const int64_t h = home(slot_keys[j]);
       // Entry j may stay only if its home lies cyclically in (hole, j].
       const bool stays = (hole <= j) ? (hole < h && h <= j) : (hole < h || h <= j);
@@ -133,10 +132,8 @@ struct HashTable<Key>::Shard {
     for (auto& chunk : chunks) {
       std::unique_ptr<float[]> wider(new float[kRowsPerChunk * new_width]);
       for (int64_t r = 0; r < kRowsPerChunk; ++r) {
-        std::memcpy(wider.get() + r * new_width, chunk.get() + r * width,
-                    width * sizeof(float));
-        std::fill(wider.get() + r * new_width + width,
-                  wider.get() + (r + 1) * new_width, fill);
+        std::memcpy(wider.get() + r * new_width, chunk.get() + r * width, width * sizeof(float));
+        std::fill(wider.get() + r * new_width + width, wider.get() + (r + 1) * new_width, fill);
       }
       chunk = std::move(wider);
     }
@@ -148,9 +145,8 @@ template <typename Key>
 HashTable<Key>::HashTable(int64_t dim, const InitializerSpec& initializer)
     : dim_(dim), initializer_(initializer), shards_(new Shard[kNumShards]) {
   if (initializer.kind == InitializerSpec::Kind::kDefaultValueMatrix) {
-    default_values_.assign(
-        initializer.default_values,
-        initializer.default_values + initializer.default_value_dim * dim);
+    default_values_.assign(initializer.default_values,
+                           initializer.default_values + initializer.default_value_dim * dim);
     initializer_.default_values = default_values_.data();
   }
   for (int s = 0; s < kNumShards; ++s) shards_[s].width = dim;
@@ -219,8 +215,7 @@ void HashTable<Key>::fill_initial_row(Key key, float* row) const {
 }
 
 template <typename Key>
-void HashTable<Key>::group_by_shard(const Key* keys, int64_t n,
-                                    std::vector<int64_t>* order,
+void HashTable<Key>::group_by_shard(const Key* keys, int64_t n, std::vector<int64_t>* order,
                                     std::vector<int64_t>* offsets) const {
   std::vector<uint8_t> shard(n);
   offsets->assign(kNumShards + 1, 0);
@@ -252,11 +247,9 @@ void HashTable<Key>::for_each_shard(
 }
 
 template <typename Key>
-void HashTable<Key>::find_or_insert(const CpuContext& context, const Key* keys,
-                                    int64_t n, float* values,
-                                    const int64_t* frequencies) {
-  for_each_shard(context, keys, n, [&](Shard& shard, const int64_t* positions,
-                                       int64_t count) {
+void HashTable<Key>::find_or_insert(const CpuContext& context, const Key* keys, int64_t n,
+                                    float* values, const int64_t* frequencies) {
+  for_each_shard(context, keys, n, [&](Shard& shard, const int64_t* positions, int64_t count) {
     std::vector<int64_t> missing;
     {
       std::shared_lock<std::shared_mutex> lock(shard.mutex);
@@ -288,11 +281,9 @@ void HashTable<Key>::find_or_insert(const CpuContext& context, const Key* keys,
 }
 
 template <typename Key>
-void HashTable<Key>::find(const CpuContext& context, const Key* keys, int64_t n,
-                          float* values, bool* found,
-                          bool initial_for_missing) const {
-  for_each_shard(context, keys, n, [&](Shard& shard, const int64_t* positions,
-                                       int64_t count) {
+void HashTable<Key>::find(const CpuContext& context, const Key* keys, int64_t n, float* values,
+                          bool* found, bool initial_for_missing) const {
+  for_each_shard(context, keys, n, [&](Shard& shard, const int64_t* positions, int64_t count) {
     std::shared_lock<std::shared_mutex> lock(shard.mutex);
     for (int64_t k = 0; k < count; ++k) {
       const int64_t i = positions[k];
@@ -310,19 +301,16 @@ void HashTable<Key>::find(const CpuContext& context, const Key* keys, int64_t n,
 }
 
 template <typename Key>
-void HashTable<Key>::insert_or_assign(const CpuContext& context, const Key* keys,
-                                      int64_t n, const float* rows,
-                                      const int64_t* frequencies,
+void HashTable<Key>::insert_or_assign(const CpuContext& context, const Key* keys, int64_t n,
+                                      const float* rows, const int64_t* frequencies,
                                       const int64_t* versions) {
-  for_each_shard(context, keys, n, [&](Shard& shard, const int64_t* positions,
-                                       int64_t count) {
+  for_each_shard(context, keys, n, [&](Shard& shard, const int64_t* positions, int64_t count) {
     std::unique_lock<std::shared_mutex> lock(shard.mutex);
     for (int64_t k = 0; k < count; ++k) {
       const int64_t i = positions[k];
       int64_t id = shard.find_row(keys[i]);
       if (id == kEmptyRow) id = shard.insert_absent(keys[i]);
-      std::memcpy(shard.row(id), rows + i * shard.width,
-                  shard.width * sizeof(float));
+      std::memcpy(shard.row(id), rows + i * shard.width, shard.width * sizeof(float));
       if (frequencies) shard.frequencies[id] = frequencies[i];
       if (versions) shard.versions[id] = versions[i];
     }
@@ -330,11 +318,9 @@ void HashTable<Key>::insert_or_assign(const CpuContext& context, const Key* keys
 }
 
 template <typename Key>
-int64_t HashTable<Key>::erase(const CpuContext& context, const Key* keys,
-                              int64_t n) {
+int64_t HashTable<Key>::erase(const CpuContext& context, const Key* keys, int64_t n) {
   std::atomic<int64_t> erased{0};
-  for_each_shard(context, keys, n, [&](Shard& shard, const int64_t* positions,
-                                       int64_t count) {
+  for_each_shard(context, keys, n, [&](Shard& shard, const int64_t* positions, int64_t count) {
     std::unique_lock<std::shared_mutex> lock(shard.mutex);
     int64_t local = 0;
     for (int64_t k = 0; k < count; ++k) local += shard.erase(keys[positions[k]]);
@@ -344,11 +330,9 @@ int64_t HashTable<Key>::erase(const CpuContext& context, const Key* keys,
 }
 
 template <typename Key>
-void HashTable<Key>::update_rows(const CpuContext& context, const Key* keys,
-                                 int64_t n, int64_t global_step,
-                                 const RowUpdate& update) {
-  for_each_shard(context, keys, n, [&](Shard& shard, const int64_t* positions,
-                                       int64_t count) {
+void HashTable<Key>::update_rows(const CpuContext& context, const Key* keys, int64_t n,
+                                 int64_t global_step, const RowUpdate& update) {
+  for_each_shard(context, keys, n, [&](Shard& shard, const int64_t* positions, int64_t count) {
     std::vector<float*> rows(count);
     std::unique_lock<std::shared_mutex> lock(shard.mutex);
     for (int64_t k = 0; k < count; ++k) {
@@ -382,8 +366,8 @@ typename HashTable<Key>::Snapshot HashTable<Key>::export_all() const {
     for (size_t i = 0; i < shard.slot_rows.size(); ++i) {
       const int64_t id = shard.slot_rows[i];
       if (id == kEmptyRow) continue;
-      std::memcpy(snapshot.rows.data() + snapshot.keys.size() * width,
-                  shard.row(id), width * sizeof(float));
+      std::memcpy(snapshot.rows.data() + snapshot.keys.size() * width, shard.row(id),
+                  width * sizeof(float));
       snapshot.keys.push_back(shard.slot_keys[i]);
       snapshot.frequencies.push_back(shard.frequencies[id]);
       snapshot.versions.push_back(shard.versions[id]);

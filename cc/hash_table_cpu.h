@@ -59,21 +59,20 @@ class HashTable {
   //   keys:        (n,)
   //   values:      (n, dim) out
   //   frequencies: (n,) added to each key's frequency; null adds 1 per key
-  void find_or_insert(const CpuContext& context, const Key* keys, int64_t n,
-                      float* values, const int64_t* frequencies);
+  void find_or_insert(const CpuContext& context, const Key* keys, int64_t n, float* values,
+                      const int64_t* frequencies);
 
   // Copies the values of present keys; missing keys get zeros (or their
   // initial value when `initial_for_missing`) and found[i] = false.
   //   values: (n, dim) out    found: (n,) out or null
-  void find(const CpuContext& context, const Key* keys, int64_t n,
-            float* values, bool* found, bool initial_for_missing) const;
+  void find(const CpuContext& context, const Key* keys, int64_t n, float* values, bool* found,
+            bool initial_for_missing) const;
 
   // Sets whole rows, inserting missing keys. Used by checkpoint restore.
   //   rows:        (n, row_width()) value then slots
   //   frequencies: (n,) or null     versions: (n,) or null
-  void insert_or_assign(const CpuContext& context, const Key* keys, int64_t n,
-                        const float* rows, const int64_t* frequencies,
-                        const int64_t* versions);
+  void insert_or_assign(const CpuContext& context, const Key* keys, int64_t n, const float* rows,
+                        const int64_t* frequencies, const int64_t* versions);
 
   // Removes `keys`; returns how many were present.
   int64_t erase(const CpuContext& context, const Key* keys, int64_t n);
@@ -82,17 +81,17 @@ class HashTable {
   // shards' exclusive locks, inserting missing keys first. update is called
   // once per shard with the positions (into keys) and row pointers of that
   // shard's keys. Each key's version becomes `global_step`.
-  using RowUpdate = std::function<void(const int64_t* positions,
-                                       float* const* rows, int64_t count)>;
-  void update_rows(const CpuContext& context, const Key* keys, int64_t n,
-                   int64_t global_step, const RowUpdate& update);
+  using RowUpdate =
+      std::function<void(const int64_t* positions, float* const* rows, int64_t count)>;
+  void update_rows(const CpuContext& context, const Key* keys, int64_t n, int64_t global_step,
+                   const RowUpdate& update);
 
   // A consistent copy of the whole table, keys in no particular order.
   struct Snapshot {
-    std::vector<Key> keys;               // (size,)
-    std::vector<float> rows;             // (size, row_width)
-    std::vector<int64_t> frequencies;    // (size,)
-    std::vector<int64_t> versions;       // (size,)
+    std::vector<Key> keys;             // (size,)
+    std::vector<float> rows;           // (size, row_width)
+    std::vector<int64_t> frequencies;  // (size,)
+    std::vector<int64_t> versions;     // (size,)
   };
   Snapshot export_all() const;
 
@@ -108,8 +107,7 @@ class HashTable {
                       std::vector<int64_t>* offsets) const;
   // Runs work(shard, positions, count) for every shard that has keys.
   void for_each_shard(const CpuContext& context, const Key* keys, int64_t n,
-                      const std::function<void(Shard&, const int64_t*, int64_t)>&
-                          work) const;
+                      const std::function<void(Shard&, const int64_t*, int64_t)>& work) const;
   // Fills a new row: initial value, then every slot's initial value.
   void fill_initial_row(Key key, float* row) const;
 

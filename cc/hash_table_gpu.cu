@@ -1,11 +1,10 @@
 // gpu::HashTable: see cc/hash_table_gpu.h for the layout and the protocol.
-#include "cc/hash_table_gpu.h"
-
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
 
+#include "cc/hash_table_gpu.h"
 #include "cc/hash_table_probe_gpu.h"
 #include "cc/status_gpu.h"
 
@@ -17,11 +16,10 @@ constexpr int kThreads = 256;
 
 // Pops an erased row from the free stack, else takes a fresh arena row. The
 // stack count may go negative under contention; clamp_free_rows fixes it.
-__device__ __forceinline__ int32_t allocate_row(TableCounters* counters,
-                                                const int32_t* free_rows) {
-  const long long old = static_cast<long long>(atomicAdd(
-      reinterpret_cast<unsigned long long*>(&counters->free_rows),
-      static_cast<unsigned long long>(-1LL)));
+__device__ __forceinline__ int32_t allocate_row(TableCounters* counters, const int32_t* free_rows) {
+  const long long old =
+      static_cast<long long>(atomicAdd(reinterpret_cast<unsigned long long*>(&counters->free_rows),
+                                       static_cast<unsigned long long>(-1LL)));
   if (old > 0) return free_rows[old - 1];
   return static_cast<int32_t>(atomicAdd(&counters->next_row, 1ULL));
 }
@@ -30,9 +28,7 @@ __global__ void clamp_free_rows(TableCounters* counters) {
   if (counters->free_rows < 0) counters->free_rows = 0;
 }
 
-__global__ void set_used_slots(TableCounters* counters) {
-  counters->used_slots = counters->size;
-}
+__global__ void set_used_slots(TableCounters* counters) { counters->used_slots = counters->size; }
 
 // Finds `key` or inserts it with its initial row; the whole group gets the
 // row (-1 only when no slot is free, which prepare_insert rules out).
@@ -44,10 +40,9 @@ __global__ void set_used_slots(TableCounters* counters) {
 // paired with a stale key; the keys' line is prefetched first so that
 // ordered read hits L2 rather than costing a second DRAM round trip.
 template <typename Key>
-__device__ int32_t group_find_or_claim(const TableView<Key>& table,
-                                       TableCounters* counters,
-                                       const int32_t* free_rows,
-                                       const ProbeGroup<Key>& g, Key key) {
+__device__ int32_t group_find_or_claim(const TableView<Key>& table, TableCounters* counters,
+                                       const int32_t* free_rows, const ProbeGroup<Key>& g,
+                                       Key key) {
   constexpr int kK = ProbeGroup<Key>::kKeysPerLane;
   for (;;) {
     uint64_t bucket = bucket_hash(key) & table.bucket_mask;
@@ -84,8 +79,8 @@ __device__ int32_t group_find_or_claim(const TableView<Key>& table,
         const unsigned frees = g.ballot(lane_free >= 0);
         if (frees != 0) {
           const int src = __ffs(frees) - 1;
-          free_slot = static_cast<int64_t>(bucket * kBucketSlots) + src * kK +
-                      g.shfl(lane_free, src);
+          free_slot =
+              static_cast<int64_t>(bucket * kBucketSlots) + src * kK + g.shfl(lane_free, src);
           free_state = g.shfl(lane_free_state, src);
         }
       }
@@ -135,8 +130,8 @@ __device__ int32_t group_find_or_claim(const TableView<Key>& table,
 // row < 0. kCoherent: read through L2 (rows written during the launch).
 template <typename Key, bool kCoherent>
 __device__ __forceinline__ void group_copy_value(const TableView<Key>& table,
-                                                 const ProbeGroup<Key>& g,
-                                                 int32_t row, float* out) {
+                                                 const ProbeGroup<Key>& g, int32_t row,
+                                                 float* out) {
   constexpr int kLanes = ProbeGroup<Key>::kLanes;
   const int64_t dim = table.dim;
   const float* source = table.rows + static_cast<int64_t>(row) * table.row_width;
@@ -162,15 +157,13 @@ __device__ __forceinline__ void group_copy_value(const TableView<Key>& table,
 //   values: (n, dim) out or null
 template <typename Key>
 __global__ void __launch_bounds__(256)
-insert_kernel(TableView<Key> table, TableCounters* counters,
-              const int32_t* free_rows, const Key* keys, int64_t n,
-              const int64_t* frequencies, bool count_frequency,
-              int64_t* row_ids, float* values) {
+    insert_kernel(TableView<Key> table, TableCounters* counters, const int32_t* free_rows,
+                  const Key* keys, int64_t n, const int64_t* frequencies, bool count_frequency,
+                  int64_t* row_ids, float* values) {
   constexpr int kLanes = ProbeGroup<Key>::kLanes;
   const ProbeGroup<Key> g;
   const int64_t stride = (int64_t(gridDim.x) * blockDim.x) / kLanes;
-  for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / kLanes;
-       i < n; i += stride) {
+  for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / kLanes; i < n; i += stride) {
     const Key key = keys[i];
     const int32_t row = group_find_or_claim(table, counters, free_rows, g, key);
     if (g.rank == 0) {
@@ -192,13 +185,12 @@ insert_kernel(TableView<Key> table, TableCounters* counters,
 //   keys: (n,)  values: (n, dim) out  found: (n,) out or null
 template <typename Key>
 __global__ void __launch_bounds__(256)
-find_kernel(TableView<Key> table, const Key* keys, int64_t n, float* values,
-            bool* found, bool initial_for_missing) {
+    find_kernel(TableView<Key> table, const Key* keys, int64_t n, float* values, bool* found,
+                bool initial_for_missing) {
   constexpr int kLanes = ProbeGroup<Key>::kLanes;
   const ProbeGroup<Key> g;
   const int64_t stride = (int64_t(gridDim.x) * blockDim.x) / kLanes;
-  for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / kLanes;
-       i < n; i += stride) {
+  for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / kLanes; i < n; i += stride) {
     const Key key = keys[i];
     const int32_t row = group_find_row(table, g, key);
     if (found != nullptr && g.rank == 0) found[i] = row >= 0;
@@ -215,9 +207,8 @@ find_kernel(TableView<Key> table, const Key* keys, int64_t n, float* values,
 
 //   rows: (n, row_width) source rows  frequencies, versions: (n,) or null
 template <typename Key>
-__global__ void assign_rows_kernel(TableView<Key> table, int64_t n,
-                                   const int64_t* row_ids, const float* rows,
-                                   const int64_t* frequencies,
+__global__ void assign_rows_kernel(TableView<Key> table, int64_t n, const int64_t* row_ids,
+                                   const float* rows, const int64_t* frequencies,
                                    const int64_t* versions) {
   const int lane = threadIdx.x & 31;
   for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5; i < n;
@@ -236,9 +227,8 @@ __global__ void assign_rows_kernel(TableView<Key> table, int64_t n,
 
 //   row_ids: (n,)  rows: (n,) out, full-row pointers
 template <typename Key>
-__global__ void row_pointers_kernel(TableView<Key> table, int64_t n,
-                                    const int64_t* row_ids, int64_t global_step,
-                                    float** rows) {
+__global__ void row_pointers_kernel(TableView<Key> table, int64_t n, const int64_t* row_ids,
+                                    int64_t global_step, float** rows) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t row_id = row_ids[i];
@@ -248,12 +238,11 @@ __global__ void row_pointers_kernel(TableView<Key> table, int64_t n,
 }
 
 // Turns an occupied slot into a tombstone and frees its row.
-__device__ __forceinline__ bool release_slot(int32_t* state, int32_t row,
-                                             TableCounters* counters,
+__device__ __forceinline__ bool release_slot(int32_t* state, int32_t row, TableCounters* counters,
                                              int32_t* free_rows) {
   if (atomicCAS(state, row, kErasedSlot) != row) return false;
-  const unsigned long long top = atomicAdd(
-      reinterpret_cast<unsigned long long*>(&counters->free_rows), 1ULL);
+  const unsigned long long top =
+      atomicAdd(reinterpret_cast<unsigned long long*>(&counters->free_rows), 1ULL);
   free_rows[top] = row;
   atomicAdd(&counters->size, static_cast<unsigned long long>(-1LL));
   return true;
@@ -261,9 +250,8 @@ __device__ __forceinline__ bool release_slot(int32_t* state, int32_t row,
 
 //   keys: (n,)  erased: (1,) device counter
 template <typename Key>
-__global__ void erase_kernel(TableView<Key> table, TableCounters* counters,
-                             int32_t* free_rows, const Key* keys, int64_t n,
-                             unsigned long long* erased) {
+__global__ void erase_kernel(TableView<Key> table, TableCounters* counters, int32_t* free_rows,
+                             const Key* keys, int64_t n, unsigned long long* erased) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     const Key key = keys[i];
@@ -279,8 +267,7 @@ __global__ void erase_kernel(TableView<Key> table, TableCounters* counters,
       for (int s = 0; s < kBucketSlots; ++s) {
         if (!done && states[s] >= 0 && bucket_keys[s] == key) {
           // A duplicate of this key in the batch may win the swap instead.
-          if (release_slot(table.states + first + s, states[s], counters,
-                           free_rows)) {
+          if (release_slot(table.states + first + s, states[s], counters, free_rows)) {
             atomicAdd(erased, 1ULL);
           }
           done = true;
@@ -295,11 +282,10 @@ __global__ void erase_kernel(TableView<Key> table, TableCounters* counters,
 
 // Reinserts every occupied slot of the old index into the new one.
 template <typename Key>
-__global__ void rehash_kernel(const Key* old_keys, const int32_t* old_states,
-                              int64_t old_slots, Key* new_keys,
-                              int32_t* new_states, uint64_t new_mask) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-       i < old_slots; i += int64_t(gridDim.x) * blockDim.x) {
+__global__ void rehash_kernel(const Key* old_keys, const int32_t* old_states, int64_t old_slots,
+                              Key* new_keys, int32_t* new_states, uint64_t new_mask) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < old_slots;
+       i += int64_t(gridDim.x) * blockDim.x) {
     const int32_t row = old_states[i];
     if (row < 0) continue;
     const Key key = old_keys[i];
@@ -322,9 +308,8 @@ __global__ void rehash_kernel(const Key* old_keys, const int32_t* old_states,
 
 //   out_keys, out_row_ids: (capacity,)  cursor: (1,) device
 template <typename Key>
-__global__ void compact_slots_kernel(TableView<Key> table, int64_t slots,
-                                     Key* out_keys, int64_t* out_row_ids,
-                                     int64_t capacity,
+__global__ void compact_slots_kernel(TableView<Key> table, int64_t slots, Key* out_keys,
+                                     int64_t* out_row_ids, int64_t capacity,
                                      unsigned long long* cursor) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < slots;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -340,9 +325,8 @@ __global__ void compact_slots_kernel(TableView<Key> table, int64_t slots,
 
 //   row_ids: (n,)  rows: (n, row_width) out  frequencies, versions: (n,) out or null
 template <typename Key>
-__global__ void export_rows_kernel(TableView<Key> table, int64_t n,
-                                   const int64_t* row_ids, float* rows,
-                                   int64_t* frequencies, int64_t* versions) {
+__global__ void export_rows_kernel(TableView<Key> table, int64_t n, const int64_t* row_ids,
+                                   float* rows, int64_t* frequencies, int64_t* versions) {
   const int lane = threadIdx.x & 31;
   for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5; i < n;
        i += (int64_t(gridDim.x) * blockDim.x) >> 5) {
@@ -360,10 +344,8 @@ __global__ void export_rows_kernel(TableView<Key> table, int64_t n,
 }
 
 template <typename Key>
-__global__ void evict_kernel(TableView<Key> table, TableCounters* counters,
-                             int32_t* free_rows, int64_t slots,
-                             int64_t oldest_version,
-                             unsigned long long* evicted) {
+__global__ void evict_kernel(TableView<Key> table, TableCounters* counters, int32_t* free_rows,
+                             int64_t slots, int64_t oldest_version, unsigned long long* evicted) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < slots;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int32_t row = table.states[i];
@@ -375,9 +357,8 @@ __global__ void evict_kernel(TableView<Key> table, TableCounters* counters,
 }
 
 // Sets column block [first_column, first_column + dim) of rows to value.
-__global__ void fill_slot_kernel(float* rows, int64_t num_rows,
-                                 int64_t row_width, int64_t first_column,
-                                 int64_t dim, float value) {
+__global__ void fill_slot_kernel(float* rows, int64_t num_rows, int64_t row_width,
+                                 int64_t first_column, int64_t dim, float value) {
   const int64_t total = num_rows * dim;
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total;
        e += int64_t(gridDim.x) * blockDim.x) {
@@ -395,10 +376,8 @@ int64_t next_power_of_two(int64_t x) {
 
 template <typename Key>
 HashTable<Key>::HashTable(int64_t dim, const InitializerSpec& initializer,
-                          const HashTableOptions& options,
-                          DeviceAllocator* allocator)
-    : dim_(dim), initializer_(initializer), options_(options),
-      allocator_(allocator) {}
+                          const HashTableOptions& options, DeviceAllocator* allocator)
+    : dim_(dim), initializer_(initializer), options_(options), allocator_(allocator) {}
 
 template <typename Key>
 void* HashTable<Key>::allocate(size_t bytes) {
@@ -421,20 +400,17 @@ void HashTable<Key>::deallocate(void* pointer) {
 
 template <typename Key>
 Status HashTable<Key>::Create(const GpuContext& context, int64_t dim,
-                              const InitializerSpec& initializer,
-                              const HashTableOptions& options,
+                              const InitializerSpec& initializer, const HashTableOptions& options,
                               HashTable** table) {
   *table = nullptr;
   if (dim < 1 || dim > 1024) {
-    return Status::InvalidArgument("dim must be in [1, 1024], got " +
-                                   std::to_string(dim));
+    return Status::InvalidArgument("dim must be in [1, 1024], got " + std::to_string(dim));
   }
   if (!(options.max_load_factor > 0.0f && options.max_load_factor <= 0.95f)) {
     return Status::InvalidArgument("max_load_factor must be in (0, 0.95]");
   }
   if (initializer.kind == InitializerSpec::Kind::kDefaultValueMatrix &&
-      (initializer.default_values == nullptr ||
-       initializer.default_value_dim <= 0)) {
+      (initializer.default_values == nullptr || initializer.default_value_dim <= 0)) {
     return Status::InvalidArgument(
         "kDefaultValueMatrix needs default_values and default_value_dim > 0");
   }
@@ -450,23 +426,21 @@ Status HashTable<Key>::Create(const GpuContext& context, int64_t dim,
     if (created->default_values_ == nullptr) {
       return fail(Status::Internal("out of device memory (default values)"));
     }
-    Status copied = cuda_status(
-        cudaMemcpyAsync(created->default_values_, initializer.default_values,
-                        bytes, cudaMemcpyDeviceToDevice, stream),
-        "copy default values");
+    Status copied =
+        cuda_status(cudaMemcpyAsync(created->default_values_, initializer.default_values, bytes,
+                                    cudaMemcpyDeviceToDevice, stream),
+                    "copy default values");
     if (!copied.ok()) return fail(copied);
     created->initializer_.default_values = created->default_values_;
   }
-  created->counters_ =
-      static_cast<TableCounters*>(created->allocate(sizeof(TableCounters)));
+  created->counters_ = static_cast<TableCounters*>(created->allocate(sizeof(TableCounters)));
   if (created->counters_ == nullptr) return fail(Status::Internal("out of device memory"));
-  Status zeroed = cuda_status(
-      cudaMemsetAsync(created->counters_, 0, sizeof(TableCounters), stream),
-      "zero counters");
+  Status zeroed = cuda_status(cudaMemsetAsync(created->counters_, 0, sizeof(TableCounters), stream),
+                              "zero counters");
   if (!zeroed.ok()) return fail(zeroed);
   const int64_t capacity = std::max<int64_t>(options.initial_capacity, 1024);
-  const int64_t buckets = next_power_of_two(static_cast<int64_t>(
-      std::ceil(capacity / (options.max_load_factor * kBucketSlots))));
+  const int64_t buckets = next_power_of_two(
+      static_cast<int64_t>(std::ceil(capacity / (options.max_load_factor * kBucketSlots))));
   Status status = created->rehash(context, buckets);
   if (status.ok()) status = created->grow_arena(context, capacity, dim);
   if (!status.ok()) return fail(status);
@@ -507,18 +481,16 @@ template <typename Key>
 size_t HashTable<Key>::memory_bytes() const {
   const size_t slots = num_buckets_ * kBucketSlots;
   return slots * (sizeof(Key) + sizeof(int32_t)) +
-         row_capacity_ * (row_width() * sizeof(float) + 2 * sizeof(int64_t) +
-                          sizeof(int32_t)) +
+         row_capacity_ * (row_width() * sizeof(float) + 2 * sizeof(int64_t) + sizeof(int32_t)) +
          sizeof(TableCounters) +
          (default_values_ ? initializer_.default_value_dim * dim_ * sizeof(float) : 0);
 }
 
 template <typename Key>
-Status HashTable<Key>::read_counters(const GpuContext& context,
-                                     TableCounters* counters) const {
+Status HashTable<Key>::read_counters(const GpuContext& context, TableCounters* counters) const {
   cudaStream_t stream = stream_of(context);
-  SOK_EV_CUDA_RETURN(cudaMemcpyAsync(counters, counters_, sizeof(TableCounters),
-                                     cudaMemcpyDeviceToHost, stream));
+  SOK_EV_CUDA_RETURN(
+      cudaMemcpyAsync(counters, counters_, sizeof(TableCounters), cudaMemcpyDeviceToHost, stream));
   SOK_EV_CUDA_RETURN(cudaStreamSynchronize(stream));
   return Status::Ok();
 }
@@ -540,8 +512,8 @@ Status HashTable<Key>::rehash(const GpuContext& context, int64_t num_buckets) {
   if (new_keys == nullptr || new_states == nullptr) {
     deallocate(new_keys);
     deallocate(new_states);
-    return Status::Internal("out of device memory growing the index to " +
-                            std::to_string(slots) + " slots");
+    return Status::Internal("out of device memory growing the index to " + std::to_string(slots) +
+                            " slots");
   }
   // 0xff bytes: every state kEmptySlot.
   SOK_EV_CUDA_RETURN(cudaMemsetAsync(new_states, 0xff, slots * sizeof(int32_t), stream));
@@ -549,8 +521,7 @@ Status HashTable<Key>::rehash(const GpuContext& context, int64_t num_buckets) {
   if (keys_ != nullptr) {
     const int64_t old_slots = num_buckets_ * kBucketSlots;
     rehash_kernel<Key><<<grid_for(old_slots, kThreads), kThreads, 0, stream>>>(
-        keys_, states_, old_slots, new_keys, new_states,
-        static_cast<uint64_t>(num_buckets - 1));
+        keys_, states_, old_slots, new_keys, new_states, static_cast<uint64_t>(num_buckets - 1));
     SOK_EV_LAUNCH_CHECK("rehash");
     set_used_slots<<<1, 1, 0, stream>>>(counters_);
     SOK_EV_LAUNCH_CHECK("set_used_slots");
@@ -566,8 +537,8 @@ Status HashTable<Key>::rehash(const GpuContext& context, int64_t num_buckets) {
 }
 
 template <typename Key>
-Status HashTable<Key>::grow_arena(const GpuContext& context,
-                                  int64_t row_capacity, int64_t new_row_width) {
+Status HashTable<Key>::grow_arena(const GpuContext& context, int64_t row_capacity,
+                                  int64_t new_row_width) {
   cudaStream_t stream = stream_of(context);
   const int64_t old_width = arena_ != nullptr ? row_width() : 0;
   float* arena = static_cast<float*>(allocate(row_capacity * new_row_width * sizeof(float)));
@@ -584,9 +555,9 @@ Status HashTable<Key>::grow_arena(const GpuContext& context,
   }
   if (arena_ != nullptr) {
     const int64_t rows = std::min(row_capacity_, row_capacity);
-    SOK_EV_CUDA_RETURN(cudaMemcpy2DAsync(
-        arena, new_row_width * sizeof(float), arena_, old_width * sizeof(float),
-        old_width * sizeof(float), rows, cudaMemcpyDeviceToDevice, stream));
+    SOK_EV_CUDA_RETURN(cudaMemcpy2DAsync(arena, new_row_width * sizeof(float), arena_,
+                                         old_width * sizeof(float), old_width * sizeof(float), rows,
+                                         cudaMemcpyDeviceToDevice, stream));
     SOK_EV_CUDA_RETURN(cudaMemcpyAsync(frequencies, frequencies_, rows * sizeof(int64_t),
                                        cudaMemcpyDeviceToDevice, stream));
     SOK_EV_CUDA_RETURN(cudaMemcpyAsync(versions, versions_, rows * sizeof(int64_t),
@@ -608,12 +579,10 @@ Status HashTable<Key>::grow_arena(const GpuContext& context,
 }
 
 template <typename Key>
-Status HashTable<Key>::prepare_insert(const GpuContext& context,
-                                      int64_t incoming) {
+Status HashTable<Key>::prepare_insert(const GpuContext& context, int64_t incoming) {
   const double slot_limit =
       options_.max_load_factor * static_cast<double>(num_buckets_ * kBucketSlots);
-  if (used_slots_bound_ + incoming > slot_limit ||
-      next_row_bound_ + incoming > row_capacity_) {
+  if (used_slots_bound_ + incoming > slot_limit || next_row_bound_ + incoming > row_capacity_) {
     TableCounters counters;
     SOK_EV_RETURN_IF_ERROR(read_counters(context, &counters));
     used_slots_bound_ = static_cast<int64_t>(counters.used_slots);
@@ -621,16 +590,15 @@ Status HashTable<Key>::prepare_insert(const GpuContext& context,
     if (used_slots_bound_ + incoming > slot_limit) {
       // Sized from live keys: erased slots are dropped by the rehash.
       const int64_t needed = static_cast<int64_t>(counters.size) + incoming;
-      int64_t buckets = next_power_of_two(static_cast<int64_t>(
-          std::ceil(needed / (options_.max_load_factor * kBucketSlots))));
+      int64_t buckets = next_power_of_two(
+          static_cast<int64_t>(std::ceil(needed / (options_.max_load_factor * kBucketSlots))));
       buckets = std::max(buckets, num_buckets_);
       SOK_EV_RETURN_IF_ERROR(rehash(context, buckets));
       used_slots_bound_ = static_cast<int64_t>(counters.size);
     }
     if (next_row_bound_ + incoming > row_capacity_) {
       const int64_t rows = std::max<int64_t>(
-          next_row_bound_ + incoming,
-          static_cast<int64_t>(row_capacity_ * options_.arena_growth));
+          next_row_bound_ + incoming, static_cast<int64_t>(row_capacity_ * options_.arena_growth));
       if (rows > (int64_t{1} << 31) - 4) {
         return Status::InvalidArgument("table is full: 2^31 rows");
       }
@@ -647,8 +615,8 @@ Status HashTable<Key>::reserve(const GpuContext& context, int64_t keys) {
   TableCounters counters;
   SOK_EV_RETURN_IF_ERROR(read_counters(context, &counters));
   const int64_t needed = static_cast<int64_t>(counters.size) + keys;
-  const int64_t buckets = next_power_of_two(static_cast<int64_t>(
-      std::ceil(needed / (options_.max_load_factor * kBucketSlots))));
+  const int64_t buckets = next_power_of_two(
+      static_cast<int64_t>(std::ceil(needed / (options_.max_load_factor * kBucketSlots))));
   if (buckets > num_buckets_) {
     SOK_EV_RETURN_IF_ERROR(rehash(context, buckets));
     counters.used_slots = counters.size;
@@ -661,15 +629,13 @@ Status HashTable<Key>::reserve(const GpuContext& context, int64_t keys) {
 }
 
 template <typename Key>
-Status HashTable<Key>::resolve_insert(const GpuContext& context, const Key* keys,
-                                      int64_t n, const int64_t* frequencies,
-                                      bool count_frequency, int64_t* row_ids,
-                                      float* values) {
+Status HashTable<Key>::resolve_insert(const GpuContext& context, const Key* keys, int64_t n,
+                                      const int64_t* frequencies, bool count_frequency,
+                                      int64_t* row_ids, float* values) {
   cudaStream_t stream = stream_of(context);
   SOK_EV_RETURN_IF_ERROR(prepare_insert(context, n));
-  insert_kernel<Key><<<grid_for(n * ProbeGroup<Key>::kLanes, kThreads), kThreads,
-                       0, stream>>>(view(), counters_, free_rows_, keys, n,
-                                    frequencies, count_frequency, row_ids, values);
+  insert_kernel<Key><<<grid_for(n * ProbeGroup<Key>::kLanes, kThreads), kThreads, 0, stream>>>(
+      view(), counters_, free_rows_, keys, n, frequencies, count_frequency, row_ids, values);
   SOK_EV_LAUNCH_CHECK("insert");
   clamp_free_rows<<<1, 1, 0, stream>>>(counters_);
   SOK_EV_LAUNCH_CHECK("clamp_free_rows");
@@ -677,38 +643,33 @@ Status HashTable<Key>::resolve_insert(const GpuContext& context, const Key* keys
 }
 
 template <typename Key>
-Status HashTable<Key>::find_or_insert(const GpuContext& context, const Key* keys,
-                                      int64_t n, float* values,
-                                      const int64_t* frequencies,
-                                      int64_t* row_ids) {
+Status HashTable<Key>::find_or_insert(const GpuContext& context, const Key* keys, int64_t n,
+                                      float* values, const int64_t* frequencies, int64_t* row_ids) {
   if (n <= 0) return Status::Ok();
   return resolve_insert(context, keys, n, frequencies, true, row_ids, values);
 }
 
 template <typename Key>
-Status HashTable<Key>::find(const GpuContext& context, const Key* keys, int64_t n,
-                            float* values, bool* found,
-                            bool initial_for_missing) const {
+Status HashTable<Key>::find(const GpuContext& context, const Key* keys, int64_t n, float* values,
+                            bool* found, bool initial_for_missing) const {
   if (n <= 0) return Status::Ok();
-  find_kernel<Key><<<grid_for(n * ProbeGroup<Key>::kLanes, kThreads), kThreads, 0,
-                     stream_of(context)>>>(view(), keys, n, values, found,
-                                           initial_for_missing);
+  find_kernel<Key>
+      <<<grid_for(n * ProbeGroup<Key>::kLanes, kThreads), kThreads, 0, stream_of(context)>>>(
+          view(), keys, n, values, found, initial_for_missing);
   SOK_EV_LAUNCH_CHECK("find");
   return Status::Ok();
 }
 
 template <typename Key>
-Status HashTable<Key>::insert_or_assign(const GpuContext& context,
-                                        const Key* keys, int64_t n,
-                                        const float* rows,
-                                        const int64_t* frequencies,
+Status HashTable<Key>::insert_or_assign(const GpuContext& context, const Key* keys, int64_t n,
+                                        const float* rows, const int64_t* frequencies,
                                         const int64_t* versions) {
   if (n <= 0) return Status::Ok();
   cudaStream_t stream = stream_of(context);
   ScratchBuffer row_ids(context, n * sizeof(int64_t));
   if (!row_ids.ok()) return Status::Internal("out of device memory");
-  SOK_EV_RETURN_IF_ERROR(resolve_insert(context, keys, n, nullptr, false,
-                                        row_ids.as<int64_t>(), nullptr));
+  SOK_EV_RETURN_IF_ERROR(
+      resolve_insert(context, keys, n, nullptr, false, row_ids.as<int64_t>(), nullptr));
   assign_rows_kernel<Key><<<grid_for(n * 32, kThreads), kThreads, 0, stream>>>(
       view(), n, row_ids.as<int64_t>(), rows, frequencies, versions);
   SOK_EV_LAUNCH_CHECK("assign_rows");
@@ -716,19 +677,18 @@ Status HashTable<Key>::insert_or_assign(const GpuContext& context,
 }
 
 template <typename Key>
-Status HashTable<Key>::update_rows(const GpuContext& context, const Key* keys,
-                                   int64_t n, int64_t global_step, float** rows) {
+Status HashTable<Key>::update_rows(const GpuContext& context, const Key* keys, int64_t n,
+                                   int64_t global_step, float** rows) {
   if (n <= 0) return Status::Ok();
   ScratchBuffer row_ids(context, n * sizeof(int64_t));
   if (!row_ids.ok()) return Status::Internal("out of device memory");
-  SOK_EV_RETURN_IF_ERROR(resolve_insert(context, keys, n, nullptr, false,
-                                        row_ids.as<int64_t>(), nullptr));
+  SOK_EV_RETURN_IF_ERROR(
+      resolve_insert(context, keys, n, nullptr, false, row_ids.as<int64_t>(), nullptr));
   return rows_for_ids(context, row_ids.as<int64_t>(), n, global_step, rows);
 }
 
 template <typename Key>
-Status HashTable<Key>::rows_for_ids(const GpuContext& context,
-                                    const int64_t* row_ids, int64_t n,
+Status HashTable<Key>::rows_for_ids(const GpuContext& context, const int64_t* row_ids, int64_t n,
                                     int64_t global_step, float** rows) {
   if (n <= 0) return Status::Ok();
   row_pointers_kernel<Key><<<grid_for(n, kThreads), kThreads, 0, stream_of(context)>>>(
@@ -738,8 +698,8 @@ Status HashTable<Key>::rows_for_ids(const GpuContext& context,
 }
 
 template <typename Key>
-Status HashTable<Key>::erase(const GpuContext& context, const Key* keys,
-                             int64_t n, int64_t* num_erased) {
+Status HashTable<Key>::erase(const GpuContext& context, const Key* keys, int64_t n,
+                             int64_t* num_erased) {
   if (num_erased != nullptr) *num_erased = 0;
   if (n <= 0) return Status::Ok();
   cudaStream_t stream = stream_of(context);
@@ -751,8 +711,8 @@ Status HashTable<Key>::erase(const GpuContext& context, const Key* keys,
   SOK_EV_LAUNCH_CHECK("erase");
   if (num_erased != nullptr) {
     unsigned long long host = 0;
-    SOK_EV_CUDA_RETURN(cudaMemcpyAsync(&host, erased.get(), sizeof(host),
-                                       cudaMemcpyDeviceToHost, stream));
+    SOK_EV_CUDA_RETURN(
+        cudaMemcpyAsync(&host, erased.get(), sizeof(host), cudaMemcpyDeviceToHost, stream));
     SOK_EV_CUDA_RETURN(cudaStreamSynchronize(stream));
     *num_erased = static_cast<int64_t>(host);
   }
@@ -760,9 +720,8 @@ Status HashTable<Key>::erase(const GpuContext& context, const Key* keys,
 }
 
 template <typename Key>
-Status HashTable<Key>::export_all(const GpuContext& context, Key* keys,
-                                  float* rows, int64_t* frequencies,
-                                  int64_t* versions, int64_t capacity,
+Status HashTable<Key>::export_all(const GpuContext& context, Key* keys, float* rows,
+                                  int64_t* frequencies, int64_t* versions, int64_t capacity,
                                   int64_t* count) const {
   cudaStream_t stream = stream_of(context);
   const int64_t slots = num_buckets_ * kBucketSlots;
@@ -771,17 +730,15 @@ Status HashTable<Key>::export_all(const GpuContext& context, Key* keys,
   if (!cursor.ok() || !row_ids.ok()) return Status::Internal("out of device memory");
   SOK_EV_CUDA_RETURN(cudaMemsetAsync(cursor.get(), 0, sizeof(unsigned long long), stream));
   compact_slots_kernel<Key><<<grid_for(slots, kThreads), kThreads, 0, stream>>>(
-      view(), slots, keys, row_ids.as<int64_t>(), capacity,
-      cursor.as<unsigned long long>());
+      view(), slots, keys, row_ids.as<int64_t>(), capacity, cursor.as<unsigned long long>());
   SOK_EV_LAUNCH_CHECK("compact_slots");
   unsigned long long written = 0;
-  SOK_EV_CUDA_RETURN(cudaMemcpyAsync(&written, cursor.get(), sizeof(written),
-                                     cudaMemcpyDeviceToHost, stream));
+  SOK_EV_CUDA_RETURN(
+      cudaMemcpyAsync(&written, cursor.get(), sizeof(written), cudaMemcpyDeviceToHost, stream));
   SOK_EV_CUDA_RETURN(cudaStreamSynchronize(stream));
   if (written > static_cast<unsigned long long>(capacity)) {
-    return Status::InvalidArgument("export_all: table holds " +
-                                   std::to_string(written) + " keys, capacity " +
-                                   std::to_string(capacity));
+    return Status::InvalidArgument("export_all: table holds " + std::to_string(written) +
+                                   " keys, capacity " + std::to_string(capacity));
   }
   const int64_t n = static_cast<int64_t>(written);
   *count = n;
@@ -806,8 +763,8 @@ Status HashTable<Key>::evict_stale(const GpuContext& context, int64_t global_ste
       evicted.as<unsigned long long>());
   SOK_EV_LAUNCH_CHECK("evict");
   unsigned long long host = 0;
-  SOK_EV_CUDA_RETURN(cudaMemcpyAsync(&host, evicted.get(), sizeof(host),
-                                     cudaMemcpyDeviceToHost, stream));
+  SOK_EV_CUDA_RETURN(
+      cudaMemcpyAsync(&host, evicted.get(), sizeof(host), cudaMemcpyDeviceToHost, stream));
   SOK_EV_CUDA_RETURN(cudaStreamSynchronize(stream));
   if (num_evicted != nullptr) *num_evicted = static_cast<int64_t>(host);
   return Status::Ok();
@@ -823,17 +780,16 @@ Status HashTable<Key>::add_slot(const GpuContext& context, const std::string& na
     }
   }
   if (num_slots() >= kMaxTableSlots) {
-    return Status::InvalidArgument("add_slot: at most " +
-                                   std::to_string(kMaxTableSlots) + " slots");
+    return Status::InvalidArgument("add_slot: at most " + std::to_string(kMaxTableSlots) +
+                                   " slots");
   }
   const int64_t new_width = row_width() + dim_;
   SOK_EV_RETURN_IF_ERROR(grow_arena(context, row_capacity_, new_width));
   slot_names_.push_back(name);
   slot_initial_.push_back(initial_value);
   const int64_t first_column = (static_cast<int64_t>(slot_names_.size())) * dim_;
-  fill_slot_kernel<<<grid_for(row_capacity_ * dim_, kThreads), kThreads, 0,
-                     stream_of(context)>>>(arena_, row_capacity_, new_width,
-                                           first_column, dim_, initial_value);
+  fill_slot_kernel<<<grid_for(row_capacity_ * dim_, kThreads), kThreads, 0, stream_of(context)>>>(
+      arena_, row_capacity_, new_width, first_column, dim_, initial_value);
   SOK_EV_LAUNCH_CHECK("fill_slot");
   *index = num_slots() - 1;
   return Status::Ok();

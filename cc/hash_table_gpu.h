@@ -46,11 +46,11 @@ constexpr int kMaxTableSlots = 8;
 // Plain-old-data view of a table for kernels (fused lookups read it).
 template <typename Key>
 struct TableView {
-  Key* keys = nullptr;          // (num_buckets * kBucketSlots,)
-  int32_t* states = nullptr;    // (num_buckets * kBucketSlots,)
-  uint64_t bucket_mask = 0;     // num_buckets - 1, num_buckets a power of 2
-  float* rows = nullptr;        // (row_capacity, row_width)
-  int64_t row_width = 0;        // (1 + num_slots) * dim
+  Key* keys = nullptr;        // (num_buckets * kBucketSlots,)
+  int32_t* states = nullptr;  // (num_buckets * kBucketSlots,)
+  uint64_t bucket_mask = 0;   // num_buckets - 1, num_buckets a power of 2
+  float* rows = nullptr;      // (row_capacity, row_width)
+  int64_t row_width = 0;      // (1 + num_slots) * dim
   int64_t dim = 0;
   int64_t* frequencies = nullptr;  // (row_capacity,)
   int64_t* versions = nullptr;     // (row_capacity,)
@@ -79,8 +79,7 @@ class HashTable {
   // dim in [1, 1024]. For kDefaultValueMatrix the (default_value_dim, dim)
   // matrix in device memory is copied. The context's allocator (or
   // cudaMallocAsync when null) provides every buffer, for the table's life.
-  static Status Create(const GpuContext& context, int64_t dim,
-                       const InitializerSpec& initializer,
+  static Status Create(const GpuContext& context, int64_t dim, const InitializerSpec& initializer,
                        const HashTableOptions& options, HashTable** table);
   ~HashTable();
   HashTable(const HashTable&) = delete;
@@ -98,8 +97,8 @@ class HashTable {
 
   // As cpu::HashTable::add_slot: every present and future key gets the slot
   // at `initial_value`. At most kMaxTableSlots slots.
-  Status add_slot(const GpuContext& context, const std::string& name,
-                  float initial_value, int* index);
+  Status add_slot(const GpuContext& context, const std::string& name, float initial_value,
+                  int* index);
   std::vector<std::string> slot_names() const { return slot_names_; }
   std::vector<float> slot_initial_values() const { return slot_initial_; }
 
@@ -111,72 +110,67 @@ class HashTable {
   //   values:      (n, dim) out or null (then only the insert happens)
   //   frequencies: (n,) or null: added to each key's frequency (1 when null)
   //   row_ids:     (n,) out or null: each key's arena row
-  Status find_or_insert(const GpuContext& context, const Key* keys, int64_t n,
-                        float* values, const int64_t* frequencies,
-                        int64_t* row_ids);
+  Status find_or_insert(const GpuContext& context, const Key* keys, int64_t n, float* values,
+                        const int64_t* frequencies, int64_t* row_ids);
 
   // Copies the values of present keys; missing keys get zeros (or their
   // initial value when initial_for_missing) and found[i] = false.
   //   values: (n, dim) out    found: (n,) out or null
-  Status find(const GpuContext& context, const Key* keys, int64_t n,
-              float* values, bool* found, bool initial_for_missing) const;
+  Status find(const GpuContext& context, const Key* keys, int64_t n, float* values, bool* found,
+              bool initial_for_missing) const;
 
   // Sets whole rows, inserting missing keys (checkpoint restore). When a key
   // repeats within one call, which of its rows is kept is unspecified.
   //   rows: (n, row_width())   frequencies, versions: (n,) or null (then
   //   new keys start at 0 and present keys keep theirs)
-  Status insert_or_assign(const GpuContext& context, const Key* keys,
-                          int64_t n, const float* rows,
+  Status insert_or_assign(const GpuContext& context, const Key* keys, int64_t n, const float* rows,
                           const int64_t* frequencies, const int64_t* versions);
 
   // Removes keys; *num_erased (host, may be null: then no sync) gets how many
   // were present.
-  Status erase(const GpuContext& context, const Key* keys, int64_t n,
-               int64_t* num_erased);
+  Status erase(const GpuContext& context, const Key* keys, int64_t n, int64_t* num_erased);
 
   // The device twin of cpu::HashTable::update_rows: inserts missing keys,
   // sets each key's version to global_step and returns full-row pointers
   // for gpu::apply_optimizer. Valid until the next call that inserts.
   //   rows: (n,) out, device
-  Status update_rows(const GpuContext& context, const Key* keys, int64_t n,
-                     int64_t global_step, float** rows);
+  Status update_rows(const GpuContext& context, const Key* keys, int64_t n, int64_t global_step,
+                     float** rows);
 
   // update_rows for row ids already resolved by find_or_insert (no second
   // probe): sets each row's version and returns its full-row pointer.
   // row_ids: (n,) device, from this table since its last insert.
-  Status rows_for_ids(const GpuContext& context, const int64_t* row_ids,
-                      int64_t n, int64_t global_step, float** rows);
+  Status rows_for_ids(const GpuContext& context, const int64_t* row_ids, int64_t n,
+                      int64_t global_step, float** rows);
 
   // Copies every key, row, frequency and version out, in no particular
   // order. Outputs hold `capacity` entries; *count (host) gets the number
   // written; fails if the table holds more than capacity keys.
-  Status export_all(const GpuContext& context, Key* keys, float* rows,
-                    int64_t* frequencies, int64_t* versions, int64_t capacity,
-                    int64_t* count) const;
+  Status export_all(const GpuContext& context, Key* keys, float* rows, int64_t* frequencies,
+                    int64_t* versions, int64_t capacity, int64_t* count) const;
 
   // Erases keys whose version < global_step - steps_to_live.
-  Status evict_stale(const GpuContext& context, int64_t global_step,
-                     int64_t steps_to_live, int64_t* num_evicted);
+  Status evict_stale(const GpuContext& context, int64_t global_step, int64_t steps_to_live,
+                     int64_t* num_evicted);
 
   // For fused kernels. Valid until the next call that inserts or grows.
   TableView<Key> view() const;
 
  private:
-  HashTable(int64_t dim, const InitializerSpec& initializer,
-            const HashTableOptions& options, DeviceAllocator* allocator);
+  HashTable(int64_t dim, const InitializerSpec& initializer, const HashTableOptions& options,
+            DeviceAllocator* allocator);
   void* allocate(size_t bytes);
   void deallocate(void* pointer);
   Status read_counters(const GpuContext& context, TableCounters* counters) const;
   // Ensures room for `incoming` more keys in the index and the arena.
   Status prepare_insert(const GpuContext& context, int64_t incoming);
   Status rehash(const GpuContext& context, int64_t num_buckets);
-  Status grow_arena(const GpuContext& context, int64_t row_capacity,
-                    int64_t new_row_width);
+  Status grow_arena(const GpuContext& context, int64_t row_capacity, int64_t new_row_width);
   // Finds or inserts (new rows initialized), one kernel; row_ids and
   // values (n, dim) are optional outputs.
   Status resolve_insert(const GpuContext& context, const Key* keys, int64_t n,
-                        const int64_t* frequencies, bool count_frequency,
-                        int64_t* row_ids, float* values);
+                        const int64_t* frequencies, bool count_frequency, int64_t* row_ids,
+                        float* values);
 
   const int64_t dim_;
   InitializerSpec initializer_;

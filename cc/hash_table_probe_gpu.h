@@ -18,17 +18,15 @@ namespace gpu {
 // in the same order, so the value is the same bits (the core is built with
 // -fmad=false so no multiply-add is contracted differently from the CPU).
 template <typename Key>
-__device__ __forceinline__ float initial_value_at(const InitializerSpec& spec,
-                                                  Key key, int64_t column,
-                                                  int64_t dim) {
+__device__ __forceinline__ float initial_value_at(const InitializerSpec& spec, Key key,
+                                                  int64_t column, int64_t dim) {
   const uint64_t bits = key_bits(key);
   const uint64_t c = static_cast<uint64_t>(column);
   switch (spec.kind) {
     case InitializerSpec::Kind::kConstant:
       return spec.param_a;
     case InitializerSpec::Kind::kRandomUniform:
-      return spec.param_a +
-             (spec.param_b - spec.param_a) * counter_uniform(spec.seed, bits, c, 0);
+      return spec.param_a + (spec.param_b - spec.param_a) * counter_uniform(spec.seed, bits, c, 0);
     case InitializerSpec::Kind::kRandomNormal:
       return spec.param_a + spec.param_b * counter_normal(spec.seed, bits, c, 0);
     case InitializerSpec::Kind::kTruncatedNormal: {
@@ -40,16 +38,14 @@ __device__ __forceinline__ float initial_value_at(const InitializerSpec& spec,
     }
     case InitializerSpec::Kind::kDefaultValueMatrix:
     default:
-      return spec.default_values[default_value_row(key, spec.default_value_dim) *
-                                     dim + column];
+      return spec.default_values[default_value_row(key, spec.default_value_dim) * dim + column];
   }
 }
 
 // Loads the kBucketSlots keys of a bucket with 16-byte loads (a bucket is
 // 128 bytes for int64 keys, 64 for int32, aligned to its size).
 template <typename Key, bool kCoherent>
-__device__ __forceinline__ void load_bucket_keys(const Key* bucket,
-                                                 Key (&keys)[kBucketSlots]) {
+__device__ __forceinline__ void load_bucket_keys(const Key* bucket, Key (&keys)[kBucketSlots]) {
   constexpr int kVectors = kBucketSlots * sizeof(Key) / sizeof(uint4);
   const uint4* source = reinterpret_cast<const uint4*>(bucket);
   uint4 words[kVectors];
@@ -77,8 +73,7 @@ __device__ __forceinline__ void load_bucket_states(const int32_t* bucket,
 // Row id of `key`, or -1 when absent. Read-only: valid only while no kernel
 // inserts into or erases from the table.
 template <typename Key>
-__device__ __forceinline__ int32_t find_row(const TableView<Key>& table,
-                                            Key key) {
+__device__ __forceinline__ int32_t find_row(const TableView<Key>& table, Key key) {
   uint64_t bucket = bucket_hash(key) & table.bucket_mask;
   for (uint64_t probe = 0; probe <= table.bucket_mask; ++probe) {
     const uint64_t first = bucket * kBucketSlots;
@@ -116,9 +111,9 @@ template <typename Key>
 struct ProbeGroup {
   static constexpr int kKeysPerLane = 16 / sizeof(Key);
   static constexpr int kLanes = kBucketSlots / kKeysPerLane;  // 8 or 4
-  unsigned mask;  // the group's lanes in the warp
-  int rank;       // lane within the group
-  int base;       // first lane of the group in the warp
+  unsigned mask;                                              // the group's lanes in the warp
+  int rank;                                                   // lane within the group
+  int base;                                                   // first lane of the group in the warp
   __device__ __forceinline__ ProbeGroup() {
     const int lane = threadIdx.x & 31;
     rank = lane % kLanes;
@@ -142,8 +137,7 @@ struct LaneSlots {
 };
 
 template <typename Key>
-__device__ __forceinline__ void load_lane_keys(const Key* slot, bool coherent,
-                                               LaneSlots<Key>& s) {
+__device__ __forceinline__ void load_lane_keys(const Key* slot, bool coherent, LaneSlots<Key>& s) {
   if constexpr (ProbeGroup<Key>::kKeysPerLane == 2) {
     const longlong2* p = reinterpret_cast<const longlong2*>(slot);
     const longlong2 v = coherent ? __ldcg(p) : __ldg(p);
@@ -152,50 +146,53 @@ __device__ __forceinline__ void load_lane_keys(const Key* slot, bool coherent,
   } else {
     const int4* p = reinterpret_cast<const int4*>(slot);
     const int4 v = coherent ? __ldcg(p) : __ldg(p);
-    s.keys[0] = v.x; s.keys[1] = v.y; s.keys[2] = v.z; s.keys[3] = v.w;
+    s.keys[0] = v.x;
+    s.keys[1] = v.y;
+    s.keys[2] = v.z;
+    s.keys[3] = v.w;
   }
 }
 
 template <typename Key>
-__device__ __forceinline__ void load_lane_states(const int32_t* slot,
-                                                 LaneSlots<Key>& s) {
+__device__ __forceinline__ void load_lane_states(const int32_t* slot, LaneSlots<Key>& s) {
   if constexpr (ProbeGroup<Key>::kKeysPerLane == 2) {
     const int2 v = __ldg(reinterpret_cast<const int2*>(slot));
     s.states[0] = v.x;
     s.states[1] = v.y;
   } else {
     const int4 v = __ldg(reinterpret_cast<const int4*>(slot));
-    s.states[0] = v.x; s.states[1] = v.y; s.states[2] = v.z; s.states[3] = v.w;
+    s.states[0] = v.x;
+    s.states[1] = v.y;
+    s.states[2] = v.z;
+    s.states[3] = v.w;
   }
 }
 
 // States read as relaxed (strong) loads, so that a fence after them orders
 // the key reads that follow (the acquire half of the publish protocol).
 template <typename Key>
-__device__ __forceinline__ void load_lane_states_relaxed(const int32_t* slot,
-                                                         LaneSlots<Key>& s) {
+__device__ __forceinline__ void load_lane_states_relaxed(const int32_t* slot, LaneSlots<Key>& s) {
   if constexpr (ProbeGroup<Key>::kKeysPerLane == 2) {
     asm volatile("ld.relaxed.gpu.global.v2.s32 {%0, %1}, [%2];"
-                 : "=r"(s.states[0]), "=r"(s.states[1]) : "l"(slot) : "memory");
+                 : "=r"(s.states[0]), "=r"(s.states[1])
+                 : "l"(slot)
+                 : "memory");
   } else {
     asm volatile("ld.relaxed.gpu.global.v4.s32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(s.states[0]), "=r"(s.states[1]), "=r"(s.states[2]),
-                   "=r"(s.states[3])
-                 : "l"(slot) : "memory");
+                 : "=r"(s.states[0]), "=r"(s.states[1]), "=r"(s.states[2]), "=r"(s.states[3])
+                 : "l"(slot)
+                 : "memory");
   }
 }
 
-__device__ __forceinline__ void fence_acq_rel() {
-  asm volatile("fence.acq_rel.gpu;" ::: "memory");
-}
+__device__ __forceinline__ void fence_acq_rel() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 
 // Row id of `key`, or -1 when absent, found by the whole group (every lane
 // gets the answer). Read-only: valid only while no kernel inserts or erases.
 // States and keys are loaded together (no ordering needed without writers).
 template <typename Key>
 __device__ __forceinline__ int32_t group_find_row(const TableView<Key>& table,
-                                                  const ProbeGroup<Key>& g,
-                                                  Key key) {
+                                                  const ProbeGroup<Key>& g, Key key) {
   constexpr int kK = ProbeGroup<Key>::kKeysPerLane;
   uint64_t bucket = bucket_hash(key) & table.bucket_mask;
   for (uint64_t probe = 0; probe <= table.bucket_mask; ++probe) {

@@ -36,16 +36,16 @@ struct InitializerSpec {
 
 // Uniform float in [0, 1) from (seed, key, column, draw); 24 random bits, so
 // every value is exactly representable.
-SOK_EV_HOST_DEVICE float counter_uniform(uint64_t seed, uint64_t key,
-                                         uint64_t column, uint64_t draw) {
-  uint64_t x = mix64(seed ^ mix64(key ^ mix64(column * 0x100000001b3ULL +
-                                               draw * 0x9e3779b97f4a7c15ULL)));
+SOK_EV_HOST_DEVICE float counter_uniform(uint64_t seed, uint64_t key, uint64_t column,
+                                         uint64_t draw) {
+  uint64_t x =
+      mix64(seed ^ mix64(key ^ mix64(column * 0x100000001b3ULL + draw * 0x9e3779b97f4a7c15ULL)));
   return static_cast<float>(x >> 40) * (1.0f / 16777216.0f);
 }
 
 // Standard normal from two counter uniforms (Box-Muller).
-SOK_EV_HOST_DEVICE float counter_normal(uint64_t seed, uint64_t key,
-                                        uint64_t column, uint64_t draw) {
+SOK_EV_HOST_DEVICE float counter_normal(uint64_t seed, uint64_t key, uint64_t column,
+                                        uint64_t draw) {
   // 1 - u keeps the logarithm's argument in (0, 1].
   float u1 = 1.0f - counter_uniform(seed, key, column, 2 * draw);
   float u2 = counter_uniform(seed, key, column, 2 * draw + 1);
@@ -62,8 +62,7 @@ SOK_EV_HOST_DEVICE int64_t default_value_row(Key key, int64_t n) {
 
 // Writes the initial `dim` floats of `key` into `row`.
 template <typename Key>
-SOK_EV_HOST_DEVICE void initial_row(const InitializerSpec& spec, Key key,
-                                    int64_t dim, float* row) {
+SOK_EV_HOST_DEVICE void initial_row(const InitializerSpec& spec, Key key, int64_t dim, float* row) {
   const uint64_t bits = key_bits(key);
   for (int64_t c = 0; c < dim; ++c) {
     float v;
@@ -72,8 +71,7 @@ SOK_EV_HOST_DEVICE void initial_row(const InitializerSpec& spec, Key key,
         v = spec.param_a;
         break;
       case InitializerSpec::Kind::kRandomUniform:
-        v = spec.param_a + (spec.param_b - spec.param_a) *
-                               counter_uniform(spec.seed, bits, c, 0);
+        v = spec.param_a + (spec.param_b - spec.param_a) * counter_uniform(spec.seed, bits, c, 0);
         break;
       case InitializerSpec::Kind::kRandomNormal:
         v = spec.param_a + spec.param_b * counter_normal(spec.seed, bits, c, 0);
@@ -90,8 +88,7 @@ SOK_EV_HOST_DEVICE void initial_row(const InitializerSpec& spec, Key key,
       }
       case InitializerSpec::Kind::kDefaultValueMatrix:
       default:
-        v = spec.default_values[default_value_row(key, spec.default_value_dim) *
-                                    dim + c];
+        v = spec.default_values[default_value_row(key, spec.default_value_dim) * dim + c];
         break;
     }
     row[c] = v;

@@ -51,20 +51,25 @@ struct OptimizerSpec {
 // Number of slots `kind` keeps per row.
 inline int num_slots(OptimizerKind kind, bool centered = false) {
   switch (kind) {
-    case OptimizerKind::kSgd: return 0;
-    case OptimizerKind::kAdagrad: return 1;
-    case OptimizerKind::kAdam: return 2;
-    case OptimizerKind::kFtrl: return 2;
-    case OptimizerKind::kMomentum: return 1;
-    case OptimizerKind::kRmsProp: return centered ? 3 : 2;
+    case OptimizerKind::kSgd:
+      return 0;
+    case OptimizerKind::kAdagrad:
+      return 1;
+    case OptimizerKind::kAdam:
+      return 2;
+    case OptimizerKind::kFtrl:
+      return 2;
+    case OptimizerKind::kMomentum:
+      return 1;
+    case OptimizerKind::kRmsProp:
+      return centered ? 3 : 2;
   }
   return 0;
 }
 
 // Adam's bias-corrected learning rate for this step (TF's lr_t).
 SOK_EV_HOST_DEVICE float adam_learning_rate(const OptimizerSpec& spec) {
-  return spec.learning_rate * sqrtf(1.0f - spec.beta2_power) /
-         (1.0f - spec.beta1_power);
+  return spec.learning_rate * sqrtf(1.0f - spec.beta2_power) / (1.0f - spec.beta1_power);
 }
 
 // Updates column c of a full row (value followed by the table's slots). One
@@ -73,9 +78,8 @@ SOK_EV_HOST_DEVICE float adam_learning_rate(const OptimizerSpec& spec) {
 //   row:     (1 + table_slots) * dim floats
 //   grad:    (dim,) the key's gradient, already summed over its occurrences
 //   adam_lr: adam_learning_rate(spec), hoisted out of the column loop
-SOK_EV_HOST_DEVICE void update_element(const OptimizerSpec& spec, float* row,
-                                       const float* grad, int64_t c,
-                                       int64_t dim, float adam_lr) {
+SOK_EV_HOST_DEVICE void update_element(const OptimizerSpec& spec, float* row, const float* grad,
+                                       int64_t c, int64_t dim, float adam_lr) {
   float* value = row;
   float* slot0 = row + (1 + spec.slot_index[0]) * dim;
   float* slot1 = row + (1 + spec.slot_index[1]) * dim;
@@ -119,8 +123,7 @@ SOK_EV_HOST_DEVICE void update_element(const OptimizerSpec& spec, float* row,
     }
     case OptimizerKind::kMomentum:
       slot0[c] = slot0[c] * spec.momentum + g;
-      value[c] -= spec.use_nesterov ? g * lr + slot0[c] * spec.momentum * lr
-                                    : lr * slot0[c];
+      value[c] -= spec.use_nesterov ? g * lr + slot0[c] * spec.momentum * lr : lr * slot0[c];
       break;
     case OptimizerKind::kRmsProp: {
       slot0[c] += (g * g - slot0[c]) * (1.0f - spec.decay);
@@ -137,8 +140,8 @@ SOK_EV_HOST_DEVICE void update_element(const OptimizerSpec& spec, float* row,
 }
 
 // Applies one update to a whole row; see update_element.
-SOK_EV_HOST_DEVICE void update_row(const OptimizerSpec& spec, float* row,
-                                   const float* grad, int64_t dim) {
+SOK_EV_HOST_DEVICE void update_row(const OptimizerSpec& spec, float* row, const float* grad,
+                                   int64_t dim) {
   const float adam_lr = adam_learning_rate(spec);
   for (int64_t c = 0; c < dim; ++c) update_element(spec, row, grad, c, dim, adam_lr);
 }
@@ -147,16 +150,14 @@ namespace cpu {
 // Updates n rows in place.
 //   rows:  (n,) pointers to full rows of the table, host memory, distinct
 //   grads: (n, dim) row i's gradient at grads + i * dim
-void apply_optimizer(const CpuContext& context, const OptimizerSpec& spec,
-                     float* const* rows, const float* grads, int64_t n,
-                     int64_t dim);
+void apply_optimizer(const CpuContext& context, const OptimizerSpec& spec, float* const* rows,
+                     const float* grads, int64_t n, int64_t dim);
 }  // namespace cpu
 
 namespace gpu {
 // The same contract with device pointers; work ordered on context.stream.
-void apply_optimizer(const GpuContext& context, const OptimizerSpec& spec,
-                     float* const* rows, const float* grads, int64_t n,
-                     int64_t dim);
+void apply_optimizer(const GpuContext& context, const OptimizerSpec& spec, float* const* rows,
+                     const float* grads, int64_t n, int64_t dim);
 }  // namespace gpu
 
 }  // namespace sok_ev

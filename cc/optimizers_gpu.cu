@@ -16,9 +16,8 @@ namespace {
 constexpr int kThreads = 256;
 
 //   rows: (n,) row pointers  grads: (n, dim)
-__global__ void apply_optimizer_kernel(OptimizerSpec spec, float* const* rows,
-                                       const float* grads, int64_t n,
-                                       int64_t dim) {
+__global__ void apply_optimizer_kernel(OptimizerSpec spec, float* const* rows, const float* grads,
+                                       int64_t n, int64_t dim) {
   const float adam_lr = adam_learning_rate(spec);
   const int64_t total = n * dim;
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total;
@@ -29,10 +28,8 @@ __global__ void apply_optimizer_kernel(OptimizerSpec spec, float* const* rows,
   }
 }
 
-__global__ void apply_optimizer_reference_kernel(OptimizerSpec spec,
-                                                 float* const* rows,
-                                                 const float* grads, int64_t n,
-                                                 int64_t dim) {
+__global__ void apply_optimizer_reference_kernel(OptimizerSpec spec, float* const* rows,
+                                                 const float* grads, int64_t n, int64_t dim) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     update_row(spec, rows[i], grads + i * dim, dim);
@@ -41,21 +38,19 @@ __global__ void apply_optimizer_reference_kernel(OptimizerSpec spec,
 
 }  // namespace
 
-void apply_optimizer(const GpuContext& context, const OptimizerSpec& spec,
-                     float* const* rows, const float* grads, int64_t n,
-                     int64_t dim) {
+void apply_optimizer(const GpuContext& context, const OptimizerSpec& spec, float* const* rows,
+                     const float* grads, int64_t n, int64_t dim) {
   if (n <= 0) return;
-  apply_optimizer_kernel<<<grid_for(n * dim, kThreads), kThreads, 0,
-                           stream_of(context)>>>(spec, rows, grads, n, dim);
+  apply_optimizer_kernel<<<grid_for(n * dim, kThreads), kThreads, 0, stream_of(context)>>>(
+      spec, rows, grads, n, dim);
   record_error(cuda_status(cudaGetLastError(), "apply_optimizer"));
 }
 
-void apply_optimizer_reference(const GpuContext& context,
-                               const OptimizerSpec& spec, float* const* rows,
-                               const float* grads, int64_t n, int64_t dim) {
+void apply_optimizer_reference(const GpuContext& context, const OptimizerSpec& spec,
+                               float* const* rows, const float* grads, int64_t n, int64_t dim) {
   if (n <= 0) return;
-  apply_optimizer_reference_kernel<<<grid_for(n, kThreads), kThreads, 0,
-                                     stream_of(context)>>>(spec, rows, grads, n, dim);
+  apply_optimizer_reference_kernel<<<grid_for(n, kThreads), kThreads, 0, stream_of(context)>>>(
+      spec, rows, grads, n, dim);
   record_error(cuda_status(cudaGetLastError(), "apply_optimizer_reference"));
 }
 

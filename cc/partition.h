@@ -36,9 +36,8 @@ namespace cpu {
 //   positions:       (n,) out: keys_by_owner[j] == keys[positions[j]]
 //   counts:          (W,) out: how many keys each owner receives
 template <typename Key>
-void partition_by_owner(const CpuContext& context, const Key* keys, int64_t n,
-                        int32_t num_workers, Key* keys_by_owner,
-                        int64_t* positions, int64_t* counts);
+void partition_by_owner(const CpuContext& context, const Key* keys, int64_t n, int32_t num_workers,
+                        Key* keys_by_owner, int64_t* positions, int64_t* counts);
 
 }  // namespace cpu
 
@@ -47,9 +46,8 @@ namespace gpu {
 // The same contract as cpu::partition_by_owner, with device pointers
 // (counts too) and work ordered on context.stream.
 template <typename Key>
-void partition_by_owner(const GpuContext& context, const Key* keys, int64_t n,
-                        int32_t num_workers, Key* keys_by_owner,
-                        int64_t* positions, int64_t* counts);
+void partition_by_owner(const GpuContext& context, const Key* keys, int64_t n, int32_t num_workers,
+                        Key* keys_by_owner, int64_t* positions, int64_t* counts);
 
 }  // namespace gpu
 }  // namespace sok_ev

@@ -1,15 +1,15 @@
 // CPU twin of partition_by_owner. See cc/partition.h.
-#include "cc/partition.h"
-
 #include <vector>
+
+#include "cc/partition.h"
 
 namespace sok_ev {
 namespace cpu {
 
 template <typename Key>
-void partition_by_owner(const CpuContext& /*context*/, const Key* keys,
-                        int64_t n, int32_t num_workers, Key* keys_by_owner,
-                        int64_t* positions, int64_t* counts) {
+void partition_by_owner(const CpuContext& /*context*/, const Key* keys, int64_t n,
+                        int32_t num_workers, Key* keys_by_owner, int64_t* positions,
+                        int64_t* counts) {
   // Counting sort by owner: stable, two passes.
   std::vector<int32_t> owner(n);
   for (int32_t w = 0; w < num_workers; ++w) counts[w] = 0;
@@ -26,12 +26,10 @@ void partition_by_owner(const CpuContext& /*context*/, const Key* keys,
   }
 }
 
-template void partition_by_owner<int32_t>(const CpuContext&, const int32_t*,
-                                          int64_t, int32_t, int32_t*, int64_t*,
-                                          int64_t*);
-template void partition_by_owner<int64_t>(const CpuContext&, const int64_t*,
-                                          int64_t, int32_t, int64_t*, int64_t*,
-                                          int64_t*);
+template void partition_by_owner<int32_t>(const CpuContext&, const int32_t*, int64_t, int32_t,
+                                          int32_t*, int64_t*, int64_t*);
+template void partition_by_owner<int64_t>(const CpuContext&, const int64_t*, int64_t, int32_t,
+                                          int64_t*, int64_t*, int64_t*);
 
 }  // namespace cpu
 }  // namespace sok_ev

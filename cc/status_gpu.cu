@@ -21,8 +21,7 @@ ScratchBuffer::ScratchBuffer(const GpuContext& context, size_t bytes)
   if (bytes == 0) return;
   if (context.allocator != nullptr) {
     pointer_ = context.allocator->allocate(bytes);
-  } else if (cudaMallocAsync(&pointer_, bytes, stream_of(context)) !=
-             cudaSuccess) {
+  } else if (cudaMallocAsync(&pointer_, bytes, stream_of(context)) != cudaSuccess) {
     pointer_ = nullptr;
   }
 }

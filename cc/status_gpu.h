@@ -43,7 +43,9 @@ class ScratchBuffer {
   ScratchBuffer& operator=(const ScratchBuffer&) = delete;
   void* get() const { return pointer_; }
   template <typename T>
-  T* as() const { return static_cast<T*>(pointer_); }
+  T* as() const {
+    return static_cast<T*>(pointer_);
+  }
   bool ok() const { return bytes_ == 0 || pointer_ != nullptr; }
 
  private:
@@ -64,16 +66,15 @@ inline unsigned grid_for(int64_t n, int threads, int64_t max_blocks = 1 << 20) {
 }  // namespace sok_ev
 
 // Returns the Status of a failed CUDA call from the enclosing function.
-#define SOK_EV_CUDA_RETURN(expr)                                   \
-  do {                                                             \
-    cudaError_t sok_ev_error_ = (expr);                            \
-    if (sok_ev_error_ != cudaSuccess)                              \
-      return ::sok_ev::gpu::cuda_status(sok_ev_error_, #expr);     \
+#define SOK_EV_CUDA_RETURN(expr)                                                               \
+  do {                                                                                         \
+    cudaError_t sok_ev_error_ = (expr);                                                        \
+    if (sok_ev_error_ != cudaSuccess) return ::sok_ev::gpu::cuda_status(sok_ev_error_, #expr); \
   } while (0)
 
-#define SOK_EV_RETURN_IF_ERROR(expr)         \
-  do {                                       \
-    ::sok_ev::Status sok_ev_status_ = (expr); \
+#define SOK_EV_RETURN_IF_ERROR(expr)                 \
+  do {                                               \
+    ::sok_ev::Status sok_ev_status_ = (expr);        \
     if (!sok_ev_status_.ok()) return sok_ev_status_; \
   } while (0)
 

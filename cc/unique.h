@@ -18,9 +18,8 @@ namespace cpu {
 //   counts:       (n,) out or null: occurrences of each unique key
 //   num_unique:   (1,) out, host
 template <typename Key>
-void unique_keys(const CpuContext& context, const Key* keys, int64_t n,
-                 Key* unique_keys, int64_t* inverse, int64_t* counts,
-                 int64_t* num_unique);
+void unique_keys(const CpuContext& context, const Key* keys, int64_t n, Key* unique_keys,
+                 int64_t* inverse, int64_t* counts, int64_t* num_unique);
 
 }  // namespace cpu
 
@@ -29,9 +28,8 @@ namespace gpu {
 // The same contract with device pointers (num_unique too); the order of the
 // unique keys is unspecified.
 template <typename Key>
-void unique_keys(const GpuContext& context, const Key* keys, int64_t n,
-                 Key* unique_keys, int64_t* inverse, int64_t* counts,
-                 int64_t* num_unique);
+void unique_keys(const GpuContext& context, const Key* keys, int64_t n, Key* unique_keys,
+                 int64_t* inverse, int64_t* counts, int64_t* num_unique);
 
 }  // namespace gpu
 }  // namespace sok_ev

@@ -1,17 +1,15 @@
 // CPU twin of unique_keys. See cc/unique.h.
-#include "cc/unique.h"
-
 #include <vector>
 
 #include "cc/hash.h"
+#include "cc/unique.h"
 
 namespace sok_ev {
 namespace cpu {
 
 template <typename Key>
-void unique_keys(const CpuContext& /*context*/, const Key* keys, int64_t n,
-                 Key* unique_keys, int64_t* inverse, int64_t* counts,
-                 int64_t* num_unique) {
+void unique_keys(const CpuContext& /*context*/, const Key* keys, int64_t n, Key* unique_keys,
+                 int64_t* inverse, int64_t* counts, int64_t* num_unique) {
   // A private open-addressing index over positions in unique_keys; capacity
   // a power of two at least 2n keeps probes short. Serial on purpose: one
   // pass over a batch is cheap next to the table work that follows.
@@ -37,10 +35,10 @@ void unique_keys(const CpuContext& /*context*/, const Key* keys, int64_t n,
   *num_unique = found;
 }
 
-template void unique_keys<int32_t>(const CpuContext&, const int32_t*, int64_t,
-                                   int32_t*, int64_t*, int64_t*, int64_t*);
-template void unique_keys<int64_t>(const CpuContext&, const int64_t*, int64_t,
-                                   int64_t*, int64_t*, int64_t*, int64_t*);
+template void unique_keys<int32_t>(const CpuContext&, const int32_t*, int64_t, int32_t*, int64_t*,
+                                   int64_t*, int64_t*);
+template void unique_keys<int64_t>(const CpuContext&, const int64_t*, int64_t, int64_t*, int64_t*,
+                                   int64_t*, int64_t*);
 
 }  // namespace cpu
 }  // namespace sok_ev

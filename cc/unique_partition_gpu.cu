@@ -33,9 +33,8 @@ __global__ void run_heads_kernel(const Key* sorted, int64_t n, int64_t* heads) {
 //   run_ids: (n,) inclusive scan of heads, so run id = run_ids[i] - 1
 template <typename Key>
 __global__ void scatter_unique_kernel(const Key* sorted, const int64_t* positions,
-                                      const int64_t* run_ids, int64_t n,
-                                      Key* unique_keys, int64_t* inverse,
-                                      int64_t* counts, int64_t* segments,
+                                      const int64_t* run_ids, int64_t n, Key* unique_keys,
+                                      int64_t* inverse, int64_t* counts, int64_t* segments,
                                       int64_t* num_unique) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -53,7 +52,10 @@ __global__ void scatter_unique_kernel(const Key* sorted, const int64_t* position
         int64_t lo = 0, hi = i;
         while (lo < hi) {
           const int64_t mid = (lo + hi) / 2;
-          if (run_ids[mid] < run_ids[i]) lo = mid + 1; else hi = mid;
+          if (run_ids[mid] < run_ids[i])
+            lo = mid + 1;
+          else
+            hi = mid;
         }
         counts[id] = i - lo + 1;
       }
@@ -63,8 +65,7 @@ __global__ void scatter_unique_kernel(const Key* sorted, const int64_t* position
 }
 
 template <typename Key>
-__global__ void owners_kernel(const Key* keys, int64_t n, int32_t num_workers,
-                              int32_t* owners) {
+__global__ void owners_kernel(const Key* keys, int64_t n, int32_t num_workers, int32_t* owners) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     owners[i] = owner_of(keys[i], num_workers);
@@ -73,8 +74,8 @@ __global__ void owners_kernel(const Key* keys, int64_t n, int32_t num_workers,
 
 //   positions: (n,)  keys_by_owner: (n,) out, keys[positions[j]]
 template <typename Key>
-__global__ void gather_keys_kernel(const Key* keys, const int64_t* positions,
-                                   int64_t n, Key* keys_by_owner) {
+__global__ void gather_keys_kernel(const Key* keys, const int64_t* positions, int64_t n,
+                                   Key* keys_by_owner) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     keys_by_owner[i] = keys[positions[i]];
@@ -83,15 +84,18 @@ __global__ void gather_keys_kernel(const Key* keys, const int64_t* positions,
 
 // counts[w] = number of sorted owners equal to w, by binary search for the
 // first index of each owner (owners are sorted).
-__global__ void owner_counts_kernel(const int32_t* sorted_owners, int64_t n,
-                                    int32_t num_workers, int64_t* counts) {
+__global__ void owner_counts_kernel(const int32_t* sorted_owners, int64_t n, int32_t num_workers,
+                                    int64_t* counts) {
   for (int32_t w = blockIdx.x * blockDim.x + threadIdx.x; w < num_workers;
        w += gridDim.x * blockDim.x) {
     auto lower = [&](int32_t value) {
       int64_t lo = 0, hi = n;
       while (lo < hi) {
         const int64_t mid = (lo + hi) / 2;
-        if (sorted_owners[mid] < value) lo = mid + 1; else hi = mid;
+        if (sorted_owners[mid] < value)
+          lo = mid + 1;
+        else
+          hi = mid;
       }
       return lo;
     };
@@ -106,9 +110,9 @@ int bits_for(int64_t values) {
 }
 
 template <typename Key>
-Status unique_keys_impl(const GpuContext& context, const Key* keys, int64_t n,
-                        Key* unique_keys, int64_t* inverse, int64_t* counts,
-                        int64_t* order, int64_t* segments, int64_t* num_unique) {
+Status unique_keys_impl(const GpuContext& context, const Key* keys, int64_t n, Key* unique_keys,
+                        int64_t* inverse, int64_t* counts, int64_t* order, int64_t* segments,
+                        int64_t* num_unique) {
   cudaStream_t stream = stream_of(context);
   if (n <= 0) {
     SOK_EV_CUDA_RETURN(cudaMemsetAsync(num_unique, 0, sizeof(int64_t), stream));
@@ -131,32 +135,31 @@ Status unique_keys_impl(const GpuContext& context, const Key* keys, int64_t n,
   iota_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(positions_in.as<int64_t>(), n);
   SOK_EV_LAUNCH_CHECK("iota");
   size_t sort_bytes = 0, scan_bytes = 0;
-  SOK_EV_CUDA_RETURN(cub::DeviceRadixSort::SortPairs(
-      nullptr, sort_bytes, keys, sorted.as<Key>(), positions_in.as<int64_t>(),
-      positions, n, 0, int(sizeof(Key) * 8), stream));
-  SOK_EV_CUDA_RETURN(cub::DeviceScan::InclusiveSum(
-      nullptr, scan_bytes, heads.as<int64_t>(), run_ids.as<int64_t>(), n, stream));
+  SOK_EV_CUDA_RETURN(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, keys, sorted.as<Key>(),
+                                                     positions_in.as<int64_t>(), positions, n, 0,
+                                                     int(sizeof(Key) * 8), stream));
+  SOK_EV_CUDA_RETURN(cub::DeviceScan::InclusiveSum(nullptr, scan_bytes, heads.as<int64_t>(),
+                                                   run_ids.as<int64_t>(), n, stream));
   ScratchBuffer temp(context, std::max(sort_bytes, scan_bytes));
   if (!temp.ok()) return Status::Internal("unique_keys: out of device memory");
-  SOK_EV_CUDA_RETURN(cub::DeviceRadixSort::SortPairs(
-      temp.get(), sort_bytes, keys, sorted.as<Key>(), positions_in.as<int64_t>(),
-      positions, n, 0, int(sizeof(Key) * 8), stream));
-  run_heads_kernel<Key><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
-      sorted.as<Key>(), n, heads.as<int64_t>());
+  SOK_EV_CUDA_RETURN(cub::DeviceRadixSort::SortPairs(temp.get(), sort_bytes, keys, sorted.as<Key>(),
+                                                     positions_in.as<int64_t>(), positions, n, 0,
+                                                     int(sizeof(Key) * 8), stream));
+  run_heads_kernel<Key>
+      <<<grid_for(n, kThreads), kThreads, 0, stream>>>(sorted.as<Key>(), n, heads.as<int64_t>());
   SOK_EV_LAUNCH_CHECK("run_heads");
-  SOK_EV_CUDA_RETURN(cub::DeviceScan::InclusiveSum(
-      temp.get(), scan_bytes, heads.as<int64_t>(), run_ids.as<int64_t>(), n, stream));
+  SOK_EV_CUDA_RETURN(cub::DeviceScan::InclusiveSum(temp.get(), scan_bytes, heads.as<int64_t>(),
+                                                   run_ids.as<int64_t>(), n, stream));
   scatter_unique_kernel<Key><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
-      sorted.as<Key>(), positions, run_ids.as<int64_t>(), n,
-      unique_keys, inverse, counts, segments, num_unique);
+      sorted.as<Key>(), positions, run_ids.as<int64_t>(), n, unique_keys, inverse, counts, segments,
+      num_unique);
   SOK_EV_LAUNCH_CHECK("scatter_unique");
   return Status::Ok();
 }
 
 template <typename Key>
-Status partition_impl(const GpuContext& context, const Key* keys, int64_t n,
-                      int32_t num_workers, Key* keys_by_owner,
-                      int64_t* positions, int64_t* counts) {
+Status partition_impl(const GpuContext& context, const Key* keys, int64_t n, int32_t num_workers,
+                      Key* keys_by_owner, int64_t* positions, int64_t* counts) {
   cudaStream_t stream = stream_of(context);
   if (num_workers < 1) {
     return Status::InvalidArgument("partition_by_owner: num_workers must be >= 1");
@@ -171,8 +174,8 @@ Status partition_impl(const GpuContext& context, const Key* keys, int64_t n,
   if (!owners.ok() || !sorted_owners.ok() || !positions_in.ok()) {
     return Status::Internal("partition_by_owner: out of device memory");
   }
-  owners_kernel<Key><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
-      keys, n, num_workers, owners.as<int32_t>());
+  owners_kernel<Key>
+      <<<grid_for(n, kThreads), kThreads, 0, stream>>>(keys, n, num_workers, owners.as<int32_t>());
   SOK_EV_LAUNCH_CHECK("owners");
   iota_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(positions_in.as<int64_t>(), n);
   SOK_EV_LAUNCH_CHECK("iota");
@@ -186,8 +189,8 @@ Status partition_impl(const GpuContext& context, const Key* keys, int64_t n,
   SOK_EV_CUDA_RETURN(cub::DeviceRadixSort::SortPairs(
       temp.get(), sort_bytes, owners.as<int32_t>(), sorted_owners.as<int32_t>(),
       positions_in.as<int64_t>(), positions, n, 0, end_bit, stream));
-  gather_keys_kernel<Key><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
-      keys, positions, n, keys_by_owner);
+  gather_keys_kernel<Key>
+      <<<grid_for(n, kThreads), kThreads, 0, stream>>>(keys, positions, n, keys_by_owner);
   SOK_EV_LAUNCH_CHECK("gather_keys");
   owner_counts_kernel<<<grid_for(num_workers, kThreads), kThreads, 0, stream>>>(
       sorted_owners.as<int32_t>(), n, num_workers, counts);
@@ -198,45 +201,38 @@ Status partition_impl(const GpuContext& context, const Key* keys, int64_t n,
 }  // namespace
 
 template <typename Key>
-void unique_keys(const GpuContext& context, const Key* keys, int64_t n,
-                 Key* unique_keys, int64_t* inverse, int64_t* counts,
-                 int64_t* num_unique) {
-  record_error(unique_keys_impl(context, keys, n, unique_keys, inverse, counts,
-                                nullptr, nullptr, num_unique));
+void unique_keys(const GpuContext& context, const Key* keys, int64_t n, Key* unique_keys,
+                 int64_t* inverse, int64_t* counts, int64_t* num_unique) {
+  record_error(unique_keys_impl(context, keys, n, unique_keys, inverse, counts, nullptr, nullptr,
+                                num_unique));
 }
 
 template <typename Key>
-void unique_keys_segmented(const GpuContext& context, const Key* keys, int64_t n,
-                           Key* unique_keys, int64_t* inverse, int64_t* order,
-                           int64_t* segments, int64_t* num_unique) {
-  record_error(unique_keys_impl(context, keys, n, unique_keys, inverse, nullptr,
-                                order, segments, num_unique));
+void unique_keys_segmented(const GpuContext& context, const Key* keys, int64_t n, Key* unique_keys,
+                           int64_t* inverse, int64_t* order, int64_t* segments,
+                           int64_t* num_unique) {
+  record_error(unique_keys_impl(context, keys, n, unique_keys, inverse, nullptr, order, segments,
+                                num_unique));
 }
 
 template <typename Key>
-void partition_by_owner(const GpuContext& context, const Key* keys, int64_t n,
-                        int32_t num_workers, Key* keys_by_owner,
-                        int64_t* positions, int64_t* counts) {
-  record_error(partition_impl(context, keys, n, num_workers, keys_by_owner,
-                              positions, counts));
+void partition_by_owner(const GpuContext& context, const Key* keys, int64_t n, int32_t num_workers,
+                        Key* keys_by_owner, int64_t* positions, int64_t* counts) {
+  record_error(partition_impl(context, keys, n, num_workers, keys_by_owner, positions, counts));
 }
 
-template void unique_keys<int32_t>(const GpuContext&, const int32_t*, int64_t,
-                                   int32_t*, int64_t*, int64_t*, int64_t*);
-template void unique_keys<int64_t>(const GpuContext&, const int64_t*, int64_t,
-                                   int64_t*, int64_t*, int64_t*, int64_t*);
-template void unique_keys_segmented<int32_t>(const GpuContext&, const int32_t*,
-                                             int64_t, int32_t*, int64_t*,
-                                             int64_t*, int64_t*, int64_t*);
-template void unique_keys_segmented<int64_t>(const GpuContext&, const int64_t*,
-                                             int64_t, int64_t*, int64_t*,
-                                             int64_t*, int64_t*, int64_t*);
-template void partition_by_owner<int32_t>(const GpuContext&, const int32_t*,
-                                          int64_t, int32_t, int32_t*, int64_t*,
-                                          int64_t*);
-template void partition_by_owner<int64_t>(const GpuContext&, const int64_t*,
-                                          int64_t, int32_t, int64_t*, int64_t*,
-                                          int64_t*);
+template void unique_keys<int32_t>(const GpuContext&, const int32_t*, int64_t, int32_t*, int64_t*,
+                                   int64_t*, int64_t*);
+template void unique_keys<int64_t>(const GpuContext&, const int64_t*, int64_t, int64_t*, int64_t*,
+                                   int64_t*, int64_t*);
+template void unique_keys_segmented<int32_t>(const GpuContext&, const int32_t*, int64_t, int32_t*,
+                                             int64_t*, int64_t*, int64_t*, int64_t*);
+template void unique_keys_segmented<int64_t>(const GpuContext&, const int64_t*, int64_t, int64_t*,
+                                             int64_t*, int64_t*, int64_t*, int64_t*);
+template void partition_by_owner<int32_t>(const GpuContext&, const int32_t*, int64_t, int32_t,
+                                          int32_t*, int64_t*, int64_t*);
+template void partition_by_owner<int64_t>(const GpuContext&, const int64_t*, int64_t, int32_t,
+                                          int64_t*, int64_t*, int64_t*);
 
 }  // namespace gpu
 }  // namespace sok_ev

@@ -18,9 +18,9 @@ namespace gpu {
 //   segments: (n + 1,) out, the first *num_unique + 1 written
 //   num_unique: (1,) out, device
 template <typename Key>
-void unique_keys_segmented(const GpuContext& context, const Key* keys, int64_t n,
-                           Key* unique_keys, int64_t* inverse, int64_t* order,
-                           int64_t* segments, int64_t* num_unique);
+void unique_keys_segmented(const GpuContext& context, const Key* keys, int64_t n, Key* unique_keys,
+                           int64_t* inverse, int64_t* order, int64_t* segments,
+                           int64_t* num_unique);
 
 }  // namespace gpu
 }  // namespace sok_ev

@@ -26,7 +26,7 @@ __version__ = "0.1.0"
 
 
 def init() -> None:
-  """Prepares sok-ev; call once, after `hvd.init()` when using Horovod.
+    """Prepares sok-ev; call once, after `hvd.init()` when using Horovod.
 
   Takes the rank and number of workers from Horovod if it is initialised
   (one worker otherwise), and installs the narrow optimizer hook
@@ -37,23 +37,32 @@ def init() -> None:
     RuntimeError: several processes were launched but Horovod is missing or
       not initialised.
   """
-  communication.init()
-  optimizers.install_optimizer_hook()
+    communication.init()
+    optimizers.install_optimizer_hook()
 
 
 def rank() -> int:
-  """This worker's index (0 without Horovod)."""
-  return communication.rank()
+    """This worker's index (0 without Horovod)."""
+    return communication.rank()
 
 
 def world_size() -> int:
-  """Number of workers (1 without Horovod)."""
-  return communication.world_size()
+    """Number of workers (1 without Horovod)."""
+    return communication.world_size()
 
 
 __all__ = [
-    "EmbeddingVariable", "EmbeddingVariableOption", "EmbeddingVariableSlot",
-    "GlobalStepEvict", "InitializerOption", "OptimizerWrapper",
-    "SUPPORTED_OPTIMIZERS", "get_embedding_variable", "init",
-    "install_deeprec_api", "lookup_sparse", "rank", "world_size",
+    "EmbeddingVariable",
+    "EmbeddingVariableOption",
+    "EmbeddingVariableSlot",
+    "GlobalStepEvict",
+    "InitializerOption",
+    "OptimizerWrapper",
+    "SUPPORTED_OPTIMIZERS",
+    "get_embedding_variable",
+    "init",
+    "install_deeprec_api",
+    "lookup_sparse",
+    "rank",
+    "world_size",
 ]

@@ -25,29 +25,28 @@ import tensorflow as tf
 _state = {"rank": 0, "world_size": 1, "initialized": False}
 
 # Variables that launchers set to the number of processes they started.
-_LAUNCHER_SIZE_VARIABLES = ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE",
-                            "WORLD_SIZE")
+_LAUNCHER_SIZE_VARIABLES = ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "WORLD_SIZE")
 
 
 def _launched_processes():
-  for variable in _LAUNCHER_SIZE_VARIABLES:
-    value = os.environ.get(variable)
-    if value and value.isdigit():
-      return int(value), variable
-  return 1, None
+    for variable in _LAUNCHER_SIZE_VARIABLES:
+        value = os.environ.get(variable)
+        if value and value.isdigit():
+            return int(value), variable
+    return 1, None
 
 
 def _horovod():
-  """horovod.tensorflow, or None when it is not installed."""
-  try:
-    import horovod.tensorflow as hvd  # pylint: disable=import-outside-toplevel
-  except ImportError:
-    return None
-  return hvd
+    """horovod.tensorflow, or None when it is not installed."""
+    try:
+        import horovod.tensorflow as hvd  # pylint: disable=import-outside-toplevel
+    except ImportError:
+        return None
+    return hvd
 
 
 def init():
-  """Reads rank and world size from Horovod, or sets one worker.
+    """Reads rank and world size from Horovod, or sets one worker.
 
   With Horovod initialised, also installs `install_allreduce_guards()`.
 
@@ -55,46 +54,44 @@ def init():
     RuntimeError: several processes were launched but Horovod is missing or
       `hvd.init()` has not run, so the workers cannot know each other.
   """
-  launched, variable = _launched_processes()
-  hvd = _horovod()
-  if hvd is not None and hvd.is_initialized():
-    _state.update(rank=hvd.rank(), world_size=hvd.size(), initialized=True)
-    install_allreduce_guards()
-    return
-  if launched > 1:
-    missing = ("Horovod is not installed (bash request.sh installs it)"
-               if hvd is None else "hvd.init() has not been called")
-    raise RuntimeError(
-        f"sok_ev.init(): {launched} processes were launched ({variable}="
-        f"{launched}), but {missing}. Call hvd.init() before sok_ev.init().")
-  _state.update(rank=0, world_size=1, initialized=True)
+    launched, variable = _launched_processes()
+    hvd = _horovod()
+    if hvd is not None and hvd.is_initialized():
+        _state.update(rank=hvd.rank(), world_size=hvd.size(), initialized=True)
+        install_allreduce_guards()
+        return
+    if launched > 1:
+        missing = ("Horovod is not installed (bash request.sh installs it)"
+                   if hvd is None else "hvd.init() has not been called")
+        raise RuntimeError(f"sok_ev.init(): {launched} processes were launched ({variable}="
+                           f"{launched}), but {missing}. Call hvd.init() before sok_ev.init().")
+    _state.update(rank=0, world_size=1, initialized=True)
 
 
 def rank():
-  """This worker's index in [0, world_size())."""
-  return _state["rank"]
+    """This worker's index in [0, world_size())."""
+    return _state["rank"]
 
 
 def world_size():
-  """Number of workers the tables are spread over."""
-  return _state["world_size"]
+    """Number of workers the tables are spread over."""
+    return _state["world_size"]
 
 
 def _backend():
-  hvd = _horovod()
-  if hvd is None or not hvd.is_initialized():
-    raise RuntimeError(
-        f"sok-ev is set up for {world_size()} workers but Horovod is "
-        f"{'missing' if hvd is None else 'not initialised'}; call hvd.init() "
-        "then sok_ev.init() on every worker.")
-  return hvd
+    hvd = _horovod()
+    if hvd is None or not hvd.is_initialized():
+        raise RuntimeError(f"sok-ev is set up for {world_size()} workers but Horovod is "
+                           f"{'missing' if hvd is None else 'not initialised'}; call hvd.init() "
+                           "then sok_ev.init() on every worker.")
+    return hvd
 
 
 # --- Collectives (TensorFlow ops) ------------------------------------------
 
 
 def alltoall(tensor, splits, name=None):
-  """Sends `splits[w]` leading rows of `tensor` to worker w, in order.
+    """Sends `splits[w]` leading rows of `tensor` to worker w, in order.
 
   Args:
     tensor: `[n, ...]`; rows `sum(splits[:w]) ... sum(splits[:w+1])` go to
@@ -108,24 +105,23 @@ def alltoall(tensor, splits, name=None):
     and how many came from each (int32 `[world_size]`). Differentiable with
     respect to `tensor` (the gradient is the reverse alltoall).
   """
-  return _backend().alltoall(tensor, splits=tf.cast(splits, tf.int32),
-                             name=name)
+    return _backend().alltoall(tensor, splits=tf.cast(splits, tf.int32), name=name)
 
 
 def allgather(tensor, name=None):
-  """Concatenates every worker's `tensor` along dimension 0, in rank order."""
-  return _backend().allgather(tensor, name=name)
+    """Concatenates every worker's `tensor` along dimension 0, in rank order."""
+    return _backend().allgather(tensor, name=name)
 
 
 def allreduce(tensor, name=None):
-  """Sums `tensor` over the workers (a dense tensor, never an Embedding
+    """Sums `tensor` over the workers (a dense tensor, never an Embedding
   Variable's gradient)."""
-  hvd = _backend()
-  return _original_allreduce(hvd)(tensor, op=hvd.Sum, name=name)
+    hvd = _backend()
+    return _original_allreduce(hvd)(tensor, op=hvd.Sum, name=name)
 
 
 def allgather_object(obj, name="sok_ev_allgather_object"):
-  """Runs now, outside any graph being built: returns every worker's `obj`.
+    """Runs now, outside any graph being built: returns every worker's `obj`.
 
   `obj` must be JSON-serialisable. Used for one-off checks while a graph or
   a `tf.function` is being built (every worker builds it, so every worker
@@ -135,29 +131,28 @@ def allgather_object(obj, name="sok_ev_allgather_object"):
   Returns:
     A list of `world_size()` decoded objects, in rank order.
   """
-  hvd = _backend()
-  data = np.frombuffer(json.dumps(obj, sort_keys=True).encode(), np.uint8)
+    hvd = _backend()
+    data = np.frombuffer(json.dumps(obj, sort_keys=True).encode(), np.uint8)
 
-  def gather():
-    sizes = hvd.allgather(tf.constant([data.size], tf.int64),
-                          name=f"{name}_sizes")
-    payload = hvd.allgather(tf.constant(data, tf.uint8), name=f"{name}_data")
-    return sizes, payload
+    def gather():
+        sizes = hvd.allgather(tf.constant([data.size], tf.int64), name=f"{name}_sizes")
+        payload = hvd.allgather(tf.constant(data, tf.uint8), name=f"{name}_data")
+        return sizes, payload
 
-  with tf.init_scope():  # leaves a tf.function being traced: runs eagerly
-    if tf.executing_eagerly():
-      sizes, payload = gather()
-      sizes, payload = sizes.numpy(), payload.numpy()
-    else:
-      with tf.Graph().as_default():
-        fetches = gather()
-        with tf.compat.v1.Session() as session:
-          sizes, payload = session.run(fetches)
-  objects, start = [], 0
-  for size in sizes:
-    objects.append(json.loads(payload[start:start + size].tobytes().decode()))
-    start += size
-  return objects
+    with tf.init_scope():  # leaves a tf.function being traced: runs eagerly
+        if tf.executing_eagerly():
+            sizes, payload = gather()
+            sizes, payload = sizes.numpy(), payload.numpy()
+        else:
+            with tf.Graph().as_default():
+                fetches = gather()
+                with tf.compat.v1.Session() as session:
+                    sizes, payload = session.run(fetches)
+    objects, start = [], 0
+    for size in sizes:
+        objects.append(json.loads(payload[start:start + size].tobytes().decode()))
+        start += size
+    return objects
 
 
 # --- Guards: Embedding Variable gradients are never allreduced --------------
@@ -174,65 +169,69 @@ _guards = {}
 
 
 def _original_allreduce(hvd):
-  return _guards.get("allreduce", hvd.allreduce)
+    return _guards.get("allreduce", hvd.allreduce)
 
 
 def _embedding_variables_in(variables):
-  from sok_ev.embedding_variable import EmbeddingVariable  # pylint: disable=import-outside-toplevel
-  return [v for v in tf.nest.flatten(variables)
-          if isinstance(v, EmbeddingVariable)]
+    from sok_ev.embedding_variable import EmbeddingVariable  # pylint: disable=import-outside-toplevel
+    return [v for v in tf.nest.flatten(variables) if isinstance(v, EmbeddingVariable)]
 
 
 def _refuse(variables, where):
-  names = ", ".join(f"'{v.name}'" for v in variables)
-  raise ValueError(
-      f"{where} would allreduce the gradient of Embedding Variable(s) {names}. "
-      "Embedding Variables are model-parallel: each worker's gradient already "
-      "holds every worker's contributions for the keys it owns, and only the "
-      "owner may apply it. Leave Embedding Variables out: allreduce only the "
-      "dense gradients, e.g. [(g if isinstance(v, sok_ev.EmbeddingVariable) "
-      "else hvd.allreduce(g), v) for g, v in opt.compute_gradients(loss)], or "
-      "pass var_list=<dense variables> to hvd.DistributedOptimizer (see "
-      "python/examples/deeprec_sok_example.py).")
+    names = ", ".join(f"'{v.name}'" for v in variables)
+    raise ValueError(f"{where} would allreduce the gradient of Embedding Variable(s) {names}. "
+                     "Embedding Variables are model-parallel: each worker's gradient already "
+                     "holds every worker's contributions for the keys it owns, and only the "
+                     "owner may apply it. Leave Embedding Variables out: allreduce only the "
+                     "dense gradients, e.g. [(g if isinstance(v, sok_ev.EmbeddingVariable) "
+                     "else hvd.allreduce(g), v) for g, v in opt.compute_gradients(loss)], or "
+                     "pass var_list=<dense variables> to hvd.DistributedOptimizer (see "
+                     "python/examples/deeprec_sok_example.py).")
 
 
 def _guard_allreduce(original, where):
-  @functools.wraps(original)
-  def guarded(tensor, *args, **kwargs):
-    from sok_ev import distributed  # pylint: disable=import-outside-toplevel
-    for item in (tensor if isinstance(tensor, (list, tuple)) else [tensor]):
-      variable = distributed.embedding_variable_of_gradient(item)
-      if variable is not None:
-        _refuse([variable], where)
-    return original(tensor, *args, **kwargs)
-  return guarded
+
+    @functools.wraps(original)
+    def guarded(tensor, *args, **kwargs):
+        from sok_ev import distributed  # pylint: disable=import-outside-toplevel
+        for item in (tensor if isinstance(tensor, (list, tuple)) else [tensor]):
+            variable = distributed.embedding_variable_of_gradient(item)
+            if variable is not None:
+                _refuse([variable], where)
+        return original(tensor, *args, **kwargs)
+
+    return guarded
 
 
 def _guard_compute_gradients(original):
-  @functools.wraps(original)
-  def compute_gradients(self, *args, **kwargs):
-    var_list = kwargs.get("var_list", args[1] if len(args) > 1 else None)
-    if var_list is None and not tf.executing_eagerly():
-      var_list = tf.compat.v1.trainable_variables()
-    tables = _embedding_variables_in(var_list or [])
-    if tables:
-      _refuse(tables, "hvd.DistributedOptimizer")
-    return original(self, *args, **kwargs)
-  return compute_gradients
+
+    @functools.wraps(original)
+    def compute_gradients(self, *args, **kwargs):
+        var_list = kwargs.get("var_list", args[1] if len(args) > 1 else None)
+        if var_list is None and not tf.executing_eagerly():
+            var_list = tf.compat.v1.trainable_variables()
+        tables = _embedding_variables_in(var_list or [])
+        if tables:
+            _refuse(tables, "hvd.DistributedOptimizer")
+        return original(self, *args, **kwargs)
+
+    return compute_gradients
 
 
 def _guard_tape_gradient(original):
-  @functools.wraps(original)
-  def gradient(self, target, sources, *args, **kwargs):
-    tables = _embedding_variables_in(sources)
-    if tables:
-      _refuse(tables, "hvd.DistributedGradientTape.gradient")
-    return original(self, target, sources, *args, **kwargs)
-  return gradient
+
+    @functools.wraps(original)
+    def gradient(self, target, sources, *args, **kwargs):
+        tables = _embedding_variables_in(sources)
+        if tables:
+            _refuse(tables, "hvd.DistributedGradientTape.gradient")
+        return original(self, target, sources, *args, **kwargs)
+
+    return gradient
 
 
 def install_allreduce_guards():
-  """Makes Horovod refuse to allreduce Embedding Variable gradients.
+    """Makes Horovod refuse to allreduce Embedding Variable gradients.
 
   Wraps, once: `hvd.allreduce` and `hvd.grouped_allreduce` (refuse a
   gradient that `sok_ev.lookup_sparse` produced for an Embedding Variable),
@@ -244,20 +243,20 @@ def install_allreduce_guards():
   before `sok_ev.init()` keep the unguarded function; the optimizer-side
   check still refuses such gradients in graph mode and tf.function.
   """
-  hvd = _horovod()
-  if hvd is None or _guards:
-    return
-  import horovod.tensorflow as hvd_module  # pylint: disable=import-outside-toplevel
-  for function in ("allreduce", "grouped_allreduce"):
-    original = getattr(hvd_module, function)
-    _guards[function] = original
-    setattr(hvd_module, function, _guard_allreduce(original, f"hvd.{function}"))
-  for class_name in ("_DistributedOptimizer", "_DistributedAdasumOptimizer"):
-    cls = getattr(hvd_module, class_name, None)
-    if cls is not None:
-      _guards[class_name] = cls.compute_gradients
-      cls.compute_gradients = _guard_compute_gradients(cls.compute_gradients)
-  tape = getattr(hvd_module, "_DistributedGradientTape", None)
-  if tape is not None:
-    _guards["_DistributedGradientTape"] = tape.gradient
-    tape.gradient = _guard_tape_gradient(tape.gradient)
+    hvd = _horovod()
+    if hvd is None or _guards:
+        return
+    import horovod.tensorflow as hvd_module  # pylint: disable=import-outside-toplevel
+    for function in ("allreduce", "grouped_allreduce"):
+        original = getattr(hvd_module, function)
+        _guards[function] = original
+        setattr(hvd_module, function, _guard_allreduce(original, f"hvd.{function}"))
+    for class_name in ("_DistributedOptimizer", "_DistributedAdasumOptimizer"):
+        cls = getattr(hvd_module, class_name, None)
+        if cls is not None:
+            _guards[class_name] = cls.compute_gradients
+            cls.compute_gradients = _guard_compute_gradients(cls.compute_gradients)
+    tape = getattr(hvd_module, "_DistributedGradientTape", None)
+    if tape is not None:
+        _guards["_DistributedGradientTape"] = tape.gradient
+        tape.gradient = _guard_tape_gradient(tape.gradient)

@@ -55,42 +55,46 @@ _KEYS_MARK = "_sok_ev_embedding_variable"
 _checked_signatures = set()
 
 # Horovod ops that must never produce an Embedding Variable gradient.
-_REDUCING_OPS = ("HorovodAllreduce", "HorovodGroupedAllreduce",
-                 "HorovodAllgather", "HorovodGroupedAllgather",
-                 "HorovodBroadcast", "HorovodReducescatter",
+_REDUCING_OPS = ("HorovodAllreduce", "HorovodGroupedAllreduce", "HorovodAllgather",
+                 "HorovodGroupedAllgather", "HorovodBroadcast", "HorovodReducescatter",
                  "HorovodGroupedReducescatter")
 
 
 def _exclusive_cumsum(x, axis=0):
-  return tf.cumsum(x, axis=axis, exclusive=True)
+    return tf.cumsum(x, axis=axis, exclusive=True)
 
 
 def _segments(starts, lengths):
-  """Indices of the blocks `[starts[i], starts[i] + lengths[i])`, in order."""
-  starts = tf.reshape(starts, [-1])
-  lengths = tf.reshape(lengths, [-1])
-  return tf.ragged.range(starts, starts + lengths, dtype=tf.int64).flat_values
+    """Indices of the blocks `[starts[i], starts[i] + lengths[i])`, in order."""
+    starts = tf.reshape(starts, [-1])
+    lengths = tf.reshape(lengths, [-1])
+    return tf.ragged.range(starts, starts + lengths, dtype=tf.int64).flat_values
 
 
 @tf.custom_gradient
 def _permute(x, permutation):
-  """`tf.gather(x, permutation)` for a permutation, with a dense gradient
+    """`tf.gather(x, permutation)` for a permutation, with a dense gradient
   (a gather by the inverse permutation, not IndexedSlices)."""
-  def grad(dy):
-    return tf.gather(dy, tf.math.invert_permutation(permutation)), None
-  return tf.gather(x, permutation), grad
+
+    def grad(dy):
+        return tf.gather(dy, tf.math.invert_permutation(permutation)), None
+
+    return tf.gather(x, permutation), grad
 
 
 def table_signature(variable):
-  """What every worker must agree on about a table: name, embedding_dim,
+    """What every worker must agree on about a table: name, embedding_dim,
   key dtype and target_gpu."""
-  return {"name": variable.name, "embedding_dim": int(variable.embedding_dim),
-          "key_dtype": variable.key_dtype.name,
-          "target_gpu": int(variable.target_gpu)}
+    return {
+        "name": variable.name,
+        "embedding_dim": int(variable.embedding_dim),
+        "key_dtype": variable.key_dtype.name,
+        "target_gpu": int(variable.target_gpu)
+    }
 
 
 def _check_tables(params):
-  """Checks, once per set of tables, that every worker looks up the same.
+    """Checks, once per set of tables, that every worker looks up the same.
 
   Runs while the lookup is built (graph, tf.function trace or eager call),
   with one small allgather, so a mismatch raises on every worker instead of
@@ -100,41 +104,38 @@ def _check_tables(params):
     ValueError: a target_gpu out of range, or workers disagreeing on the
       tables; the message names the table, the field and both values.
   """
-  size = communication.world_size()
-  signatures = [table_signature(v) for v in params]
-  for signature in signatures:
-    if not -1 <= signature["target_gpu"] < size:
-      raise ValueError(
-          f"lookup_sparse: target_gpu of Embedding Variable "
-          f"'{signature['name']}' must be -1 or in [0, {size}) for {size} "
-          f"workers, got {signature['target_gpu']}")
-  key = repr(signatures)
-  if key in _checked_signatures:
-    return
-  everyone = communication.allgather_object(signatures)
-  me = communication.rank()
-  for other, theirs in enumerate(everyone):
-    if theirs == signatures:
-      continue
-    if len(theirs) != len(signatures):
-      raise ValueError(
-          f"lookup_sparse: worker {me} looks up {len(signatures)} tables "
-          f"({[s['name'] for s in signatures]}) but worker {other} looks up "
-          f"{len(theirs)} ({[s['name'] for s in theirs]}); every worker must "
-          "build the same Embedding Variables and lookups")
-    for t, (mine, its) in enumerate(zip(signatures, theirs)):
-      for field in ("name", "embedding_dim", "key_dtype", "target_gpu"):
-        if mine[field] != its[field]:
-          raise ValueError(
-              f"lookup_sparse: Embedding Variable '{mine['name']}' (table "
-              f"{t} of the call) differs across workers: {field} is "
-              f"{mine[field]!r} on worker {me} but {its[field]!r} on worker "
-              f"{other}; every worker must build the same tables")
-  _checked_signatures.add(key)
+    size = communication.world_size()
+    signatures = [table_signature(v) for v in params]
+    for signature in signatures:
+        if not -1 <= signature["target_gpu"] < size:
+            raise ValueError(f"lookup_sparse: target_gpu of Embedding Variable "
+                             f"'{signature['name']}' must be -1 or in [0, {size}) for {size} "
+                             f"workers, got {signature['target_gpu']}")
+    key = repr(signatures)
+    if key in _checked_signatures:
+        return
+    everyone = communication.allgather_object(signatures)
+    me = communication.rank()
+    for other, theirs in enumerate(everyone):
+        if theirs == signatures:
+            continue
+        if len(theirs) != len(signatures):
+            raise ValueError(f"lookup_sparse: worker {me} looks up {len(signatures)} tables "
+                             f"({[s['name'] for s in signatures]}) but worker {other} looks up "
+                             f"{len(theirs)} ({[s['name'] for s in theirs]}); every worker must "
+                             "build the same Embedding Variables and lookups")
+        for t, (mine, its) in enumerate(zip(signatures, theirs)):
+            for field in ("name", "embedding_dim", "key_dtype", "target_gpu"):
+                if mine[field] != its[field]:
+                    raise ValueError(f"lookup_sparse: Embedding Variable '{mine['name']}' (table "
+                                     f"{t} of the call) differs across workers: {field} is "
+                                     f"{mine[field]!r} on worker {me} but {its[field]!r} on worker "
+                                     f"{other}; every worker must build the same tables")
+    _checked_signatures.add(key)
 
 
 def find_or_insert(params, unique_keys, counts):
-  """The rows of every worker's unique keys, from the workers that own them.
+    """The rows of every worker's unique keys, from the workers that own them.
 
   Collective: every worker must call it, with the same tables in the same
   order (checked at the first call), each with its own keys (possibly none).
@@ -153,105 +154,105 @@ def find_or_insert(params, unique_keys, counts):
   Raises:
     ValueError: see `_check_tables`.
   """
-  _check_tables(params)
-  n = len(params)
-  size = communication.world_size()
-  dims = [int(v.embedding_dim) for v in params]
-  dims_tensor = tf.constant(dims, tf.int64)
-  with tf.name_scope("sok_ev_distributed"):
-    keys_by_owner, positions, owner_counts = ops().sok_ev_partition_by_owner(
-        unique_keys, target_workers=[int(v.target_gpu) for v in params],
-        num_workers=size, N=n)
-    owner_counts = tf.reshape(owner_counts, [n, size])  # [table, owner]
+    _check_tables(params)
+    n = len(params)
+    size = communication.world_size()
+    dims = [int(v.embedding_dim) for v in params]
+    dims_tensor = tf.constant(dims, tf.int64)
+    with tf.name_scope("sok_ev_distributed"):
+        keys_by_owner, positions, owner_counts = ops().sok_ev_partition_by_owner(
+            unique_keys, target_workers=[int(v.target_gpu) for v in params], num_workers=size, N=n)
+        owner_counts = tf.reshape(owner_counts, [n, size])  # [table, owner]
 
-    # Alltoall #1: header rows then (key, occurrences) rows, grouped by owner
-    # then table. The source buffer is [headers (owner, table); keys (table,
-    # owner)]; _segments picks its blocks in sending order.
-    key_rows = tf.concat([
-        tf.stack([tf.cast(k, tf.int64), tf.gather(c, p)], axis=1)
-        for k, c, p in zip(keys_by_owner, counts, positions)], axis=0)
-    headers = tf.stack([tf.reshape(tf.transpose(owner_counts), [-1]),
-                        tf.zeros([size * n], tf.int64)], axis=1)
-    source = tf.concat([headers, key_rows], axis=0)
-    table_start = _exclusive_cumsum(tf.reduce_sum(owner_counts, axis=1))
-    key_starts = (size * n + table_start[:, None] +
-                  _exclusive_cumsum(owner_counts, axis=1))   # [table, owner]
-    header_starts = tf.range(size, dtype=tf.int64)[:, None] * n
-    starts = tf.concat([header_starts, tf.transpose(key_starts)], axis=1)
-    lengths = tf.concat([tf.fill([size, 1], tf.constant(n, tf.int64)),
-                         tf.transpose(owner_counts)], axis=1)
-    send_rows = tf.gather(source, _segments(starts, lengths))
-    received, received_splits = communication.alltoall(
-        send_rows, n + tf.reduce_sum(owner_counts, axis=0))
+        # Alltoall #1: header rows then (key, occurrences) rows, grouped by owner
+        # then table. The source buffer is [headers (owner, table); keys (table,
+        # owner)]; _segments picks its blocks in sending order.
+        key_rows = tf.concat([
+            tf.stack([tf.cast(k, tf.int64), tf.gather(c, p)], axis=1)
+            for k, c, p in zip(keys_by_owner, counts, positions)
+        ],
+                             axis=0)
+        headers = tf.stack(
+            [tf.reshape(tf.transpose(owner_counts), [-1]),
+             tf.zeros([size * n], tf.int64)], axis=1)
+        source = tf.concat([headers, key_rows], axis=0)
+        table_start = _exclusive_cumsum(tf.reduce_sum(owner_counts, axis=1))
+        key_starts = (size * n + table_start[:, None] + _exclusive_cumsum(owner_counts, axis=1)
+                     )  # [table, owner]
+        header_starts = tf.range(size, dtype=tf.int64)[:, None] * n
+        starts = tf.concat([header_starts, tf.transpose(key_starts)], axis=1)
+        lengths = tf.concat(
+            [tf.fill([size, 1], tf.constant(n, tf.int64)),
+             tf.transpose(owner_counts)], axis=1)
+        send_rows = tf.gather(source, _segments(starts, lengths))
+        received, received_splits = communication.alltoall(send_rows,
+                                                           n + tf.reduce_sum(owner_counts, axis=0))
 
-    # On the owner: the header of each sender's block gives its per-table
-    # counts; regroup the rows by table (then sender) for FindOrInsert.
-    block_start = _exclusive_cumsum(tf.cast(received_splits, tf.int64))
-    from_counts = tf.reshape(tf.gather(
-        received[:, 0],
-        tf.reshape(block_start[:, None] + tf.range(n, dtype=tf.int64)[None, :],
-                   [-1])), [size, n])                       # [sender, table]
-    row_starts = (block_start[:, None] + n +
-                  _exclusive_cumsum(from_counts, axis=1))   # [sender, table]
-    by_table = tf.gather(received, _segments(tf.transpose(row_starts),
-                                             tf.transpose(from_counts)))
-    received_per_table = tf.reduce_sum(from_counts, axis=0)
-    table_rows = tf.split(by_table, received_per_table, num=n, axis=0)
-    owned_keys = []
-    for variable, rows in zip(params, table_rows):
-      keys = tf.cast(rows[:, 0], variable.key_dtype)
-      setattr(keys, _KEYS_MARK, variable)
-      owned_keys.append(keys)
-    values = ops().sok_ev_find_or_insert(
-        [v.handle for v in params], owned_keys,
-        [rows[:, 1] for rows in table_rows], embedding_dims=dims)
+        # On the owner: the header of each sender's block gives its per-table
+        # counts; regroup the rows by table (then sender) for FindOrInsert.
+        block_start = _exclusive_cumsum(tf.cast(received_splits, tf.int64))
+        from_counts = tf.reshape(
+            tf.gather(received[:, 0],
+                      tf.reshape(block_start[:, None] + tf.range(n, dtype=tf.int64)[None, :],
+                                 [-1])), [size, n])  # [sender, table]
+        row_starts = (block_start[:, None] + n + _exclusive_cumsum(from_counts, axis=1)
+                     )  # [sender, table]
+        by_table = tf.gather(received, _segments(tf.transpose(row_starts),
+                                                 tf.transpose(from_counts)))
+        received_per_table = tf.reduce_sum(from_counts, axis=0)
+        table_rows = tf.split(by_table, received_per_table, num=n, axis=0)
+        owned_keys = []
+        for variable, rows in zip(params, table_rows):
+            keys = tf.cast(rows[:, 0], variable.key_dtype)
+            setattr(keys, _KEYS_MARK, variable)
+            owned_keys.append(keys)
+        values = ops().sok_ev_find_or_insert([v.handle for v in params],
+                                             owned_keys, [rows[:, 1] for rows in table_rows],
+                                             embedding_dims=dims)
 
-    # Alltoall #2: the rows back, grouped by requester then table, as floats.
-    flat_values = tf.concat([tf.reshape(v, [-1]) for v in values], axis=0)
-    floats_from = from_counts * dims_tensor[None, :]        # [sender, table]
-    value_starts = (
-        _exclusive_cumsum(received_per_table * dims_tensor)[None, :] +
-        _exclusive_cumsum(floats_from, axis=0))             # [sender, table]
-    send_values = _permute(flat_values, _segments(value_starts, floats_from))
-    returned, _ = communication.alltoall(
-        send_values, tf.reduce_sum(floats_from, axis=1))
+        # Alltoall #2: the rows back, grouped by requester then table, as floats.
+        flat_values = tf.concat([tf.reshape(v, [-1]) for v in values], axis=0)
+        floats_from = from_counts * dims_tensor[None, :]  # [sender, table]
+        value_starts = (_exclusive_cumsum(received_per_table * dims_tensor)[None, :] +
+                        _exclusive_cumsum(floats_from, axis=0))  # [sender, table]
+        send_values = _permute(flat_values, _segments(value_starts, floats_from))
+        returned, _ = communication.alltoall(send_values, tf.reduce_sum(floats_from, axis=1))
 
-    # Back on the requester: regroup by table (then owner), un-permute.
-    floats_to = owner_counts * dims_tensor[:, None]         # [table, owner]
-    returned_starts = (
-        _exclusive_cumsum(tf.reduce_sum(floats_to, axis=0))[None, :] +
-        _exclusive_cumsum(floats_to, axis=0))               # [table, owner]
-    by_table = _permute(returned, _segments(returned_starts, floats_to))
-    pieces = tf.split(by_table, tf.reduce_sum(floats_to, axis=1), num=n)
-    unique_values = []
-    for piece, dim, p in zip(pieces, dims, positions):
-      rows = tf.reshape(piece, [-1, dim])
-      unique_values.append(_permute(rows, tf.math.invert_permutation(p)))
-    return unique_values
+        # Back on the requester: regroup by table (then owner), un-permute.
+        floats_to = owner_counts * dims_tensor[:, None]  # [table, owner]
+        returned_starts = (_exclusive_cumsum(tf.reduce_sum(floats_to, axis=0))[None, :] +
+                           _exclusive_cumsum(floats_to, axis=0))  # [table, owner]
+        by_table = _permute(returned, _segments(returned_starts, floats_to))
+        pieces = tf.split(by_table, tf.reduce_sum(floats_to, axis=1), num=n)
+        unique_values = []
+        for piece, dim, p in zip(pieces, dims, positions):
+            rows = tf.reshape(piece, [-1, dim])
+            unique_values.append(_permute(rows, tf.math.invert_permutation(p)))
+        return unique_values
 
 
 # --- Keeping Embedding Variable gradients out of allreduce -----------------
 
 
 def embedding_variable_of_gradient(grad):
-  """The Embedding Variable whose distributed-lookup gradient `grad` is, or
+    """The Embedding Variable whose distributed-lookup gradient `grad` is, or
   None. Recognises IndexedSlices keyed by the keys an owner looked up (also
   when TensorFlow concatenated several lookups' gradients in a graph)."""
-  if not isinstance(grad, tf.IndexedSlices):
-    return None
-  indices = grad.indices
-  variable = getattr(indices, _KEYS_MARK, None)
-  if variable is None and not tf.executing_eagerly() and hasattr(indices, "op"):
-    if indices.op.type == "ConcatV2":
-      for tensor in indices.op.inputs:
-        variable = getattr(tensor, _KEYS_MARK, None)
-        if variable is not None:
-          break
-  return variable
+    if not isinstance(grad, tf.IndexedSlices):
+        return None
+    indices = grad.indices
+    variable = getattr(indices, _KEYS_MARK, None)
+    if variable is None and not tf.executing_eagerly() and hasattr(indices, "op"):
+        if indices.op.type == "ConcatV2":
+            for tensor in indices.op.inputs:
+                variable = getattr(tensor, _KEYS_MARK, None)
+                if variable is not None:
+                    break
+    return variable
 
 
 def check_embedding_gradient(grad, variable, max_ops=100000):
-  """Refuses an Embedding Variable gradient that went through a Horovod
+    """Refuses an Embedding Variable gradient that went through a Horovod
   allreduce, allgather or broadcast (graph mode and tf.function).
 
   With several workers, the gradient's indices must come from the keys the
@@ -264,25 +265,23 @@ def check_embedding_gradient(grad, variable, max_ops=100000):
   Raises:
     ValueError: naming the variable and the Horovod op.
   """
-  if (communication.world_size() == 1 or
-      not isinstance(grad, tf.IndexedSlices) or
-      not hasattr(grad.indices, "op")):  # eager tensors have no producer
-    return
-  pending, seen = [grad.indices], set()
-  while pending and len(seen) < max_ops:
-    tensor = pending.pop()
-    if getattr(tensor, _KEYS_MARK, None) is not None:
-      continue
-    op = tensor.op
-    if op.name in seen:
-      continue
-    seen.add(op.name)
-    if op.type in _REDUCING_OPS:
-      raise ValueError(
-          f"The gradient of Embedding Variable '{variable.name}' went through "
-          f"Horovod op '{op.name}' ({op.type}). Embedding Variables are "
-          "model-parallel: each worker applies only the keys it owns, with "
-          "every worker's contributions already summed by the lookup's "
-          "backward alltoall. Allreduce only the dense gradients (see "
-          "python/examples/deeprec_sok_example.py).")
-    pending.extend(op.inputs)
+    if (communication.world_size() == 1 or not isinstance(grad, tf.IndexedSlices) or
+            not hasattr(grad.indices, "op")):  # eager tensors have no producer
+        return
+    pending, seen = [grad.indices], set()
+    while pending and len(seen) < max_ops:
+        tensor = pending.pop()
+        if getattr(tensor, _KEYS_MARK, None) is not None:
+            continue
+        op = tensor.op
+        if op.name in seen:
+            continue
+        seen.add(op.name)
+        if op.type in _REDUCING_OPS:
+            raise ValueError(f"The gradient of Embedding Variable '{variable.name}' went through "
+                             f"Horovod op '{op.name}' ({op.type}). Embedding Variables are "
+                             "model-parallel: each worker applies only the keys it owns, with "
+                             "every worker's contributions already summed by the lookup's "
+                             "backward alltoall. Allreduce only the dense gradients (see "
+                             "python/examples/deeprec_sok_example.py).")
+        pending.extend(op.inputs)

@@ -33,7 +33,7 @@ _SUPPORTED_KEY_DTYPES = (tf.int32, tf.int64)
 # core.Tensor as for tf.Variable's resource variables: tapes check it to decide
 # that a watched variable is trainable.
 class EmbeddingVariable(variables.Variable, core.Tensor):
-  """A hash-based embedding table whose keys are raw ids.
+    """A hash-based embedding table whose keys are raw ids.
 
   Shape notation: `dim` = `embedding_dim`. `shape` is `[dim]` (as in DeepRec),
   because the number of rows is not fixed: the table grows as keys arrive.
@@ -44,259 +44,268 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
       at the first lookup.
   """
 
-  # Makes TF treat the variable as a resource variable (its handle is what
-  # tapes watch and what colocation uses), without its dense read paths.
-  _should_act_as_resource_variable = True
+    # Makes TF treat the variable as a resource variable (its handle is what
+    # tapes watch and what colocation uses), without its dense read paths.
+    _should_act_as_resource_variable = True
 
-  def __init__(self, name, embedding_dim, key_dtype, initializer,
-               default_value_dim, trainable, steps_to_live, target_gpu):
-    # Variable.__init__ only documents arguments; state is set here.
-    # pylint: disable=super-init-not-called
-    self._embedding_dim = embedding_dim
-    self._key_dtype = tf.as_dtype(key_dtype)
-    self._trainable = trainable
-    self._steps_to_live = steps_to_live
-    self.target_gpu = target_gpu
-    self._in_graph_mode = not context.executing_eagerly()
-    self._save_slice_info = None
-    self._initializer_object = initializer
-    self._slots = {}
-    with framework_ops.init_scope():
-      self._in_graph_mode = not context.executing_eagerly()
-      # A trailing "/" makes the scope absolute, so the handle op is named
-      # exactly after the variable (what _var_key and Saver rely on).
-      with framework_ops.name_scope(name + "/", skip_on_eager=False) as scope_name:
-        self._handle_name = framework_ops.name_from_scope_name(scope_name)
-        if self._in_graph_mode:
-          shared_name = self._handle_name
-        else:
-          # Eager variables are private to their Python object.
-          shared_name = f"{self._handle_name}_{framework_ops.uid()}"
-        self._handle = ops().sok_ev_embedding_variable_handle(
-            shared_name=shared_name, key_dtype=self._key_dtype,
-            embedding_dim=embedding_dim, name=scope_name[:-1] or name)
-        spec = initializers.spec_for(initializer, default_value_dim)
-        with framework_ops.name_scope("Initializer"):
-          matrix = initializers.default_values(initializer, spec, embedding_dim)
-          self._initializer_op = ops().sok_ev_initialize_embedding_variable(
-              self._handle, matrix, key_dtype=self._key_dtype,
-              embedding_dim=embedding_dim, initializer_kind=spec.kind,
-              param_a=spec.param_a, param_b=spec.param_b, seed=spec.seed)
-      if not self._in_graph_mode:
-        self._unique_id = shared_name
-        # Frees the table when the Python object goes away, as for tf.Variable.
-        self._handle_deleter = resource_variable_ops.EagerResourceDeleter(
-            handle=self._handle, handle_device=self._handle.device)
-      else:
-        self._unique_id = self._handle_name
+    def __init__(self, name, embedding_dim, key_dtype, initializer, default_value_dim, trainable,
+                 steps_to_live, target_gpu):
+        # Variable.__init__ only documents arguments; state is set here.
+        # pylint: disable=super-init-not-called
+        self._embedding_dim = embedding_dim
+        self._key_dtype = tf.as_dtype(key_dtype)
+        self._trainable = trainable
+        self._steps_to_live = steps_to_live
+        self.target_gpu = target_gpu
+        self._in_graph_mode = not context.executing_eagerly()
+        self._save_slice_info = None
+        self._initializer_object = initializer
+        self._slots = {}
+        with framework_ops.init_scope():
+            self._in_graph_mode = not context.executing_eagerly()
+            # A trailing "/" makes the scope absolute, so the handle op is named
+            # exactly after the variable (what _var_key and Saver rely on).
+            with framework_ops.name_scope(name + "/", skip_on_eager=False) as scope_name:
+                self._handle_name = framework_ops.name_from_scope_name(scope_name)
+                if self._in_graph_mode:
+                    shared_name = self._handle_name
+                else:
+                    # Eager variables are private to their Python object.
+                    shared_name = f"{self._handle_name}_{framework_ops.uid()}"
+                self._handle = ops().sok_ev_embedding_variable_handle(shared_name=shared_name,
+                                                                      key_dtype=self._key_dtype,
+                                                                      embedding_dim=embedding_dim,
+                                                                      name=scope_name[:-1] or name)
+                spec = initializers.spec_for(initializer, default_value_dim)
+                with framework_ops.name_scope("Initializer"):
+                    matrix = initializers.default_values(initializer, spec, embedding_dim)
+                    self._initializer_op = ops().sok_ev_initialize_embedding_variable(
+                        self._handle,
+                        matrix,
+                        key_dtype=self._key_dtype,
+                        embedding_dim=embedding_dim,
+                        initializer_kind=spec.kind,
+                        param_a=spec.param_a,
+                        param_b=spec.param_b,
+                        seed=spec.seed)
+            if not self._in_graph_mode:
+                self._unique_id = shared_name
+                # Frees the table when the Python object goes away, as for tf.Variable.
+                self._handle_deleter = resource_variable_ops.EagerResourceDeleter(
+                    handle=self._handle, handle_device=self._handle.device)
+            else:
+                self._unique_id = self._handle_name
 
-  # --- What makes it an Embedding Variable --------------------------------
+    # --- What makes it an Embedding Variable --------------------------------
 
-  @property
-  def embedding_dim(self):
-    """Length of each row (the `dim` of every lookup result)."""
-    return self._embedding_dim
+    @property
+    def embedding_dim(self):
+        """Length of each row (the `dim` of every lookup result)."""
+        return self._embedding_dim
 
-  @property
-  def key_dtype(self):
-    """tf.int32 or tf.int64: the dtype lookups must use for keys."""
-    return self._key_dtype
+    @property
+    def key_dtype(self):
+        """tf.int32 or tf.int64: the dtype lookups must use for keys."""
+        return self._key_dtype
 
-  @property
-  def steps_to_live(self):
-    """Keys not updated for this many global steps are evicted at save."""
-    return self._steps_to_live
+    @property
+    def steps_to_live(self):
+        """Keys not updated for this many global steps are evicted at save."""
+        return self._steps_to_live
 
-  def total_count(self):
-    """Number of keys stored, as an int64 scalar tensor."""
-    return ops().sok_ev_embedding_variable_size(self._handle)
+    def total_count(self):
+        """Number of keys stored, as an int64 scalar tensor."""
+        return ops().sok_ev_embedding_variable_size(self._handle)
 
-  def sparse_read(self, keys, name=None):
-    """Rows of `keys` ([n] -> [n, dim]) without inserting them; an absent key
+    def sparse_read(self, keys, name=None):
+        """Rows of `keys` ([n] -> [n, dim]) without inserting them; an absent key
     reads its initial value. Not differentiable: train through lookup_sparse."""
-    keys = tf.convert_to_tensor(keys)
-    if keys.dtype != self._key_dtype:
-      raise TypeError(f"sparse_read of Embedding Variable '{self.name}': keys "
-                      f"must be {self._key_dtype.name}, got {keys.dtype.name}")
-    return ops().sok_ev_embedding_variable_find(
-        self._handle, keys, embedding_dim=self._embedding_dim, name=name)
+        keys = tf.convert_to_tensor(keys)
+        if keys.dtype != self._key_dtype:
+            raise TypeError(f"sparse_read of Embedding Variable '{self.name}': keys "
+                            f"must be {self._key_dtype.name}, got {keys.dtype.name}")
+        return ops().sok_ev_embedding_variable_find(self._handle,
+                                                    keys,
+                                                    embedding_dim=self._embedding_dim,
+                                                    name=name)
 
-  def export(self):
-    """Every key and its row: `(keys [n], values [n, dim])`, in no order."""
-    keys, rows, _, _, _, _ = ops().sok_ev_embedding_variable_export(
-        self._handle, key_dtype=self._key_dtype)
-    return keys, rows[:, :self._embedding_dim]
+    def export(self):
+        """Every key and its row: `(keys [n], values [n, dim])`, in no order."""
+        keys, rows, _, _, _, _ = ops().sok_ev_embedding_variable_export(self._handle,
+                                                                        key_dtype=self._key_dtype)
+        return keys, rows[:, :self._embedding_dim]
 
-  def export_full(self):
-    """Everything a checkpoint holds: keys, rows (value then slots),
+    def export_full(self):
+        """Everything a checkpoint holds: keys, rows (value then slots),
     frequencies, versions, slot names and slot initial values."""
-    return ops().sok_ev_embedding_variable_export(
-        self._handle, key_dtype=self._key_dtype)
+        return ops().sok_ev_embedding_variable_export(self._handle, key_dtype=self._key_dtype)
 
-  def import_full(self, keys, rows, frequencies, versions, slot_names,
-                  slot_initial_values):
-    """Replaces the table with `export_full()`'s tensors. Checks every shape
+    def import_full(self, keys, rows, frequencies, versions, slot_names, slot_initial_values):
+        """Replaces the table with `export_full()`'s tensors. Checks every shape
     first: on a bad input the table keeps its contents."""
-    return ops().sok_ev_embedding_variable_import(
-        self._handle, keys, rows, frequencies, versions, slot_names,
-        slot_initial_values)
+        return ops().sok_ev_embedding_variable_import(self._handle, keys, rows, frequencies,
+                                                      versions, slot_names, slot_initial_values)
 
-  # --- What TensorFlow expects of a variable ------------------------------
+    # --- What TensorFlow expects of a variable ------------------------------
 
-  @property
-  def handle(self):
-    """The resource handle of the table (what tapes watch and ops take)."""
-    return self._handle
+    @property
+    def handle(self):
+        """The resource handle of the table (what tapes watch and ops take)."""
+        return self._handle
 
-  @property
-  def name(self):
-    """`<scope>/<name>:0`, as for tf.Variable."""
-    return f"{self._handle_name}:0"
+    @property
+    def name(self):
+        """`<scope>/<name>:0`, as for tf.Variable."""
+        return f"{self._handle_name}:0"
 
-  @property
-  def dtype(self):
-    """tf.float32: the dtype of the rows."""
-    return tf.float32
+    @property
+    def dtype(self):
+        """tf.float32: the dtype of the rows."""
+        return tf.float32
 
-  @property
-  def shape(self):
-    """`[embedding_dim]`: rows are not counted, the table grows (DeepRec)."""
-    return tf.TensorShape([self._embedding_dim])
+    @property
+    def shape(self):
+        """`[embedding_dim]`: rows are not counted, the table grows (DeepRec)."""
+        return tf.TensorShape([self._embedding_dim])
 
-  def get_shape(self):
-    """Same as `shape`."""
-    return self.shape
+    def get_shape(self):
+        """Same as `shape`."""
+        return self.shape
 
-  @property
-  def op(self):
-    """The op that makes the handle (named after the variable)."""
-    return self._handle.op
+    @property
+    def op(self):
+        """The op that makes the handle (named after the variable)."""
+        return self._handle.op
 
-  @property
-  def graph(self):
-    """The graph the handle belongs to."""
-    return self._handle.graph
+    @property
+    def graph(self):
+        """The graph the handle belongs to."""
+        return self._handle.graph
 
-  @property
-  def device(self):
-    """The device the table lives on."""
-    return self._handle.device
+    @property
+    def device(self):
+        """The device the table lives on."""
+        return self._handle.device
 
-  @property
-  def trainable(self):
-    """Whether optimizers update it (and tapes watch it)."""
-    return self._trainable
+    @property
+    def trainable(self):
+        """Whether optimizers update it (and tapes watch it)."""
+        return self._trainable
 
-  @property
-  def initializer(self):
-    """The op that creates (or empties) the table."""
-    return self._initializer_op
+    @property
+    def initializer(self):
+        """The op that creates (or empties) the table."""
+        return self._initializer_op
 
-  @property
-  def initial_value(self):
-    """Raises TypeError: rows start when their key is first looked up."""
-    raise TypeError(f"Embedding Variable '{self.name}' has no dense initial "
-                    "value; a key's initial value is drawn when it is first "
-                    "looked up.")
+    @property
+    def initial_value(self):
+        """Raises TypeError: rows start when their key is first looked up."""
+        raise TypeError(f"Embedding Variable '{self.name}' has no dense initial "
+                        "value; a key's initial value is drawn when it is first "
+                        "looked up.")
 
-  @property
-  def constraint(self):
-    """None: Embedding Variables take no constraint."""
-    return None
+    @property
+    def constraint(self):
+        """None: Embedding Variables take no constraint."""
+        return None
 
-  @property
-  def synchronization(self):
-    """AUTO, as for tf.Variable."""
-    return tf.VariableSynchronization.AUTO
+    @property
+    def synchronization(self):
+        """AUTO, as for tf.Variable."""
+        return tf.VariableSynchronization.AUTO
 
-  @property
-  def aggregation(self):
-    """NONE: gradients go to the owning worker, never aggregated."""
-    return tf.VariableAggregation.NONE
+    @property
+    def aggregation(self):
+        """NONE: gradients go to the owning worker, never aggregated."""
+        return tf.VariableAggregation.NONE
 
-  def is_initialized(self, name=None):
-    """A bool scalar tensor: whether the table exists."""
-    return ops().sok_ev_embedding_variable_is_initialized(self._handle, name=name)
+    def is_initialized(self, name=None):
+        """A bool scalar tensor: whether the table exists."""
+        return ops().sok_ev_embedding_variable_is_initialized(self._handle, name=name)
 
-  def _dense_var_to_tensor(self, dtype=None, name=None, as_ref=False):
-    del dtype, name, as_ref
-    raise TypeError(
-        f"Embedding Variable '{self.name}' has no dense value to convert to a "
-        "Tensor; look rows up with sok_ev.lookup_sparse([var], [sparse_ids]) "
-        "or read them with var.sparse_read(keys) / var.export().")
+    def _dense_var_to_tensor(self, dtype=None, name=None, as_ref=False):
+        del dtype, name, as_ref
+        raise TypeError(f"Embedding Variable '{self.name}' has no dense value to convert to a "
+                        "Tensor; look rows up with sok_ev.lookup_sparse([var], [sparse_ids]) "
+                        "or read them with var.sparse_read(keys) / var.export().")
 
-  def value(self):
-    """Raises TypeError: there is no dense value (see lookup_sparse)."""
-    return self._dense_var_to_tensor()
+    def value(self):
+        """Raises TypeError: there is no dense value (see lookup_sparse)."""
+        return self._dense_var_to_tensor()
 
-  def read_value(self):
-    """Raises TypeError: there is no dense value (see lookup_sparse)."""
-    return self._dense_var_to_tensor()
+    def read_value(self):
+        """Raises TypeError: there is no dense value (see lookup_sparse)."""
+        return self._dense_var_to_tensor()
 
-  def _as_graph_element(self):
-    return None
+    def _as_graph_element(self):
+        return None
 
-  def _ref(self):
-    # Reached when a stock optimizer handles the variable without the hook.
-    raise TypeError(
-        f"Embedding Variable '{self.name}' can only be updated by a "
-        "tf.compat.v1.train optimizer after sok_ev.init(), or through "
-        "sok_ev.OptimizerWrapper(optimizer).")
+    def _ref(self):
+        # Reached when a stock optimizer handles the variable without the hook.
+        raise TypeError(f"Embedding Variable '{self.name}' can only be updated by a "
+                        "tf.compat.v1.train optimizer after sok_ev.init(), or through "
+                        "sok_ev.OptimizerWrapper(optimizer).")
 
-  def to_proto(self, export_scope=None):
-    """None: a MetaGraph gets no VariableDef for a hash table."""
-    # The table is saved by the Saver, and rebuilt by running the script
-    # that made it.
-    del export_scope
-    return None
+    def to_proto(self, export_scope=None):
+        """None: a MetaGraph gets no VariableDef for a hash table."""
+        # The table is saved by the Saver, and rebuilt by running the script
+        # that made it.
+        del export_scope
+        return None
 
-  def __repr__(self):
-    return (f"<sok_ev.EmbeddingVariable '{self.name}' embedding_dim="
-            f"{self._embedding_dim} key_dtype={self._key_dtype.name} "
-            f"target_gpu={self.target_gpu}>")
+    def __repr__(self):
+        return (f"<sok_ev.EmbeddingVariable '{self.name}' embedding_dim="
+                f"{self._embedding_dim} key_dtype={self._key_dtype.name} "
+                f"target_gpu={self.target_gpu}>")
 
-  def _record_access(self):
-    """Lets an active GradientTape see that a lookup read this variable."""
-    if self._trainable:
-      tape_lib.variable_accessed(self)
+    def _record_access(self):
+        """Lets an active GradientTape see that a lookup read this variable."""
+        if self._trainable:
+            tape_lib.variable_accessed(self)
 
-  # --- Checkpoints: tf.train.Saver and tf.train.Checkpoint ----------------
+    # --- Checkpoints: tf.train.Saver and tf.train.Checkpoint ----------------
 
-  def _serialize_to_tensors(self):
-    evict = tf.no_op()
-    if self._steps_to_live:
-      # DeepRec evicts stale keys when saving.
-      step = tf.compat.v1.train.get_global_step()
-      if step is not None:
-        evict = ops().sok_ev_embedding_variable_evict(
-            self._handle, tf.cast(step, tf.int64), key_dtype=self._key_dtype,
-            steps_to_live=self._steps_to_live)
-    with tf.control_dependencies([evict]):
-      keys, rows, frequencies, versions, names, initial = self.export_full()
-    return {"keys": keys, "values": rows, "freqs": frequencies,
-            "versions": versions, "slot_names": names,
-            "slot_initial_values": initial}
+    def _serialize_to_tensors(self):
+        evict = tf.no_op()
+        if self._steps_to_live:
+            # DeepRec evicts stale keys when saving.
+            step = tf.compat.v1.train.get_global_step()
+            if step is not None:
+                evict = ops().sok_ev_embedding_variable_evict(self._handle,
+                                                              tf.cast(step, tf.int64),
+                                                              key_dtype=self._key_dtype,
+                                                              steps_to_live=self._steps_to_live)
+        with tf.control_dependencies([evict]):
+            keys, rows, frequencies, versions, names, initial = self.export_full()
+        return {
+            "keys": keys,
+            "values": rows,
+            "freqs": frequencies,
+            "versions": versions,
+            "slot_names": names,
+            "slot_initial_values": initial
+        }
 
-  def _restore_from_tensors(self, restored_tensors):
-    t = restored_tensors
-    return self.import_full(t["keys"], t["values"], t["freqs"], t["versions"],
-                            t["slot_names"], t["slot_initial_values"])
+    def _restore_from_tensors(self, restored_tensors):
+        t = restored_tensors
+        return self.import_full(t["keys"], t["values"], t["freqs"], t["versions"], t["slot_names"],
+                                t["slot_initial_values"])
 
-  def _gather_saveables_for_checkpoint(self):
-    return trackable.Trackable._gather_saveables_for_checkpoint(self)
+    def _gather_saveables_for_checkpoint(self):
+        return trackable.Trackable._gather_saveables_for_checkpoint(self)
 
 
 def _full_name(name):
-  scope = tf.compat.v1.get_variable_scope().name
-  return f"{scope}/{name}" if scope else name
+    scope = tf.compat.v1.get_variable_scope().name
+    return f"{scope}/{name}" if scope else name
 
 
 def _graph_registry():
-  """Embedding Variables of the default graph by full name."""
-  graph = framework_ops.get_default_graph()
-  if not hasattr(graph, "_sok_ev_variables"):
-    graph._sok_ev_variables = {}  # pylint: disable=protected-access
-  return graph._sok_ev_variables  # pylint: disable=protected-access
+    """Embedding Variables of the default graph by full name."""
+    graph = framework_ops.get_default_graph()
+    if not hasattr(graph, "_sok_ev_variables"):
+        graph._sok_ev_variables = {}  # pylint: disable=protected-access
+    return graph._sok_ev_variables  # pylint: disable=protected-access
 
 
 def get_embedding_variable(name: str,
@@ -316,7 +325,7 @@ def get_embedding_variable(name: str,
                            init_data_source: Any = None,
                            ev_option: Optional[options_lib.EmbeddingVariableOption] = None,
                            target_gpu: int = -1) -> "EmbeddingVariable":
-  """Gets an existing Embedding Variable or creates a new one (DeepRec API).
+    """Gets an existing Embedding Variable or creates a new one (DeepRec API).
 
   In graph mode the variable scope applies: the name is prefixed with the
   scope's, and `reuse` (True, False or tf.compat.v1.AUTO_REUSE) decides
@@ -353,90 +362,92 @@ def get_embedding_variable(name: str,
       unsupported argument, or a scope/reuse conflict.
     TypeError: key_dtype or value_dtype not supported.
   """
-  unsupported = {"regularizer": regularizer, "caching_device": caching_device,
-                 "partitioner": partitioner, "custom_getter": custom_getter,
-                 "constraint": constraint, "init_data_source": init_data_source}
-  for argument, value in unsupported.items():
-    if value is not None:
-      raise ValueError(f"get_embedding_variable('{name}'): {argument}={value!r} "
-                       "is not supported by sok-ev; leave it None. (Sharding "
-                       "over workers is set with target_gpu instead of a "
-                       "partitioner.)")
-  del validate_shape
-  if (not isinstance(embedding_dim, numbers.Integral) or
-      isinstance(embedding_dim, bool) or embedding_dim <= 0):
-    raise ValueError(f"get_embedding_variable('{name}'): embedding_dim must be "
-                     f"a positive integer, got {embedding_dim!r}")
-  try:
-    key_dtype = tf.as_dtype(key_dtype)
-  except TypeError:
-    key_dtype = None
-  if key_dtype not in _SUPPORTED_KEY_DTYPES:
-    raise TypeError(f"get_embedding_variable('{name}'): key_dtype must be "
-                    f"tf.int32 or tf.int64, got {key_dtype!r}")
-  if value_dtype is not None and tf.as_dtype(value_dtype) != tf.float32:
-    raise TypeError(f"get_embedding_variable('{name}'): value_dtype must be "
-                    f"tf.float32, got {value_dtype!r}")
-  if (not isinstance(target_gpu, numbers.Integral) or target_gpu < -1):
-    raise ValueError(f"get_embedding_variable('{name}'): target_gpu must be -1 "
-                     f"or a worker index >= 0, got {target_gpu!r}")
-  ev_option = ev_option or options_lib.EmbeddingVariableOption()
-  if not isinstance(ev_option, options_lib.EmbeddingVariableOption):
-    raise TypeError(f"get_embedding_variable('{name}'): ev_option must be a "
-                    f"sok_ev.EmbeddingVariableOption, got {ev_option!r}")
-  if ev_option.evict_option is not None and ev_option.evict_option.steps_to_live:
-    if steps_to_live not in (None, ev_option.evict_option.steps_to_live):
-      raise ValueError(f"get_embedding_variable('{name}'): steps_to_live="
-                       f"{steps_to_live} disagrees with evict_option."
-                       f"steps_to_live={ev_option.evict_option.steps_to_live}")
-    steps_to_live = ev_option.evict_option.steps_to_live
-  if steps_to_live is not None and (
-      not isinstance(steps_to_live, numbers.Integral) or steps_to_live <= 0):
-    raise ValueError(f"get_embedding_variable('{name}'): steps_to_live must be "
-                     f"a positive integer or None, got {steps_to_live!r}")
-  init_option = ev_option.init_option or options_lib.InitializerOption()
-  if init_option.initializer is not None:
-    initializer = init_option.initializer
-  if initializer is None:
-    initializer = tf.compat.v1.truncated_normal_initializer(
-        stddev=1.0 / embedding_dim ** 0.5)
+    unsupported = {
+        "regularizer": regularizer,
+        "caching_device": caching_device,
+        "partitioner": partitioner,
+        "custom_getter": custom_getter,
+        "constraint": constraint,
+        "init_data_source": init_data_source
+    }
+    for argument, value in unsupported.items():
+        if value is not None:
+            raise ValueError(f"get_embedding_variable('{name}'): {argument}={value!r} "
+                             "is not supported by sok-ev; leave it None. (Sharding "
+                             "over workers is set with target_gpu instead of a "
+                             "partitioner.)")
+    del validate_shape
+    if (not isinstance(embedding_dim, numbers.Integral) or isinstance(embedding_dim, bool) or
+            embedding_dim <= 0):
+        raise ValueError(f"get_embedding_variable('{name}'): embedding_dim must be "
+                         f"a positive integer, got {embedding_dim!r}")
+    try:
+        key_dtype = tf.as_dtype(key_dtype)
+    except TypeError:
+        key_dtype = None
+    if key_dtype not in _SUPPORTED_KEY_DTYPES:
+        raise TypeError(f"get_embedding_variable('{name}'): key_dtype must be "
+                        f"tf.int32 or tf.int64, got {key_dtype!r}")
+    if value_dtype is not None and tf.as_dtype(value_dtype) != tf.float32:
+        raise TypeError(f"get_embedding_variable('{name}'): value_dtype must be "
+                        f"tf.float32, got {value_dtype!r}")
+    if (not isinstance(target_gpu, numbers.Integral) or target_gpu < -1):
+        raise ValueError(f"get_embedding_variable('{name}'): target_gpu must be -1 "
+                         f"or a worker index >= 0, got {target_gpu!r}")
+    ev_option = ev_option or options_lib.EmbeddingVariableOption()
+    if not isinstance(ev_option, options_lib.EmbeddingVariableOption):
+        raise TypeError(f"get_embedding_variable('{name}'): ev_option must be a "
+                        f"sok_ev.EmbeddingVariableOption, got {ev_option!r}")
+    if ev_option.evict_option is not None and ev_option.evict_option.steps_to_live:
+        if steps_to_live not in (None, ev_option.evict_option.steps_to_live):
+            raise ValueError(f"get_embedding_variable('{name}'): steps_to_live="
+                             f"{steps_to_live} disagrees with evict_option."
+                             f"steps_to_live={ev_option.evict_option.steps_to_live}")
+        steps_to_live = ev_option.evict_option.steps_to_live
+    if steps_to_live is not None and (not isinstance(steps_to_live, numbers.Integral) or
+                                      steps_to_live <= 0):
+        raise ValueError(f"get_embedding_variable('{name}'): steps_to_live must be "
+                         f"a positive integer or None, got {steps_to_live!r}")
+    init_option = ev_option.init_option or options_lib.InitializerOption()
+    if init_option.initializer is not None:
+        initializer = init_option.initializer
+    if initializer is None:
+        initializer = tf.compat.v1.truncated_normal_initializer(stddev=1.0 / embedding_dim**0.5)
 
-  def create(full_name):
-    return EmbeddingVariable(full_name, embedding_dim, key_dtype, initializer,
-                             init_option.default_value_dim, trainable,
-                             steps_to_live, target_gpu)
+    def create(full_name):
+        return EmbeddingVariable(full_name, embedding_dim, key_dtype, initializer,
+                                 init_option.default_value_dim, trainable, steps_to_live,
+                                 target_gpu)
 
-  if context.executing_eagerly():
-    return create(name)
+    if context.executing_eagerly():
+        return create(name)
 
-  full_name = _full_name(name)
-  registry = _graph_registry()
-  reuse = tf.compat.v1.get_variable_scope().reuse
-  if full_name in registry:
-    if reuse is False or reuse is None:
-      raise ValueError(f"Embedding Variable {full_name} already exists, "
-                       "disallowed. Did you mean to set reuse=True or "
-                       "reuse=tf.AUTO_REUSE in VarScope?")
-    existing = registry[full_name]
-    if (existing.embedding_dim != embedding_dim or
-        existing.key_dtype != key_dtype):
-      raise ValueError(
-          f"Embedding Variable {full_name} exists with embedding_dim="
-          f"{existing.embedding_dim}, key_dtype={existing.key_dtype.name}; "
-          f"asked for embedding_dim={embedding_dim}, key_dtype={key_dtype.name}")
-    return existing
-  if reuse is True:
-    raise ValueError(f"Embedding Variable {full_name} does not exist, or was "
-                     "not created with get_embedding_variable(). Did you mean "
-                     "to set reuse=tf.AUTO_REUSE in VarScope?")
-  variable = create(full_name)
-  registry[full_name] = variable
-  if collections is None:
-    collections = [tf.compat.v1.GraphKeys.GLOBAL_VARIABLES]
-  collections = list(collections)
-  if trainable and tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES not in collections:
-    collections.append(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)
-  collections.append(EMBEDDING_VARIABLES)
-  for collection in dict.fromkeys(collections):
-    tf.compat.v1.add_to_collection(collection, variable)
-  return variable
+    full_name = _full_name(name)
+    registry = _graph_registry()
+    reuse = tf.compat.v1.get_variable_scope().reuse
+    if full_name in registry:
+        if reuse is False or reuse is None:
+            raise ValueError(f"Embedding Variable {full_name} already exists, "
+                             "disallowed. Did you mean to set reuse=True or "
+                             "reuse=tf.AUTO_REUSE in VarScope?")
+        existing = registry[full_name]
+        if (existing.embedding_dim != embedding_dim or existing.key_dtype != key_dtype):
+            raise ValueError(f"Embedding Variable {full_name} exists with embedding_dim="
+                             f"{existing.embedding_dim}, key_dtype={existing.key_dtype.name}; "
+                             f"asked for embedding_dim={embedding_dim}, key_dtype={key_dtype.name}")
+        return existing
+    if reuse is True:
+        raise ValueError(f"Embedding Variable {full_name} does not exist, or was "
+                         "not created with get_embedding_variable(). Did you mean "
+                         "to set reuse=tf.AUTO_REUSE in VarScope?")
+    variable = create(full_name)
+    registry[full_name] = variable
+    if collections is None:
+        collections = [tf.compat.v1.GraphKeys.GLOBAL_VARIABLES]
+    collections = list(collections)
+    if trainable and tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES not in collections:
+        collections.append(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)
+    collections.append(EMBEDDING_VARIABLES)
+    for collection in dict.fromkeys(collections):
+        tf.compat.v1.add_to_collection(collection, variable)
+    return variable

@@ -26,33 +26,33 @@ DEEPREC_DEFAULT_VALUE_DIM = 4096
 
 @dataclasses.dataclass
 class InitializerSpec:
-  """Arguments of the InitializeEmbeddingVariable op."""
-  kind: int
-  param_a: float = 0.0
-  param_b: float = 0.0
-  seed: int = 0
-  default_value_dim: int = 0  # rows of the matrix; 0 unless the matrix kind
+    """Arguments of the InitializeEmbeddingVariable op."""
+    kind: int
+    param_a: float = 0.0
+    param_b: float = 0.0
+    seed: int = 0
+    default_value_dim: int = 0  # rows of the matrix; 0 unless the matrix kind
 
 
 def _seed(initializer):
-  """A 63-bit seed: the initializer's, combined with the graph seed if set."""
-  op_seed = getattr(initializer, "seed", None)
-  graph_seed, op_seed = tf.compat.v1.get_seed(op_seed)
-  if graph_seed is None and op_seed is None:
-    return random.getrandbits(63)
-  return ((graph_seed or 0) * 1000003 + (op_seed or 0)) & ((1 << 63) - 1)
+    """A 63-bit seed: the initializer's, combined with the graph seed if set."""
+    op_seed = getattr(initializer, "seed", None)
+    graph_seed, op_seed = tf.compat.v1.get_seed(op_seed)
+    if graph_seed is None and op_seed is None:
+        return random.getrandbits(63)
+    return ((graph_seed or 0) * 1000003 + (op_seed or 0)) & ((1 << 63) - 1)
 
 
 def _scalar_constant(initializer):
-  """The constant's value if it is one number, else None."""
-  value = np.asarray(getattr(initializer, "value", None), dtype=np.float64)
-  if value.size != 1:
-    return None
-  return float(value.reshape(()))
+    """The constant's value if it is one number, else None."""
+    value = np.asarray(getattr(initializer, "value", None), dtype=np.float64)
+    if value.size != 1:
+        return None
+    return float(value.reshape(()))
 
 
 def spec_for(initializer, default_value_dim):
-  """Chooses the native kind for `initializer`.
+    """Chooses the native kind for `initializer`.
 
   Args:
     initializer: a tf.compat.v1 or tf.keras/TF2 initializer object.
@@ -62,42 +62,38 @@ def spec_for(initializer, default_value_dim):
     An InitializerSpec; for DEFAULT_VALUE_MATRIX the caller draws the matrix
     with `initializer([default_value_dim, dim])`.
   """
-  if default_value_dim is not None:
-    return InitializerSpec(DEFAULT_VALUE_MATRIX,
-                           default_value_dim=default_value_dim)
-  name = type(initializer).__name__
-  if name in ("Zeros", "ZerosInitializer", "zeros_initializer"):
-    return InitializerSpec(CONSTANT, 0.0)
-  if name in ("Ones", "OnesInitializer", "ones_initializer"):
-    return InitializerSpec(CONSTANT, 1.0)
-  if name in ("Constant", "ConstantInitializer"):
-    value = _scalar_constant(initializer)
-    if value is not None:
-      return InitializerSpec(CONSTANT, value)
-  elif name in ("RandomUniform",):
-    return InitializerSpec(RANDOM_UNIFORM, float(initializer.minval),
-                           float(initializer.maxval), _seed(initializer))
-  elif name in ("RandomNormal",):
-    return InitializerSpec(RANDOM_NORMAL, float(initializer.mean),
-                           float(initializer.stddev), _seed(initializer))
-  elif name in ("TruncatedNormal",):
-    return InitializerSpec(TRUNCATED_NORMAL, float(initializer.mean),
-                           float(initializer.stddev), _seed(initializer))
-  return InitializerSpec(DEFAULT_VALUE_MATRIX,
-                         default_value_dim=DEEPREC_DEFAULT_VALUE_DIM)
+    if default_value_dim is not None:
+        return InitializerSpec(DEFAULT_VALUE_MATRIX, default_value_dim=default_value_dim)
+    name = type(initializer).__name__
+    if name in ("Zeros", "ZerosInitializer", "zeros_initializer"):
+        return InitializerSpec(CONSTANT, 0.0)
+    if name in ("Ones", "OnesInitializer", "ones_initializer"):
+        return InitializerSpec(CONSTANT, 1.0)
+    if name in ("Constant", "ConstantInitializer"):
+        value = _scalar_constant(initializer)
+        if value is not None:
+            return InitializerSpec(CONSTANT, value)
+    elif name in ("RandomUniform",):
+        return InitializerSpec(RANDOM_UNIFORM, float(initializer.minval), float(initializer.maxval),
+                               _seed(initializer))
+    elif name in ("RandomNormal",):
+        return InitializerSpec(RANDOM_NORMAL, float(initializer.mean), float(initializer.stddev),
+                               _seed(initializer))
+    elif name in ("TruncatedNormal",):
+        return InitializerSpec(TRUNCATED_NORMAL, float(initializer.mean), float(initializer.stddev),
+                               _seed(initializer))
+    return InitializerSpec(DEFAULT_VALUE_MATRIX, default_value_dim=DEEPREC_DEFAULT_VALUE_DIM)
 
 
 def default_values(initializer, spec, embedding_dim):
-  """The `[N, dim]` float32 matrix input of the initialize op ([0, dim] when
+    """The `[N, dim]` float32 matrix input of the initialize op ([0, dim] when
   the kind draws per key)."""
-  if spec.kind != DEFAULT_VALUE_MATRIX:
-    return tf.zeros([0, embedding_dim], tf.float32)
-  try:
-    matrix = initializer([spec.default_value_dim, embedding_dim],
-                         dtype=tf.float32)
-  except (TypeError, ValueError) as error:
-    raise ValueError(
-        f"initializer {initializer!r} could not draw the "
-        f"[{spec.default_value_dim}, {embedding_dim}] default-value matrix "
-        f"(InitializerOption.default_value_dim): {error}") from error
-  return tf.convert_to_tensor(matrix, tf.float32)
+    if spec.kind != DEFAULT_VALUE_MATRIX:
+        return tf.zeros([0, embedding_dim], tf.float32)
+    try:
+        matrix = initializer([spec.default_value_dim, embedding_dim], dtype=tf.float32)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"initializer {initializer!r} could not draw the "
+                         f"[{spec.default_value_dim}, {embedding_dim}] default-value matrix "
+                         f"(InitializerOption.default_value_dim): {error}") from error
+    return tf.convert_to_tensor(matrix, tf.float32)

@@ -21,76 +21,75 @@ COMBINERS = ("sum", "mean", "sqrtn")
 
 
 def _as_list(value, argument):
-  if isinstance(value, (list, tuple)):
-    return list(value)
-  raise TypeError(f"lookup_sparse: {argument} must be a list, got "
-                  f"{type(value).__name__}")
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    raise TypeError(f"lookup_sparse: {argument} must be a list, got "
+                    f"{type(value).__name__}")
 
 
 def _check_arguments(params, indices, combiners, sp_weights):
-  """Validates the arguments; returns (params, indices, combiners, weights)."""
-  params = _as_list(params, "params")
-  indices = _as_list(indices, "indices")
-  if not params:
-    raise ValueError("lookup_sparse: params is empty; pass one Embedding "
-                     "Variable per table")
-  if len(indices) != len(params):
-    raise ValueError(f"lookup_sparse: indices has {len(indices)} entries but "
-                     f"params has {len(params)}; pass one SparseTensor per "
-                     "Embedding Variable")
-  if combiners is None:
-    combiners = ["sum"] * len(params)
-  elif isinstance(combiners, str):
-    combiners = [combiners] * len(params)
-  combiners = _as_list(combiners, "combiners")
-  if len(combiners) != len(params):
-    raise ValueError(f"lookup_sparse: combiners has {len(combiners)} entries "
-                     f"but params has {len(params)}")
-  if sp_weights is None:
-    sp_weights = [None] * len(params)
-  sp_weights = _as_list(sp_weights, "sp_weights")
-  if len(sp_weights) != len(params):
-    raise ValueError(f"lookup_sparse: sp_weights has {len(sp_weights)} entries "
-                     f"but params has {len(params)}")
-  for t, (variable, ids, combiner, weights) in enumerate(
-      zip(params, indices, combiners, sp_weights)):
-    if not isinstance(variable, EmbeddingVariable):
-      raise TypeError(f"lookup_sparse: params[{t}] must be an Embedding "
-                      "Variable (sok_ev.get_embedding_variable), got "
-                      f"{type(variable).__name__}")
-    if not isinstance(ids, tf.SparseTensor):
-      raise TypeError(f"lookup_sparse: indices[{t}] must be a tf.SparseTensor, "
-                      f"got {type(ids).__name__}")
-    rank = ids.indices.shape[-1] if ids.indices.shape.rank == 2 else None
-    if rank is not None and rank != 2:
-      raise ValueError(f"lookup_sparse: indices[{t}] must have rank 2 "
-                       f"([batch, max_hotness]), got rank {rank}")
-    if ids.values.dtype != variable.key_dtype:
-      raise TypeError(f"lookup_sparse: indices[{t}] has {ids.values.dtype.name} "
-                      f"values, but Embedding Variable '{variable.name}' has "
-                      f"key_dtype {variable.key_dtype.name}")
-    if combiner not in COMBINERS:
-      raise ValueError(f"lookup_sparse: combiners[{t}] must be one of "
-                       f"{COMBINERS}, got {combiner!r}")
-    if weights is not None:
-      if not isinstance(weights, tf.SparseTensor):
-        raise TypeError(f"lookup_sparse: sp_weights[{t}] must be a "
-                        f"tf.SparseTensor or None, got {type(weights).__name__}")
-      if not weights.values.dtype.is_floating:
-        raise TypeError(f"lookup_sparse: sp_weights[{t}] must have float "
-                        f"values, got {weights.values.dtype.name}")
-  return params, indices, combiners, sp_weights
+    """Validates the arguments; returns (params, indices, combiners, weights)."""
+    params = _as_list(params, "params")
+    indices = _as_list(indices, "indices")
+    if not params:
+        raise ValueError("lookup_sparse: params is empty; pass one Embedding "
+                         "Variable per table")
+    if len(indices) != len(params):
+        raise ValueError(f"lookup_sparse: indices has {len(indices)} entries but "
+                         f"params has {len(params)}; pass one SparseTensor per "
+                         "Embedding Variable")
+    if combiners is None:
+        combiners = ["sum"] * len(params)
+    elif isinstance(combiners, str):
+        combiners = [combiners] * len(params)
+    combiners = _as_list(combiners, "combiners")
+    if len(combiners) != len(params):
+        raise ValueError(f"lookup_sparse: combiners has {len(combiners)} entries "
+                         f"but params has {len(params)}")
+    if sp_weights is None:
+        sp_weights = [None] * len(params)
+    sp_weights = _as_list(sp_weights, "sp_weights")
+    if len(sp_weights) != len(params):
+        raise ValueError(f"lookup_sparse: sp_weights has {len(sp_weights)} entries "
+                         f"but params has {len(params)}")
+    for t, (variable, ids, combiner,
+            weights) in enumerate(zip(params, indices, combiners, sp_weights)):
+        if not isinstance(variable, EmbeddingVariable):
+            raise TypeError(f"lookup_sparse: params[{t}] must be an Embedding "
+                            "Variable (sok_ev.get_embedding_variable), got "
+                            f"{type(variable).__name__}")
+        if not isinstance(ids, tf.SparseTensor):
+            raise TypeError(f"lookup_sparse: indices[{t}] must be a tf.SparseTensor, "
+                            f"got {type(ids).__name__}")
+        rank = ids.indices.shape[-1] if ids.indices.shape.rank == 2 else None
+        if rank is not None and rank != 2:
+            raise ValueError(f"lookup_sparse: indices[{t}] must have rank 2 "
+                             f"([batch, max_hotness]), got rank {rank}")
+        if ids.values.dtype != variable.key_dtype:
+            raise TypeError(f"lookup_sparse: indices[{t}] has {ids.values.dtype.name} "
+                            f"values, but Embedding Variable '{variable.name}' has "
+                            f"key_dtype {variable.key_dtype.name}")
+        if combiner not in COMBINERS:
+            raise ValueError(f"lookup_sparse: combiners[{t}] must be one of "
+                             f"{COMBINERS}, got {combiner!r}")
+        if weights is not None:
+            if not isinstance(weights, tf.SparseTensor):
+                raise TypeError(f"lookup_sparse: sp_weights[{t}] must be a "
+                                f"tf.SparseTensor or None, got {type(weights).__name__}")
+            if not weights.values.dtype.is_floating:
+                raise TypeError(f"lookup_sparse: sp_weights[{t}] must have float "
+                                f"values, got {weights.values.dtype.name}")
+    return params, indices, combiners, sp_weights
 
 
 def _check_placement(params):
-  """One worker holds every table: target_gpu must be -1 or 0."""
-  size = communication.world_size()
-  for variable in params:
-    if not -1 <= variable.target_gpu < size:
-      raise ValueError(
-          f"lookup_sparse: target_gpu of Embedding Variable '{variable.name}' "
-          f"must be -1 or in [0, {size}) for {size} worker(s), got "
-          f"{variable.target_gpu}")
+    """One worker holds every table: target_gpu must be -1 or 0."""
+    size = communication.world_size()
+    for variable in params:
+        if not -1 <= variable.target_gpu < size:
+            raise ValueError(f"lookup_sparse: target_gpu of Embedding Variable '{variable.name}' "
+                             f"must be -1 or in [0, {size}) for {size} worker(s), got "
+                             f"{variable.target_gpu}")
 
 
 def lookup_sparse(
@@ -99,7 +98,7 @@ def lookup_sparse(
     combiners: Optional[Union[str, Sequence[str]]] = None,
     sp_weights: Optional[Sequence[Optional[tf.SparseTensor]]] = None,
 ) -> List[tf.Tensor]:
-  """Looks up and combines rows of many Embedding Variables in one call.
+    """Looks up and combines rows of many Embedding Variables in one call.
 
   Shapes: for table t, `indices[t]` is a `[batch_t, max_hotness]` SparseTensor
   whose values are keys (int32 or int64, the variable's key_dtype); rows may
@@ -131,58 +130,62 @@ def lookup_sparse(
     >>> ids = tf.SparseTensor([[0, 0], [0, 1], [1, 0]], [7, 7, 42], [2, 2])
     >>> emb, = sok_ev.lookup_sparse([var], [ids], combiners=["mean"])
   """
-  params, indices, combiners, sp_weights = _check_arguments(
-      params, indices, combiners, sp_weights)
-  _check_placement(params)
-  with tf.name_scope("sok_ev_lookup_sparse"):
-    keys = [ids.values for ids in indices]
-    sample_ids = [tf.cast(ids.indices[:, 0], tf.int64) for ids in indices]
-    batch_sizes = tf.stack(
-        [tf.cast(ids.dense_shape[0], tf.int64) for ids in indices])
-    weights = [tf.zeros([0], tf.float32) if w is None else
-               tf.cast(w.values, tf.float32) for w in sp_weights]
-    unique_keys, unique_index, counts = ops().sok_ev_unique_keys(
-        keys, N=len(keys))
-    for variable in params:
-      variable._record_access()  # pylint: disable=protected-access
-    if communication.world_size() == 1:
-      unique_values = ops().sok_ev_find_or_insert(
-          [v.handle for v in params], unique_keys, counts,
-          embedding_dims=[v.embedding_dim for v in params])
-    else:
-      from sok_ev import distributed  # pylint: disable=import-outside-toplevel
-      unique_values = distributed.find_or_insert(params, unique_keys, counts)
-    return ops().sok_ev_combine_forward(
-        unique_values, unique_index, sample_ids, weights, batch_sizes,
-        combiners=combiners, weighted=[w is not None for w in sp_weights])
+    params, indices, combiners, sp_weights = _check_arguments(params, indices, combiners,
+                                                              sp_weights)
+    _check_placement(params)
+    with tf.name_scope("sok_ev_lookup_sparse"):
+        keys = [ids.values for ids in indices]
+        sample_ids = [tf.cast(ids.indices[:, 0], tf.int64) for ids in indices]
+        batch_sizes = tf.stack([tf.cast(ids.dense_shape[0], tf.int64) for ids in indices])
+        weights = [
+            tf.zeros([0], tf.float32) if w is None else tf.cast(w.values, tf.float32)
+            for w in sp_weights
+        ]
+        unique_keys, unique_index, counts = ops().sok_ev_unique_keys(keys, N=len(keys))
+        for variable in params:
+            variable._record_access()  # pylint: disable=protected-access
+        if communication.world_size() == 1:
+            unique_values = ops().sok_ev_find_or_insert(
+                [v.handle for v in params],
+                unique_keys,
+                counts,
+                embedding_dims=[v.embedding_dim for v in params])
+        else:
+            from sok_ev import distributed  # pylint: disable=import-outside-toplevel
+            unique_values = distributed.find_or_insert(params, unique_keys, counts)
+        return ops().sok_ev_combine_forward(unique_values,
+                                            unique_index,
+                                            sample_ids,
+                                            weights,
+                                            batch_sizes,
+                                            combiners=combiners,
+                                            weighted=[w is not None for w in sp_weights])
 
 
 @tf.RegisterGradient("SokEv>FindOrInsert")
 def _find_or_insert_gradient(op, *grads):
-  """Each table's rows get IndexedSlices keyed by the looked-up keys."""
-  n = op.get_attr("N")
-  keys = op.inputs[n:2 * n]
-  table_grads = [
-      None if g is None else tf.IndexedSlices(g, k) for g, k in zip(grads, keys)
-  ]
-  return table_grads + [None] * (2 * n)
+    """Each table's rows get IndexedSlices keyed by the looked-up keys."""
+    n = op.get_attr("N")
+    keys = op.inputs[n:2 * n]
+    table_grads = [None if g is None else tf.IndexedSlices(g, k) for g, k in zip(grads, keys)]
+    return table_grads + [None] * (2 * n)
 
 
 @tf.RegisterGradient("SokEv>CombineForward")
 def _combine_forward_gradient(op, *grads):
-  n = op.get_attr("N")
-  unique_values = op.inputs[:n]
-  grads = [tf.zeros_like(out) if g is None else g
-           for g, out in zip(grads, op.outputs)]
-  num_unique = tf.stack(
-      [tf.shape(v, out_type=tf.int64)[0] for v in unique_values])
-  grad_unique = ops().sok_ev_combine_backward(
-      grads, op.inputs[n:2 * n], op.inputs[2 * n:3 * n], op.inputs[3 * n:4 * n],
-      num_unique, combiners=op.get_attr("combiners"),
-      weighted=op.get_attr("weighted"))
-  return list(grad_unique) + [None] * (3 * n + 1)
+    n = op.get_attr("N")
+    unique_values = op.inputs[:n]
+    grads = [tf.zeros_like(out) if g is None else g for g, out in zip(grads, op.outputs)]
+    num_unique = tf.stack([tf.shape(v, out_type=tf.int64)[0] for v in unique_values])
+    grad_unique = ops().sok_ev_combine_backward(grads,
+                                                op.inputs[n:2 * n],
+                                                op.inputs[2 * n:3 * n],
+                                                op.inputs[3 * n:4 * n],
+                                                num_unique,
+                                                combiners=op.get_attr("combiners"),
+                                                weighted=op.get_attr("weighted"))
+    return list(grad_unique) + [None] * (3 * n + 1)
 
 
-for _op_name in ("SokEv>UniqueKeys", "SokEv>PartitionByOwner",
-                 "SokEv>CombineBackward"):
-  tf.no_gradient(_op_name)
+for _op_name in ("SokEv>UniqueKeys", "SokEv>PartitionByOwner", "SokEv>CombineBackward"):
+    tf.no_gradient(_op_name)

@@ -35,99 +35,101 @@ _train = tf.compat.v1.train
 
 @dataclasses.dataclass(frozen=True)
 class _Rule:
-  """How one optimizer class maps onto the fused op."""
-  op_name: str
-  # (slot name, initial value) in the op's slot order (cc/optimizers.h).
-  slots: Callable[[object], List[Tuple[str, float]]]
-  # Scalars in the op's hyperparameter order (sok_ev/cc/ops/optimizer_ops.cc);
-  # read after the optimizer's _prepare().
-  hyperparameters: Callable[[object], list]
+    """How one optimizer class maps onto the fused op."""
+    op_name: str
+    # (slot name, initial value) in the op's slot order (cc/optimizers.h).
+    slots: Callable[[object], List[Tuple[str, float]]]
+    # Scalars in the op's hyperparameter order (sok_ev/cc/ops/optimizer_ops.cc);
+    # read after the optimizer's _prepare().
+    hyperparameters: Callable[[object], list]
 
 
 def _adam_hyperparameters(optimizer):
-  beta1_power, beta2_power = optimizer._get_beta_accumulators()
-  return [optimizer._lr_t, optimizer._beta1_t, optimizer._beta2_t,
-          optimizer._epsilon_t, beta1_power, beta2_power]
+    beta1_power, beta2_power = optimizer._get_beta_accumulators()
+    return [
+        optimizer._lr_t, optimizer._beta1_t, optimizer._beta2_t, optimizer._epsilon_t, beta1_power,
+        beta2_power
+    ]
 
 
 _RULES = {
-    _train.GradientDescentOptimizer: _Rule(
-        "sgd", lambda o: [], lambda o: [o._learning_rate_tensor]),
-    _train.AdagradOptimizer: _Rule(
-        "adagrad", lambda o: [("accumulator", o._initial_accumulator_value)],
-        lambda o: [o._learning_rate_tensor]),
-    _train.AdamOptimizer: _Rule(
-        "adam", lambda o: [("m", 0.0), ("v", 0.0)], _adam_hyperparameters),
-    _train.FtrlOptimizer: _Rule(
-        "ftrl",
-        lambda o: [("accum", o._initial_accumulator_value), ("linear", 0.0)],
-        lambda o: [o._learning_rate_tensor, o._learning_rate_power_tensor,
-                   o._l1_regularization_strength_tensor,
-                   o._adjusted_l2_regularization_strength_tensor,
-                   o._l2_shrinkage_regularization_strength_tensor]),
-    _train.MomentumOptimizer: _Rule(
-        "momentum", lambda o: [("momentum", 0.0)],
-        lambda o: [o._learning_rate_tensor, o._momentum_tensor]),
-    _train.RMSPropOptimizer: _Rule(
-        "rmsprop",
-        lambda o: [("rms", 1.0), ("momentum", 0.0)] +
-        ([("mg", 0.0)] if o._centered else []),
-        lambda o: [o._learning_rate_tensor, o._decay_tensor, o._momentum_tensor,
-                   o._epsilon_tensor]),
+    _train.GradientDescentOptimizer:
+        _Rule("sgd", lambda o: [], lambda o: [o._learning_rate_tensor]),
+    _train.AdagradOptimizer:
+        _Rule("adagrad", lambda o: [("accumulator", o._initial_accumulator_value)],
+              lambda o: [o._learning_rate_tensor]),
+    _train.AdamOptimizer:
+        _Rule("adam", lambda o: [("m", 0.0), ("v", 0.0)], _adam_hyperparameters),
+    _train.FtrlOptimizer:
+        _Rule(
+            "ftrl", lambda o: [("accum", o._initial_accumulator_value), ("linear", 0.0)],
+            lambda o: [
+                o._learning_rate_tensor, o._learning_rate_power_tensor, o.
+                _l1_regularization_strength_tensor, o._adjusted_l2_regularization_strength_tensor, o
+                ._l2_shrinkage_regularization_strength_tensor
+            ]),
+    _train.MomentumOptimizer:
+        _Rule("momentum", lambda o: [("momentum", 0.0)],
+              lambda o: [o._learning_rate_tensor, o._momentum_tensor]),
+    _train.RMSPropOptimizer:
+        _Rule(
+            "rmsprop", lambda o: [("rms", 1.0),
+                                  ("momentum", 0.0)] + ([("mg", 0.0)]
+                                                        if o._centered else []), lambda o:
+            [o._learning_rate_tensor, o._decay_tensor, o._momentum_tensor, o._epsilon_tensor]),
 }
 
-SUPPORTED_OPTIMIZERS = tuple(f"tf.compat.v1.train.{cls.__name__}"
-                             for cls in _RULES)
+SUPPORTED_OPTIMIZERS = tuple(f"tf.compat.v1.train.{cls.__name__}" for cls in _RULES)
 
 
 def _rule_for(optimizer, variable):
-  for cls in type(optimizer).__mro__:
-    if cls in _RULES:
-      return _RULES[cls]
-  raise TypeError(
-      f"{type(optimizer).__name__} cannot update Embedding Variable "
-      f"'{variable.name}': sok-ev has fused updates for "
-      f"{', '.join(SUPPORTED_OPTIMIZERS)}.")
+    for cls in type(optimizer).__mro__:
+        if cls in _RULES:
+            return _RULES[cls]
+    raise TypeError(f"{type(optimizer).__name__} cannot update Embedding Variable "
+                    f"'{variable.name}': sok-ev has fused updates for "
+                    f"{', '.join(SUPPORTED_OPTIMIZERS)}.")
 
 
 class EmbeddingVariableSlot:
-  """What `optimizer.get_slot(embedding_variable, name)` returns: the slot
+    """What `optimizer.get_slot(embedding_variable, name)` returns: the slot
   lives in the variable's table, beside each row, under `table_slot_name`."""
 
-  def __init__(self, primary, table_slot_name):
-    self.primary = primary
-    self.table_slot_name = table_slot_name
+    def __init__(self, primary, table_slot_name):
+        self.primary = primary
+        self.table_slot_name = table_slot_name
 
-  def export(self):
-    """Every key of the primary and its slot row: `(keys [n], values [n, dim])`.
+    def export(self):
+        """Every key of the primary and its slot row: `(keys [n], values [n, dim])`.
 
     Raises:
       tf.errors.InvalidArgumentError: the slot does not exist yet (it is
         created by the optimizer's first update).
     """
-    keys, rows, _, _, names, _ = self.primary.export_full()
-    matches = tf.equal(names, self.table_slot_name)
-    check = tf.debugging.assert_equal(
-        tf.reduce_any(matches), True,
-        message=f"slot {self.table_slot_name} of {self.primary.name} does not "
-        "exist yet: the optimizer creates it at its first update")
-    with tf.control_dependencies([check]):
-      dim = self.primary.embedding_dim
-      start = (1 + tf.argmax(tf.cast(matches, tf.int32), output_type=tf.int32)) * dim
-      return tf.identity(keys), rows[:, start:start + dim]
+        keys, rows, _, _, names, _ = self.primary.export_full()
+        matches = tf.equal(names, self.table_slot_name)
+        check = tf.debugging.assert_equal(
+            tf.reduce_any(matches),
+            True,
+            message=f"slot {self.table_slot_name} of {self.primary.name} does not "
+            "exist yet: the optimizer creates it at its first update")
+        with tf.control_dependencies([check]):
+            dim = self.primary.embedding_dim
+            start = (1 + tf.argmax(tf.cast(matches, tf.int32), output_type=tf.int32)) * dim
+            return tf.identity(keys), rows[:, start:start + dim]
 
-  def __repr__(self):
-    return (f"<sok_ev.EmbeddingVariableSlot '{self.table_slot_name}' of "
-            f"'{self.primary.name}'>")
+    def __repr__(self):
+        return (f"<sok_ev.EmbeddingVariableSlot '{self.table_slot_name}' of "
+                f"'{self.primary.name}'>")
 
 
 def _global_step():
-  step = _train.get_global_step()
-  return tf.constant(0, tf.int64) if step is None else tf.cast(step, tf.int64)
+    step = _train.get_global_step()
+    return tf.constant(0, tf.int64) if step is None else tf.cast(step, tf.int64)
 
 
 def apply_to_embedding_variable(optimizer, grad, variable):
-  """The fused update of `variable` by `optimizer` (after its `_prepare()`).
+    """The fused update of `variable` by `optimizer` (after its `_prepare()`).
 
   Args:
     optimizer: a supported tf.compat.v1.train optimizer.
@@ -141,117 +143,119 @@ def apply_to_embedding_variable(optimizer, grad, variable):
   Raises:
     TypeError: unsupported optimizer, or a dense gradient.
   """
-  rule = _rule_for(optimizer, variable)
-  if not isinstance(grad, tf.IndexedSlices):
-    raise TypeError(
-        f"The gradient of Embedding Variable '{variable.name}' must be "
-        "tf.IndexedSlices keyed by raw keys (as sok_ev.lookup_sparse produces), "
-        f"got {type(grad).__name__}")
-  # With several workers the gradient must come from the lookup's own
-  # exchange, never from a Horovod reduction (which would mix shards).
-  distributed.check_embedding_gradient(grad, variable)
-  if rule.op_name == "adam" and optimizer._get_beta_accumulators()[0] is None:
-    # Only the patch-free path gets here with no dense variable to carry
-    # Adam's beta powers; the hook path creates them in _create_slots.
-    for name, value in (("beta1_power", optimizer._beta1),
-                        ("beta2_power", optimizer._beta2)):
-      optimizer._create_non_slot_variable(initial_value=value, name=name,
-                                          colocate_with=variable)
-  slots = rule.slots(optimizer)
-  for slot_name, _ in slots:
-    _slot_of(optimizer, variable, slot_name)  # so get_slot() finds it
-  hyperparameters = tf.stack(
-      [tf.cast(h, tf.float32) for h in rule.hyperparameters(optimizer)])
-  return ops().sok_ev_sparse_apply_optimizer(
-      variable.handle, tf.cast(grad.indices, variable.key_dtype), grad.values,
-      hyperparameters, _global_step(), optimizer=rule.op_name,
-      slot_names=[f"{optimizer.get_name()}/{name}" for name, _ in slots],
-      slot_initial_values=[float(value) for _, value in slots],
-      use_nesterov=bool(getattr(optimizer, "_use_nesterov", False)),
-      centered=bool(getattr(optimizer, "_centered", False)))
+    rule = _rule_for(optimizer, variable)
+    if not isinstance(grad, tf.IndexedSlices):
+        raise TypeError(f"The gradient of Embedding Variable '{variable.name}' must be "
+                        "tf.IndexedSlices keyed by raw keys (as sok_ev.lookup_sparse produces), "
+                        f"got {type(grad).__name__}")
+    # With several workers the gradient must come from the lookup's own
+    # exchange, never from a Horovod reduction (which would mix shards).
+    distributed.check_embedding_gradient(grad, variable)
+    if rule.op_name == "adam" and optimizer._get_beta_accumulators()[0] is None:
+        # Only the patch-free path gets here with no dense variable to carry
+        # Adam's beta powers; the hook path creates them in _create_slots.
+        for name, value in (("beta1_power", optimizer._beta1), ("beta2_power", optimizer._beta2)):
+            optimizer._create_non_slot_variable(initial_value=value,
+                                                name=name,
+                                                colocate_with=variable)
+    slots = rule.slots(optimizer)
+    for slot_name, _ in slots:
+        _slot_of(optimizer, variable, slot_name)  # so get_slot() finds it
+    hyperparameters = tf.stack([tf.cast(h, tf.float32) for h in rule.hyperparameters(optimizer)])
+    return ops().sok_ev_sparse_apply_optimizer(
+        variable.handle,
+        tf.cast(grad.indices, variable.key_dtype),
+        grad.values,
+        hyperparameters,
+        _global_step(),
+        optimizer=rule.op_name,
+        slot_names=[f"{optimizer.get_name()}/{name}" for name, _ in slots],
+        slot_initial_values=[float(value) for _, value in slots],
+        use_nesterov=bool(getattr(optimizer, "_use_nesterov", False)),
+        centered=bool(getattr(optimizer, "_centered", False)))
 
 
 class _EmbeddingVariableProcessor(optimizer_module._OptimizableVariable):  # pylint: disable=protected-access
-  """Differentiates with respect to the handle; updates with the fused op."""
+    """Differentiates with respect to the handle; updates with the fused op."""
 
-  def __init__(self, variable):
-    self._v = variable
+    def __init__(self, variable):
+        self._v = variable
 
-  def target(self):
-    return self._v.handle
+    def target(self):
+        return self._v.handle
 
-  def update_op(self, optimizer, g):
-    return apply_to_embedding_variable(optimizer, g, self._v)
+    def update_op(self, optimizer, g):
+        return apply_to_embedding_variable(optimizer, g, self._v)
 
 
 def _slot_of(optimizer, variable, slot_name):
-  _rule_for(optimizer, variable)  # an unsupported optimizer fails here first
-  named_slots = optimizer._slot_dict(slot_name)
-  key = optimizer_module._var_key(variable)
-  if key not in named_slots:
-    named_slots[key] = EmbeddingVariableSlot(
-        variable, f"{optimizer.get_name()}/{slot_name}")
-  return named_slots[key]
+    _rule_for(optimizer, variable)  # an unsupported optimizer fails here first
+    named_slots = optimizer._slot_dict(slot_name)
+    key = optimizer_module._var_key(variable)
+    if key not in named_slots:
+        named_slots[key] = EmbeddingVariableSlot(variable, f"{optimizer.get_name()}/{slot_name}")
+    return named_slots[key]
 
 
 _originals = {}
 
 
 def _dispatching_slot_method(original):
-  def slot_method(self, var, *args, **kwargs):
-    if isinstance(var, EmbeddingVariable):
-      slot_name = kwargs.get("slot_name", args[-2] if len(args) >= 2 else None)
-      return _slot_of(self, var, slot_name)
-    return original(self, var, *args, **kwargs)
-  slot_method.__name__ = original.__name__
-  slot_method.__doc__ = original.__doc__
-  return slot_method
+
+    def slot_method(self, var, *args, **kwargs):
+        if isinstance(var, EmbeddingVariable):
+            slot_name = kwargs.get("slot_name", args[-2] if len(args) >= 2 else None)
+            return _slot_of(self, var, slot_name)
+        return original(self, var, *args, **kwargs)
+
+    slot_method.__name__ = original.__name__
+    slot_method.__doc__ = original.__doc__
+    return slot_method
 
 
 def _dispatching_get_processor(original):
-  def get_processor(v):
-    if isinstance(v, EmbeddingVariable):
-      return _EmbeddingVariableProcessor(v)
-    return original(v)
-  return get_processor
+
+    def get_processor(v):
+        if isinstance(v, EmbeddingVariable):
+            return _EmbeddingVariableProcessor(v)
+        return original(v)
+
+    return get_processor
 
 
 def install_optimizer_hook() -> None:
-  """Lets stock tf.compat.v1.train optimizers update Embedding Variables.
+    """Lets stock tf.compat.v1.train optimizers update Embedding Variables.
 
   Idempotent. Only Embedding Variables take the new path; every other
   variable goes through TensorFlow's original code.
   """
-  if _originals:
-    return
-  _originals["_get_processor"] = optimizer_module._get_processor
-  optimizer_module._get_processor = _dispatching_get_processor(
-      optimizer_module._get_processor)
-  for method in ("_zeros_slot", "_get_or_make_slot",
-                 "_get_or_make_slot_with_initializer"):
-    original = getattr(optimizer_module.Optimizer, method)
-    _originals[method] = original
-    setattr(optimizer_module.Optimizer, method,
-            _dispatching_slot_method(original))
+    if _originals:
+        return
+    _originals["_get_processor"] = optimizer_module._get_processor
+    optimizer_module._get_processor = _dispatching_get_processor(optimizer_module._get_processor)
+    for method in ("_zeros_slot", "_get_or_make_slot", "_get_or_make_slot_with_initializer"):
+        original = getattr(optimizer_module.Optimizer, method)
+        _originals[method] = original
+        setattr(optimizer_module.Optimizer, method, _dispatching_slot_method(original))
 
 
 def uninstall_optimizer_hook() -> None:
-  """Restores TensorFlow's original optimizer code."""
-  if not _originals:
-    return
-  optimizer_module._get_processor = _originals.pop("_get_processor")
-  for method, original in list(_originals.items()):
-    setattr(optimizer_module.Optimizer, method, original)
-  _originals.clear()
+    """Restores TensorFlow's original optimizer code."""
+    if not _originals:
+        return
+    optimizer_module._get_processor = _originals.pop("_get_processor")
+    for method, original in list(_originals.items()):
+        setattr(optimizer_module.Optimizer, method, original)
+    _originals.clear()
 
 
 def optimizer_hook_installed() -> bool:
-  """Whether install_optimizer_hook() is in effect."""
-  return bool(_originals)
+    """Whether install_optimizer_hook() is in effect."""
+    return bool(_originals)
 
 
 class OptimizerWrapper:
-  """A stock optimizer that also updates Embedding Variables, patching nothing.
+    """A stock optimizer that also updates Embedding Variables, patching nothing.
 
   Same methods as the wrapped `tf.compat.v1.train` optimizer; attributes not
   defined here are the wrapped optimizer's.
@@ -261,65 +265,66 @@ class OptimizerWrapper:
     >>> train_op = opt.minimize(loss)
   """
 
-  def __init__(self, optimizer: optimizer_module.Optimizer):
-    if not isinstance(optimizer, optimizer_module.Optimizer):
-      raise TypeError("OptimizerWrapper wraps a tf.compat.v1.train.Optimizer, "
-                      f"got {type(optimizer).__name__}")
-    self._optimizer = optimizer
+    def __init__(self, optimizer: optimizer_module.Optimizer):
+        if not isinstance(optimizer, optimizer_module.Optimizer):
+            raise TypeError("OptimizerWrapper wraps a tf.compat.v1.train.Optimizer, "
+                            f"got {type(optimizer).__name__}")
+        self._optimizer = optimizer
 
-  def __getattr__(self, name):
-    return getattr(self._optimizer, name)
+    def __getattr__(self, name):
+        return getattr(self._optimizer, name)
 
-  def compute_gradients(self, loss, var_list=None, **kwargs):
-    """As Optimizer.compute_gradients; Embedding Variables get IndexedSlices."""
-    if tf.executing_eagerly():
-      if not callable(loss):
-        raise ValueError("In eager mode, compute_gradients needs a callable "
-                         "loss, as tf.compat.v1.train optimizers do.")
-      with tf.GradientTape() as tape:
-        loss_value = loss()
-      if var_list is None:
-        var_list = [v for v in tape.watched_variables() if v.trainable]
-      var_list = list(var_list)
-      return list(zip(tape.gradient(loss_value, var_list), var_list))
-    if var_list is None:
-      var_list = (tf.compat.v1.trainable_variables() + tf.compat.v1.get_collection(
-          tf.compat.v1.GraphKeys.TRAINABLE_RESOURCE_VARIABLES))
-    var_list = list(var_list)
-    tables = [v for v in var_list if isinstance(v, EmbeddingVariable)]
-    dense = [v for v in var_list if not isinstance(v, EmbeddingVariable)]
-    grads = {}
-    if dense:
-      for g, v in self._optimizer.compute_gradients(loss, var_list=dense, **kwargs):
-        grads[id(v)] = g
-    if tables:
-      for g, v in zip(tf.gradients(loss, [v.handle for v in tables]), tables):
-        grads[id(v)] = g
-    return [(grads[id(v)], v) for v in var_list]
+    def compute_gradients(self, loss, var_list=None, **kwargs):
+        """As Optimizer.compute_gradients; Embedding Variables get IndexedSlices."""
+        if tf.executing_eagerly():
+            if not callable(loss):
+                raise ValueError("In eager mode, compute_gradients needs a callable "
+                                 "loss, as tf.compat.v1.train optimizers do.")
+            with tf.GradientTape() as tape:
+                loss_value = loss()
+            if var_list is None:
+                var_list = [v for v in tape.watched_variables() if v.trainable]
+            var_list = list(var_list)
+            return list(zip(tape.gradient(loss_value, var_list), var_list))
+        if var_list is None:
+            var_list = (
+                tf.compat.v1.trainable_variables() +
+                tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_RESOURCE_VARIABLES))
+        var_list = list(var_list)
+        tables = [v for v in var_list if isinstance(v, EmbeddingVariable)]
+        dense = [v for v in var_list if not isinstance(v, EmbeddingVariable)]
+        grads = {}
+        if dense:
+            for g, v in self._optimizer.compute_gradients(loss, var_list=dense, **kwargs):
+                grads[id(v)] = g
+        if tables:
+            for g, v in zip(tf.gradients(loss, [v.handle for v in tables]), tables):
+                grads[id(v)] = g
+        return [(grads[id(v)], v) for v in var_list]
 
-  def apply_gradients(self, grads_and_vars, global_step=None, name=None):
-    """As Optimizer.apply_gradients. Embedding Variables are updated first;
+    def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+        """As Optimizer.apply_gradients. Embedding Variables are updated first;
     dense variables then go through the wrapped optimizer unchanged."""
-    grads_and_vars = list(grads_and_vars)
-    tables = [(g, v) for g, v in grads_and_vars
-              if isinstance(v, EmbeddingVariable) and g is not None]
-    dense = [(g, v) for g, v in grads_and_vars
-             if not isinstance(v, EmbeddingVariable)]
-    optimizer = self._optimizer
-    name = name or optimizer.get_name()
-    with tf.name_scope(name):
-      optimizer._prepare()
-      updates = [apply_to_embedding_variable(optimizer, g, v) for g, v in tables]
-    if dense:
-      with tf.control_dependencies(updates):
-        return optimizer.apply_gradients(dense, global_step=global_step, name=name)
-    finish = optimizer._finish(updates, name)
-    if global_step is None:
-      return finish
-    with tf.control_dependencies([finish]):
-      return tf.compat.v1.assign_add(global_step, 1, name=name).op
+        grads_and_vars = list(grads_and_vars)
+        tables = [
+            (g, v) for g, v in grads_and_vars if isinstance(v, EmbeddingVariable) and g is not None
+        ]
+        dense = [(g, v) for g, v in grads_and_vars if not isinstance(v, EmbeddingVariable)]
+        optimizer = self._optimizer
+        name = name or optimizer.get_name()
+        with tf.name_scope(name):
+            optimizer._prepare()
+            updates = [apply_to_embedding_variable(optimizer, g, v) for g, v in tables]
+        if dense:
+            with tf.control_dependencies(updates):
+                return optimizer.apply_gradients(dense, global_step=global_step, name=name)
+        finish = optimizer._finish(updates, name)
+        if global_step is None:
+            return finish
+        with tf.control_dependencies([finish]):
+            return tf.compat.v1.assign_add(global_step, 1, name=name).op
 
-  def minimize(self, loss, global_step=None, var_list=None, name=None, **kwargs):
-    """compute_gradients then apply_gradients."""
-    grads_and_vars = self.compute_gradients(loss, var_list=var_list, **kwargs)
-    return self.apply_gradients(grads_and_vars, global_step=global_step, name=name)
+    def minimize(self, loss, global_step=None, var_list=None, name=None, **kwargs):
+        """compute_gradients then apply_gradients."""
+        grads_and_vars = self.compute_gradients(loss, var_list=var_list, **kwargs)
+        return self.apply_gradients(grads_and_vars, global_step=global_step, name=name)

@@ -54,5 +54,6 @@ def unique_name(request):
 def pytest_runtest_makereport(item, call):
     # Print the data seed of a failing test, to reproduce it exactly.
     if call.when == "call" and call.excinfo is not None and "seed" in item.fixturenames:
-        item.add_report_section("call", "seed", f"SOK_EV_TEST_SEED={BASE_SEED}, "
-                                f"test seed={zlib.crc32(item.nodeid.encode()) ^ BASE_SEED}")
+        item.add_report_section(
+            "call", "seed", f"SOK_EV_TEST_SEED={BASE_SEED}, "
+            f"test seed={zlib.crc32(item.nodeid.encode()) ^ BASE_SEED}")

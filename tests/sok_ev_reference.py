@@ -23,7 +23,6 @@ import tensorflow as tf
 COMBINERS = ("sum", "mean", "sqrtn")
 KEY_DTYPES = (np.int32, np.int64)
 
-
 # ---------------------------------------------------------------------------
 # Random sparse batches
 # ---------------------------------------------------------------------------
@@ -62,8 +61,13 @@ class SparseBatch:
         return np.unique(self.keys)
 
 
-def random_sparse_batch(rng, batch_size, max_hotness, draw_keys, key_dtype,
-                        with_empty_rows=True, with_duplicates=True):
+def random_sparse_batch(rng,
+                        batch_size,
+                        max_hotness,
+                        draw_keys,
+                        key_dtype,
+                        with_empty_rows=True,
+                        with_duplicates=True):
     """Draws a ragged batch; `draw_keys(n)` returns n candidate keys.
 
     With the default flags the batch always contains a duplicated key inside
@@ -182,7 +186,10 @@ def assert_rows_close(actual, expected, rtol, atol, what=""):
         f"{what}: key sets differ: only actual {sorted(set(actual) - set(expected))[:10]}, "
         f"only expected {sorted(set(expected) - set(actual))[:10]}")
     for k in expected:
-        np.testing.assert_allclose(actual[k], expected[k], rtol=rtol, atol=atol,
+        np.testing.assert_allclose(actual[k],
+                                   expected[k],
+                                   rtol=rtol,
+                                   atol=atol,
                                    err_msg=f"{what}: key {k}")
 
 
@@ -196,23 +203,36 @@ V1 = tf.compat.v1.train
 # hyperparameters so every code path (l1/l2/shrinkage, nesterov, centered,
 # momentum) is exercised.
 DENSE_EQUIVALENT_OPTIMIZERS = {
-    "sgd": lambda: V1.GradientDescentOptimizer(0.3),
-    "adagrad": lambda: V1.AdagradOptimizer(0.2),
-    "adagrad_initial_accumulator": lambda: V1.AdagradOptimizer(0.2, initial_accumulator_value=0.5),
-    "ftrl": lambda: V1.FtrlOptimizer(0.2),
-    "ftrl_l1_l2": lambda: V1.FtrlOptimizer(0.2, l1_regularization_strength=0.01,
-                                           l2_regularization_strength=0.02),
-    "ftrl_shrinkage_power": lambda: V1.FtrlOptimizer(
-        0.2, learning_rate_power=-0.7, initial_accumulator_value=0.2,
-        l1_regularization_strength=0.01, l2_regularization_strength=0.02,
-        l2_shrinkage_regularization_strength=0.03),
-    "momentum": lambda: V1.MomentumOptimizer(0.1, momentum=0.8),
-    "momentum_nesterov": lambda: V1.MomentumOptimizer(0.1, momentum=0.8, use_nesterov=True),
-    "rmsprop": lambda: V1.RMSPropOptimizer(0.05),
-    "rmsprop_momentum": lambda: V1.RMSPropOptimizer(0.05, decay=0.8, momentum=0.5),
-    "rmsprop_centered": lambda: V1.RMSPropOptimizer(0.05, centered=True),
-    "rmsprop_centered_momentum": lambda: V1.RMSPropOptimizer(0.05, decay=0.7, momentum=0.5,
-                                                             epsilon=1e-6, centered=True),
+    "sgd":
+        lambda: V1.GradientDescentOptimizer(0.3),
+    "adagrad":
+        lambda: V1.AdagradOptimizer(0.2),
+    "adagrad_initial_accumulator":
+        lambda: V1.AdagradOptimizer(0.2, initial_accumulator_value=0.5),
+    "ftrl":
+        lambda: V1.FtrlOptimizer(0.2),
+    "ftrl_l1_l2":
+        lambda: V1.FtrlOptimizer(
+            0.2, l1_regularization_strength=0.01, l2_regularization_strength=0.02),
+    "ftrl_shrinkage_power":
+        lambda: V1.FtrlOptimizer(0.2,
+                                 learning_rate_power=-0.7,
+                                 initial_accumulator_value=0.2,
+                                 l1_regularization_strength=0.01,
+                                 l2_regularization_strength=0.02,
+                                 l2_shrinkage_regularization_strength=0.03),
+    "momentum":
+        lambda: V1.MomentumOptimizer(0.1, momentum=0.8),
+    "momentum_nesterov":
+        lambda: V1.MomentumOptimizer(0.1, momentum=0.8, use_nesterov=True),
+    "rmsprop":
+        lambda: V1.RMSPropOptimizer(0.05),
+    "rmsprop_momentum":
+        lambda: V1.RMSPropOptimizer(0.05, decay=0.8, momentum=0.5),
+    "rmsprop_centered":
+        lambda: V1.RMSPropOptimizer(0.05, centered=True),
+    "rmsprop_centered_momentum":
+        lambda: V1.RMSPropOptimizer(0.05, decay=0.7, momentum=0.5, epsilon=1e-6, centered=True),
 }
 
 ADAM_HYPERPARAMETERS = dict(learning_rate=0.05, beta1=0.8, beta2=0.9, epsilon=1e-6)
@@ -253,8 +273,7 @@ def numpy_batch_gradient(matrix_shape, batch, upstream):
     return grads
 
 
-def numpy_lazy_adam_trajectory(matrix, batches, upstreams, learning_rate, beta1, beta2,
-                               epsilon):
+def numpy_lazy_adam_trajectory(matrix, batches, upstreams, learning_rate, beta1, beta2, epsilon):
     """DeepRec's lazy Adam, in float64 NumPy.
 
     Only rows in the batch change; their m and v are updated with the summed
@@ -267,7 +286,7 @@ def numpy_lazy_adam_trajectory(matrix, batches, upstreams, learning_rate, beta1,
     v = np.zeros_like(value)
     history = []
     for t, (batch, upstream) in enumerate(zip(batches, upstreams), start=1):
-        lr_t = learning_rate * np.sqrt(1 - beta2 ** t) / (1 - beta1 ** t)
+        lr_t = learning_rate * np.sqrt(1 - beta2**t) / (1 - beta1**t)
         for key, g in numpy_batch_gradient(matrix.shape, batch, upstream).items():
             m[key] = beta1 * m[key] + (1 - beta1) * g
             v[key] = beta2 * v[key] + (1 - beta2) * g * g
@@ -292,11 +311,14 @@ def graph_session():
 
 def matrix_ev(sok, name, matrix, key_dtype=np.int64, **kwargs):
     """An EV whose key k starts at matrix[k mod N] (DeepRec default_value_dim)."""
-    option = sok.EmbeddingVariableOption(
-        init_option=sok.InitializerOption(default_value_dim=matrix.shape[0]))
-    return sok.get_embedding_variable(
-        name, embedding_dim=matrix.shape[1], key_dtype=tf.as_dtype(key_dtype),
-        initializer=tf.constant_initializer(matrix), ev_option=option, **kwargs)
+    option = sok.EmbeddingVariableOption(init_option=sok.InitializerOption(
+        default_value_dim=matrix.shape[0]))
+    return sok.get_embedding_variable(name,
+                                      embedding_dim=matrix.shape[1],
+                                      key_dtype=tf.as_dtype(key_dtype),
+                                      initializer=tf.constant_initializer(matrix),
+                                      ev_option=option,
+                                      **kwargs)
 
 
 def random_matrix(rng, n_rows, dim):
@@ -313,8 +335,8 @@ def error_names(error, *fragments):
 # The user example
 # ---------------------------------------------------------------------------
 
-EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                       "python", "examples", "deeprec_sok_example.py")
+EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python",
+                       "examples", "deeprec_sok_example.py")
 # The floats numpy prints: '2.', '30.0', '1.8006e+00'.
 PRINTED_FLOAT = re.compile(r"[-+]?\d+\.\d*(?:[eE][-+]?\d+)?")
 

@@ -63,8 +63,8 @@ def _sparse_ids_placeholder(ids):
 
 
 @pytest.mark.parametrize("key_dtype", [tf.int32, tf.int64])
-def test_checkpoint_object_round_trip_keeps_keys_rows_frequencies(
-        sok, rng, unique_name, tmp_path, key_dtype):
+def test_checkpoint_object_round_trip_keeps_keys_rows_frequencies(sok, rng, unique_name, tmp_path,
+                                                                  key_dtype):
     keys = rng.integers(-1000, 1000, size=50)
     source = sok.get_embedding_variable(unique_name(), 3, key_dtype=key_dtype)
     sok.lookup_sparse([source], [_sparse_ids(keys, key_dtype)])
@@ -81,8 +81,7 @@ def test_checkpoint_object_round_trip_keeps_keys_rows_frequencies(
     np.testing.assert_array_equal(actual[2], counts)
 
 
-def test_corrupt_checkpoint_is_rejected_and_table_keeps_its_contents(
-        sok, rng, unique_name):
+def test_corrupt_checkpoint_is_rejected_and_table_keeps_its_contents(sok, rng, unique_name):
     ev = sok.get_embedding_variable(unique_name(), 4)
     sok.lookup_sparse([ev], [_sparse_ids(rng.integers(0, 100, size=20))])
     before = _sorted_export(ev.export_full())
@@ -91,15 +90,14 @@ def test_corrupt_checkpoint_is_rejected_and_table_keeps_its_contents(
     two = tf.constant([7, 8], tf.int64)
     zeros2 = tf.zeros([2], tf.int64)
     corrupt = {
-        "rows of the wrong width": (two, tf.zeros([2, 5]), zeros2, zeros2, names, no_slots,
-                                    "rows must have shape [2, 4]"),
-        "frequencies of another length": (two, tf.zeros([2, 4]), tf.zeros([3], tf.int64),
-                                          zeros2, names, no_slots, "frequencies"),
-        "a duplicated key": (tf.constant([7, 7], tf.int64), tf.zeros([2, 4]), zeros2, zeros2,
-                             names, no_slots, "key 7 appears more than once"),
+        "rows of the wrong width":
+            (two, tf.zeros([2, 5]), zeros2, zeros2, names, no_slots, "rows must have shape [2, 4]"),
+        "frequencies of another length": (two, tf.zeros([2, 4]), tf.zeros([3], tf.int64), zeros2,
+                                          names, no_slots, "frequencies"),
+        "a duplicated key": (tf.constant([7, 7], tf.int64), tf.zeros([2, 4]), zeros2, zeros2, names,
+                             no_slots, "key 7 appears more than once"),
         "slot names without values": (two, tf.zeros([2, 8]), zeros2, zeros2,
-                                      tf.constant(["Adagrad/accumulator"]), no_slots,
-                                      "slot_names"),
+                                      tf.constant(["Adagrad/accumulator"]), no_slots, "slot_names"),
     }
     for what, (*tensors, fragment) in corrupt.items():
         with pytest.raises(tf.errors.InvalidArgumentError, match=re.escape(fragment)):
@@ -109,8 +107,7 @@ def test_corrupt_checkpoint_is_rejected_and_table_keeps_its_contents(
             np.testing.assert_array_equal(a, b, err_msg=f"table changed by {what}")
 
 
-def test_restoring_a_checkpoint_of_another_dim_fails_naming_the_shapes(
-        sok, unique_name, tmp_path):
+def test_restoring_a_checkpoint_of_another_dim_fails_naming_the_shapes(sok, unique_name, tmp_path):
     source = sok.get_embedding_variable(unique_name(), 4)
     sok.lookup_sparse([source], [_sparse_ids([1, 2, 3])])
     path = tf.train.Checkpoint(table=source).save(str(tmp_path / "ckpt"))
@@ -119,15 +116,14 @@ def test_restoring_a_checkpoint_of_another_dim_fails_naming_the_shapes(
         tf.train.Checkpoint(table=target).restore(path)
 
 
-def test_steps_to_live_evicts_keys_not_updated_recently_when_saving(
-        sok, unique_name, tmp_path):
+def test_steps_to_live_evicts_keys_not_updated_recently_when_saving(sok, unique_name, tmp_path):
     with graph_session() as sess:
         ev = sok.get_embedding_variable(unique_name(), 2, steps_to_live=3)
         ids = tf.compat.v1.placeholder(tf.int64, [2])
         emb, = sok.lookup_sparse([ev], [_sparse_ids_placeholder(ids)])
         step = tf.compat.v1.train.get_or_create_global_step()
-        train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
-            tf.reduce_sum(emb), global_step=step)
+        train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(tf.reduce_sum(emb),
+                                                                          global_step=step)
         saver = tf.compat.v1.train.Saver()
         sess.run(tf.compat.v1.global_variables_initializer())
         sess.run(train, {ids: [100, 200]})  # version 0

@@ -19,7 +19,7 @@ import tensorflow as tf
 
 import sok_ev_reference as ref
 
-LR = 2.0 ** -12
+LR = 2.0**-12
 DIM, BATCH, MAX_HOTNESS = 8, 16, 4
 TRAINERS, READERS, STEPS_PER_TRAINER, POOL = 4, 2, 400, 48
 
@@ -28,11 +28,13 @@ def _run_threads(targets):
     errors = []
 
     def guard(fn):
+
         def run():
             try:
                 fn()
             except BaseException as e:  # reported after join, in the main thread
                 errors.append(e)
+
         return run
 
     threads = [threading.Thread(target=guard(fn)) for fn in targets]
@@ -46,31 +48,33 @@ def _run_threads(targets):
 
 @pytest.mark.timeout(300)
 def test_concurrent_sgd_applies_and_lookups_lose_no_update(sok, rng):
-    batches = [ref.random_sparse_batch(rng, BATCH, MAX_HOTNESS,
-                                       lambda n: rng.integers(0, POOL, size=n), np.int64)
-               for _ in range(TRAINERS)]
+    batches = [
+        ref.random_sparse_batch(rng, BATCH, MAX_HOTNESS, lambda n: rng.integers(0, POOL, size=n),
+                                np.int64) for _ in range(TRAINERS)
+    ]
     expected_steps = {}  # key -> total occurrences over all applies
     for batch in batches:
         keys, counts = np.unique(batch.keys, return_counts=True)
         for k, c in zip(keys.tolist(), counts.tolist()):
             expected_steps[k] = expected_steps.get(k, 0) + c * STEPS_PER_TRAINER
     # Overlap is what makes the test meaningful.
-    shared = set(batches[0].keys.tolist()).intersection(*[set(b.keys.tolist()) for b in batches[1:]])
+    shared = set(
+        batches[0].keys.tolist()).intersection(*[set(b.keys.tolist()) for b in batches[1:]])
     assert shared, "trainer batches must share keys"
 
     config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=4,
                                       intra_op_parallelism_threads=4)
     graph = tf.Graph()
     with graph.as_default(), tf.compat.v1.Session(graph=graph, config=config) as sess:
-        ev = sok.get_embedding_variable("emb", embedding_dim=DIM,
-                                        initializer=tf.ones_initializer())
+        ev = sok.get_embedding_variable("emb", embedding_dim=DIM, initializer=tf.ones_initializer())
         opt = tf.compat.v1.train.GradientDescentOptimizer(LR)
         train_ops = []
         for batch in batches:
             rows = sok.lookup_sparse([ev], [batch.sp_ids()], combiners=["sum"])[0]
             train_ops.append(opt.minimize(tf.reduce_sum(rows)))
-        reader_ids = tf.SparseTensor(np.stack([np.arange(POOL), np.zeros(POOL)], 1).astype(np.int64),
-                                     np.arange(POOL, dtype=np.int64), [POOL, 1])
+        reader_ids = tf.SparseTensor(
+            np.stack([np.arange(POOL), np.zeros(POOL)], 1).astype(np.int64),
+            np.arange(POOL, dtype=np.int64), [POOL, 1])
         read_op = [sok.lookup_sparse([ev], [reader_ids], combiners=["mean"])[0], ev.total_count()]
         exported = ev.export()
         sess.run(tf.compat.v1.global_variables_initializer())
@@ -79,9 +83,11 @@ def test_concurrent_sgd_applies_and_lookups_lose_no_update(sok, rng):
         stop = threading.Event()
 
         def trainer(op):
+
             def loop():
                 for _ in range(STEPS_PER_TRAINER):
                     sess.run(op)
+
             return loop
 
         def reader():
@@ -121,11 +127,14 @@ def test_concurrent_eager_lookups_of_new_keys_insert_each_key_once(sok, rng, uni
     results = {}
 
     def looker(i, keys):
+
         def run():
             for _ in range(10):
-                sp = tf.SparseTensor(np.stack([np.arange(len(keys)), np.zeros(len(keys))], 1)
-                                     .astype(np.int64), keys, [len(keys), 1])
+                sp = tf.SparseTensor(
+                    np.stack([np.arange(len(keys)), np.zeros(len(keys))], 1).astype(np.int64), keys,
+                    [len(keys), 1])
                 results[i] = sok.lookup_sparse([ev], [sp], combiners=["sum"])[0].numpy()
+
         return run
 
     # Every thread sees each key set: 2 threads per set.

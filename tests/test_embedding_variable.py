@@ -76,7 +76,8 @@ def test_init_is_idempotent(sok, rng, unique_name):
 def test_variable_scope_reuse_returns_the_same_variable(sok):
     with ref.graph_session() as sess:
         with tf.compat.v1.variable_scope("tower"):
-            first = sok.get_embedding_variable("emb", embedding_dim=DIM,
+            first = sok.get_embedding_variable("emb",
+                                               embedding_dim=DIM,
                                                initializer=tf.ones_initializer())
         with tf.compat.v1.variable_scope("tower", reuse=True):
             again = sok.get_embedding_variable("emb", embedding_dim=DIM)
@@ -131,7 +132,8 @@ def test_non_trainable_ev_is_global_but_not_trainable(sok):
 
 def test_collections_argument_is_honoured(sok):
     with ref.graph_session():
-        ev = sok.get_embedding_variable("emb", embedding_dim=DIM,
+        ev = sok.get_embedding_variable("emb",
+                                        embedding_dim=DIM,
                                         collections=["my_tables", "more_tables"])
         assert ev in tf.compat.v1.get_collection("my_tables")
         assert ev in tf.compat.v1.get_collection("more_tables")
@@ -178,8 +180,9 @@ def test_total_count_counts_distinct_keys_in_graph_mode(sok):
     with ref.graph_session() as sess:
         ev = sok.get_embedding_variable("emb", embedding_dim=DIM, key_dtype=tf.int32)
         keys = tf.compat.v1.placeholder(tf.int32, [None])
-        indices = tf.stack([tf.range(tf.size(keys, out_type=tf.int64)),
-                            tf.zeros_like(keys, tf.int64)], axis=1)
+        indices = tf.stack(
+            [tf.range(tf.size(keys, out_type=tf.int64)),
+             tf.zeros_like(keys, tf.int64)], axis=1)
         sp = tf.SparseTensor(indices, keys, tf.stack([tf.size(keys, out_type=tf.int64), 1]))
         rows = sok.lookup_sparse([ev], [sp], combiners=["sum"])[0]
         count = ev.total_count()
@@ -215,8 +218,9 @@ def test_default_value_dim_gives_key_row_key_mod_n_exactly(sok, rng, unique_name
     matrix = ref.random_matrix(rng, N_ROWS, DIM)
     ev = ref.matrix_ev(sok, unique_name(), matrix, key_dtype)
     info = np.iinfo(key_dtype)
-    keys = np.concatenate([np.arange(N_ROWS), rng.integers(info.min, info.max, size=40,
-                                                           dtype=np.int64)]).astype(key_dtype)
+    keys = np.concatenate(
+        [np.arange(N_ROWS),
+         rng.integers(info.min, info.max, size=40, dtype=np.int64)]).astype(key_dtype)
 
     rows = _rows(sok, ev, keys, key_dtype).numpy()
 
@@ -233,10 +237,10 @@ def test_default_initializer_looks_truncated_normal(sok, rng, unique_name):
     # mass beyond 1 sigma. sigma is not pinned by the spec, so estimate it.
     sigma = values.std() / 0.8796
     assert sigma > 0
-    assert np.abs(values).max() <= 2 * sigma * 1.02          # nothing beyond 2 sigma
-    assert np.abs(values).max() >= 1.9 * sigma               # but the tails reach it
-    assert abs(values.mean()) <= 5 * values.std() / np.sqrt(values.size)   # mean 0
-    assert abs(np.mean(np.abs(values) > sigma) - 0.2847) < 0.02            # the shape
+    assert np.abs(values).max() <= 2 * sigma * 1.02  # nothing beyond 2 sigma
+    assert np.abs(values).max() >= 1.9 * sigma  # but the tails reach it
+    assert abs(values.mean()) <= 5 * values.std() / np.sqrt(values.size)  # mean 0
+    assert abs(np.mean(np.abs(values) > sigma) - 0.2847) < 0.02  # the shape
 
 
 def test_seeded_initializer_draws_the_same_values_in_two_runs(sok, rng):
@@ -244,9 +248,10 @@ def test_seeded_initializer_draws_the_same_values_in_two_runs(sok, rng):
 
     def initial_values(seed):
         with ref.graph_session() as sess:
-            ev = sok.get_embedding_variable(
-                "emb", embedding_dim=8,
-                initializer=tf.compat.v1.truncated_normal_initializer(stddev=0.5, seed=seed))
+            ev = sok.get_embedding_variable("emb",
+                                            embedding_dim=8,
+                                            initializer=tf.compat.v1.truncated_normal_initializer(
+                                                stddev=0.5, seed=seed))
             rows = _rows(sok, ev, keys)
             sess.run(tf.compat.v1.global_variables_initializer())
             return sess.run(rows)
@@ -255,12 +260,13 @@ def test_seeded_initializer_draws_the_same_values_in_two_runs(sok, rng):
 
     np.testing.assert_array_equal(first, second)
     assert not np.allclose(first, other_seed)  # the seed is actually used
-    assert np.abs(first).max() <= 2 * 0.5     # the stddev is honoured (truncated at 2 sigma)
-    assert 0.35 < first.std() < 0.53          # 0.8796 * 0.5 = 0.44, 2400 samples
+    assert np.abs(first).max() <= 2 * 0.5  # the stddev is honoured (truncated at 2 sigma)
+    assert 0.35 < first.std() < 0.53  # 0.8796 * 0.5 = 0.44, 2400 samples
 
 
 def test_constant_initializer_fills_every_new_key(sok, rng, unique_name):
-    ev = sok.get_embedding_variable(unique_name(), embedding_dim=5,
+    ev = sok.get_embedding_variable(unique_name(),
+                                    embedding_dim=5,
                                     initializer=tf.constant_initializer(-2.5))
     keys = rng.integers(-10**12, 10**12, size=20)
     np.testing.assert_array_equal(_rows(sok, ev, keys).numpy(), np.full((20, 5), -2.5, np.float32))
@@ -270,11 +276,12 @@ def test_constant_initializer_fills_every_new_key(sok, rng, unique_name):
 
 INT64, INT32 = np.iinfo(np.int64), np.iinfo(np.int32)
 EXTREME_KEYS = [(np.int64, 0), (np.int64, -1), (np.int64, INT64.min), (np.int64, INT64.max),
-                (np.int64, INT64.min + 1), (np.int64, INT64.max - 1),
-                (np.int32, 0), (np.int32, -1), (np.int32, INT32.min), (np.int32, INT32.max)]
+                (np.int64, INT64.min + 1), (np.int64, INT64.max - 1), (np.int32, 0), (np.int32, -1),
+                (np.int32, INT32.min), (np.int32, INT32.max)]
 
 
-@pytest.mark.parametrize("key_dtype,key", EXTREME_KEYS,
+@pytest.mark.parametrize("key_dtype,key",
+                         EXTREME_KEYS,
                          ids=[f"{np.dtype(d).name}_{k}" for d, k in EXTREME_KEYS])
 def test_extreme_key_works_or_is_rejected_by_name(sok, rng, unique_name, key_dtype, key):
     """Either every key value is a valid key, or a reserved one fails loudly.
@@ -297,8 +304,8 @@ def test_extreme_key_works_or_is_rejected_by_name(sok, rng, unique_name, key_dty
     except tf.errors.InvalidArgumentError as error:
         assert str(key) in str(error), f"the rejection must name key {key}: {error}"
         # The other keys are unaffected by the rejected batch.
-        np.testing.assert_array_equal(_rows(sok, ev, others, key_dtype).numpy(),
-                                      ref.initial_rows(matrix, others))
+        np.testing.assert_array_equal(
+            _rows(sok, ev, others, key_dtype).numpy(), ref.initial_rows(matrix, others))
         assert key not in ref.export_to_dict(*[t.numpy() for t in ev.export()])
         return
 
@@ -308,8 +315,7 @@ def test_extreme_key_works_or_is_rejected_by_name(sok, rng, unique_name, key_dty
     assert sorted(stored) == sorted(set(keys.tolist()))
     for k in stored:
         expected = ref.initial_rows(matrix, [k])[0] - np.float32(0.5 * np.sum(keys == k))
-        np.testing.assert_allclose(stored[k], expected, rtol=1e-6, atol=1e-6,
-                                   err_msg=f"key {k}")
+        np.testing.assert_allclose(stored[k], expected, rtol=1e-6, atol=1e-6, err_msg=f"key {k}")
     assert int(ev.total_count()) == len(stored)
 
 
@@ -328,7 +334,9 @@ def test_install_deeprec_api_provides_tf_get_embedding_variable(sok, rng):
     with ref.graph_session() as sess:
         with tf.compat.v1.variable_scope("deeprec"):
             ev = tf.compat.v1.get_embedding_variable(
-                "emb", embedding_dim=DIM, initializer=tf.constant_initializer(matrix),
+                "emb",
+                embedding_dim=DIM,
+                initializer=tf.constant_initializer(matrix),
                 ev_option=tf.compat.v1.EmbeddingVariableOption(
                     init_option=tf.compat.v1.InitializerOption(default_value_dim=N_ROWS)))
         assert ev in tf.compat.v1.trainable_variables()

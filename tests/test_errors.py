@@ -38,7 +38,8 @@ def test_key_dtype_other_than_int32_or_int64_is_rejected(sok, unique_name, key_d
 
 def test_partitioner_is_rejected(sok, unique_name):
     with pytest.raises(ValueError) as error:
-        sok.get_embedding_variable(unique_name(), embedding_dim=4,
+        sok.get_embedding_variable(unique_name(),
+                                   embedding_dim=4,
                                    partitioner=tf.compat.v1.fixed_size_partitioner(2))
     assert ref.error_names(error.value, "partitioner")
 
@@ -121,8 +122,10 @@ def test_target_gpu_out_of_range_is_rejected_at_lookup(sok, rng, unique_name, ta
 # --------------------------------------------------------------------------- optimizers
 
 UNSUPPORTED_OPTIMIZERS = {
-    "ProximalAdagradOptimizer": lambda: tf.compat.v1.train.ProximalAdagradOptimizer(0.1),
-    "AdadeltaOptimizer": lambda: tf.compat.v1.train.AdadeltaOptimizer(0.1),
+    "ProximalAdagradOptimizer":
+        lambda: tf.compat.v1.train.ProximalAdagradOptimizer(0.1),
+    "AdadeltaOptimizer":
+        lambda: tf.compat.v1.train.AdadeltaOptimizer(0.1),
     "ProximalGradientDescentOptimizer":
         lambda: tf.compat.v1.train.ProximalGradientDescentOptimizer(0.1),
 }

@@ -33,8 +33,12 @@ def test_example_runs_and_prints_adagrad_numbers():
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in [REPO_ROOT, env.get("PYTHONPATH")] if p)
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    result = subprocess.run([sys.executable, ref.EXAMPLE], cwd=REPO_ROOT, env=env,
-                            capture_output=True, text=True, timeout=240)
+    result = subprocess.run([sys.executable, ref.EXAMPLE],
+                            cwd=REPO_ROOT,
+                            env=env,
+                            capture_output=True,
+                            text=True,
+                            timeout=240)
     assert result.returncode == 0, result.stderr[-4000:]
 
     printed = [float(x) for x in ref.PRINTED_FLOAT.findall(result.stdout)]

@@ -32,8 +32,12 @@ CACHE = os.environ.get("SOK_EV_CACHE_DIR", os.path.join(ROOT, ".whl"))
 
 
 def _run(command, timeout):
-    return subprocess.run(command, cwd=ROOT, stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(command,
+                          cwd=ROOT,
+                          stdin=subprocess.DEVNULL,
+                          capture_output=True,
+                          text=True,
+                          timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -61,10 +65,12 @@ def _tf_gpu_wheel():
     pattern = os.path.join(CACHE, "tensorflow-2.21.0-cp311-*manylinux*x86_64.whl")
     if not glob.glob(pattern):
         os.makedirs(CACHE, exist_ok=True)
-        download = _run(
-            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary", ":all:",
-             "--python-version", "3.11", "--platform", "manylinux_2_27_x86_64",
-             "-d", CACHE, TF_REQUIREMENT], timeout=900)
+        download = _run([
+            sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary", ":all:",
+            "--python-version", "3.11", "--platform", "manylinux_2_27_x86_64", "-d", CACHE,
+            TF_REQUIREMENT
+        ],
+                        timeout=900)
         assert download.returncode == 0, (
             f"could not download the CUDA-enabled {TF_REQUIREMENT} wheel into {CACHE} "
             f"(pip exit {download.returncode}); download it by hand and set "
@@ -86,8 +92,11 @@ def test_every_cuda_source_compiles(cuda_objects):
 
 @pytest.mark.timeout(3600)
 def test_tf_gpu_op_layer_compiles_and_links(cuda_objects):
-    check = _run(["bash", SCRIPT, _tf_gpu_wheel(), cuda_objects,
-                  os.path.join(CACHE, "gpu_layer_check")], timeout=1500)
+    check = _run(
+        ["bash", SCRIPT,
+         _tf_gpu_wheel(), cuda_objects,
+         os.path.join(CACHE, "gpu_layer_check")],
+        timeout=1500)
     assert check.returncode == 0, (
         f"{os.path.relpath(SCRIPT, ROOT)} failed (exit {check.returncode}):\n"
         f"{check.stdout[-8000:]}\n{check.stderr[-8000:]}")

@@ -34,8 +34,8 @@ def _assert_gradient_matches(grad, matrix, batch, combiner, use_weights, upstrea
 @pytest.mark.parametrize("key_dtype", ref.KEY_DTYPES, ids=["int32", "int64"])
 @pytest.mark.parametrize("use_weights", [False, True], ids=["unweighted", "weighted"])
 @pytest.mark.parametrize("combiner", ref.COMBINERS)
-def test_gradient_matches_tf_gradient_of_dense_lookup(sok, rng, unique_name, combiner,
-                                                      use_weights, key_dtype):
+def test_gradient_matches_tf_gradient_of_dense_lookup(sok, rng, unique_name, combiner, use_weights,
+                                                      key_dtype):
     matrix = ref.random_matrix(rng, N_ROWS, DIM)
     ev = ref.matrix_ev(sok, unique_name(), matrix, key_dtype)
     batch = ref.random_sparse_batch(rng, BATCH, MAX_HOTNESS,
@@ -43,7 +43,8 @@ def test_gradient_matches_tf_gradient_of_dense_lookup(sok, rng, unique_name, com
     upstream = rng.normal(size=(BATCH, DIM)).astype(np.float32)
 
     with tf.GradientTape() as tape:
-        out = sok.lookup_sparse([ev], [batch.sp_ids()], combiners=[combiner],
+        out = sok.lookup_sparse([ev], [batch.sp_ids()],
+                                combiners=[combiner],
                                 sp_weights=[batch.sp_weights()] if use_weights else None)[0]
         loss = tf.reduce_sum(out * upstream)
     grad = tape.gradient(loss, ev)
@@ -56,8 +57,8 @@ def test_gradient_of_a_key_repeated_across_samples_is_summed_once(sok, rng, uniq
     # sum combiner and upstream u its gradient is 2*u[0] + u[2], reported once.
     matrix = ref.random_matrix(rng, N_ROWS, DIM)
     ev = ref.matrix_ev(sok, unique_name(), matrix)
-    sp_ids = tf.SparseTensor([[0, 0], [0, 1], [1, 0], [2, 0]],
-                             tf.constant([7, 7, 3, 7], tf.int64), [4, 2])
+    sp_ids = tf.SparseTensor([[0, 0], [0, 1], [1, 0], [2, 0]], tf.constant([7, 7, 3, 7], tf.int64),
+                             [4, 2])
     upstream = rng.normal(size=(4, DIM)).astype(np.float32)
 
     with tf.GradientTape() as tape:
@@ -74,20 +75,24 @@ def test_gradients_of_several_tables_in_one_call(sok, rng, unique_name):
     specs = [(3, np.int64, "sum", True), (8, np.int32, "mean", False), (5, np.int64, "sqrtn", True)]
     matrices = [ref.random_matrix(rng, N_ROWS, dim) for dim, _, _, _ in specs]
     evs = [ref.matrix_ev(sok, unique_name(), m, kd) for m, (_, kd, _, _) in zip(matrices, specs)]
-    batches = [ref.random_sparse_batch(rng, BATCH, MAX_HOTNESS,
-                                       ref.key_sampler(rng, "beyond_n", N_ROWS, kd), kd)
-               for _, kd, _, _ in specs]
+    batches = [
+        ref.random_sparse_batch(rng, BATCH, MAX_HOTNESS,
+                                ref.key_sampler(rng, "beyond_n", N_ROWS, kd), kd)
+        for _, kd, _, _ in specs
+    ]
     upstreams = [rng.normal(size=(BATCH, dim)).astype(np.float32) for dim, _, _, _ in specs]
 
     with tf.GradientTape() as tape:
         outs = sok.lookup_sparse(
-            evs, [b.sp_ids() for b in batches], combiners=[s[2] for s in specs],
+            evs, [b.sp_ids() for b in batches],
+            combiners=[s[2] for s in specs],
             sp_weights=[b.sp_weights() if s[3] else None for b, s in zip(batches, specs)])
         loss = tf.add_n([tf.reduce_sum(o * u) for o, u in zip(outs, upstreams)])
     grads = tape.gradient(loss, evs)
 
-    for grad, matrix, batch, (_, _, combiner, weighted), upstream in zip(
-            grads, matrices, batches, specs, upstreams):
+    for grad, matrix, batch, (_, _, combiner,
+                              weighted), upstream in zip(grads, matrices, batches, specs,
+                                                         upstreams):
         _assert_gradient_matches(grad, matrix, batch, combiner, weighted, upstream)
 
 
@@ -101,7 +106,8 @@ def test_compute_gradients_in_graph_mode_gives_key_indexed_slices(sok, rng, comb
 
     with ref.graph_session() as sess:
         ev = ref.matrix_ev(sok, "table", matrix)
-        out = sok.lookup_sparse([ev], [batch.sp_ids()], combiners=[combiner],
+        out = sok.lookup_sparse([ev], [batch.sp_ids()],
+                                combiners=[combiner],
                                 sp_weights=[batch.sp_weights()])[0]
         loss = tf.reduce_sum(out * upstream)
         opt = tf.compat.v1.train.GradientDescentOptimizer(0.1)

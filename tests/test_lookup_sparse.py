@@ -31,8 +31,8 @@ def _lookup_one(sok, ev, batch, combiner, use_weights):
 @pytest.mark.parametrize("key_dtype", ref.KEY_DTYPES, ids=["int32", "int64"])
 @pytest.mark.parametrize("use_weights", [False, True], ids=["unweighted", "weighted"])
 @pytest.mark.parametrize("combiner", ref.COMBINERS)
-def test_lookup_matches_tf_embedding_lookup_sparse(sok, rng, unique_name, combiner,
-                                                   use_weights, key_dtype):
+def test_lookup_matches_tf_embedding_lookup_sparse(sok, rng, unique_name, combiner, use_weights,
+                                                   key_dtype):
     matrix = ref.random_matrix(rng, N_ROWS, DIM)
     ev = ref.matrix_ev(sok, unique_name(), matrix, key_dtype)
     batch = ref.random_sparse_batch(rng, BATCH, MAX_HOTNESS,
@@ -93,36 +93,42 @@ def test_negative_int64_keys_start_at_row_nonnegative_key_mod_n(sok, rng, unique
 
 def test_several_tables_in_one_call_each_match_their_reference(sok, rng, unique_name):
     # Different dims, key dtypes, combiners and weighting in one call.
-    specs = [(4, np.int64, "sum", False), (16, np.int32, "mean", True),
-             (1, np.int64, "sqrtn", True), (9, np.int32, "sum", True),
+    specs = [(4, np.int64, "sum", False),
+             (16, np.int32, "mean", True), (1, np.int64, "sqrtn", True), (9, np.int32, "sum", True),
              (32, np.int64, "mean", False)]
     evs, batches, matrices = [], [], []
     for dim, key_dtype, _, _ in specs:
         matrix = ref.random_matrix(rng, N_ROWS, dim)
         matrices.append(matrix)
         evs.append(ref.matrix_ev(sok, unique_name(), matrix, key_dtype))
-        batches.append(ref.random_sparse_batch(
-            rng, BATCH, MAX_HOTNESS, ref.key_sampler(rng, "beyond_n", N_ROWS, key_dtype),
-            key_dtype))
+        batches.append(
+            ref.random_sparse_batch(rng, BATCH, MAX_HOTNESS,
+                                    ref.key_sampler(rng, "beyond_n", N_ROWS, key_dtype), key_dtype))
 
     outs = sok.lookup_sparse(
-        evs, [b.sp_ids() for b in batches], combiners=[s[2] for s in specs],
+        evs, [b.sp_ids() for b in batches],
+        combiners=[s[2] for s in specs],
         sp_weights=[b.sp_weights() if s[3] else None for b, s in zip(batches, specs)])
 
     assert len(outs) == len(specs)
     for out, matrix, batch, (dim, _, combiner, weighted) in zip(outs, matrices, batches, specs):
         assert out.shape == (BATCH, dim)
         expected = ref.reference_lookup(matrix, batch, combiner, weighted)
-        np.testing.assert_allclose(out.numpy(), expected, rtol=RTOL, atol=ATOL,
+        np.testing.assert_allclose(out.numpy(),
+                                   expected,
+                                   rtol=RTOL,
+                                   atol=ATOL,
                                    err_msg=f"table of dim {dim}, {combiner}")
 
 
 def test_tables_of_one_call_can_have_different_batch_sizes(sok, rng, unique_name):
     matrices = [ref.random_matrix(rng, N_ROWS, 3), ref.random_matrix(rng, N_ROWS, 5)]
     evs = [ref.matrix_ev(sok, unique_name(), m) for m in matrices]
-    batches = [ref.random_sparse_batch(rng, size, MAX_HOTNESS,
-                                       ref.key_sampler(rng, "in_range", N_ROWS, np.int64), np.int64)
-               for size in (7, 19)]
+    batches = [
+        ref.random_sparse_batch(rng, size, MAX_HOTNESS,
+                                ref.key_sampler(rng, "in_range", N_ROWS, np.int64), np.int64)
+        for size in (7, 19)
+    ]
 
     outs = sok.lookup_sparse(evs, [b.sp_ids() for b in batches], combiners=["sum", "sum"])
 
@@ -160,14 +166,15 @@ def test_repeated_lookups_return_the_same_values(sok, rng, unique_name):
 def test_lookup_inside_tf_function_matches_reference(sok, rng, unique_name, combiner):
     matrix = ref.random_matrix(rng, N_ROWS, DIM)
     ev = ref.matrix_ev(sok, unique_name(), matrix)
-    batches = [ref.random_sparse_batch(rng, BATCH, MAX_HOTNESS,
-                                       ref.key_sampler(rng, "beyond_n", N_ROWS, np.int64),
-                                       np.int64) for _ in range(2)]
+    batches = [
+        ref.random_sparse_batch(rng, BATCH, MAX_HOTNESS,
+                                ref.key_sampler(rng, "beyond_n", N_ROWS, np.int64), np.int64)
+        for _ in range(2)
+    ]
 
     @tf.function
     def lookup(sp_ids, sp_weights):
-        return sok.lookup_sparse([ev], [sp_ids], combiners=[combiner],
-                                 sp_weights=[sp_weights])[0]
+        return sok.lookup_sparse([ev], [sp_ids], combiners=[combiner], sp_weights=[sp_weights])[0]
 
     for batch in batches:  # the second call reuses the trace with new data
         out = lookup(batch.sp_ids(), batch.sp_weights())
@@ -179,9 +186,11 @@ def test_lookup_inside_tf_function_matches_reference(sok, rng, unique_name, comb
 @pytest.mark.parametrize("combiner", ref.COMBINERS)
 def test_lookup_in_graph_mode_session_matches_reference(sok, rng, combiner, key_dtype):
     matrix = ref.random_matrix(rng, N_ROWS, DIM)
-    batches = [ref.random_sparse_batch(rng, BATCH, MAX_HOTNESS,
-                                       ref.key_sampler(rng, "beyond_n", N_ROWS, key_dtype),
-                                       key_dtype) for _ in range(2)]
+    batches = [
+        ref.random_sparse_batch(rng, BATCH, MAX_HOTNESS,
+                                ref.key_sampler(rng, "beyond_n", N_ROWS, key_dtype), key_dtype)
+        for _ in range(2)
+    ]
     expected = [ref.reference_lookup(matrix, b, combiner, use_weights=True) for b in batches]
 
     with ref.graph_session() as sess:
@@ -191,7 +200,12 @@ def test_lookup_in_graph_mode_session_matches_reference(sok, rng, combiner, key_
         out = sok.lookup_sparse([ev], [sp_ids], combiners=[combiner], sp_weights=[sp_w])[0]
         sess.run(tf.compat.v1.global_variables_initializer())
         for batch, want in zip(batches, expected):
-            got = sess.run(out, {sp_ids: batch.ids_value(),
-                                 sp_w: tf.compat.v1.SparseTensorValue(
-                                     batch.indices, batch.weights, batch.dense_shape)})
+            got = sess.run(
+                out, {
+                    sp_ids:
+                        batch.ids_value(),
+                    sp_w:
+                        tf.compat.v1.SparseTensorValue(batch.indices, batch.weights,
+                                                       batch.dense_shape)
+                })
             np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)

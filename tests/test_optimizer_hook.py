@@ -24,7 +24,8 @@ HOOKED = {
     "Optimizer._zeros_slot": ["self", "var", "slot_name", "op_name"],
     "Optimizer._get_or_make_slot": ["self", "var", "val", "slot_name", "op_name"],
     "Optimizer._get_or_make_slot_with_initializer": [
-        "self", "var", "initializer", "shape", "dtype", "slot_name", "op_name"],
+        "self", "var", "initializer", "shape", "dtype", "slot_name", "op_name"
+    ],
 }
 
 
@@ -57,8 +58,11 @@ def test_importing_sok_ev_installs_no_hook():
         assert optimizer._get_processor is not before[0], "init did not install"
         print("ok")
     """)
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                            cwd=REPO_ROOT, timeout=120)
+    result = subprocess.run([sys.executable, "-c", script],
+                            capture_output=True,
+                            text=True,
+                            cwd=REPO_ROOT,
+                            timeout=120)
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr
 
 
@@ -79,10 +83,10 @@ def test_init_twice_wraps_once_and_uninstall_restores_tensorflow(sok):
 def _train_dense_model(make_optimizer, initial_values, batches):
     """Trains two dense variables (one with sparse gradients) in a Session."""
     with graph_session() as sess:
-        table = tf.compat.v1.get_variable(
-            "table", initializer=initial_values[0], use_resource=True)
-        weights = tf.compat.v1.get_variable(
-            "weights", initializer=initial_values[1], use_resource=True)
+        table = tf.compat.v1.get_variable("table", initializer=initial_values[0], use_resource=True)
+        weights = tf.compat.v1.get_variable("weights",
+                                            initializer=initial_values[1],
+                                            use_resource=True)
         ids = tf.compat.v1.placeholder(tf.int64, [None])
         rows = tf.nn.embedding_lookup(table, ids)
         loss = tf.reduce_sum(tf.square(tf.matmul(rows, weights)))
@@ -98,10 +102,13 @@ def _train_dense_model(make_optimizer, initial_values, batches):
     lambda: tf.compat.v1.train.AdamOptimizer(0.01),
     lambda: tf.compat.v1.train.FtrlOptimizer(0.1, l1_regularization_strength=0.01),
     lambda: tf.compat.v1.train.RMSPropOptimizer(0.01, momentum=0.5),
-], ids=["adagrad", "adam", "ftrl", "rmsprop"])
+],
+                         ids=["adagrad", "adam", "ftrl", "rmsprop"])
 def test_hook_leaves_dense_variables_bit_identical(sok, rng, make_optimizer):
-    initial = [rng.normal(size=(20, 4)).astype(np.float32),
-               rng.normal(size=(4, 2)).astype(np.float32)]
+    initial = [
+        rng.normal(size=(20, 4)).astype(np.float32),
+        rng.normal(size=(4, 2)).astype(np.float32)
+    ]
     batches = [rng.integers(0, 20, size=8) for _ in range(4)]
     with_hook = _train_dense_model(make_optimizer, initial, batches)
     sok.optimizers.uninstall_optimizer_hook()

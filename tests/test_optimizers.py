@@ -29,14 +29,18 @@ ADAM_RTOL, ADAM_ATOL = 1e-4, 1e-5
 
 N_ROWS, DIM, BATCH, MAX_HOTNESS, STEPS = 24, 4, 8, 4, 6
 
-MODES = ["graph_minimize", "graph_compute_apply", "eager_apply_gradients",
-         "eager_minimize", "tf_function"]
+MODES = [
+    "graph_minimize", "graph_compute_apply", "eager_apply_gradients", "eager_minimize",
+    "tf_function"
+]
 
 
 def _draw_steps(rng, n_rows=N_ROWS, steps=STEPS):
-    batches = [ref.random_sparse_batch(rng, BATCH, MAX_HOTNESS,
-                                       ref.key_sampler(rng, "in_range", n_rows, np.int64),
-                                       np.int64) for _ in range(steps)]
+    batches = [
+        ref.random_sparse_batch(rng, BATCH, MAX_HOTNESS,
+                                ref.key_sampler(rng, "in_range", n_rows, np.int64), np.int64)
+        for _ in range(steps)
+    ]
     upstreams = [rng.normal(size=(BATCH, DIM)).astype(np.float32) for _ in range(steps)]
     return batches, upstreams
 
@@ -75,8 +79,11 @@ def _train_ev(sok, mode, make_optimizer, matrix, batches, upstreams, name):
         opt.apply_gradients(zip(grads, [ev]))
 
     # One trace for every step: the batches differ in nnz and batch size.
-    compiled_step = tf.function(tape_step, input_signature=[
-        tf.SparseTensorSpec([None, None], tf.int64), tf.TensorSpec([None, DIM], tf.float32)])
+    compiled_step = tf.function(tape_step,
+                                input_signature=[
+                                    tf.SparseTensorSpec([None, None], tf.int64),
+                                    tf.TensorSpec([None, DIM], tf.float32)
+                                ])
     for batch, up in zip(batches, upstreams):
         if mode == "eager_apply_gradients":
             tape_step(batch.sp_ids(), up)
@@ -97,7 +104,8 @@ def _assert_rows_outside_batch_unchanged(history, batches):
         in_batch = set(batches[t].unique_keys().tolist())
         for key, row in history[t - 1].items():
             if key not in in_batch:
-                np.testing.assert_array_equal(history[t][key], row,
+                np.testing.assert_array_equal(history[t][key],
+                                              row,
                                               err_msg=f"key {key} changed in step {t}")
                 checked += 1
     assert checked > 0, "the data never left a stored key out of a batch"
@@ -113,8 +121,8 @@ def _assert_matches_dense(history, dense_history, batches, rtol, atol):
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("optimizer", sorted(ref.DENSE_EQUIVALENT_OPTIMIZERS))
-def test_optimizer_on_ev_matches_same_optimizer_on_dense_variable(sok, rng, unique_name,
-                                                                  optimizer, mode):
+def test_optimizer_on_ev_matches_same_optimizer_on_dense_variable(sok, rng, unique_name, optimizer,
+                                                                  mode):
     make_optimizer = ref.DENSE_EQUIVALENT_OPTIMIZERS[optimizer]
     matrix = ref.random_matrix(rng, N_ROWS, DIM)
     batches, upstreams = _draw_steps(rng)
@@ -149,8 +157,11 @@ def test_numpy_lazy_adam_equals_tf_adam_when_every_row_is_in_every_batch(rng):
     n_rows = 5
     batches = []
     for _ in range(STEPS):
-        batch = ref.random_sparse_batch(rng, BATCH, MAX_HOTNESS,
-                                        lambda n: rng.integers(0, n_rows, size=n), np.int64,
+        batch = ref.random_sparse_batch(rng,
+                                        BATCH,
+                                        MAX_HOTNESS,
+                                        lambda n: rng.integers(0, n_rows, size=n),
+                                        np.int64,
                                         with_empty_rows=False)
         batch.keys[:n_rows] = np.arange(n_rows)  # every row at least once
         batches.append(batch)
@@ -165,10 +176,10 @@ def test_numpy_lazy_adam_equals_tf_adam_when_every_row_is_in_every_batch(rng):
         np.testing.assert_allclose(dense[t], lazy[t], rtol=ADAM_RTOL, atol=ADAM_ATOL)
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "ftrl_l1_l2", "momentum_nesterov",
-                                       "rmsprop_centered_momentum"])
-@pytest.mark.parametrize("mode", ["graph_minimize", "graph_compute_apply", "eager_apply_gradients",
-                                  "eager_minimize"])
+@pytest.mark.parametrize(
+    "optimizer", ["sgd", "adagrad", "ftrl_l1_l2", "momentum_nesterov", "rmsprop_centered_momentum"])
+@pytest.mark.parametrize(
+    "mode", ["graph_minimize", "graph_compute_apply", "eager_apply_gradients", "eager_minimize"])
 def test_optimizer_wrapper_matches_dense_optimizer(sok, rng, unique_name, optimizer, mode):
     make_stock = ref.DENSE_EQUIVALENT_OPTIMIZERS[optimizer]
     matrix = ref.random_matrix(rng, N_ROWS, DIM)

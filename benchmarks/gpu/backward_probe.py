@@ -35,9 +35,20 @@ def main():
         ids = torch.empty(u, dtype=torch.int64, device="cuda")
         table.find_or_insert(uq[:u], row_ids=ids)
         pre.append((g, order, segs, num, u, ids))
+
     def run(p):
-        table.backward_apply("adagrad", p[0], offsets, nnz, p[1], p[2], p[3], p[4],
-                             p[5], 1000, lr=0.01)
+        table.backward_apply("adagrad",
+                             p[0],
+                             offsets,
+                             nnz,
+                             p[1],
+                             p[2],
+                             p[3],
+                             p[4],
+                             p[5],
+                             1000,
+                             lr=0.01)
+
     if args.ncu:
         run(pre[0])
         torch.cuda.synchronize()
@@ -46,8 +57,10 @@ def main():
         print(f"backward_apply: {t[0]:.3f} ms [{t[1]:.3f}, {t[2]:.3f}]", flush=True)
     # Bytes: rows read + written (value + accumulator), gradient rows read.
     u = pre[0][4]
-    print(f"unique keys {u}, floor bytes {u * (2 * 1024 + 512) / 1e9:.2f} GB "
-          f"-> {u * (2 * 1024 + 512) / 4.23e12 * 1e3:.3f} ms at 4.23 TB/s", flush=True)
+    print(
+        f"unique keys {u}, floor bytes {u * (2 * 1024 + 512) / 1e9:.2f} GB "
+        f"-> {u * (2 * 1024 + 512) / 4.23e12 * 1e3:.3f} ms at 4.23 TB/s",
+        flush=True)
 
 
 if __name__ == "__main__":

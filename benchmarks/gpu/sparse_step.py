@@ -48,7 +48,8 @@ class Exchange:
         if self.world == 1:
             return send
         recv = torch.empty((sum(recv_split),) + tuple(send.shape[1:]),
-                           dtype=send.dtype, device=send.device)
+                           dtype=send.dtype,
+                           device=send.device)
         dist.all_to_all_single(recv, send, recv_split, send_split)
         return recv
 
@@ -59,9 +60,12 @@ def _cuts(sorted_keys, splits, bounds):
     rows, start = [], 0
     for n in splits:
         seg = sorted_keys[start:start + n]
-        rows.append(torch.cat([torch.zeros(1, dtype=torch.int64, device=bounds.device),
-                               torch.searchsorted(seg, bounds),
-                               torch.tensor([n], device=bounds.device)]) + start)
+        rows.append(
+            torch.cat([
+                torch.zeros(1, dtype=torch.int64, device=bounds.device),
+                torch.searchsorted(seg, bounds),
+                torch.tensor([n], device=bounds.device)
+            ]) + start)
         start += n
     return torch.stack(rows) if rows else torch.empty((0, bounds.numel() + 1))
 
@@ -101,26 +105,37 @@ def sparse_step(table, exchange, keys, offsets, grad_out, step, dim, chunks=1):
     out = sg.combine_forward(back, index, offsets,
                              torch.empty((offsets.numel() - 1, dim), device="cuda"))
     # backward: per-unique gradients, already in by_owner (send) order
-    grad_sent = sg.combine_backward(grad_out, index, offsets, u,
-                                    torch.empty((u, dim), device="cuda"))
+    grad_sent = sg.combine_backward(grad_out, index, offsets, u, torch.empty((u, dim),
+                                                                             device="cuda"))
     if world == 1 or chunks <= 1:
         owner_grads = exchange(grad_sent, send_split, recv_split)
-        table.backward_apply("adagrad", owner_grads, ident, m, oorder, osegs, onum,
-                             ou, orows, step, lr=LR)
+        table.backward_apply("adagrad",
+                             owner_grads,
+                             ident,
+                             m,
+                             oorder,
+                             osegs,
+                             onum,
+                             ou,
+                             orows,
+                             step,
+                             lr=LR)
         return out
     # Key-range chunks: every segment is sorted by key (unique output is
     # ascending and partition is stable), so a range is contiguous in each.
     span = 1 << 64
     bounds = torch.tensor([-(1 << 63) + span * c // chunks for c in range(1, chunks)],
-                          dtype=torch.int64, device="cuda")
+                          dtype=torch.int64,
+                          device="cuda")
     send_cuts = _cuts(by_owner, send_split, bounds)
     recv_cuts = _cuts(owner_keys, recv_split, bounds)
-    unique_cuts = torch.cat([torch.zeros(1, dtype=torch.int64, device="cuda"),
-                             torch.searchsorted(ouniq[:ou], bounds),
-                             torch.tensor([ou], device="cuda")])
+    unique_cuts = torch.cat([
+        torch.zeros(1, dtype=torch.int64, device="cuda"),
+        torch.searchsorted(ouniq[:ou], bounds),
+        torch.tensor([ou], device="cuda")
+    ])
     chunk_counts = unique_cuts[1:] - unique_cuts[:-1]
-    send_cuts, recv_cuts, ucuts = (send_cuts.tolist(), recv_cuts.tolist(),
-                                   unique_cuts.tolist())
+    send_cuts, recv_cuts, ucuts = (send_cuts.tolist(), recv_cuts.tolist(), unique_cuts.tolist())
     owner_grads = torch.empty((m, dim), device="cuda")
     works = []
     for c in range(chunks):
@@ -131,8 +146,17 @@ def sparse_step(table, exchange, keys, offsets, grad_out, step, dim, chunks=1):
         works[c].wait()  # the compute stream waits for range c only
         a, b = ucuts[c], ucuts[c + 1]
         if b > a:
-            table.backward_apply("adagrad", owner_grads, ident, m, oorder, osegs[a:],
-                                 chunk_counts[c:c + 1], b - a, orows[a:], step, lr=LR)
+            table.backward_apply("adagrad",
+                                 owner_grads,
+                                 ident,
+                                 m,
+                                 oorder,
+                                 osegs[a:],
+                                 chunk_counts[c:c + 1],
+                                 b - a,
+                                 orows[a:],
+                                 step,
+                                 lr=LR)
     return out
 
 
@@ -180,8 +204,7 @@ def sparse_step_overlap(table, exchange, keys, offsets, grad_out, step, dim):
     perm = torch.argsort(has_remote.to(torch.int32), stable=True)
     lengths = (segs[1:] - segs[:-1])[perm]
     segs2 = torch.cat([torch.zeros(1, dtype=torch.int64, device="cuda"), lengths.cumsum(0)])
-    seg_of = torch.repeat_interleave(torch.arange(ou, device="cuda"), lengths,
-                                     output_size=m)
+    seg_of = torch.repeat_interleave(torch.arange(ou, device="cuda"), lengths, output_size=m)
     pos = torch.arange(m, device="cuda") - segs2[seg_of]
     order2 = oorder[segs[perm[seg_of]] + pos]
     rows2 = orows[perm]
@@ -214,22 +237,40 @@ def sparse_step_overlap(table, exchange, keys, offsets, grad_out, step, dim):
     out = sg.combine_forward(back, index, offsets,
                              torch.empty((offsets.numel() - 1, dim), device="cuda"))
     # backward
-    grad_sent = sg.combine_backward(grad_out, index, offsets, u,
-                                    torch.empty((u, dim), device="cuda"))
+    grad_sent = sg.combine_backward(grad_out, index, offsets, u, torch.empty((u, dim),
+                                                                             device="cuda"))
     owner_grads = torch.empty((m, dim), device="cuda")
-    sends = [grad_sent[soff[r]:soff[r + 1]] if r != rank else grad_sent[:0]
-             for r in range(world)]
-    recvs = [owner_grads[roff[r]:roff[r + 1]] if r != rank else owner_grads[:0]
-             for r in range(world)]
+    sends = [grad_sent[soff[r]:soff[r + 1]] if r != rank else grad_sent[:0] for r in range(world)]
+    recvs = [
+        owner_grads[roff[r]:roff[r + 1]] if r != rank else owner_grads[:0] for r in range(world)
+    ]
     work = dist.all_to_all(recvs, sends, async_op=True)
     owner_grads[self_lo:self_hi].copy_(grad_sent[soff[rank]:soff[rank + 1]])
     if n_a:
-        table.backward_apply("adagrad", owner_grads, ident, m, order2, segs2, n_a_dev,
-                             n_a, rows2, step, lr=LR)
+        table.backward_apply("adagrad",
+                             owner_grads,
+                             ident,
+                             m,
+                             order2,
+                             segs2,
+                             n_a_dev,
+                             n_a,
+                             rows2,
+                             step,
+                             lr=LR)
     work.wait()
     if ou - n_a:
-        table.backward_apply("adagrad", owner_grads, ident, m, order2, segs2[n_a:],
-                             n_b_dev, ou - n_a, rows2[n_a:], step, lr=LR)
+        table.backward_apply("adagrad",
+                             owner_grads,
+                             ident,
+                             m,
+                             order2,
+                             segs2[n_a:],
+                             n_b_dev,
+                             ou - n_a,
+                             rows2[n_a:],
+                             step,
+                             lr=LR)
     return out
 
 
@@ -242,7 +283,8 @@ def alltoall_bandwidth(rows, dim, reps=10):
     send = torch.randn((sum(split), dim), device="cuda")
     recv = torch.empty_like(send)
     t = time_ms(lambda _: dist.all_to_all_single(recv, send, split, split), [None],
-                warmup=3, reps=reps)
+                warmup=3,
+                reps=reps)
     return t, send.numel() * 4 / (t[0] * 1e-3) / 1e9
 
 
@@ -255,8 +297,13 @@ def make_batch(gen, all_keys, batch, features, hot, dim):
 
 
 def new_table(dim, capacity):
-    table = sg.HashTable(dim, torch.int64, init="uniform", a=-0.05, b=0.05,
-                         seed=11, capacity=capacity)
+    table = sg.HashTable(dim,
+                         torch.int64,
+                         init="uniform",
+                         a=-0.05,
+                         b=0.05,
+                         seed=11,
+                         capacity=capacity)
     table.add_slot("accumulator", 0.1)
     return table
 
@@ -272,11 +319,16 @@ def worker(rank, args, result_path):
             options.is_high_priority_stream = True
             kwargs["pg_options"] = options
         try:
-            dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{args.port}",
-                                     rank=rank, world_size=world, **kwargs)
+            dist.init_process_group("nccl",
+                                    init_method=f"tcp://127.0.0.1:{args.port}",
+                                    rank=rank,
+                                    world_size=world,
+                                    **kwargs)
         except TypeError:  # no pg_options in this torch: default priority
-            dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{args.port}",
-                                     rank=rank, world_size=world)
+            dist.init_process_group("nccl",
+                                    init_method=f"tcp://127.0.0.1:{args.port}",
+                                    rank=rank,
+                                    world_size=world)
     exchange = Exchange(world)
     dim = args.dim
 
@@ -288,8 +340,11 @@ def worker(rank, args, result_path):
     # Every rank builds the same global key set, then inserts its own shard.
     gen = torch.Generator(device="cuda").manual_seed(5)
     total_rows = args.rows_per_gpu * world
-    all_keys = torch.randint(-(1 << 62), 1 << 62, (total_rows,), generator=gen,
-                             device="cuda", dtype=torch.int64)
+    all_keys = torch.randint(-(1 << 62),
+                             1 << 62, (total_rows,),
+                             generator=gen,
+                             device="cuda",
+                             dtype=torch.int64)
     mine_keys, _, counts = sg.partition(all_keys, world)
     start = int(counts[:rank].sum().item())
     mine = mine_keys[start:start + int(counts[rank].item())]
@@ -299,10 +354,14 @@ def worker(rank, args, result_path):
     batch_gen = torch.Generator(device="cuda").manual_seed(100 + rank)
     result = {}
     if args.check:
-        batches = [make_batch(batch_gen, all_keys, args.check_batch, args.features,
-                              args.hot, dim) for _ in range(3)]
-        outs = [step_fn(table, exchange, k, o, g, step + 1, dim, args.chunks)
-                for step, (k, o, g) in enumerate(batches)]
+        batches = [
+            make_batch(batch_gen, all_keys, args.check_batch, args.features, args.hot, dim)
+            for _ in range(3)
+        ]
+        outs = [
+            step_fn(table, exchange, k, o, g, step + 1, dim, args.chunks)
+            for step, (k, o, g) in enumerate(batches)
+        ]
         probe = all_keys[:20000]
         found = torch.zeros(probe.numel(), dtype=torch.bool, device="cuda")
         vals = torch.zeros((probe.numel(), dim), device="cuda")
@@ -339,20 +398,23 @@ def worker(rank, args, result_path):
             ref_vals = torch.zeros_like(vals)
             ref_table.find(probe, ref_vals)
             verr = ((vals - ref_vals).norm() / ref_vals.norm()).item()
-            result["check"] = dict(forward_rel_err=err, table_rel_err=verr,
+            result["check"] = dict(forward_rel_err=err,
+                                   table_rel_err=verr,
                                    passed=err < 1e-5 and verr < 1e-5)
-            print(f"[check gpus={world}] forward rel err {err:.2e}, trained rows "
-                  f"rel err {verr:.2e} -> {'PASS' if result['check']['passed'] else 'FAIL'}",
-                  flush=True)
+            print(
+                f"[check gpus={world}] forward rel err {err:.2e}, trained rows "
+                f"rel err {verr:.2e} -> {'PASS' if result['check']['passed'] else 'FAIL'}",
+                flush=True)
     else:
-        sets = [make_batch(batch_gen, all_keys, args.batch, args.features, args.hot, dim)
-                for _ in range(3)]
+        sets = [
+            make_batch(batch_gen, all_keys, args.batch, args.features, args.hot, dim)
+            for _ in range(3)
+        ]
         state = dict(step=0)
 
         def run(s):
             state["step"] += 1
-            step_fn(table, exchange, s[0], s[1], s[2], state["step"], dim,
-                    args.chunks)
+            step_fn(table, exchange, s[0], s[1], s[2], state["step"], dim, args.chunks)
 
         if world > 1:
             dist.barrier()
@@ -373,15 +435,19 @@ def worker(rank, args, result_path):
             slowest = max(x[0] for x in times)
             result["step_ms"] = slowest
             result["per_rank"] = [fmt(x) for x in times]
-            print(f"[gpus={world}] sparse step (batch {args.batch}/GPU, {args.features} "
-                  f"features, {args.hot}-hot, dim {dim}, {args.rows_per_gpu} keys/GPU): "
-                  f"{slowest:.3f} ms  per rank {result['per_rank']}"
-                  f"{'  (overlap)' if args.overlap and world > 1 else ''}", flush=True)
+            print(
+                f"[gpus={world}] sparse step (batch {args.batch}/GPU, {args.features} "
+                f"features, {args.hot}-hot, dim {dim}, {args.rows_per_gpu} keys/GPU): "
+                f"{slowest:.3f} ms  per rank {result['per_rank']}"
+                f"{'  (overlap)' if args.overlap and world > 1 else ''}",
+                flush=True)
             if a2a is not None:
                 result["alltoall_alone"] = dict(time=fmt(a2a[0]), GBps=a2a[1])
-                print(f"[gpus={world}] all-to-all alone, {int(u) // world} rows x {dim} "
-                      f"floats to each peer: {fmt(a2a[0])}, {a2a[1]:.0f} GB/s sent per GPU "
-                      f"(one exchange; the step has two)", flush=True)
+                print(
+                    f"[gpus={world}] all-to-all alone, {int(u) // world} rows x {dim} "
+                    f"floats to each peer: {fmt(a2a[0])}, {a2a[1]:.0f} GB/s sent per GPU "
+                    f"(one exchange; the step has two)",
+                    flush=True)
     if rank == 0:
         with open(result_path, "w") as f:
             json.dump(result, f)
@@ -400,14 +466,18 @@ def main():
     parser.add_argument("--rows-per-gpu", type=int, default=10_000_000)
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--check", action="store_true")
-    parser.add_argument("--chunks", type=int, default=1,
+    parser.add_argument("--chunks",
+                        type=int,
+                        default=1,
                         help="key-range chunks of the pipelined gradient exchange "
-                             "(4 measured slower than 1 on 2x H200: NOTES.md)")
-    parser.add_argument("--overlap", action="store_true",
+                        "(4 measured slower than 1 on 2x H200: NOTES.md)")
+    parser.add_argument("--overlap",
+                        action="store_true",
                         help="sparse_step_overlap for N > 1 GPUs (1 GPU: the plain step)")
     parser.add_argument("--check-batch", type=int, default=4096)
     parser.add_argument("--port", type=int, default=29533)
-    parser.add_argument("--scaling", action="store_true",
+    parser.add_argument("--scaling",
+                        action="store_true",
                         help="time 1 GPU and --gpus GPUs, print the efficiency")
     args = parser.parse_args()
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
@@ -425,8 +495,10 @@ def main():
             results[n] = json.load(f)
     if args.scaling and not args.check:
         t1, tn = results[1]["step_ms"], results[args.gpus]["step_ms"]
-        print(f"T4 weak scaling 1 -> {args.gpus} GPUs: {t1:.3f} -> {tn:.3f} ms, "
-              f"efficiency {100 * t1 / tn:.1f}% (target 90%)", flush=True)
+        print(
+            f"T4 weak scaling 1 -> {args.gpus} GPUs: {t1:.3f} -> {tn:.3f} ms, "
+            f"efficiency {100 * t1 / tn:.1f}% (target 90%)",
+            flush=True)
 
 
 if __name__ == "__main__":

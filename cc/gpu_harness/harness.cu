@@ -61,7 +61,9 @@ struct TableHandle {
   int key_bits;
   void* table;
   template <typename Key>
-  gpu::HashTable<Key>* as() { return static_cast<gpu::HashTable<Key>*>(table); }
+  gpu::HashTable<Key>* as() {
+    return static_cast<gpu::HashTable<Key>*>(table);
+  }
 };
 
 template <typename F>
@@ -72,7 +74,9 @@ int with_table(void* handle, F&& f) {
 }
 
 template <typename T>
-T* ptr(uint64_t address) { return reinterpret_cast<T*>(address); }
+T* ptr(uint64_t address) {
+  return reinterpret_cast<T*>(address);
+}
 
 // hyper: learning_rate, beta1, beta2, epsilon, beta1_power, beta2_power,
 // momentum, l1, l2, l2_shrinkage, learning_rate_power, decay (12 floats,
@@ -104,10 +108,10 @@ extern "C" {
 
 const char* sokev_last_error() { return last_error.c_str(); }
 
-int sokev_table_create(int key_bits, int64_t dim, int init_kind, float param_a,
-                       float param_b, uint64_t seed, uint64_t default_values,
-                       int64_t default_value_dim, int64_t initial_capacity,
-                       float max_load_factor, uint64_t stream, void** out) {
+int sokev_table_create(int key_bits, int64_t dim, int init_kind, float param_a, float param_b,
+                       uint64_t seed, uint64_t default_values, int64_t default_value_dim,
+                       int64_t initial_capacity, float max_load_factor, uint64_t stream,
+                       void** out) {
   sok_ev::InitializerSpec spec;
   spec.kind = static_cast<sok_ev::InitializerSpec::Kind>(init_kind);
   spec.param_a = param_a;
@@ -142,7 +146,10 @@ int sokev_table_create(int key_bits, int64_t dim, int init_kind, float param_a,
 
 int sokev_table_destroy(void* handle) {
   TableHandle* h = static_cast<TableHandle*>(handle);
-  if (h->key_bits == 32) delete h->as<int32_t>(); else delete h->as<int64_t>();
+  if (h->key_bits == 32)
+    delete h->as<int32_t>();
+  else
+    delete h->as<int64_t>();
   delete h;
   return 0;
 }
@@ -151,8 +158,8 @@ int sokev_table_size(void* handle, uint64_t stream, int64_t* size) {
   return with_table(handle, [&](auto* t, auto*) { return t->size(context_for(stream), size); });
 }
 
-int sokev_table_info(void* handle, uint64_t* memory_bytes, int64_t* buckets,
-                     int64_t* row_capacity, int64_t* row_width) {
+int sokev_table_info(void* handle, uint64_t* memory_bytes, int64_t* buckets, int64_t* row_capacity,
+                     int64_t* row_width) {
   return with_table(handle, [&](auto* t, auto*) {
     *memory_bytes = t->memory_bytes();
     *buckets = t->bucket_count();
@@ -162,8 +169,8 @@ int sokev_table_info(void* handle, uint64_t* memory_bytes, int64_t* buckets,
   });
 }
 
-int sokev_table_add_slot(void* handle, const char* name, float initial_value,
-                         uint64_t stream, int* index) {
+int sokev_table_add_slot(void* handle, const char* name, float initial_value, uint64_t stream,
+                         int* index) {
   return with_table(handle, [&](auto* t, auto*) {
     return t->add_slot(context_for(stream), name, initial_value, index);
   });
@@ -173,19 +180,17 @@ int sokev_table_reserve(void* handle, int64_t keys, uint64_t stream) {
   return with_table(handle, [&](auto* t, auto*) { return t->reserve(context_for(stream), keys); });
 }
 
-int sokev_table_find_or_insert(void* handle, uint64_t keys, int64_t n,
-                               uint64_t values, uint64_t frequencies,
-                               uint64_t row_ids, uint64_t stream) {
+int sokev_table_find_or_insert(void* handle, uint64_t keys, int64_t n, uint64_t values,
+                               uint64_t frequencies, uint64_t row_ids, uint64_t stream) {
   return with_table(handle, [&](auto* t, auto* key_type) {
     using Key = std::remove_pointer_t<decltype(key_type)>;
-    return t->find_or_insert(context_for(stream), ptr<const Key>(keys), n,
-                             ptr<float>(values), ptr<const int64_t>(frequencies),
-                             ptr<int64_t>(row_ids));
+    return t->find_or_insert(context_for(stream), ptr<const Key>(keys), n, ptr<float>(values),
+                             ptr<const int64_t>(frequencies), ptr<int64_t>(row_ids));
   });
 }
 
-int sokev_table_find(void* handle, uint64_t keys, int64_t n, uint64_t values,
-                     uint64_t found, int initial_for_missing, uint64_t stream) {
+int sokev_table_find(void* handle, uint64_t keys, int64_t n, uint64_t values, uint64_t found,
+                     int initial_for_missing, uint64_t stream) {
   return with_table(handle, [&](auto* t, auto* key_type) {
     using Key = std::remove_pointer_t<decltype(key_type)>;
     return t->find(context_for(stream), ptr<const Key>(keys), n, ptr<float>(values),
@@ -193,14 +198,12 @@ int sokev_table_find(void* handle, uint64_t keys, int64_t n, uint64_t values,
   });
 }
 
-int sokev_table_insert_or_assign(void* handle, uint64_t keys, int64_t n,
-                                 uint64_t rows, uint64_t frequencies,
-                                 uint64_t versions, uint64_t stream) {
+int sokev_table_insert_or_assign(void* handle, uint64_t keys, int64_t n, uint64_t rows,
+                                 uint64_t frequencies, uint64_t versions, uint64_t stream) {
   return with_table(handle, [&](auto* t, auto* key_type) {
     using Key = std::remove_pointer_t<decltype(key_type)>;
-    return t->insert_or_assign(context_for(stream), ptr<const Key>(keys), n,
-                               ptr<const float>(rows), ptr<const int64_t>(frequencies),
-                               ptr<const int64_t>(versions));
+    return t->insert_or_assign(context_for(stream), ptr<const Key>(keys), n, ptr<const float>(rows),
+                               ptr<const int64_t>(frequencies), ptr<const int64_t>(versions));
   });
 }
 
@@ -212,8 +215,8 @@ int sokev_table_erase(void* handle, uint64_t keys, int64_t n, uint64_t stream,
   });
 }
 
-int sokev_table_update_rows(void* handle, uint64_t keys, int64_t n,
-                            int64_t global_step, uint64_t rows, uint64_t stream) {
+int sokev_table_update_rows(void* handle, uint64_t keys, int64_t n, int64_t global_step,
+                            uint64_t rows, uint64_t stream) {
   return with_table(handle, [&](auto* t, auto* key_type) {
     using Key = std::remove_pointer_t<decltype(key_type)>;
     return t->update_rows(context_for(stream), ptr<const Key>(keys), n, global_step,
@@ -221,99 +224,88 @@ int sokev_table_update_rows(void* handle, uint64_t keys, int64_t n,
   });
 }
 
-int sokev_table_export(void* handle, uint64_t keys, uint64_t rows,
-                       uint64_t frequencies, uint64_t versions, int64_t capacity,
-                       uint64_t stream, int64_t* count) {
+int sokev_table_export(void* handle, uint64_t keys, uint64_t rows, uint64_t frequencies,
+                       uint64_t versions, int64_t capacity, uint64_t stream, int64_t* count) {
   return with_table(handle, [&](auto* t, auto* key_type) {
     using Key = std::remove_pointer_t<decltype(key_type)>;
     return t->export_all(context_for(stream), ptr<Key>(keys), ptr<float>(rows),
-                         ptr<int64_t>(frequencies), ptr<int64_t>(versions),
-                         capacity, count);
+                         ptr<int64_t>(frequencies), ptr<int64_t>(versions), capacity, count);
   });
 }
 
-int sokev_table_evict(void* handle, int64_t global_step, int64_t steps_to_live,
-                      uint64_t stream, int64_t* evicted) {
+int sokev_table_evict(void* handle, int64_t global_step, int64_t steps_to_live, uint64_t stream,
+                      int64_t* evicted) {
   return with_table(handle, [&](auto* t, auto*) {
     return t->evict_stale(context_for(stream), global_step, steps_to_live, evicted);
   });
 }
 
-int sokev_lookup_combine(void* handle, uint64_t keys, uint64_t weights,
-                         uint64_t row_offsets, int64_t batch, int combiner,
-                         uint64_t out, uint64_t stream) {
+int sokev_lookup_combine(void* handle, uint64_t keys, uint64_t weights, uint64_t row_offsets,
+                         int64_t batch, int combiner, uint64_t out, uint64_t stream) {
   return with_table(handle, [&](auto* t, auto* key_type) {
     using Key = std::remove_pointer_t<decltype(key_type)>;
     return gpu::lookup_combine(context_for(stream), *t, ptr<const Key>(keys),
-                               ptr<const float>(weights),
-                               ptr<const int64_t>(row_offsets), batch,
+                               ptr<const float>(weights), ptr<const int64_t>(row_offsets), batch,
                                static_cast<Combiner>(combiner), ptr<float>(out));
   });
 }
 
-int sokev_unique(int key_bits, uint64_t keys, int64_t n, uint64_t unique_keys,
-                 uint64_t inverse, uint64_t counts, uint64_t num_unique,
-                 uint64_t stream) {
+int sokev_unique(int key_bits, uint64_t keys, int64_t n, uint64_t unique_keys, uint64_t inverse,
+                 uint64_t counts, uint64_t num_unique, uint64_t stream) {
   if (key_bits == 32) {
-    gpu::unique_keys(context_for(stream), ptr<const int32_t>(keys), n,
-                     ptr<int32_t>(unique_keys), ptr<int64_t>(inverse),
-                     ptr<int64_t>(counts), ptr<int64_t>(num_unique));
+    gpu::unique_keys(context_for(stream), ptr<const int32_t>(keys), n, ptr<int32_t>(unique_keys),
+                     ptr<int64_t>(inverse), ptr<int64_t>(counts), ptr<int64_t>(num_unique));
   } else {
-    gpu::unique_keys(context_for(stream), ptr<const int64_t>(keys), n,
-                     ptr<int64_t>(unique_keys), ptr<int64_t>(inverse),
-                     ptr<int64_t>(counts), ptr<int64_t>(num_unique));
+    gpu::unique_keys(context_for(stream), ptr<const int64_t>(keys), n, ptr<int64_t>(unique_keys),
+                     ptr<int64_t>(inverse), ptr<int64_t>(counts), ptr<int64_t>(num_unique));
   }
   return report_pending();
 }
 
-int sokev_partition(int key_bits, uint64_t keys, int64_t n, int num_workers,
-                    uint64_t keys_by_owner, uint64_t positions, uint64_t counts,
-                    uint64_t stream) {
+int sokev_partition(int key_bits, uint64_t keys, int64_t n, int num_workers, uint64_t keys_by_owner,
+                    uint64_t positions, uint64_t counts, uint64_t stream) {
   if (key_bits == 32) {
-    gpu::partition_by_owner(context_for(stream), ptr<const int32_t>(keys), n,
-                            num_workers, ptr<int32_t>(keys_by_owner),
-                            ptr<int64_t>(positions), ptr<int64_t>(counts));
+    gpu::partition_by_owner(context_for(stream), ptr<const int32_t>(keys), n, num_workers,
+                            ptr<int32_t>(keys_by_owner), ptr<int64_t>(positions),
+                            ptr<int64_t>(counts));
   } else {
-    gpu::partition_by_owner(context_for(stream), ptr<const int64_t>(keys), n,
-                            num_workers, ptr<int64_t>(keys_by_owner),
-                            ptr<int64_t>(positions), ptr<int64_t>(counts));
+    gpu::partition_by_owner(context_for(stream), ptr<const int64_t>(keys), n, num_workers,
+                            ptr<int64_t>(keys_by_owner), ptr<int64_t>(positions),
+                            ptr<int64_t>(counts));
   }
   return report_pending();
 }
 
-int sokev_row_offsets(uint64_t sample_ids, int64_t nnz, int64_t batch,
-                      uint64_t row_offsets, uint64_t stream) {
-  gpu::row_offsets_from_sample_ids(context_for(stream), ptr<const int64_t>(sample_ids),
-                                   nnz, batch, ptr<int64_t>(row_offsets));
+int sokev_row_offsets(uint64_t sample_ids, int64_t nnz, int64_t batch, uint64_t row_offsets,
+                      uint64_t stream) {
+  gpu::row_offsets_from_sample_ids(context_for(stream), ptr<const int64_t>(sample_ids), nnz, batch,
+                                   ptr<int64_t>(row_offsets));
   return report_pending();
 }
 
-int sokev_combine_forward(uint64_t unique_values, uint64_t unique_index,
-                          uint64_t weights, uint64_t row_offsets, int64_t batch,
-                          int64_t dim, int combiner, uint64_t out, uint64_t stream) {
+int sokev_combine_forward(uint64_t unique_values, uint64_t unique_index, uint64_t weights,
+                          uint64_t row_offsets, int64_t batch, int64_t dim, int combiner,
+                          uint64_t out, uint64_t stream) {
   gpu::combine_forward(context_for(stream), ptr<const float>(unique_values),
                        ptr<const int64_t>(unique_index), ptr<const float>(weights),
-                       ptr<const int64_t>(row_offsets), batch, dim,
-                       static_cast<Combiner>(combiner), ptr<float>(out));
+                       ptr<const int64_t>(row_offsets), batch, dim, static_cast<Combiner>(combiner),
+                       ptr<float>(out));
   return report_pending();
 }
 
-int sokev_combine_backward(uint64_t grad_out, uint64_t unique_index,
-                           uint64_t weights, uint64_t row_offsets, int64_t batch,
-                           int64_t dim, int combiner, int64_t num_unique,
-                           uint64_t grad_unique, uint64_t stream) {
+int sokev_combine_backward(uint64_t grad_out, uint64_t unique_index, uint64_t weights,
+                           uint64_t row_offsets, int64_t batch, int64_t dim, int combiner,
+                           int64_t num_unique, uint64_t grad_unique, uint64_t stream) {
   gpu::combine_backward(context_for(stream), ptr<const float>(grad_out),
                         ptr<const int64_t>(unique_index), ptr<const float>(weights),
                         ptr<const int64_t>(row_offsets), batch, dim,
-                        static_cast<Combiner>(combiner), num_unique,
-                        ptr<float>(grad_unique));
+                        static_cast<Combiner>(combiner), num_unique, ptr<float>(grad_unique));
   return report_pending();
 }
 
 // hyper, flags: as optimizer_spec.
-int sokev_apply_optimizer(int kind, const float* hyper, const int* flags,
-                          uint64_t rows, uint64_t grads, int64_t n, int64_t dim,
-                          int reference, uint64_t stream) {
+int sokev_apply_optimizer(int kind, const float* hyper, const int* flags, uint64_t rows,
+                          uint64_t grads, int64_t n, int64_t dim, int reference, uint64_t stream) {
   const sok_ev::OptimizerSpec spec = optimizer_spec(kind, hyper, flags);
   if (reference) {
     gpu::apply_optimizer_reference(context_for(stream), spec, ptr<float* const>(rows),
@@ -325,9 +317,9 @@ int sokev_apply_optimizer(int kind, const float* hyper, const int* flags,
   return report_pending();
 }
 
-int sokev_unique_segmented(int key_bits, uint64_t keys, int64_t n,
-                           uint64_t unique_keys, uint64_t inverse, uint64_t order,
-                           uint64_t segments, uint64_t num_unique, uint64_t stream) {
+int sokev_unique_segmented(int key_bits, uint64_t keys, int64_t n, uint64_t unique_keys,
+                           uint64_t inverse, uint64_t order, uint64_t segments, uint64_t num_unique,
+                           uint64_t stream) {
   if (key_bits == 32) {
     gpu::unique_keys_segmented(context_for(stream), ptr<const int32_t>(keys), n,
                                ptr<int32_t>(unique_keys), ptr<int64_t>(inverse),
@@ -342,48 +334,44 @@ int sokev_unique_segmented(int key_bits, uint64_t keys, int64_t n,
   return report_pending();
 }
 
-int sokev_table_rows_for_ids(void* handle, uint64_t row_ids, int64_t n,
-                             int64_t global_step, uint64_t rows, uint64_t stream) {
+int sokev_table_rows_for_ids(void* handle, uint64_t row_ids, int64_t n, int64_t global_step,
+                             uint64_t rows, uint64_t stream) {
   return with_table(handle, [&](auto* t, auto*) {
-    return t->rows_for_ids(context_for(stream), ptr<const int64_t>(row_ids), n,
-                           global_step, ptr<float*>(rows));
+    return t->rows_for_ids(context_for(stream), ptr<const int64_t>(row_ids), n, global_step,
+                           ptr<float*>(rows));
   });
 }
 
-int sokev_lookup_combine_rows(void* handle, uint64_t row_ids, uint64_t inverse,
-                              uint64_t weights, uint64_t row_offsets, int64_t batch,
-                              int combiner, uint64_t out, uint64_t stream) {
+int sokev_lookup_combine_rows(void* handle, uint64_t row_ids, uint64_t inverse, uint64_t weights,
+                              uint64_t row_offsets, int64_t batch, int combiner, uint64_t out,
+                              uint64_t stream) {
   return with_table(handle, [&](auto* t, auto*) {
-    return gpu::lookup_combine_rows(context_for(stream), *t,
-                                    ptr<const int64_t>(row_ids),
-                                    ptr<const int64_t>(inverse),
-                                    ptr<const float>(weights),
+    return gpu::lookup_combine_rows(context_for(stream), *t, ptr<const int64_t>(row_ids),
+                                    ptr<const int64_t>(inverse), ptr<const float>(weights),
                                     ptr<const int64_t>(row_offsets), batch,
                                     static_cast<Combiner>(combiner), ptr<float>(out));
   });
 }
 
-int sokev_backward_apply(void* handle, int kind, const float* hyper,
-                         const int* flags, uint64_t grad_out, uint64_t weights,
-                         uint64_t row_offsets, int64_t batch, int64_t nnz,
-                         int combiner, uint64_t order, uint64_t segments,
-                         uint64_t num_unique, int64_t max_unique,
-                         uint64_t row_ids, int64_t global_step, uint64_t stream) {
+int sokev_backward_apply(void* handle, int kind, const float* hyper, const int* flags,
+                         uint64_t grad_out, uint64_t weights, uint64_t row_offsets, int64_t batch,
+                         int64_t nnz, int combiner, uint64_t order, uint64_t segments,
+                         uint64_t num_unique, int64_t max_unique, uint64_t row_ids,
+                         int64_t global_step, uint64_t stream) {
   const sok_ev::OptimizerSpec spec = optimizer_spec(kind, hyper, flags);
   return with_table(handle, [&](auto* t, auto*) {
     return gpu::combine_backward_apply(
-        context_for(stream), *t, spec, ptr<const float>(grad_out),
-        ptr<const float>(weights), ptr<const int64_t>(row_offsets), batch, nnz,
-        static_cast<Combiner>(combiner), ptr<const int64_t>(order),
-        ptr<const int64_t>(segments), ptr<const int64_t>(num_unique), max_unique,
-        ptr<const int64_t>(row_ids), global_step);
+        context_for(stream), *t, spec, ptr<const float>(grad_out), ptr<const float>(weights),
+        ptr<const int64_t>(row_offsets), batch, nnz, static_cast<Combiner>(combiner),
+        ptr<const int64_t>(order), ptr<const int64_t>(segments), ptr<const int64_t>(num_unique),
+        max_unique, ptr<const int64_t>(row_ids), global_step);
   });
 }
 
 // Waits for the stream and reports any asynchronous kernel fault.
 int sokev_sync(uint64_t stream) {
-  return report(gpu::cuda_status(
-      cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(stream)), "sync"));
+  return report(
+      gpu::cuda_status(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(stream)), "sync"));
 }
 
 }  // extern "C"

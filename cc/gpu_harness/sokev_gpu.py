@@ -6,14 +6,11 @@ import os
 import torch
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-LIB_PATH = os.environ.get("SOKEV_GPU_LIB",
-                          os.path.join(_HERE, "build", "libsokev_gpu.so"))
+LIB_PATH = os.environ.get("SOKEV_GPU_LIB", os.path.join(_HERE, "build", "libsokev_gpu.so"))
 
 COMBINERS = {"sum": 0, "mean": 1, "sqrtn": 2}
-OPTIMIZERS = {"sgd": 0, "adagrad": 1, "adam": 2, "ftrl": 3, "momentum": 4,
-              "rmsprop": 5}
-INIT_KINDS = {"constant": 0, "uniform": 1, "normal": 2, "truncated_normal": 3,
-              "matrix": 4}
+OPTIMIZERS = {"sgd": 0, "adagrad": 1, "adam": 2, "ftrl": 3, "momentum": 4, "rmsprop": 5}
+INIT_KINDS = {"constant": 0, "uniform": 1, "normal": 2, "truncated_normal": 3, "matrix": 4}
 
 _lib = None
 
@@ -24,22 +21,30 @@ def lib():
         _lib = ctypes.CDLL(LIB_PATH)
         _lib.sokev_last_error.restype = ctypes.c_char_p
         _lib.sokev_table_create.argtypes = [
-            ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_float,
-            ctypes.c_float, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int64,
-            ctypes.c_int64, ctypes.c_float, ctypes.c_uint64,
-            ctypes.POINTER(ctypes.c_void_p)]
+            ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_float,
+            ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int64, ctypes.c_int64, ctypes.c_float,
+            ctypes.c_uint64,
+            ctypes.POINTER(ctypes.c_void_p)
+        ]
         _lib.sokev_apply_optimizer.argtypes = [
-            ctypes.c_int, ctypes.POINTER(ctypes.c_float),
-            ctypes.POINTER(ctypes.c_int), ctypes.c_uint64, ctypes.c_uint64,
-            ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_uint64]
+            ctypes.c_int,
+            ctypes.POINTER(ctypes.c_float),
+            ctypes.POINTER(ctypes.c_int), ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int64,
+            ctypes.c_int64, ctypes.c_int, ctypes.c_uint64
+        ]
         _lib.sokev_backward_apply.argtypes = [
-            ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_float),
-            ctypes.POINTER(ctypes.c_int)] + [ctypes.c_uint64] * 3 + [
-            ctypes.c_int64, ctypes.c_int64, ctypes.c_int] + [ctypes.c_uint64] * 3 + [
-            ctypes.c_int64, ctypes.c_uint64, ctypes.c_int64, ctypes.c_uint64]
+            ctypes.c_void_p, ctypes.c_int,
+            ctypes.POINTER(ctypes.c_float),
+            ctypes.POINTER(ctypes.c_int)
+        ] + [ctypes.c_uint64] * 3 + [
+            ctypes.c_int64, ctypes.c_int64, ctypes.c_int
+        ] + [ctypes.c_uint64] * 3 + [
+            ctypes.c_int64, ctypes.c_uint64, ctypes.c_int64, ctypes.c_uint64
+        ]
         _lib.sokev_table_add_slot.argtypes = [
             ctypes.c_void_p, ctypes.c_char_p, ctypes.c_float, ctypes.c_uint64,
-            ctypes.POINTER(ctypes.c_int)]
+            ctypes.POINTER(ctypes.c_int)
+        ]
     return _lib
 
 
@@ -74,18 +79,26 @@ def sync():
 
 
 class HashTable:
-    def __init__(self, dim, key_dtype=torch.int64, init="constant", a=0.0,
-                 b=0.0, seed=0, default_values=None, capacity=1 << 16,
+
+    def __init__(self,
+                 dim,
+                 key_dtype=torch.int64,
+                 init="constant",
+                 a=0.0,
+                 b=0.0,
+                 seed=0,
+                 default_values=None,
+                 capacity=1 << 16,
                  max_load_factor=0.75):
         self.dim = dim
         self.key_dtype = key_dtype
         self._default_values = default_values
         handle = ctypes.c_void_p()
         dvd = 0 if default_values is None else default_values.shape[0]
-        _check(lib().sokev_table_create(
-            32 if key_dtype == torch.int32 else 64, dim, INIT_KINDS[init],
-            a, b, seed, _p(default_values).value, dvd, capacity,
-            max_load_factor, _stream().value, ctypes.byref(handle)))
+        _check(lib().sokev_table_create(32 if key_dtype == torch.int32 else 64, dim,
+                                        INIT_KINDS[init], a, b, seed,
+                                        _p(default_values).value, dvd, capacity, max_load_factor,
+                                        _stream().value, ctypes.byref(handle)))
         self.handle = handle
 
     def __del__(self):
@@ -100,53 +113,48 @@ class HashTable:
         return out.value
 
     def info(self):
-        mem, buckets, cap, width = (ctypes.c_uint64(), ctypes.c_int64(),
-                                    ctypes.c_int64(), ctypes.c_int64())
-        _check(lib().sokev_table_info(self.handle, ctypes.byref(mem),
-                                      ctypes.byref(buckets), ctypes.byref(cap),
-                                      ctypes.byref(width)))
-        return dict(memory_bytes=mem.value, buckets=buckets.value,
-                    row_capacity=cap.value, row_width=width.value)
+        mem, buckets, cap, width = (ctypes.c_uint64(), ctypes.c_int64(), ctypes.c_int64(),
+                                    ctypes.c_int64())
+        _check(lib().sokev_table_info(self.handle, ctypes.byref(mem), ctypes.byref(buckets),
+                                      ctypes.byref(cap), ctypes.byref(width)))
+        return dict(memory_bytes=mem.value,
+                    buckets=buckets.value,
+                    row_capacity=cap.value,
+                    row_width=width.value)
 
     def add_slot(self, name, initial_value):
         index = ctypes.c_int()
-        _check(lib().sokev_table_add_slot(self.handle, name.encode(),
-                                          initial_value, _stream().value,
-                                          ctypes.byref(index)))
+        _check(lib().sokev_table_add_slot(self.handle, name.encode(), initial_value,
+                                          _stream().value, ctypes.byref(index)))
         return index.value
 
     def reserve(self, keys):
         _check(lib().sokev_table_reserve(self.handle, _i(keys), _stream()))
 
     def find_or_insert(self, keys, values=None, frequencies=None, row_ids=None):
-        _check(lib().sokev_table_find_or_insert(
-            self.handle, _p(keys), _i(keys.numel()), _p(values),
-            _p(frequencies), _p(row_ids), _stream()))
+        _check(lib().sokev_table_find_or_insert(self.handle, _p(keys), _i(keys.numel()), _p(values),
+                                                _p(frequencies), _p(row_ids), _stream()))
         return values
 
     def find(self, keys, values, found=None, initial_for_missing=False):
-        _check(lib().sokev_table_find(self.handle, _p(keys), _i(keys.numel()),
-                                      _p(values), _p(found),
-                                      int(initial_for_missing), _stream()))
+        _check(lib().sokev_table_find(self.handle, _p(keys), _i(keys.numel()), _p(values),
+                                      _p(found), int(initial_for_missing), _stream()))
         return values
 
     def insert_or_assign(self, keys, rows, frequencies=None, versions=None):
-        _check(lib().sokev_table_insert_or_assign(
-            self.handle, _p(keys), _i(keys.numel()), _p(rows),
-            _p(frequencies), _p(versions), _stream()))
+        _check(lib().sokev_table_insert_or_assign(self.handle, _p(keys), _i(keys.numel()), _p(rows),
+                                                  _p(frequencies), _p(versions), _stream()))
 
     def erase(self, keys, count=True):
         out = ctypes.c_int64()
-        _check(lib().sokev_table_erase(self.handle, _p(keys), _i(keys.numel()),
-                                       _stream(),
+        _check(lib().sokev_table_erase(self.handle, _p(keys), _i(keys.numel()), _stream(),
                                        ctypes.byref(out) if count else None))
         return out.value
 
     def update_rows(self, keys, global_step, rows):
         """rows: int64 tensor (n,) receiving row pointers."""
-        _check(lib().sokev_table_update_rows(self.handle, _p(keys),
-                                             _i(keys.numel()), _i(global_step),
-                                             _p(rows), _stream()))
+        _check(lib().sokev_table_update_rows(self.handle, _p(keys), _i(keys.numel()),
+                                             _i(global_step), _p(rows), _stream()))
 
     def export(self):
         n = self.size()
@@ -156,51 +164,60 @@ class HashTable:
         freqs = torch.empty(max(n, 1), dtype=torch.int64, device="cuda")
         versions = torch.empty(max(n, 1), dtype=torch.int64, device="cuda")
         count = ctypes.c_int64()
-        _check(lib().sokev_table_export(self.handle, _p(keys), _p(rows),
-                                        _p(freqs), _p(versions), _i(n),
-                                        _stream(), ctypes.byref(count)))
+        _check(lib().sokev_table_export(self.handle, _p(keys), _p(rows), _p(freqs), _p(versions),
+                                        _i(n), _stream(), ctypes.byref(count)))
         c = count.value
         return keys[:c], rows[:c], freqs[:c], versions[:c]
 
     def rows_for_ids(self, row_ids, global_step, rows):
         """update_rows for row ids from find_or_insert(row_ids=...)."""
-        _check(lib().sokev_table_rows_for_ids(self.handle, _p(row_ids),
-                                              _i(row_ids.numel()), _i(global_step),
-                                              _p(rows), _stream()))
+        _check(lib().sokev_table_rows_for_ids(self.handle, _p(row_ids), _i(row_ids.numel()),
+                                              _i(global_step), _p(rows), _stream()))
 
-    def lookup_combine_rows(self, row_ids, inverse, row_offsets, out,
-                            weights=None, combiner="sum"):
+    def lookup_combine_rows(self, row_ids, inverse, row_offsets, out, weights=None, combiner="sum"):
         """lookup_combine with rows resolved: entry j reads row_ids[inverse[j]]."""
-        _check(lib().sokev_lookup_combine_rows(
-            self.handle, _p(row_ids), _p(inverse), _p(weights), _p(row_offsets),
-            _i(row_offsets.numel() - 1), COMBINERS[combiner], _p(out), _stream()))
+        _check(lib().sokev_lookup_combine_rows(self.handle, _p(row_ids), _p(inverse), _p(weights),
+                                               _p(row_offsets), _i(row_offsets.numel() - 1),
+                                               COMBINERS[combiner], _p(out), _stream()))
         return out
 
-    def backward_apply(self, kind, grad_out, row_offsets, nnz, order, segments,
-                       num_unique, max_unique, row_ids, global_step,
-                       weights=None, combiner="sum", **hyper):
+    def backward_apply(self,
+                       kind,
+                       grad_out,
+                       row_offsets,
+                       nnz,
+                       order,
+                       segments,
+                       num_unique,
+                       max_unique,
+                       row_ids,
+                       global_step,
+                       weights=None,
+                       combiner="sum",
+                       **hyper):
         """combine_backward + rows_for_ids + apply_optimizer in one kernel."""
         h, f = _optimizer_args(**hyper)
-        _check(lib().sokev_backward_apply(
-            self.handle, OPTIMIZERS[kind], h, f, _p(grad_out).value,
-            _p(weights).value, _p(row_offsets).value, row_offsets.numel() - 1,
-            int(nnz), COMBINERS[combiner], _p(order).value, _p(segments).value,
-            _p(num_unique).value, int(max_unique), _p(row_ids).value,
-            int(global_step), _stream().value))
+        _check(lib().sokev_backward_apply(self.handle, OPTIMIZERS[kind], h, f,
+                                          _p(grad_out).value,
+                                          _p(weights).value,
+                                          _p(row_offsets).value,
+                                          row_offsets.numel() - 1, int(nnz), COMBINERS[combiner],
+                                          _p(order).value,
+                                          _p(segments).value,
+                                          _p(num_unique).value, int(max_unique),
+                                          _p(row_ids).value, int(global_step),
+                                          _stream().value))
 
     def evict_stale(self, global_step, steps_to_live):
         out = ctypes.c_int64()
-        _check(lib().sokev_table_evict(self.handle, _i(global_step),
-                                       _i(steps_to_live), _stream(),
+        _check(lib().sokev_table_evict(self.handle, _i(global_step), _i(steps_to_live), _stream(),
                                        ctypes.byref(out)))
         return out.value
 
-    def lookup_combine(self, keys, row_offsets, out, weights=None,
-                       combiner="sum"):
-        _check(lib().sokev_lookup_combine(
-            self.handle, _p(keys), _p(weights), _p(row_offsets),
-            _i(row_offsets.numel() - 1), COMBINERS[combiner], _p(out),
-            _stream()))
+    def lookup_combine(self, keys, row_offsets, out, weights=None, combiner="sum"):
+        _check(lib().sokev_lookup_combine(self.handle, _p(keys), _p(weights), _p(row_offsets),
+                                          _i(row_offsets.numel() - 1), COMBINERS[combiner], _p(out),
+                                          _stream()))
         return out
 
 
@@ -210,8 +227,8 @@ def unique(keys, counts=True):
     inverse = torch.empty(max(n, 1), dtype=torch.int64, device=keys.device)
     cnt = torch.empty(max(n, 1), dtype=torch.int64, device=keys.device) if counts else None
     num = torch.empty(1, dtype=torch.int64, device=keys.device)
-    _check(lib().sokev_unique(_bits(keys), _p(keys), _i(n), _p(uniq),
-                              _p(inverse), _p(cnt), _p(num), _stream()))
+    _check(lib().sokev_unique(_bits(keys), _p(keys), _i(n), _p(uniq), _p(inverse), _p(cnt), _p(num),
+                              _stream()))
     return uniq, inverse[:n], cnt, num
 
 
@@ -224,9 +241,8 @@ def unique_segmented(keys):
     order = torch.empty(max(n, 1), dtype=torch.int64, device=keys.device)
     segments = torch.empty(n + 1, dtype=torch.int64, device=keys.device)
     num = torch.empty(1, dtype=torch.int64, device=keys.device)
-    _check(lib().sokev_unique_segmented(_bits(keys), _p(keys), _i(n), _p(uniq),
-                                        _p(inverse), _p(order), _p(segments),
-                                        _p(num), _stream()))
+    _check(lib().sokev_unique_segmented(_bits(keys), _p(keys), _i(n), _p(uniq), _p(inverse),
+                                        _p(order), _p(segments), _p(num), _stream()))
     return uniq, inverse[:n], order[:n], segments, num
 
 
@@ -236,59 +252,85 @@ def partition(keys, num_workers, keys_by_owner=None, positions=None, counts=None
         keys_by_owner = torch.empty(max(n, 1), dtype=keys.dtype, device=keys.device)
         positions = torch.empty(max(n, 1), dtype=torch.int64, device=keys.device)
         counts = torch.empty(num_workers, dtype=torch.int64, device=keys.device)
-    _check(lib().sokev_partition(_bits(keys), _p(keys), _i(n), num_workers,
-                                 _p(keys_by_owner), _p(positions), _p(counts),
-                                 _stream()))
+    _check(lib().sokev_partition(_bits(keys), _p(keys), _i(n), num_workers, _p(keys_by_owner),
+                                 _p(positions), _p(counts), _stream()))
     return keys_by_owner[:n], positions[:n], counts
 
 
 def row_offsets(sample_ids, batch, out=None):
     if out is None:
         out = torch.empty(batch + 1, dtype=torch.int64, device=sample_ids.device)
-    _check(lib().sokev_row_offsets(_p(sample_ids), _i(sample_ids.numel()),
-                                   _i(batch), _p(out), _stream()))
+    _check(lib().sokev_row_offsets(_p(sample_ids), _i(sample_ids.numel()), _i(batch), _p(out),
+                                   _stream()))
     return out
 
 
-def combine_forward(unique_values, unique_index, row_offsets, out, weights=None,
-                    combiner="sum"):
-    _check(lib().sokev_combine_forward(
-        _p(unique_values), _p(unique_index), _p(weights), _p(row_offsets),
-        _i(row_offsets.numel() - 1), _i(out.shape[1]), COMBINERS[combiner],
-        _p(out), _stream()))
+def combine_forward(unique_values, unique_index, row_offsets, out, weights=None, combiner="sum"):
+    _check(lib().sokev_combine_forward(_p(unique_values), _p(unique_index), _p(weights),
+                                       _p(row_offsets), _i(row_offsets.numel() - 1),
+                                       _i(out.shape[1]), COMBINERS[combiner], _p(out), _stream()))
     return out
 
 
-def combine_backward(grad_out, unique_index, row_offsets, num_unique,
-                     grad_unique, weights=None, combiner="sum"):
-    _check(lib().sokev_combine_backward(
-        _p(grad_out), _p(unique_index), _p(weights), _p(row_offsets),
-        _i(row_offsets.numel() - 1), _i(grad_out.shape[1]),
-        COMBINERS[combiner], _i(num_unique), _p(grad_unique), _stream()))
+def combine_backward(grad_out,
+                     unique_index,
+                     row_offsets,
+                     num_unique,
+                     grad_unique,
+                     weights=None,
+                     combiner="sum"):
+    _check(lib().sokev_combine_backward(_p(grad_out), _p(unique_index), _p(weights),
+                                        _p(row_offsets), _i(row_offsets.numel() - 1),
+                                        _i(grad_out.shape[1]), COMBINERS[combiner], _i(num_unique),
+                                        _p(grad_unique), _stream()))
     return grad_unique
 
 
-def _optimizer_args(lr=0.1, beta1=0.9, beta2=0.999, epsilon=1e-8,
-                    beta1_power=0.9, beta2_power=0.999, momentum=0.0, l1=0.0,
-                    l2=0.0, l2_shrinkage=0.0, lr_power=-0.5, decay=0.9,
-                    use_nesterov=False, centered=False, slot_index=(0, 1, 2)):
+def _optimizer_args(lr=0.1,
+                    beta1=0.9,
+                    beta2=0.999,
+                    epsilon=1e-8,
+                    beta1_power=0.9,
+                    beta2_power=0.999,
+                    momentum=0.0,
+                    l1=0.0,
+                    l2=0.0,
+                    l2_shrinkage=0.0,
+                    lr_power=-0.5,
+                    decay=0.9,
+                    use_nesterov=False,
+                    centered=False,
+                    slot_index=(0, 1, 2)):
     """The C ABI's (hyper, flags) arrays of an optimizer."""
-    hyper = (ctypes.c_float * 12)(lr, beta1, beta2, epsilon, beta1_power,
-                                  beta2_power, momentum, l1, l2, l2_shrinkage,
-                                  lr_power, decay)
+    hyper = (ctypes.c_float * 12)(lr, beta1, beta2, epsilon, beta1_power, beta2_power, momentum, l1,
+                                  l2, l2_shrinkage, lr_power, decay)
     flags = (ctypes.c_int * 5)(int(use_nesterov), int(centered), *slot_index)
     return hyper, flags
 
 
-def apply_optimizer(kind, rows, grads, dim, reference=False, lr=0.1,
-                    beta1=0.9, beta2=0.999, epsilon=1e-8, beta1_power=0.9,
-                    beta2_power=0.999, momentum=0.0, l1=0.0, l2=0.0,
-                    l2_shrinkage=0.0, lr_power=-0.5, decay=0.9,
-                    use_nesterov=False, centered=False, slot_index=(0, 1, 2)):
-    h, f = _optimizer_args(lr, beta1, beta2, epsilon, beta1_power, beta2_power,
-                           momentum, l1, l2, l2_shrinkage, lr_power, decay,
-                           use_nesterov, centered, slot_index)
+def apply_optimizer(kind,
+                    rows,
+                    grads,
+                    dim,
+                    reference=False,
+                    lr=0.1,
+                    beta1=0.9,
+                    beta2=0.999,
+                    epsilon=1e-8,
+                    beta1_power=0.9,
+                    beta2_power=0.999,
+                    momentum=0.0,
+                    l1=0.0,
+                    l2=0.0,
+                    l2_shrinkage=0.0,
+                    lr_power=-0.5,
+                    decay=0.9,
+                    use_nesterov=False,
+                    centered=False,
+                    slot_index=(0, 1, 2)):
+    h, f = _optimizer_args(lr, beta1, beta2, epsilon, beta1_power, beta2_power, momentum, l1, l2,
+                           l2_shrinkage, lr_power, decay, use_nesterov, centered, slot_index)
     _check(lib().sokev_apply_optimizer(OPTIMIZERS[kind], h, f,
-                                       _p(rows).value, _p(grads).value,
-                                       rows.numel(), dim, int(reference),
+                                       _p(rows).value,
+                                       _p(grads).value, rows.numel(), dim, int(reference),
                                        _stream().value))

@@ -15,6 +15,7 @@ import argparse
 import os
 
 import tensorflow.compat.v1 as tf
+
 tf.disable_v2_behavior()
 import sok_ev as sok
 
@@ -24,20 +25,23 @@ except Exception:  # not installed (or built against another TF): one worker
     hvd = None
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--target_gpu", type=int, default=-1,
+parser.add_argument("--target_gpu",
+                    type=int,
+                    default=-1,
                     help="-1 shards the table over the workers; K keeps it on worker K")
 args = parser.parse_args()
 multi_worker = hvd is not None and int(os.environ.get("HOROVOD_SIZE", "1")) > 1
 if multi_worker:
     hvd.init()
 sok.init()
-var = sok.get_embedding_variable("var_0", embedding_dim=3,
+var = sok.get_embedding_variable("var_0",
+                                 embedding_dim=3,
                                  initializer=tf.ones_initializer(tf.float32))
 var.target_gpu = args.target_gpu
-indices = tf.SparseTensor(
-    indices=tf.convert_to_tensor([[0, 0], [0, 1], [1, 0], [1, 1], [1, 2]], dtype=tf.int64),
-    values=tf.convert_to_tensor([1, 1, 3, 4, 5], dtype=tf.int64),
-    dense_shape=[2, 3])
+indices = tf.SparseTensor(indices=tf.convert_to_tensor([[0, 0], [0, 1], [1, 0], [1, 1], [1, 2]],
+                                                       dtype=tf.int64),
+                          values=tf.convert_to_tensor([1, 1, 3, 4, 5], dtype=tf.int64),
+                          dense_shape=[2, 3])
 emb = sok.lookup_sparse([var], [indices], combiners=['sum'])
 fun = tf.multiply(emb, 2.0, name='multiply')
 loss = tf.reduce_sum(fun, name='reduce_sum')
@@ -47,8 +51,7 @@ if multi_worker:
     # Data parallelism for dense variables only: Embedding Variable gradients
     # already hold every worker's part for the keys this worker owns, and
     # sok_ev refuses to allreduce them (hvd.DistributedOptimizer included).
-    g_v = [(g if isinstance(v, sok.EmbeddingVariable) else hvd.allreduce(g), v)
-           for g, v in g_v]
+    g_v = [(g if isinstance(v, sok.EmbeddingVariable) else hvd.allreduce(g), v) for g, v in g_v]
     loss = hvd.allreduce(loss)  # the workers' mean loss, printed on every rank
 train_op = opt.apply_gradients(g_v)
 init = tf.global_variables_initializer()

@@ -8,7 +8,6 @@ import pytest
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(_ROOT, "cc", "gpu_harness"))
 
-
 from sokev_gpu_reference import SKIP_REASON  # noqa: E402
 
 

@@ -13,8 +13,8 @@ def _skip_reason():
         return "torch is not installed"
     if not torch.cuda.is_available():
         return "no CUDA GPU"
-    lib = os.environ.get("SOKEV_GPU_LIB", os.path.join(
-        _ROOT, "cc", "gpu_harness", "build", "libsokev_gpu.so"))
+    lib = os.environ.get("SOKEV_GPU_LIB",
+                         os.path.join(_ROOT, "cc", "gpu_harness", "build", "libsokev_gpu.so"))
     if not os.path.exists(lib):
         return "libsokev_gpu.so not built (cc/gpu_harness/build.sh)"
     return None
@@ -43,22 +43,25 @@ def key_bits(keys):
 
 def counter_uniform(seed, keys, column, draw=0):
     with np.errstate(over="ignore"):
-        inner = mix64(np.uint64(column) * np.uint64(0x100000001b3) +
-                      np.uint64(draw) * np.uint64(0x9e3779b97f4a7c15))
+        inner = mix64(
+            np.uint64(column) * np.uint64(0x100000001b3) +
+            np.uint64(draw) * np.uint64(0x9e3779b97f4a7c15))
         x = mix64(np.uint64(seed) ^ mix64(key_bits(keys) ^ inner))
     return (x >> np.uint64(40)).astype(np.float32) * np.float32(1.0 / 16777216.0)
 
 
 def uniform_rows(seed, a, b, keys, dim):
     """initial_row() of kRandomUniform, float32 like the C++."""
-    cols = [np.float32(a) + (np.float32(b) - np.float32(a)) *
-            counter_uniform(seed, keys, c) for c in range(dim)]
+    cols = [
+        np.float32(a) + (np.float32(b) - np.float32(a)) * counter_uniform(seed, keys, c)
+        for c in range(dim)
+    ]
     return np.stack(cols, axis=1).astype(np.float32)
 
 
 def owner_of(keys, workers):
-    return (mix64(key_bits(keys) ^ np.uint64(0x5bd1e9955bd1e995)) %
-            np.uint64(workers)).astype(np.int64)
+    return (mix64(key_bits(keys) ^ np.uint64(0x5bd1e9955bd1e995)) % np.uint64(workers)).astype(
+        np.int64)
 
 
 def zipf_keys(rng, n, vocab, alpha=1.1, dtype=np.int64, signed=True):
@@ -88,8 +91,7 @@ def combine_reference(values, index, weights, offsets, combiner):
     return out
 
 
-def combine_backward_reference(grad_out, index, weights, offsets, combiner,
-                               num_unique):
+def combine_backward_reference(grad_out, index, weights, offsets, combiner, num_unique):
     grad = np.zeros((num_unique, grad_out.shape[1]))
     for b in range(len(offsets) - 1):
         s, e = offsets[b], offsets[b + 1]

@@ -22,8 +22,7 @@ def nan_poison(shape):
 
 
 def key_range(dtype):
-    return ((-(1 << 31), (1 << 31) - 1) if dtype == "int32"
-            else (-(1 << 63), (1 << 63) - 1))
+    return ((-(1 << 31), (1 << 31) - 1) if dtype == "int32" else (-(1 << 63), (1 << 63) - 1))
 
 
 @pytest.mark.parametrize("dtype", ["int32", "int64"])
@@ -32,10 +31,15 @@ def test_differential_vs_dict(dtype):
     dim = 8
     np_dtype = np.int32 if dtype == "int32" else np.int64
     seed = int(RNG.integers(1 << 40))
-    table = sg.HashTable(dim, torch.int32 if dtype == "int32" else torch.int64,
-                         init="uniform", a=-0.5, b=0.5, seed=seed, capacity=1024)
+    table = sg.HashTable(dim,
+                         torch.int32 if dtype == "int32" else torch.int64,
+                         init="uniform",
+                         a=-0.5,
+                         b=0.5,
+                         seed=seed,
+                         capacity=1024)
     lo, hi = key_range(dtype)
-    ref = {}       # key -> value row (float32 array)
+    ref = {}  # key -> value row (float32 array)
     freq = {}
     pool = np.array([lo, hi, 0, -1, 1], dtype=np_dtype)  # edge keys are valid
     for r in range(rounds):
@@ -96,11 +100,13 @@ def test_duplicates_in_one_launch_insert_once(dtype):
     np_dtype = np.int32 if dtype == "int32" else np.int64
     distinct = RNG.integers(-1000, 1000, 300).astype(np_dtype)
     keys = RNG.choice(distinct, 1_000_000)
-    table = sg.HashTable(16, torch.int32 if dtype == "int32" else torch.int64,
-                         init="constant", a=1.5, capacity=64)
+    table = sg.HashTable(16,
+                         torch.int32 if dtype == "int32" else torch.int64,
+                         init="constant",
+                         a=1.5,
+                         capacity=64)
     row_ids = torch.full((len(keys),), -9, dtype=torch.int64, device="cuda")
-    values = table.find_or_insert(tensor(keys), nan_poison((len(keys), 16)),
-                                  row_ids=row_ids)
+    values = table.find_or_insert(tensor(keys), nan_poison((len(keys), 16)), row_ids=row_ids)
     assert table.size() == len(np.unique(keys))
     ids = row_ids.cpu().numpy()
     for k in np.unique(keys)[:50]:

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from sokev_gpu_reference import (SKIP_REASON, combine_backward_reference, combine_reference,
-                           owner_of, rel_err, zipf_keys)
+                                 owner_of, rel_err, zipf_keys)
 
 if SKIP_REASON is None:
     import torch
@@ -100,11 +100,10 @@ def test_combine_forward_backward(dim, combiner, weighted):
     ref = combine_reference(values, index, weights, offsets, combiner)
     assert rel_err(out.cpu().numpy(), ref) < 1e-5
     grad_out = RNG.standard_normal((batch, dim)).astype(np.float32)
-    grad = sg.combine_backward(tensor(grad_out), tensor(index), tensor(offsets),
-                               num_unique, poison((num_unique, dim), torch.float32),
+    grad = sg.combine_backward(tensor(grad_out), tensor(index), tensor(offsets), num_unique,
+                               poison((num_unique, dim), torch.float32),
                                None if weights is None else tensor(weights), combiner)
-    ref_g = combine_backward_reference(grad_out, index, weights, offsets, combiner,
-                                       num_unique)
+    ref_g = combine_backward_reference(grad_out, index, weights, offsets, combiner, num_unique)
     assert rel_err(grad.cpu().numpy(), ref_g) < 1e-5
 
 
@@ -113,8 +112,13 @@ def test_combine_forward_backward(dim, combiner, weighted):
 @pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
 def test_fused_lookup_combine_matches_find_then_combine(dtype, dim, combiner):
     torch_dtype = torch.int32 if dtype == "int32" else torch.int64
-    table = sg.HashTable(dim, torch_dtype, init="uniform", a=-1, b=1,
-                         seed=int(RNG.integers(1 << 40)), capacity=1024)
+    table = sg.HashTable(dim,
+                         torch_dtype,
+                         init="uniform",
+                         a=-1,
+                         b=1,
+                         seed=int(RNG.integers(1 << 40)),
+                         capacity=1024)
     batch = 3000
     offsets = ragged(batch, 5)
     nnz = int(offsets[-1])
@@ -122,12 +126,10 @@ def test_fused_lookup_combine_matches_find_then_combine(dtype, dim, combiner):
     present = keys[RNG.random(nnz) < 0.9]  # 10% of entries miss -> zeros
     table.find_or_insert(tensor(present))
     weights = RNG.uniform(0.1, 2.0, nnz).astype(np.float32)
-    out = table.lookup_combine(tensor(keys), tensor(offsets),
-                               poison((batch, dim), torch.float32),
+    out = table.lookup_combine(tensor(keys), tensor(offsets), poison((batch, dim), torch.float32),
                                tensor(weights), combiner)
     values = table.find(tensor(keys), torch.empty((nnz, dim), device="cuda"))
-    ref = combine_reference(values.cpu().numpy(), np.arange(nnz), weights,
-                            offsets, combiner)
+    ref = combine_reference(values.cpu().numpy(), np.arange(nnz), weights, offsets, combiner)
     assert rel_err(out.cpu().numpy(), ref) < 1e-5
 
 
@@ -151,8 +153,7 @@ def optimizer_reference(kind, row, g, dim, hp):
         new_acc = s[0] + g * g
         s[1] += gs - (np.sqrt(new_acc) - np.sqrt(s[0])) / lr * v
         quad = np.sqrt(new_acc) / lr + 2 * hp["l2"]
-        v = np.where(np.abs(s[1]) > hp["l1"],
-                     (np.sign(s[1]) * hp["l1"] - s[1]) / quad, 0.0)
+        v = np.where(np.abs(s[1]) > hp["l1"], (np.sign(s[1]) * hp["l1"] - s[1]) / quad, 0.0)
         s[0] = new_acc
     elif kind == "momentum":
         s[0] = s[0] * hp["momentum"] + g
@@ -173,10 +174,20 @@ def optimizer_reference(kind, row, g, dim, hp):
 def test_optimizers(kind, dim):
     n = 2000 if dim <= 128 else 300
     width = 4 * dim  # value + 3 slots
-    hp = dict(lr=0.05, beta1=0.9, beta2=0.999, epsilon=1e-7, beta1_power=0.9 ** 3,
-              beta2_power=0.999 ** 3, momentum=0.8, l1=0.01, l2=0.02,
-              l2_shrinkage=0.01, lr_power=-0.5, decay=0.9,
-              use_nesterov=bool(RNG.integers(2)), centered=bool(RNG.integers(2)))
+    hp = dict(lr=0.05,
+              beta1=0.9,
+              beta2=0.999,
+              epsilon=1e-7,
+              beta1_power=0.9**3,
+              beta2_power=0.999**3,
+              momentum=0.8,
+              l1=0.01,
+              l2=0.02,
+              l2_shrinkage=0.01,
+              lr_power=-0.5,
+              decay=0.9,
+              use_nesterov=bool(RNG.integers(2)),
+              centered=bool(RNG.integers(2)))
     rows = RNG.standard_normal((n, width)).astype(np.float32)
     rows[:, dim:] = np.abs(rows[:, dim:]) + 0.1  # accumulators positive
     rows[:, 3 * dim:] *= 0.01  # centered RMSProp: mean grad^2 < rms
@@ -192,7 +203,8 @@ def test_optimizers(kind, dim):
     out = fast.cpu().numpy()
     # Same bits as the shared update_row() math.
     assert np.array_equal(out.view(np.int32), slow.cpu().numpy().view(np.int32))
-    ref = np.stack([optimizer_reference(kind, rows[i].astype(np.float64),
-                                        grads[i].astype(np.float64), dim, hp)
-                    for i in range(n)])
+    ref = np.stack([
+        optimizer_reference(kind, rows[i].astype(np.float64), grads[i].astype(np.float64), dim, hp)
+        for i in range(n)
+    ])
     assert rel_err(out, ref) < 1e-5

@@ -13,9 +13,18 @@ if SKIP_REASON is None:
     import sokev_gpu as sg
 
 RNG = np.random.default_rng()
-HP = dict(lr=0.05, beta1=0.9, beta2=0.999, epsilon=1e-7, beta1_power=0.9 ** 3,
-          beta2_power=0.999 ** 3, momentum=0.8, l1=0.01, l2=0.02,
-          l2_shrinkage=0.01, lr_power=-0.5, decay=0.9)
+HP = dict(lr=0.05,
+          beta1=0.9,
+          beta2=0.999,
+          epsilon=1e-7,
+          beta1_power=0.9**3,
+          beta2_power=0.999**3,
+          momentum=0.8,
+          l1=0.01,
+          l2=0.02,
+          l2_shrinkage=0.01,
+          lr_power=-0.5,
+          decay=0.9)
 
 
 def tensor(array):
@@ -53,8 +62,13 @@ def test_unique_segmented(dtype, n):
 
 
 def filled_table(dtype, dim, seed, keys, slots):
-    table = sg.HashTable(dim, torch.int32 if dtype == "int32" else torch.int64,
-                         init="uniform", a=-1, b=1, seed=seed, capacity=1024)
+    table = sg.HashTable(dim,
+                         torch.int32 if dtype == "int32" else torch.int64,
+                         init="uniform",
+                         a=-1,
+                         b=1,
+                         seed=seed,
+                         capacity=1024)
     for s, value in enumerate(slots):
         table.add_slot(f"s{s}", value)
     table.find_or_insert(tensor(keys))
@@ -69,7 +83,7 @@ def test_lookup_combine_rows(dtype, dim, combiner):
     offsets = ragged(batch, 5)
     nnz = int(offsets[-1])
     keys = batch_keys(dtype, nnz)
-    table = filled_table(dtype, dim, int(RNG.integers(1 << 40)), keys[: nnz // 2], [])
+    table = filled_table(dtype, dim, int(RNG.integers(1 << 40)), keys[:nnz // 2], [])
     uniq, inverse, _, _, num = sg.unique_segmented(tensor(keys))
     u = int(num.item())
     row_ids = torch.full((u,), -9, dtype=torch.int64, device="cuda")
@@ -79,8 +93,7 @@ def test_lookup_combine_rows(dtype, dim, combiner):
                                     torch.full((batch, dim), float("nan"), device="cuda"),
                                     tensor(weights), combiner)
     values = table.find(tensor(keys), torch.empty((nnz, dim), device="cuda"))
-    ref = combine_reference(values.cpu().numpy(), np.arange(nnz), weights,
-                            offsets, combiner)
+    ref = combine_reference(values.cpu().numpy(), np.arange(nnz), weights, offsets, combiner)
     assert rel_err(out.cpu().numpy(), ref) < 1e-5
 
 
@@ -102,9 +115,11 @@ def test_backward_apply_matches_unfused(kind, dim, combiner, weighted):
     keys = batch_keys(dtype, nnz)
     seed = int(RNG.integers(1 << 40))
     old = keys[RNG.random(nnz) < 0.5]  # half the keys exist before the step
-    extra = batch_keys(dtype, 500)     # rows the step must not touch
-    tables = [filled_table(dtype, dim, seed, np.concatenate([old, extra]),
-                           [0.1, 0.2, 0.3]) for _ in range(2)]
+    extra = batch_keys(dtype, 500)  # rows the step must not touch
+    tables = [
+        filled_table(dtype, dim, seed, np.concatenate([old, extra]), [0.1, 0.2, 0.3])
+        for _ in range(2)
+    ]
     grad_out = tensor(RNG.standard_normal((batch, dim)).astype(np.float32))
     weights = tensor(RNG.uniform(0.1, 2.0, nnz).astype(np.float32)) if weighted else None
     hp = dict(HP, use_nesterov=bool(RNG.integers(2)), centered=bool(RNG.integers(2)))
@@ -123,10 +138,11 @@ def test_backward_apply_matches_unfused(kind, dim, combiner, weighted):
     u2 = int(num2.item())
     row_ids = torch.full((u2,), -9, dtype=torch.int64, device="cuda")
     tables[1].find_or_insert(uniq2[:u2], row_ids=row_ids)
-    tables[1].backward_apply(kind, grad_out, tensor(offsets), nnz, order, segments,
-                             num2, nnz, row_ids, step, weights, combiner, **hp)
+    tables[1].backward_apply(kind, grad_out, tensor(offsets), nnz, order, segments, num2, nnz,
+                             row_ids, step, weights, combiner, **hp)
     a, b = export_sorted(tables[0]), export_sorted(tables[1])
     for x, y in zip(a, b):
-        assert np.array_equal(x.view(np.int32) if x.dtype == np.float32 else x,
-                              y.view(np.int32) if y.dtype == np.float32 else y)
+        assert np.array_equal(
+            x.view(np.int32) if x.dtype == np.float32 else x,
+            y.view(np.int32) if y.dtype == np.float32 else y)
     assert np.all(np.isfinite(b[1]))

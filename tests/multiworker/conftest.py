@@ -24,11 +24,11 @@ def lookup_run():
     def run(workers):
         harness.require_horovodrun()
         if workers not in launches:
-            launches[workers] = harness.launch(
-                os.path.join(HERE, "lookup_worker.py"), workers,
-                ["--cases", ",".join(harness.CASES[workers])] +
-                (["--guards"] if workers == 2 else []),
-                timeout=harness.LAUNCH_TIMEOUT)
+            launches[workers] = harness.launch(os.path.join(HERE, "lookup_worker.py"),
+                                               workers,
+                                               ["--cases", ",".join(harness.CASES[workers])] +
+                                               (["--guards"] if workers == 2 else []),
+                                               timeout=harness.LAUNCH_TIMEOUT)
         result = launches[workers]
         assert not result.timed_out, (
             f"{workers}-worker launch exceeded {harness.LAUNCH_TIMEOUT}s:\n"

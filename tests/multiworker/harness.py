@@ -33,11 +33,11 @@ HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 
 @dataclasses.dataclass
 class Launch:
-    returncode: int          # None when the time limit killed the job
+    returncode: int  # None when the time limit killed the job
     timed_out: bool
     seconds: float
-    output: str              # stdout and stderr of horovodrun and all ranks
-    results: dict            # rank -> dict of arrays from rank<r>.npz
+    output: str  # stdout and stderr of horovodrun and all ranks
+    results: dict  # rank -> dict of arrays from rank<r>.npz
 
     def tail(self, chars=6000):
         return self.output[-chars:]
@@ -58,17 +58,22 @@ def launch(script, workers, args=(), timeout=240, out_dir=None, pass_out=True):
     """
     out_dir = out_dir or tempfile.mkdtemp(prefix="sok_ev_mw_")
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [REPO_ROOT, HERE] + [p for p in [env.get("PYTHONPATH")] if p])
+    env["PYTHONPATH"] = os.pathsep.join([REPO_ROOT, HERE] +
+                                        [p for p in [env.get("PYTHONPATH")] if p])
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     env["PYTHONUNBUFFERED"] = "1"
-    command = [HOROVODRUN, "--gloo", "-np", str(workers), "-H",
-               f"localhost:{workers}", sys.executable, script,
-               *(["--out", out_dir] if pass_out else []), *map(str, args)]
+    command = [
+        HOROVODRUN, "--gloo", "-np",
+        str(workers), "-H", f"localhost:{workers}", sys.executable, script,
+        *(["--out", out_dir] if pass_out else []), *map(str, args)
+    ]
     start = time.monotonic()
-    process = subprocess.Popen(command, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, env=env,
-                               cwd=REPO_ROOT, start_new_session=True)
+    process = subprocess.Popen(command,
+                               stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT,
+                               env=env,
+                               cwd=REPO_ROOT,
+                               start_new_session=True)
     timed_out = False
     try:
         output, _ = process.communicate(timeout=timeout)
@@ -84,15 +89,14 @@ def launch(script, workers, args=(), timeout=240, out_dir=None, pass_out=True):
         if os.path.exists(path):
             with np.load(path, allow_pickle=False) as data:
                 results[rank] = dict(data)
-    return Launch(None if timed_out else process.returncode, timed_out,
-                  seconds, output.decode(errors="replace"), results)
+    return Launch(None if timed_out else process.returncode, timed_out, seconds,
+                  output.decode(errors="replace"), results)
 
 
 def rank_stdout(output, rank):
     """Rank `rank`'s stdout lines from horovodrun's prefixed output."""
     prefix = f"[{rank}]<stdout>:"
-    return "\n".join(line[len(prefix):] for line in output.splitlines()
-                     if line.startswith(prefix))
+    return "\n".join(line[len(prefix):] for line in output.splitlines() if line.startswith(prefix))
 
 
 def horovod_available():
@@ -102,14 +106,15 @@ def horovod_available():
 # SCENARIO:PLACEMENT:MODE. Every placement runs in both modes on 2 workers;
 # 3 workers run each placement once, alternating the mode, to bound CI time.
 CASES = {
-    2: ["random:sharded:graph", "random:sharded:eager",
-        "random:target:graph", "random:target:eager",
-        "random:mixed:graph", "random:mixed:eager",
-        "empty:sharded:eager", "one_owner:sharded:graph",
-        "duplicates:mixed:eager"],
-    3: ["random:sharded:eager", "random:target:graph", "random:mixed:eager",
-        "empty:mixed:graph", "one_owner:sharded:eager",
-        "duplicates:sharded:graph"],
+    2: [
+        "random:sharded:graph", "random:sharded:eager", "random:target:graph",
+        "random:target:eager", "random:mixed:graph", "random:mixed:eager", "empty:sharded:eager",
+        "one_owner:sharded:graph", "duplicates:mixed:eager"
+    ],
+    3: [
+        "random:sharded:eager", "random:target:graph", "random:mixed:eager", "empty:mixed:graph",
+        "one_owner:sharded:eager", "duplicates:sharded:graph"
+    ],
 }
 LAUNCH_TIMEOUT = 240  # seconds; a healthy launch takes well under half
 
@@ -156,12 +161,12 @@ TABLES = (
     dict(name="t0", dim=128, hotness=10, key_dtype="int64", default_rows=7),
     dict(name="t1", dim=4, hotness=3, key_dtype="int32", default_rows=5),
 )
-VOCABULARY = 300         # keys in [0, VOCABULARY): duplicates within and
-                         # across workers' batches
+VOCABULARY = 300  # keys in [0, VOCABULARY): duplicates within and
+# across workers' batches
 PER_WORKER_BATCH = 6
 STEPS = 10
-LEARNING_RATE = 0.1      # tf.compat.v1.train.AdagradOptimizer, default
-                         # initial_accumulator_value 0.1
+LEARNING_RATE = 0.1  # tf.compat.v1.train.AdagradOptimizer, default
+# initial_accumulator_value 0.1
 
 
 def default_rows(table):
@@ -181,8 +186,8 @@ def initial_dense_table(table):
 @dataclasses.dataclass
 class Batch:
     """One worker's (or the global) batch of one table, as SparseTensor parts."""
-    indices: np.ndarray      # [nnz, 2] int64, rows in order
-    values: np.ndarray       # [nnz] keys
+    indices: np.ndarray  # [nnz, 2] int64, rows in order
+    values: np.ndarray  # [nnz] keys
     batch_size: int
 
 
@@ -196,10 +201,9 @@ def _random_batch(rng, table, batch_size, keys=None):
 
 
 def _to_batch(rows, table):
-    indices = np.array([[b, j] for b, row in enumerate(rows)
-                        for j in range(len(row))], np.int64).reshape(-1, 2)
-    values = np.array([k for row in rows for k in row],
-                      dtype=table["key_dtype"]).reshape(-1)
+    indices = np.array([[b, j] for b, row in enumerate(rows) for j in range(len(row))],
+                       np.int64).reshape(-1, 2)
+    values = np.array([k for row in rows for k in row], dtype=table["key_dtype"]).reshape(-1)
     return Batch(indices, values, len(rows))
 
 
@@ -216,25 +220,21 @@ def make_step_data(scenario, workers, step):
       (batches, targets): batches[w][t] is a Batch; targets[w][t] is the
       `[batch_size, dim]` float32 target of worker w's samples.
     """
-    rng = np.random.default_rng(
-        [sum(map(ord, scenario)), workers, step])
+    rng = np.random.default_rng([sum(map(ord, scenario)), workers, step])
     keys = None
     if scenario == "one_owner":
-        keys = np.array([k for k in range(VOCABULARY)
-                         if owner_of(k, workers) == 0])
+        keys = np.array([k for k in range(VOCABULARY) if owner_of(k, workers) == 0])
     # "duplicates": one set of rows per table, fed by every worker.
-    shared_rows = [_random_batch(rng, table, PER_WORKER_BATCH)
-                   for table in TABLES]
+    shared_rows = [_random_batch(rng, table, PER_WORKER_BATCH) for table in TABLES]
     batches, targets = [], []
     for w in range(workers):
         size = 0 if scenario == "empty" and w == workers - 1 else PER_WORKER_BATCH
         worker_batches, worker_targets = [], []
         for t, table in enumerate(TABLES):
-            rows = (shared_rows[t] if scenario == "duplicates" else
-                    _random_batch(rng, table, size, keys))
+            rows = (shared_rows[t] if scenario == "duplicates" else _random_batch(
+                rng, table, size, keys))
             worker_batches.append(_to_batch(rows, table))
-            worker_targets.append(
-                rng.normal(size=(size, table["dim"])).astype(np.float32))
+            worker_targets.append(rng.normal(size=(size, table["dim"])).astype(np.float32))
         batches.append(worker_batches)
         targets.append(worker_targets)
     return batches, targets
@@ -256,4 +256,4 @@ def global_batch(batches, t):
 def loss_of(embeddings, targets):
     """The model's loss: sum over tables and samples of 0.5 * |emb - y|^2.
     A sum (not a mean), so the global loss is the sum of the workers'."""
-    return sum(0.5 * np.sum((e - y) ** 2) for e, y in zip(embeddings, targets))
+    return sum(0.5 * np.sum((e - y)**2) for e, y in zip(embeddings, targets))

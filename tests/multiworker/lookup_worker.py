@@ -30,29 +30,28 @@ RANK, WORKERS = hvd.rank(), hvd.size()
 def placement(name):
     """target_gpu of each table: sharded by key, whole on one worker, or a mix
     of both in one lookup_sparse call."""
-    return {"sharded": [-1, -1], "target": [WORKERS - 1, 0],
-            "mixed": [-1, WORKERS - 1]}[name]
+    return {"sharded": [-1, -1], "target": [WORKERS - 1, 0], "mixed": [-1, WORKERS - 1]}[name]
 
 
 def make_tables(targets):
     tables = []
     for table, target in zip(harness.TABLES, targets):
-        option = sok_ev.EmbeddingVariableOption(
-            init_option=sok_ev.InitializerOption(
-                default_value_dim=table["default_rows"]))
-        tables.append(sok_ev.get_embedding_variable(
-            table["name"], embedding_dim=table["dim"],
-            key_dtype=table["key_dtype"],
-            initializer=tf.constant_initializer(harness.default_rows(table)),
-            ev_option=option, target_gpu=target))
+        option = sok_ev.EmbeddingVariableOption(init_option=sok_ev.InitializerOption(
+            default_value_dim=table["default_rows"]))
+        tables.append(
+            sok_ev.get_embedding_variable(table["name"],
+                                          embedding_dim=table["dim"],
+                                          key_dtype=table["key_dtype"],
+                                          initializer=tf.constant_initializer(
+                                              harness.default_rows(table)),
+                                          ev_option=option,
+                                          target_gpu=target))
     return tables
 
 
 def model(tables, sparse_ids, targets):
-    embeddings = sok_ev.lookup_sparse(tables, sparse_ids,
-                                      combiners=["sum"] * len(tables))
-    loss = tf.add_n([0.5 * tf.reduce_sum(tf.square(e - y))
-                     for e, y in zip(embeddings, targets)])
+    embeddings = sok_ev.lookup_sparse(tables, sparse_ids, combiners=["sum"] * len(tables))
+    loss = tf.add_n([0.5 * tf.reduce_sum(tf.square(e - y)) for e, y in zip(embeddings, targets)])
     return loss, embeddings
 
 
@@ -67,14 +66,13 @@ def run_graph(scenario, targets_gpu):
         indices = [tf.compat.v1.placeholder(tf.int64, [None, 2]) for _ in tables]
         values = [tf.compat.v1.placeholder(v.key_dtype, [None]) for v in tables]
         sizes = [tf.compat.v1.placeholder(tf.int64, []) for _ in tables]
-        ys = [tf.compat.v1.placeholder(tf.float32, [None, v.embedding_dim])
-              for v in tables]
-        sparse_ids = [tf.SparseTensor(i, v, tf.stack([s, table["hotness"]]))
-                      for i, v, s, table in zip(indices, values, sizes,
-                                                harness.TABLES)]
+        ys = [tf.compat.v1.placeholder(tf.float32, [None, v.embedding_dim]) for v in tables]
+        sparse_ids = [
+            tf.SparseTensor(i, v, tf.stack([s, table["hotness"]]))
+            for i, v, s, table in zip(indices, values, sizes, harness.TABLES)
+        ]
         loss, embeddings = model(tables, sparse_ids, ys)
-        train = tf.compat.v1.train.AdagradOptimizer(
-            harness.LEARNING_RATE).minimize(loss)
+        train = tf.compat.v1.train.AdagradOptimizer(harness.LEARNING_RATE).minimize(loss)
         exports = [v.export() for v in tables]
         losses, embs = [], []
         with tf.compat.v1.Session(graph=graph) as session:
@@ -83,12 +81,13 @@ def run_graph(scenario, targets_gpu):
                 batches, targets = my_feeds(scenario, step)
                 feed = {}
                 for t in range(len(tables)):
-                    feed.update({indices[t]: batches[t].indices,
-                                 values[t]: batches[t].values,
-                                 sizes[t]: batches[t].batch_size,
-                                 ys[t]: targets[t]})
-                step_loss, step_embs, _ = session.run([loss, embeddings, train],
-                                                      feed)
+                    feed.update({
+                        indices[t]: batches[t].indices,
+                        values[t]: batches[t].values,
+                        sizes[t]: batches[t].batch_size,
+                        ys[t]: targets[t]
+                    })
+                step_loss, step_embs, _ = session.run([loss, embeddings, train], feed)
                 losses.append(step_loss)
                 embs.append(step_embs)
             shards = session.run(exports)
@@ -100,15 +99,16 @@ def run_eager(scenario, targets_gpu):
     optimizer = tf.compat.v1.train.AdagradOptimizer(harness.LEARNING_RATE)
     signature = []
     for v in tables:
-        signature += [tf.TensorSpec([None, 2], tf.int64),
-                      tf.TensorSpec([None], v.key_dtype),
-                      tf.TensorSpec([2], tf.int64),
-                      tf.TensorSpec([None, v.embedding_dim], tf.float32)]
+        signature += [
+            tf.TensorSpec([None, 2], tf.int64),
+            tf.TensorSpec([None], v.key_dtype),
+            tf.TensorSpec([2], tf.int64),
+            tf.TensorSpec([None, v.embedding_dim], tf.float32)
+        ]
 
     @tf.function(input_signature=signature)
     def train_step(*flat):
-        sparse_ids = [tf.SparseTensor(*flat[4 * t:4 * t + 3])
-                      for t in range(len(tables))]
+        sparse_ids = [tf.SparseTensor(*flat[4 * t:4 * t + 3]) for t in range(len(tables))]
         ys = [flat[4 * t + 3] for t in range(len(tables))]
         with tf.GradientTape() as tape:
             loss, embeddings = model(tables, sparse_ids, ys)
@@ -121,9 +121,10 @@ def run_eager(scenario, targets_gpu):
         batches, targets = my_feeds(scenario, step)
         flat = []
         for t, table in enumerate(harness.TABLES):
-            flat += [batches[t].indices, batches[t].values,
-                     np.array([batches[t].batch_size, table["hotness"]]),
-                     targets[t]]
+            flat += [
+                batches[t].indices, batches[t].values,
+                np.array([batches[t].batch_size, table["hotness"]]), targets[t]
+            ]
         step_loss, step_embs = train_step(*flat)
         losses.append(step_loss.numpy())
         embs.append([e.numpy() for e in step_embs])
@@ -156,9 +157,10 @@ def record_guards(results):
     batches, targets = my_feeds("random", 0)
 
     def sparse_ids():
-        return [tf.SparseTensor(b.indices, b.values,
-                                [b.batch_size, table["hotness"]])
-                for b, table in zip(batches, harness.TABLES)]
+        return [
+            tf.SparseTensor(b.indices, b.values, [b.batch_size, table["hotness"]])
+            for b, table in zip(batches, harness.TABLES)
+        ]
 
     with tf.Graph().as_default():
         tables = make_tables([-1, -1])
@@ -170,8 +172,7 @@ def record_guards(results):
             lambda: hvd.DistributedOptimizer(optimizer).minimize(loss))
         grads_and_vars = optimizer.compute_gradients(loss)
         ev_grad = grads_and_vars[0][0]
-        results["guard/graph_allreduce"] = _message_of(
-            lambda: hvd.allreduce(ev_grad))
+        results["guard/graph_allreduce"] = _message_of(lambda: hvd.allreduce(ev_grad))
         results["guard/graph_grouped_allreduce"] = _message_of(
             lambda: hvd.grouped_allreduce([g for g, _ in grads_and_vars]))
         # An allreduce sok_ev could not intercept (bound before sok_ev.init()):
@@ -179,13 +180,11 @@ def record_guards(results):
         unguarded = sok_ev.communication._guards["allreduce"]  # pylint: disable=protected-access
         reduced = unguarded(ev_grad)
         results["guard/graph_unguarded_allreduce"] = _message_of(
-            lambda: sok_ev.distributed.check_embedding_gradient(
-                reduced, tables[0]))
+            lambda: sok_ev.distributed.check_embedding_gradient(reduced, tables[0]))
         # The supported pattern: allreduce only the dense gradients.
-        results["guard/graph_dense_only"] = _message_of(
-            lambda: optimizer.apply_gradients(
-                [(g if isinstance(v, sok_ev.EmbeddingVariable)
-                  else hvd.allreduce(g), v) for g, v in grads_and_vars]))
+        results["guard/graph_dense_only"] = _message_of(lambda: optimizer.apply_gradients(
+            [(g if isinstance(v, sok_ev.EmbeddingVariable) else hvd.allreduce(g), v)
+             for g, v in grads_and_vars]))
 
     tables = make_tables([-1, -1])
 
@@ -195,11 +194,9 @@ def record_guards(results):
         return tape.gradient(loss, tables)
 
     results["guard/eager_distributed_tape"] = _message_of(
-        lambda: tape_gradient(lambda: hvd.DistributedGradientTape(
-            tf.GradientTape())))
+        lambda: tape_gradient(lambda: hvd.DistributedGradientTape(tf.GradientTape())))
     eager_grads = tape_gradient(tf.GradientTape)
-    results["guard/eager_allreduce"] = _message_of(
-        lambda: hvd.allreduce(eager_grads[0]))
+    results["guard/eager_allreduce"] = _message_of(lambda: hvd.allreduce(eager_grads[0]))
 
 
 def main():

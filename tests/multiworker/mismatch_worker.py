@@ -21,8 +21,7 @@ RANK = hvd.rank()
 
 
 def lookup(name, dim, target_gpu):
-    table = sok_ev.get_embedding_variable(name, embedding_dim=dim,
-                                          target_gpu=target_gpu)
+    table = sok_ev.get_embedding_variable(name, embedding_dim=dim, target_gpu=target_gpu)
     ids = tf.SparseTensor([[0, 0]], tf.constant([RANK], tf.int64), [1, 1])
     return sok_ev.lookup_sparse([table], [ids])
 
@@ -42,8 +41,7 @@ def main():
     results = {}
     with tf.Graph().as_default():
         results["dim"] = message_of(lambda: lookup("t1", 8 if RANK == 1 else 4, -1))
-    results["target_gpu"] = message_of(
-        lambda: lookup("t2", 4, 0 if RANK == 1 else -1))
+    results["target_gpu"] = message_of(lambda: lookup("t2", 4, 0 if RANK == 1 else -1))
     harness.save_rank_results(args.out, RANK, results)
 
 

@@ -16,8 +16,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def test_mismatched_tables_fail_clearly_on_every_worker():
     harness.require_horovodrun()
-    result = harness.launch(os.path.join(HERE, "mismatch_worker.py"), 2,
-                            timeout=120)
+    result = harness.launch(os.path.join(HERE, "mismatch_worker.py"), 2, timeout=120)
     assert result.returncode == 0 and len(result.results) == 2, result.tail()
     for rank, other in ((0, 1), (1, 0)):
         mine, theirs = (4, 8) if rank == 0 else (8, 4)
@@ -34,8 +33,9 @@ def test_mismatched_tables_fail_clearly_on_every_worker():
 
 def test_a_dying_worker_stops_the_job():
     harness.require_horovodrun()
-    result = harness.launch(os.path.join(HERE, "stuck_worker.py"), 2,
-                            ["--fault", "die"], timeout=120)
+    result = harness.launch(os.path.join(HERE, "stuck_worker.py"),
+                            2, ["--fault", "die"],
+                            timeout=120)
     assert not result.timed_out, result.tail()
     assert result.returncode != 0
 
@@ -44,8 +44,9 @@ def test_a_hanging_worker_is_killed_at_the_time_limit():
     harness.require_horovodrun()
     limit = 15
     start = time.monotonic()
-    result = harness.launch(os.path.join(HERE, "stuck_worker.py"), 2,
-                            ["--fault", "hang"], timeout=limit)
+    result = harness.launch(os.path.join(HERE, "stuck_worker.py"),
+                            2, ["--fault", "hang"],
+                            timeout=limit)
     assert result.timed_out
     assert time.monotonic() - start < limit + 15
     for _ in range(20):  # killed ranks may take a moment to be reaped

@@ -47,8 +47,7 @@ def reference(scenario, workers):
                 seen[t].update(batch.values.tolist())
                 ids = tf.SparseTensor(batch.indices, batch.values,
                                       [batch.batch_size, table["hotness"]])
-                emb = tf.nn.embedding_lookup_sparse(tables[t], ids, None,
-                                                    combiner="sum")
+                emb = tf.nn.embedding_lookup_sparse(tables[t], ids, None, combiner="sum")
                 y = np.concatenate([target[t] for target in targets])
                 loss += 0.5 * tf.reduce_sum(tf.square(emb - y))
                 step_embeddings.append(emb.numpy())
@@ -56,19 +55,22 @@ def reference(scenario, workers):
         optimizer.apply_gradients(zip(grads, tables))
         losses.append(float(loss))
         embeddings.append(step_embeddings)
-    return {"loss": np.array(losses), "emb": embeddings,
-            "tables": [t.numpy() for t in tables], "seen": seen}
+    return {
+        "loss": np.array(losses),
+        "emb": embeddings,
+        "tables": [t.numpy() for t in tables],
+        "seen": seen
+    }
 
 
 def placement_targets(placement, workers):
     """Mirror of lookup_worker.placement."""
-    return {"sharded": [-1, -1], "target": [workers - 1, 0],
-            "mixed": [-1, workers - 1]}[placement]
+    return {"sharded": [-1, -1], "target": [workers - 1, 0], "mixed": [-1, workers - 1]}[placement]
 
 
 def shards_of(result, case, t, workers):
-    return [(result.results[r][f"{case}/keys{t}"],
-             result.results[r][f"{case}/values{t}"]) for r in range(workers)]
+    return [(result.results[r][f"{case}/keys{t}"], result.results[r][f"{case}/values{t}"])
+            for r in range(workers)]
 
 
 ALL_CASES = [(w, case) for w, cases in harness.CASES.items() for case in cases]
@@ -90,10 +92,11 @@ def test_losses_and_embeddings_match_single_process(lookup_run, workers, case):
             for r in range(workers):
                 size = batches[r][t].batch_size
                 got = result.results[r][f"{case}/emb{t}"][step]
-                np.testing.assert_allclose(
-                    got, ref["emb"][step][t][start:start + size],
-                    rtol=RTOL, atol=ATOL,
-                    err_msg=f"step {step}, table {t}, worker {r}")
+                np.testing.assert_allclose(got,
+                                           ref["emb"][step][t][start:start + size],
+                                           rtol=RTOL,
+                                           atol=ATOL,
+                                           err_msg=f"step {step}, table {t}, worker {r}")
                 start += size
 
 
@@ -104,8 +107,11 @@ def test_final_tables_match_single_process(lookup_run, workers, case):
     for t in range(len(harness.TABLES)):
         keys = np.concatenate([k for k, _ in shards_of(result, case, t, workers)])
         values = np.concatenate([v for _, v in shards_of(result, case, t, workers)])
-        np.testing.assert_allclose(values, ref["tables"][t][keys],
-                                   rtol=RTOL, atol=ATOL, err_msg=f"table {t}")
+        np.testing.assert_allclose(values,
+                                   ref["tables"][t][keys],
+                                   rtol=RTOL,
+                                   atol=ATOL,
+                                   err_msg=f"table {t}")
 
 
 @pytest.mark.parametrize("workers,case", ALL_CASES, ids=IDS)
@@ -125,8 +131,7 @@ def test_every_key_lives_on_exactly_its_owner(lookup_run, workers, case):
                 stored_on[key] = r
         assert set(stored_on) == ref["seen"][t], f"table {t}"
         for key, r in stored_on.items():
-            owner = (harness.owner_of(key, workers) if targets[t] == -1
-                     else targets[t])
+            owner = (harness.owner_of(key, workers) if targets[t] == -1 else targets[t])
             assert r == owner, f"table {t}: key {key} on {r}, owner {owner}"
 
 
@@ -166,5 +171,4 @@ def test_duplicate_keys_across_workers(lookup_run, workers):
     for t in range(len(harness.TABLES)):
         first = result.results[0][f"{case}/emb{t}"]
         for r in range(1, workers):
-            np.testing.assert_array_equal(result.results[r][f"{case}/emb{t}"],
-                                          first)
+            np.testing.assert_array_equal(result.results[r][f"{case}/emb{t}"], first)

@@ -50,8 +50,7 @@ class Core<CPUDevice> {
   // initializer.default_values: (default_value_dim, dim), copied by the table.
   template <typename Key>
   absl::Status NewTable(DeviceAllocator* /*table_allocator*/, int64_t dim,
-                        const InitializerSpec& initializer,
-                        std::shared_ptr<Table<Key>>* table) {
+                        const InitializerSpec& initializer, std::shared_ptr<Table<Key>>* table) {
     *table = std::make_shared<Table<Key>>(dim, initializer);
     return absl::OkStatus();
   }
@@ -124,8 +123,7 @@ class Core<CPUDevice> {
   //   keys: (n,)  grads: (n, dim)
   template <typename Key>
   absl::Status ApplyOptimizer(Table<Key>& table, const OptimizerSpec& spec, const Key* keys,
-                              int64_t n, const float* grads, int64_t dim,
-                              int64_t global_step) {
+                              int64_t n, const float* grads, int64_t dim, int64_t global_step) {
     std::vector<Key> unique(n);
     std::vector<int64_t> inverse(n);
     int64_t num_unique = 0;
@@ -135,18 +133,17 @@ class Core<CPUDevice> {
       float* row = summed.data() + inverse[i] * dim;
       for (int64_t c = 0; c < dim; ++c) row[c] += grads[i * dim + c];
     }
-    table.update_rows(context_, unique.data(), num_unique, global_step,
-                      [&](const int64_t* positions, float* const* rows, int64_t count) {
-                        std::vector<float> shard_grads(count * dim);
-                        for (int64_t k = 0; k < count; ++k) {
-                          std::copy(summed.data() + positions[k] * dim,
-                                    summed.data() + (positions[k] + 1) * dim,
-                                    shard_grads.data() + k * dim);
-                        }
-                        // Already inside a per-shard task: no nested pool.
-                        cpu::apply_optimizer(CpuContext::Serial(), spec, rows,
-                                             shard_grads.data(), count, dim);
-                      });
+    table.update_rows(
+        context_, unique.data(), num_unique, global_step,
+        [&](const int64_t* positions, float* const* rows, int64_t count) {
+          std::vector<float> shard_grads(count * dim);
+          for (int64_t k = 0; k < count; ++k) {
+            std::copy(summed.data() + positions[k] * dim, summed.data() + (positions[k] + 1) * dim,
+                      shard_grads.data() + k * dim);
+          }
+          // Already inside a per-shard task: no nested pool.
+          cpu::apply_optimizer(CpuContext::Serial(), spec, rows, shard_grads.data(), count, dim);
+        });
     return absl::OkStatus();
   }
 
@@ -176,8 +173,8 @@ class Core<CPUDevice> {
 
   //   keys, keys_by_owner, positions: (n,)  counts: (num_workers,) out
   template <typename Key>
-  absl::Status PartitionByOwner(const Key* keys, int64_t n, int32_t num_workers,
-                                Key* keys_by_owner, int64_t* positions, int64_t* counts) {
+  absl::Status PartitionByOwner(const Key* keys, int64_t n, int32_t num_workers, Key* keys_by_owner,
+                                int64_t* positions, int64_t* counts) {
     cpu::partition_by_owner(context_, keys, n, num_workers, keys_by_owner, positions, counts);
     return absl::OkStatus();
   }
@@ -185,9 +182,8 @@ class Core<CPUDevice> {
   // Checks table t's combine entries on host: sample ids in [0, batch) and
   // non-decreasing, unique indices in [0, num_unique).
   //   sample_ids, unique_index: (nnz,)
-  absl::Status CheckCombineEntries(int t, const int64_t* sample_ids,
-                                   const int64_t* unique_index, int64_t nnz, int64_t batch,
-                                   int64_t num_unique) {
+  absl::Status CheckCombineEntries(int t, const int64_t* sample_ids, const int64_t* unique_index,
+                                   int64_t nnz, int64_t batch, int64_t num_unique) {
     namespace errors = tensorflow::errors;
     for (int64_t j = 0; j < nnz; ++j) {
       if (sample_ids[j] < 0 || sample_ids[j] >= batch) {
@@ -195,10 +191,9 @@ class Core<CPUDevice> {
                                        " is outside the batch [0, ", batch, ")");
       }
       if (j > 0 && sample_ids[j] < sample_ids[j - 1]) {
-        return errors::InvalidArgument(
-            "indices[", t, "]: rows must be in order, but entry ", j, " has row ",
-            sample_ids[j], " after row ", sample_ids[j - 1],
-            "; reorder the SparseTensor with tf.sparse.reorder");
+        return errors::InvalidArgument("indices[", t, "]: rows must be in order, but entry ", j,
+                                       " has row ", sample_ids[j], " after row ", sample_ids[j - 1],
+                                       "; reorder the SparseTensor with tf.sparse.reorder");
       }
       if (unique_index[j] < 0 || unique_index[j] >= num_unique) {
         return errors::InvalidArgument("table ", t, ": unique_index ", unique_index[j],
@@ -218,19 +213,19 @@ class Core<CPUDevice> {
   //   unique_values: (num_unique, dim)  unique_index: (nnz,)  weights: (nnz,)
   //   or null  row_offsets: (batch + 1,)  out: (batch, dim)
   absl::Status CombineForward(const float* unique_values, const int64_t* unique_index,
-                              const float* weights, const int64_t* row_offsets,
-                              int64_t batch, int64_t dim, Combiner combiner, float* out) {
-    cpu::combine_forward(context_, unique_values, unique_index, weights, row_offsets, batch,
-                         dim, combiner, out);
+                              const float* weights, const int64_t* row_offsets, int64_t batch,
+                              int64_t dim, Combiner combiner, float* out) {
+    cpu::combine_forward(context_, unique_values, unique_index, weights, row_offsets, batch, dim,
+                         combiner, out);
     return absl::OkStatus();
   }
 
   //   grad_out: (batch, dim)  grad_unique: (num_unique, dim) out; the rest as
   //   CombineForward
   absl::Status CombineBackward(const float* grad_out, const int64_t* unique_index,
-                               const float* weights, const int64_t* row_offsets,
-                               int64_t batch, int64_t dim, Combiner combiner,
-                               int64_t num_unique, float* grad_unique) {
+                               const float* weights, const int64_t* row_offsets, int64_t batch,
+                               int64_t dim, Combiner combiner, int64_t num_unique,
+                               float* grad_unique) {
     cpu::combine_backward(context_, grad_out, unique_index, weights, row_offsets, batch, dim,
                           combiner, num_unique, grad_unique);
     return absl::OkStatus();

@@ -64,8 +64,7 @@ class Core<GPUDevice> {
     context_.allocator = &allocator_;
   }
 
-  static std::unique_ptr<DeviceAllocator> NewTableAllocator(
-      tensorflow::OpKernelContext* context) {
+  static std::unique_ptr<DeviceAllocator> NewTableAllocator(tensorflow::OpKernelContext* context) {
     return std::make_unique<TfGpuAllocator>(DeviceAllocatorOf(context));
   }
 
@@ -73,8 +72,7 @@ class Core<GPUDevice> {
   // initializer.default_values: (default_value_dim, dim) device, copied.
   template <typename Key>
   absl::Status NewTable(DeviceAllocator* table_allocator, int64_t dim,
-                        const InitializerSpec& initializer,
-                        std::shared_ptr<Table<Key>>* table) {
+                        const InitializerSpec& initializer, std::shared_ptr<Table<Key>>* table) {
     GpuContext create = context_;
     create.allocator = table_allocator;
     Table<Key>* created = nullptr;
@@ -115,8 +113,7 @@ class Core<GPUDevice> {
   template <typename Key>
   absl::Status InsertOrAssign(Table<Key>& table, const Key* keys, int64_t n, const float* rows,
                               const int64_t* frequencies, const int64_t* versions) {
-    return ToTfStatus(
-        table.insert_or_assign(context_, keys, n, rows, frequencies, versions));
+    return ToTfStatus(table.insert_or_assign(context_, keys, n, rows, frequencies, versions));
   }
 
   // evicted: host; syncs the stream.
@@ -135,9 +132,8 @@ class Core<GPUDevice> {
     ExportBuffers<Key> out;
     TF_RETURN_IF_ERROR(allocate(n, table.row_width(), &out));
     int64_t written = 0;
-    TF_RETURN_IF_ERROR(ToTfStatus(table.export_all(context_, out.keys, out.rows,
-                                                   out.frequencies, out.versions, n,
-                                                   &written)));
+    TF_RETURN_IF_ERROR(ToTfStatus(table.export_all(context_, out.keys, out.rows, out.frequencies,
+                                                   out.versions, n, &written)));
     if (written != n) {
       return tensorflow::errors::Internal("export wrote ", written, " keys, size was ", n);
     }
@@ -151,14 +147,13 @@ class Core<GPUDevice> {
   //   keys: (n,)  grads: (n, dim)
   template <typename Key>
   absl::Status ApplyOptimizer(Table<Key>& table, const OptimizerSpec& spec, const Key* keys,
-                              int64_t n, const float* grads, int64_t dim,
-                              int64_t global_step) {
+                              int64_t n, const float* grads, int64_t dim, int64_t global_step) {
     tensorflow::Tensor unique, inverse, num_unique_device, offsets;
     TF_RETURN_IF_ERROR(Temp<Key>(n, &unique));
     TF_RETURN_IF_ERROR(Temp<int64_t>(n, &inverse));
     TF_RETURN_IF_ERROR(Temp<int64_t>(1, &num_unique_device));
     TF_RETURN_IF_ERROR(Temp<int64_t>(n + 1, &offsets));
-    Key* unique_keys = VectorData<Key>(unique);           // (n,)
+    Key* unique_keys = VectorData<Key>(unique);            // (n,)
     int64_t* unique_index = VectorData<int64_t>(inverse);  // (n,)
     int64_t* row_offsets = VectorData<int64_t>(offsets);   // (n + 1,)
     TF_RETURN_IF_ERROR(UniqueKeys(keys, n, unique_keys, unique_index, /*counts=*/nullptr,
@@ -205,22 +200,21 @@ class Core<GPUDevice> {
     TF_RETURN_IF_ERROR(Temp<Key>(n, &unique));
     TF_RETURN_IF_ERROR(Temp<int64_t>(n, &inverse));
     TF_RETURN_IF_ERROR(Temp<int64_t>(1, &num_unique_device));
-    TF_RETURN_IF_ERROR(UniqueKeys(keys, n, VectorData<Key>(unique),
-                                  VectorData<int64_t>(inverse), /*counts=*/nullptr,
-                                  VectorData<int64_t>(num_unique_device)));
+    TF_RETURN_IF_ERROR(UniqueKeys(keys, n, VectorData<Key>(unique), VectorData<int64_t>(inverse),
+                                  /*counts=*/nullptr, VectorData<int64_t>(num_unique_device)));
     int64_t num_unique = 0;
     TF_RETURN_IF_ERROR(CopyToHost(VectorData<int64_t>(num_unique_device), 1, &num_unique));
     if (num_unique != n) {
-      return tensorflow::errors::InvalidArgument(
-          where, ": a key appears more than once (", n, " keys, ", num_unique, " distinct)");
+      return tensorflow::errors::InvalidArgument(where, ": a key appears more than once (", n,
+                                                 " keys, ", num_unique, " distinct)");
     }
     return absl::OkStatus();
   }
 
   //   keys, keys_by_owner, positions: (n,)  counts: (num_workers,) out
   template <typename Key>
-  absl::Status PartitionByOwner(const Key* keys, int64_t n, int32_t num_workers,
-                                Key* keys_by_owner, int64_t* positions, int64_t* counts) {
+  absl::Status PartitionByOwner(const Key* keys, int64_t n, int32_t num_workers, Key* keys_by_owner,
+                                int64_t* positions, int64_t* counts) {
     gpu::partition_by_owner(context_, keys, n, num_workers, keys_by_owner, positions, counts);
     return Pending();
   }
@@ -246,19 +240,19 @@ class Core<GPUDevice> {
   //   unique_values: (num_unique, dim)  unique_index: (nnz,)  weights: (nnz,)
   //   or null  row_offsets: (batch + 1,)  out: (batch, dim)
   absl::Status CombineForward(const float* unique_values, const int64_t* unique_index,
-                              const float* weights, const int64_t* row_offsets,
-                              int64_t batch, int64_t dim, Combiner combiner, float* out) {
-    gpu::combine_forward(context_, unique_values, unique_index, weights, row_offsets, batch,
-                         dim, combiner, out);
+                              const float* weights, const int64_t* row_offsets, int64_t batch,
+                              int64_t dim, Combiner combiner, float* out) {
+    gpu::combine_forward(context_, unique_values, unique_index, weights, row_offsets, batch, dim,
+                         combiner, out);
     return Pending();
   }
 
   //   grad_out: (batch, dim)  grad_unique: (num_unique, dim) out; the rest as
   //   CombineForward. Syncs the stream (the core reads nnz back).
   absl::Status CombineBackward(const float* grad_out, const int64_t* unique_index,
-                               const float* weights, const int64_t* row_offsets,
-                               int64_t batch, int64_t dim, Combiner combiner,
-                               int64_t num_unique, float* grad_unique) {
+                               const float* weights, const int64_t* row_offsets, int64_t batch,
+                               int64_t dim, Combiner combiner, int64_t num_unique,
+                               float* grad_unique) {
     gpu::combine_backward(context_, grad_out, unique_index, weights, row_offsets, batch, dim,
                           combiner, num_unique, grad_unique);
     return Pending();
@@ -268,8 +262,7 @@ class Core<GPUDevice> {
   template <typename T>
   absl::Status Copy(T* dst, const T* src, int64_t count) {
     if (count == 0) return absl::OkStatus();
-    return Cuda(cudaMemcpyAsync(dst, src, count * sizeof(T), cudaMemcpyDeviceToDevice,
-                                stream()),
+    return Cuda(cudaMemcpyAsync(dst, src, count * sizeof(T), cudaMemcpyDeviceToDevice, stream()),
                 "device-to-device copy");
   }
 
@@ -285,9 +278,9 @@ class Core<GPUDevice> {
   template <typename T>
   absl::Status CopyToHost(const T* src, int64_t count, T* dst) {
     if (count > 0) {
-      TF_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(dst, src, count * sizeof(T),
-                                              cudaMemcpyDeviceToHost, stream()),
-                              "device-to-host copy"));
+      TF_RETURN_IF_ERROR(
+          Cuda(cudaMemcpyAsync(dst, src, count * sizeof(T), cudaMemcpyDeviceToHost, stream()),
+               "device-to-host copy"));
     }
     return Cuda(cudaStreamSynchronize(stream()), "stream sync after a device-to-host copy");
   }

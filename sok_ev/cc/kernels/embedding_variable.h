@@ -38,8 +38,7 @@ class EmbeddingVariable : public tensorflow::ResourceBase {
   // variable's initializer). Running ops keep the table they started with.
   // default_values: (default_value_dim, dim) on the device, a copy this
   // variable keeps for the tables it makes later (checkpoint restore).
-  absl::Status initialize(tensorflow::OpKernelContext* context,
-                          const InitializerSpec& initializer,
+  absl::Status initialize(tensorflow::OpKernelContext* context, const InitializerSpec& initializer,
                           tensorflow::Tensor default_values) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (table_allocator_ == nullptr) {
@@ -92,8 +91,7 @@ class EmbeddingVariable : public tensorflow::ResourceBase {
 
   std::string DebugString() const override {
     return "sok_ev EmbeddingVariable '" + name_ + "' (key " +
-           tensorflow::DataTypeString(key_dtype_) + ", dim " + std::to_string(embedding_dim_) +
-           ")";
+           tensorflow::DataTypeString(key_dtype_) + ", dim " + std::to_string(embedding_dim_) + ")";
   }
 
  private:

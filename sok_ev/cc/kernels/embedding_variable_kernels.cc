@@ -48,12 +48,10 @@ class InitializeEmbeddingVariableOp : public EmbeddingVariableOpKernel<Device> {
     const tensorflow::DataType key_dtype = this->key_dtype_;
     const tensorflow::ResourceHandle& handle = tensorflow::HandleFromInput(context, 0);
     const Tensor& default_values = context->input(1);
-    OP_REQUIRES(context,
-                default_values.dims() == 2 && default_values.dim_size(1) == embedding_dim_,
-                errors::InvalidArgument(
-                    "default_values of Embedding Variable '", handle.name(),
-                    "' must have shape [N, ", embedding_dim_, "], got ",
-                    default_values.shape().DebugString()));
+    OP_REQUIRES(context, default_values.dims() == 2 && default_values.dim_size(1) == embedding_dim_,
+                errors::InvalidArgument("default_values of Embedding Variable '", handle.name(),
+                                        "' must have shape [N, ", embedding_dim_, "], got ",
+                                        default_values.shape().DebugString()));
     InitializerSpec spec = spec_;
     // The variable keeps its own copy: the input's buffer may be reused.
     Tensor matrix;
@@ -61,31 +59,29 @@ class InitializeEmbeddingVariableOp : public EmbeddingVariableOpKernel<Device> {
       OP_REQUIRES(context, default_values.dim_size(0) > 0,
                   errors::InvalidArgument("default_value_dim of Embedding Variable '",
                                           handle.name(), "' must be positive, got 0"));
-      OP_REQUIRES_OK(context, context->allocate_temp(tensorflow::DT_FLOAT,
-                                                     default_values.shape(), &matrix));
+      OP_REQUIRES_OK(context,
+                     context->allocate_temp(tensorflow::DT_FLOAT, default_values.shape(), &matrix));
       Core<Device> core(context);
-      OP_REQUIRES_OK(context, core.Copy(matrix.flat<float>().data(),
-                                        default_values.flat<float>().data(),
-                                        default_values.NumElements()));
+      OP_REQUIRES_OK(context,
+                     core.Copy(matrix.flat<float>().data(), default_values.flat<float>().data(),
+                               default_values.NumElements()));
       spec.default_value_dim = default_values.dim_size(0);
     }
     RefCountPtr<EmbeddingVariable<Device>> variable;
-    OP_REQUIRES_OK(context, tensorflow::LookupOrCreateResource<EmbeddingVariable<Device>>(
-                                context, handle, &variable,
-                                [&](EmbeddingVariable<Device>** created) {
-                                  *created = new EmbeddingVariable<Device>(
-                                      handle.name(), key_dtype, embedding_dim_);
-                                  return absl::OkStatus();
-                                }));
+    OP_REQUIRES_OK(
+        context, tensorflow::LookupOrCreateResource<EmbeddingVariable<Device>>(
+                     context, handle, &variable, [&](EmbeddingVariable<Device>** created) {
+                       *created =
+                           new EmbeddingVariable<Device>(handle.name(), key_dtype, embedding_dim_);
+                       return absl::OkStatus();
+                     }));
     OP_REQUIRES(context,
-                variable->key_dtype() == key_dtype &&
-                    variable->embedding_dim() == embedding_dim_,
+                variable->key_dtype() == key_dtype && variable->embedding_dim() == embedding_dim_,
                 errors::InvalidArgument(
                     "Embedding Variable '", handle.name(), "' already exists with key_dtype ",
                     tensorflow::DataTypeString(variable->key_dtype()), " and embedding_dim ",
                     variable->embedding_dim(), "; cannot initialize it with key_dtype ",
-                    tensorflow::DataTypeString(key_dtype), " and embedding_dim ",
-                    embedding_dim_));
+                    tensorflow::DataTypeString(key_dtype), " and embedding_dim ", embedding_dim_));
     OP_REQUIRES_OK(context, variable->initialize(context, spec, std::move(matrix)));
   }
 
@@ -151,9 +147,9 @@ class EmbeddingVariableExportOp : public EmbeddingVariableOpKernel<Device> {
     auto table = variable->template table<Key>();
     Core<Device> core(context);
     auto lock = variable->lock_table();
-    TF_RETURN_IF_ERROR(core.ExportAll(
-        *table, ExportAllocator<Key>([&](int64_t n, int64_t width,
-                                         ExportBuffers<Key>* out) -> absl::Status {
+    TF_RETURN_IF_ERROR(
+        core.ExportAll(*table, ExportAllocator<Key>([&](int64_t n, int64_t width,
+                                                        ExportBuffers<Key>* out) -> absl::Status {
           Tensor *keys, *rows, *frequencies, *versions;
           TF_RETURN_IF_ERROR(context->allocate_output(0, TensorShape({n}), &keys));
           TF_RETURN_IF_ERROR(context->allocate_output(1, TensorShape({n, width}), &rows));
@@ -213,16 +209,15 @@ class EmbeddingVariableImportOp : public EmbeddingVariableOpKernel<Device> {
     const int64_t n = keys.dim_size(0);
     if (!(slot_names.dims() == 1 && slot_initial_values.dims() == 1 &&
           slot_names.dim_size(0) == slot_initial_values.dim_size(0))) {
-      return errors::InvalidArgument(where, ": slot_names ", slot_names.shape().DebugString(),
-                                     " and slot_initial_values ",
-                                     slot_initial_values.shape().DebugString(),
-                                     " must be vectors of one length");
+      return errors::InvalidArgument(
+          where, ": slot_names ", slot_names.shape().DebugString(), " and slot_initial_values ",
+          slot_initial_values.shape().DebugString(), " must be vectors of one length");
     }
     const int64_t width = (1 + slot_names.dim_size(0)) * dim;
     if (!(rows.dims() == 2 && rows.dim_size(0) == n && rows.dim_size(1) == width)) {
       return errors::InvalidArgument(where, ": rows must have shape [", n, ", ", width,
-                                     "] (value and ", slot_names.dim_size(0), " slots of dim ",
-                                     dim, "), got ", rows.shape().DebugString());
+                                     "] (value and ", slot_names.dim_size(0), " slots of dim ", dim,
+                                     "), got ", rows.shape().DebugString());
     }
     if (!(frequencies.shape() == keys.shape() && versions.shape() == keys.shape())) {
       return errors::InvalidArgument(where, ": frequencies ", frequencies.shape().DebugString(),
@@ -256,13 +251,13 @@ class EmbeddingVariableFindOp : public EmbeddingVariableOpKernel<Device> {
     RefCountPtr<EmbeddingVariable<Device>> variable;
     OP_REQUIRES_OK(context, this->LookupVariable(context, &variable));
     const Tensor& keys = context->input(1);
-    OP_REQUIRES(context, keys.dims() == 1,
-                errors::InvalidArgument("keys must be a vector, got shape ",
-                                        keys.shape().DebugString()));
+    OP_REQUIRES(
+        context, keys.dims() == 1,
+        errors::InvalidArgument("keys must be a vector, got shape ", keys.shape().DebugString()));
     Tensor* values;
-    OP_REQUIRES_OK(context, context->allocate_output(
-                                0, TensorShape({keys.dim_size(0), variable->embedding_dim()}),
-                                &values));
+    OP_REQUIRES_OK(context,
+                   context->allocate_output(
+                       0, TensorShape({keys.dim_size(0), variable->embedding_dim()}), &values));
     Core<Device> core(context);
     OP_REQUIRES_OK(context, DispatchKeyType(this->key_dtype_, "key_dtype", [&](auto key) {
                      using Key = decltype(key);
@@ -302,9 +297,8 @@ class EmbeddingVariableEvictOp : public EmbeddingVariableOpKernel<Device> {
   int64_t steps_to_live_;
 };
 
-#define SOK_EV_REGISTER_CPU(name, kernel)                                           \
-  REGISTER_KERNEL_BUILDER(Name("SokEv>" name).Device(tensorflow::DEVICE_CPU), \
-                          kernel<CPUDevice>)
+#define SOK_EV_REGISTER_CPU(name, kernel) \
+  REGISTER_KERNEL_BUILDER(Name("SokEv>" name).Device(tensorflow::DEVICE_CPU), kernel<CPUDevice>)
 REGISTER_KERNEL_BUILDER(Name("SokEv>EmbeddingVariableHandle").Device(tensorflow::DEVICE_CPU),
                         tensorflow::ResourceHandleOp<EmbeddingVariable<CPUDevice>>);
 SOK_EV_REGISTER_CPU("InitializeEmbeddingVariable", InitializeEmbeddingVariableOp);
@@ -320,14 +314,12 @@ SOK_EV_REGISTER_CPU("EmbeddingVariableEvict", EmbeddingVariableEvictOp);
 // Resource handles live in host memory, as for TF's own resource ops; so do
 // scalars and attribute-like inputs the kernel reads on host.
 using tensorflow::DEVICE_GPU;
-REGISTER_KERNEL_BUILDER(Name("SokEv>EmbeddingVariableHandle")
-                            .Device(DEVICE_GPU)
-                            .HostMemory("resource"),
-                        tensorflow::ResourceHandleOp<EmbeddingVariable<GPUDevice>>);
-REGISTER_KERNEL_BUILDER(Name("SokEv>InitializeEmbeddingVariable")
-                            .Device(DEVICE_GPU)
-                            .HostMemory("resource"),
-                        InitializeEmbeddingVariableOp<GPUDevice>);
+REGISTER_KERNEL_BUILDER(
+    Name("SokEv>EmbeddingVariableHandle").Device(DEVICE_GPU).HostMemory("resource"),
+    tensorflow::ResourceHandleOp<EmbeddingVariable<GPUDevice>>);
+REGISTER_KERNEL_BUILDER(
+    Name("SokEv>InitializeEmbeddingVariable").Device(DEVICE_GPU).HostMemory("resource"),
+    InitializeEmbeddingVariableOp<GPUDevice>);
 REGISTER_KERNEL_BUILDER(Name("SokEv>EmbeddingVariableIsInitialized")
                             .Device(DEVICE_GPU)
                             .HostMemory("resource")
@@ -350,10 +342,9 @@ REGISTER_KERNEL_BUILDER(Name("SokEv>EmbeddingVariableImport")
                             .HostMemory("slot_names")
                             .HostMemory("slot_initial_values"),
                         EmbeddingVariableImportOp<GPUDevice>);
-REGISTER_KERNEL_BUILDER(Name("SokEv>EmbeddingVariableFind")
-                            .Device(DEVICE_GPU)
-                            .HostMemory("resource"),
-                        EmbeddingVariableFindOp<GPUDevice>);
+REGISTER_KERNEL_BUILDER(
+    Name("SokEv>EmbeddingVariableFind").Device(DEVICE_GPU).HostMemory("resource"),
+    EmbeddingVariableFindOp<GPUDevice>);
 REGISTER_KERNEL_BUILDER(Name("SokEv>EmbeddingVariableEvict")
                             .Device(DEVICE_GPU)
                             .HostMemory("resource")

@@ -19,16 +19,15 @@ namespace sok_ev {
 // Returns body(Key{}) with Key = int32_t or int64_t according to `dtype`;
 // body returns absl::Status.
 template <typename Body>
-absl::Status DispatchKeyType(tensorflow::DataType dtype, const std::string& what,
-                             Body&& body) {
+absl::Status DispatchKeyType(tensorflow::DataType dtype, const std::string& what, Body&& body) {
   switch (dtype) {
     case tensorflow::DT_INT32:
       return body(int32_t{});
     case tensorflow::DT_INT64:
       return body(int64_t{});
     default:
-      return tensorflow::errors::InvalidArgument(
-          what, " must be int32 or int64, got ", tensorflow::DataTypeString(dtype));
+      return tensorflow::errors::InvalidArgument(what, " must be int32 or int64, got ",
+                                                 tensorflow::DataTypeString(dtype));
   }
 }
 
@@ -53,10 +52,10 @@ absl::Status LookupInitializedVariable(
         "' is not initialized; run its initializer first.");
   }
   if ((*variable)->key_dtype() != key_dtype) {
-    return tensorflow::errors::InvalidArgument(
-        "keys for Embedding Variable '", (*variable)->name(), "' must be ",
-        tensorflow::DataTypeString((*variable)->key_dtype()), ", got ",
-        tensorflow::DataTypeString(key_dtype));
+    return tensorflow::errors::InvalidArgument("keys for Embedding Variable '", (*variable)->name(),
+                                               "' must be ",
+                                               tensorflow::DataTypeString((*variable)->key_dtype()),
+                                               ", got ", tensorflow::DataTypeString(key_dtype));
   }
   return absl::OkStatus();
 }

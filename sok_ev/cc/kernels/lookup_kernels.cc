@@ -57,27 +57,29 @@ class UniqueKeysOp : public OpKernel {
       Tensor* inverse;
       OP_REQUIRES_OK(context, unique_index.allocate(t, TensorShape({n}), &inverse));
       OP_REQUIRES_OK(context, DispatchKeyType(table_keys.dtype(), "keys", [&](auto key) {
-        using Key = decltype(key);
-        TF_RETURN_IF_ERROR(AllocateVector<Key>(context, n, &found[t]));
-        TF_RETURN_IF_ERROR(AllocateVector<int64_t>(context, n, &occurrences[t]));
-        return core.UniqueKeys(table_keys.flat<Key>().data(), n, found[t].flat<Key>().data(),
-                               inverse->flat<int64_t>().data(),
-                               occurrences[t].flat<int64_t>().data(), num_unique_of + t);
-      }));
+                       using Key = decltype(key);
+                       TF_RETURN_IF_ERROR(AllocateVector<Key>(context, n, &found[t]));
+                       TF_RETURN_IF_ERROR(AllocateVector<int64_t>(context, n, &occurrences[t]));
+                       return core.UniqueKeys(
+                           table_keys.flat<Key>().data(), n, found[t].flat<Key>().data(),
+                           inverse->flat<int64_t>().data(), occurrences[t].flat<int64_t>().data(),
+                           num_unique_of + t);
+                     }));
     }
     std::vector<int64_t> num_unique(num_tables);
     OP_REQUIRES_OK(context, core.CopyToHost(num_unique_of, num_tables, num_unique.data()));
     for (int t = 0; t < num_tables; ++t) {
-      OP_REQUIRES_OK(context, DispatchKeyType(keys[t].dtype(), "keys", [&](auto key) {
-        using Key = decltype(key);
-        Tensor *unique_out, *counts_out;
-        TF_RETURN_IF_ERROR(unique_keys.allocate(t, TensorShape({num_unique[t]}), &unique_out));
-        TF_RETURN_IF_ERROR(counts.allocate(t, TensorShape({num_unique[t]}), &counts_out));
-        TF_RETURN_IF_ERROR(core.Copy(unique_out->flat<Key>().data(),
-                                     found[t].flat<Key>().data(), num_unique[t]));
-        return core.Copy(counts_out->flat<int64_t>().data(),
-                         occurrences[t].flat<int64_t>().data(), num_unique[t]);
-      }));
+      OP_REQUIRES_OK(
+          context, DispatchKeyType(keys[t].dtype(), "keys", [&](auto key) {
+            using Key = decltype(key);
+            Tensor *unique_out, *counts_out;
+            TF_RETURN_IF_ERROR(unique_keys.allocate(t, TensorShape({num_unique[t]}), &unique_out));
+            TF_RETURN_IF_ERROR(counts.allocate(t, TensorShape({num_unique[t]}), &counts_out));
+            TF_RETURN_IF_ERROR(core.Copy(unique_out->flat<Key>().data(),
+                                         found[t].flat<Key>().data(), num_unique[t]));
+            return core.Copy(counts_out->flat<int64_t>().data(),
+                             occurrences[t].flat<int64_t>().data(), num_unique[t]);
+          }));
     }
   }
 };
@@ -114,20 +116,21 @@ class PartitionByOwnerOp : public OpKernel {
       OP_REQUIRES_OK(context, keys_by_owner.allocate(t, keys[t].shape(), &grouped));
       OP_REQUIRES_OK(context, positions.allocate(t, TensorShape({n}), &order));
       int64_t* table_counts = counts->flat<int64_t>().data() + t * num_workers_;  // (W,)
-      OP_REQUIRES_OK(context, DispatchKeyType(keys[t].dtype(), "unique_keys", [&](auto key) {
-        using Key = decltype(key);
-        const Key* in = keys[t].flat<Key>().data();
-        Key* out = grouped->flat<Key>().data();
-        int64_t* where = order->flat<int64_t>().data();
-        if (target_workers_[t] < 0) {
-          return core.PartitionByOwner(in, n, num_workers_, out, where, table_counts);
-        }
-        // A table placed whole on one worker: every key goes there. A
-        // partition over one worker is stable, so it copies the keys, counts
-        // positions up from 0 and writes n into the target's count.
-        TF_RETURN_IF_ERROR(core.SetZero(table_counts, num_workers_));
-        return core.PartitionByOwner(in, n, 1, out, where, table_counts + target_workers_[t]);
-      }));
+      OP_REQUIRES_OK(
+          context, DispatchKeyType(keys[t].dtype(), "unique_keys", [&](auto key) {
+            using Key = decltype(key);
+            const Key* in = keys[t].flat<Key>().data();
+            Key* out = grouped->flat<Key>().data();
+            int64_t* where = order->flat<int64_t>().data();
+            if (target_workers_[t] < 0) {
+              return core.PartitionByOwner(in, n, num_workers_, out, where, table_counts);
+            }
+            // A table placed whole on one worker: every key goes there. A
+            // partition over one worker is stable, so it copies the keys, counts
+            // positions up from 0 and writes n into the target's count.
+            TF_RETURN_IF_ERROR(core.SetZero(table_counts, num_workers_));
+            return core.PartitionByOwner(in, n, 1, out, where, table_counts + target_workers_[t]);
+          }));
     }
   }
 
@@ -165,12 +168,13 @@ class FindOrInsertOp : public OpKernel {
       Tensor* out;
       OP_REQUIRES_OK(context, values.allocate(t, TensorShape({n, embedding_dims_[t]}), &out));
       OP_REQUIRES_OK(context, DispatchKeyType(keys[t].dtype(), "keys", [&](auto key) {
-        using Key = decltype(key);
-        auto table = variable->template table<Key>();
-        auto lock = variable->lock_table();
-        return core.FindOrInsert(*table, keys[t].flat<Key>().data(), n,
-                                 out->flat<float>().data(), counts[t].flat<int64_t>().data());
-      }));
+                       using Key = decltype(key);
+                       auto table = variable->template table<Key>();
+                       auto lock = variable->lock_table();
+                       return core.FindOrInsert(*table, keys[t].flat<Key>().data(), n,
+                                                out->flat<float>().data(),
+                                                counts[t].flat<int64_t>().data());
+                     }));
     }
   }
 
@@ -218,22 +222,21 @@ class CombineOpBase : public OpKernel {
                           Tensor* offsets) const {
     const int64_t nnz = sample_ids.NumElements();
     if (unique_index.NumElements() != nnz) {
-      return errors::InvalidArgument("table ", t, ": unique_index has ",
-                                     unique_index.NumElements(), " entries and sample_ids ", nnz);
+      return errors::InvalidArgument("table ", t, ": unique_index has ", unique_index.NumElements(),
+                                     " entries and sample_ids ", nnz);
     }
     if (weighted_[t] && weights.NumElements() != nnz) {
       return errors::InvalidArgument("sp_weights[", t, "] has ", weights.NumElements(),
                                      " values, but indices[", t, "] has ", nnz);
     }
     const int64_t* ids = sample_ids.flat<int64_t>().data();
-    TF_RETURN_IF_ERROR(core.CheckCombineEntries(t, ids, unique_index.flat<int64_t>().data(),
-                                                nnz, batch, num_unique));
+    TF_RETURN_IF_ERROR(core.CheckCombineEntries(t, ids, unique_index.flat<int64_t>().data(), nnz,
+                                                batch, num_unique));
     TF_RETURN_IF_ERROR(AllocateVector<int64_t>(context, batch + 1, offsets));
     return core.RowOffsets(ids, nnz, batch, offsets->flat<int64_t>().data());
   }
 
-  static absl::Status ReadInputs(OpKernelContext* context, const char* first,
-                                 CombineInputs* in) {
+  static absl::Status ReadInputs(OpKernelContext* context, const char* first, CombineInputs* in) {
     TF_RETURN_IF_ERROR(context->input_list(first, &in->first));
     TF_RETURN_IF_ERROR(context->input_list("unique_index", &in->unique_index));
     TF_RETURN_IF_ERROR(context->input_list("sample_ids", &in->sample_ids));
@@ -271,17 +274,17 @@ class CombineForwardOp : public CombineOpBase<Device> {
       const int64_t num_unique = unique_values[t].dim_size(0);
       const int64_t dim = unique_values[t].dim_size(1);
       Tensor offsets;
-      OP_REQUIRES_OK(context, this->RowOffsets(context, core, t, in.unique_index[t],
-                                               in.sample_ids[t], in.weights[t], num_unique,
-                                               batch_sizes(t), &offsets));
+      OP_REQUIRES_OK(context,
+                     this->RowOffsets(context, core, t, in.unique_index[t], in.sample_ids[t],
+                                      in.weights[t], num_unique, batch_sizes(t), &offsets));
       Tensor* out;
       OP_REQUIRES_OK(context, embeddings.allocate(t, TensorShape({batch_sizes(t), dim}), &out));
-      OP_REQUIRES_OK(context,
-                     core.CombineForward(unique_values[t].flat<float>().data(),
-                                         in.unique_index[t].flat<int64_t>().data(),
-                                         this->WeightsOrNull(t, in.weights[t]),
-                                         offsets.flat<int64_t>().data(), batch_sizes(t), dim,
-                                         this->combiners_[t], out->flat<float>().data()));
+      OP_REQUIRES_OK(
+          context,
+          core.CombineForward(unique_values[t].flat<float>().data(),
+                              in.unique_index[t].flat<int64_t>().data(),
+                              this->WeightsOrNull(t, in.weights[t]), offsets.flat<int64_t>().data(),
+                              batch_sizes(t), dim, this->combiners_[t], out->flat<float>().data()));
     }
   }
 };
@@ -303,25 +306,22 @@ class CombineBackwardOp : public CombineOpBase<Device> {
       const int64_t batch = grads[t].dim_size(0);
       const int64_t dim = grads[t].dim_size(1);
       Tensor offsets;
-      OP_REQUIRES_OK(context, this->RowOffsets(context, core, t, in.unique_index[t],
-                                               in.sample_ids[t], in.weights[t], num_unique(t),
-                                               batch, &offsets));
+      OP_REQUIRES_OK(context,
+                     this->RowOffsets(context, core, t, in.unique_index[t], in.sample_ids[t],
+                                      in.weights[t], num_unique(t), batch, &offsets));
       Tensor* out;
       OP_REQUIRES_OK(context, grad_unique.allocate(t, TensorShape({num_unique(t), dim}), &out));
-      OP_REQUIRES_OK(context,
-                     core.CombineBackward(grads[t].flat<float>().data(),
-                                          in.unique_index[t].flat<int64_t>().data(),
-                                          this->WeightsOrNull(t, in.weights[t]),
-                                          offsets.flat<int64_t>().data(), batch, dim,
-                                          this->combiners_[t], num_unique(t),
-                                          out->flat<float>().data()));
+      OP_REQUIRES_OK(
+          context, core.CombineBackward(
+                       grads[t].flat<float>().data(), in.unique_index[t].flat<int64_t>().data(),
+                       this->WeightsOrNull(t, in.weights[t]), offsets.flat<int64_t>().data(), batch,
+                       dim, this->combiners_[t], num_unique(t), out->flat<float>().data()));
     }
   }
 };
 
-#define SOK_EV_REGISTER_CPU(name, kernel)                                           \
-  REGISTER_KERNEL_BUILDER(Name("SokEv>" name).Device(tensorflow::DEVICE_CPU), \
-                          kernel<CPUDevice>)
+#define SOK_EV_REGISTER_CPU(name, kernel) \
+  REGISTER_KERNEL_BUILDER(Name("SokEv>" name).Device(tensorflow::DEVICE_CPU), kernel<CPUDevice>)
 SOK_EV_REGISTER_CPU("UniqueKeys", UniqueKeysOp);
 SOK_EV_REGISTER_CPU("PartitionByOwner", PartitionByOwnerOp);
 SOK_EV_REGISTER_CPU("FindOrInsert", FindOrInsertOp);
@@ -338,13 +338,9 @@ REGISTER_KERNEL_BUILDER(Name("SokEv>PartitionByOwner").Device(DEVICE_GPU),
                         PartitionByOwnerOp<GPUDevice>);
 REGISTER_KERNEL_BUILDER(Name("SokEv>FindOrInsert").Device(DEVICE_GPU).HostMemory("resources"),
                         FindOrInsertOp<GPUDevice>);
-REGISTER_KERNEL_BUILDER(Name("SokEv>CombineForward")
-                            .Device(DEVICE_GPU)
-                            .HostMemory("batch_sizes"),
+REGISTER_KERNEL_BUILDER(Name("SokEv>CombineForward").Device(DEVICE_GPU).HostMemory("batch_sizes"),
                         CombineForwardOp<GPUDevice>);
-REGISTER_KERNEL_BUILDER(Name("SokEv>CombineBackward")
-                            .Device(DEVICE_GPU)
-                            .HostMemory("num_unique"),
+REGISTER_KERNEL_BUILDER(Name("SokEv>CombineBackward").Device(DEVICE_GPU).HostMemory("num_unique"),
                         CombineBackwardOp<GPUDevice>);
 #endif  // GOOGLE_CUDA
 

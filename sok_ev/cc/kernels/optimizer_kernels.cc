@@ -37,8 +37,8 @@ struct OptimizerInfo {
 
 const std::map<std::string, OptimizerInfo>& Optimizers() {
   static const auto* optimizers = new std::map<std::string, OptimizerInfo>{
-      {"sgd", {OptimizerKind::kSgd, 1}},         {"adagrad", {OptimizerKind::kAdagrad, 1}},
-      {"adam", {OptimizerKind::kAdam, 6}},       {"ftrl", {OptimizerKind::kFtrl, 5}},
+      {"sgd", {OptimizerKind::kSgd, 1}},           {"adagrad", {OptimizerKind::kAdagrad, 1}},
+      {"adam", {OptimizerKind::kAdam, 6}},         {"ftrl", {OptimizerKind::kFtrl, 5}},
       {"momentum", {OptimizerKind::kMomentum, 2}}, {"rmsprop", {OptimizerKind::kRmsProp, 4}},
   };
   return *optimizers;
@@ -106,9 +106,9 @@ class SparseApplyOptimizerOp : public EmbeddingVariableOpKernel<Device> {
     const Tensor& hyperparameters = context->input(3);  // host
     const Tensor& global_step = context->input(4);      // host
     const int64_t dim = variable->embedding_dim();
-    OP_REQUIRES(context, keys.dims() == 1,
-                errors::InvalidArgument("keys must be a vector, got shape ",
-                                        keys.shape().DebugString()));
+    OP_REQUIRES(
+        context, keys.dims() == 1,
+        errors::InvalidArgument("keys must be a vector, got shape ", keys.shape().DebugString()));
     const int64_t n = keys.dim_size(0);
     OP_REQUIRES(context, grads.dims() == 2 && grads.dim_size(0) == n && grads.dim_size(1) == dim,
                 errors::InvalidArgument("gradient of Embedding Variable '", variable->name(),
@@ -124,18 +124,18 @@ class SparseApplyOptimizerOp : public EmbeddingVariableOpKernel<Device> {
     SetHyperparameters(hyperparameters.flat<float>().data(), &spec);
     Core<Device> core(context);
     OP_REQUIRES_OK(context, DispatchKeyType(this->key_dtype_, "keys", [&](auto key) {
-      using Key = decltype(key);
-      auto table = variable->template table<Key>();
-      auto lock = variable->lock_table();
-      // Slots are created on first use; the table places them.
-      for (size_t s = 0; s < slot_names_.size(); ++s) {
-        TF_RETURN_IF_ERROR(core.AddSlot(*table, slot_names_[s], slot_initial_values_[s],
-                                        &spec.slot_index[s]));
-      }
-      return core.ApplyOptimizer(*table, spec, keys.flat<Key>().data(), n,
-                                 grads.flat<float>().data(), dim,
-                                 global_step.flat<int64_t>()(0));
-    }));
+                     using Key = decltype(key);
+                     auto table = variable->template table<Key>();
+                     auto lock = variable->lock_table();
+                     // Slots are created on first use; the table places them.
+                     for (size_t s = 0; s < slot_names_.size(); ++s) {
+                       TF_RETURN_IF_ERROR(core.AddSlot(
+                           *table, slot_names_[s], slot_initial_values_[s], &spec.slot_index[s]));
+                     }
+                     return core.ApplyOptimizer(*table, spec, keys.flat<Key>().data(), n,
+                                                grads.flat<float>().data(), dim,
+                                                global_step.flat<int64_t>()(0));
+                   }));
   }
 
  private:

@@ -34,9 +34,10 @@ REGISTER_OP("SokEv>InitializeEmbeddingVariable")
       TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &default_values));
       return absl::OkStatus();
     })
-    .Doc("Creates the variable's table, or empties it if it exists. "
-         "default_values: (N, embedding_dim), N = 0 unless initializer_kind "
-         "is the default-value matrix.");
+    .Doc(
+        "Creates the variable's table, or empties it if it exists. "
+        "default_values: (N, embedding_dim), N = 0 unless initializer_kind "
+        "is the default-value matrix.");
 
 REGISTER_OP("SokEv>EmbeddingVariableIsInitialized")
     .Input("resource: resource")
@@ -61,8 +62,7 @@ REGISTER_OP("SokEv>EmbeddingVariableExport")
     .Attr("key_dtype: {int32, int64}")
     .SetShapeFn([](InferenceContext* c) {
       c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
-      c->set_output(1, c->Matrix(InferenceContext::kUnknownDim,
-                                 InferenceContext::kUnknownDim));
+      c->set_output(1, c->Matrix(InferenceContext::kUnknownDim, InferenceContext::kUnknownDim));
       c->set_output(2, c->Vector(InferenceContext::kUnknownDim));
       c->set_output(3, c->Vector(InferenceContext::kUnknownDim));
       c->set_output(4, c->Vector(InferenceContext::kUnknownDim));
@@ -80,8 +80,9 @@ REGISTER_OP("SokEv>EmbeddingVariableImport")
     .Input("slot_initial_values: float")
     .Attr("key_dtype: {int32, int64}")
     .SetShapeFn(tensorflow::shape_inference::NoOutputs)
-    .Doc("Replaces the table's contents with a checkpoint's, after checking "
-         "every shape; on a bad input the table is left untouched.");
+    .Doc(
+        "Replaces the table's contents with a checkpoint's, after checking "
+        "every shape; on a bad input the table is left untouched.");
 
 REGISTER_OP("SokEv>EmbeddingVariableFind")
     .Input("resource: resource")
@@ -95,8 +96,9 @@ REGISTER_OP("SokEv>EmbeddingVariableFind")
       c->set_output(0, c->Matrix(c->Dim(c->input(1), 0), dim));
       return absl::OkStatus();
     })
-    .Doc("Values of `keys` without inserting; an absent key reads its "
-         "initial value.");
+    .Doc(
+        "Values of `keys` without inserting; an absent key reads its "
+        "initial value.");
 
 REGISTER_OP("SokEv>EmbeddingVariableEvict")
     .Input("resource: resource")

@@ -22,13 +22,13 @@ REGISTER_OP("SokEv>UniqueKeys")
       for (int i = 0; i < c->num_inputs(); ++i) {
         c->set_output(i, c->Vector(InferenceContext::kUnknownDim));
         c->set_output(c->num_inputs() + i, c->Vector(c->Dim(c->input(i), 0)));
-        c->set_output(2 * c->num_inputs() + i,
-                      c->Vector(InferenceContext::kUnknownDim));
+        c->set_output(2 * c->num_inputs() + i, c->Vector(InferenceContext::kUnknownDim));
       }
       return absl::OkStatus();
     })
-    .Doc("Per table: unique_keys[unique_index[j]] == keys[j]; counts are "
-         "each unique key's occurrences.");
+    .Doc(
+        "Per table: unique_keys[unique_index[j]] == keys[j]; counts are "
+        "each unique key's occurrences.");
 
 REGISTER_OP("SokEv>PartitionByOwner")
     .Input("unique_keys: Tkeys")
@@ -50,10 +50,11 @@ REGISTER_OP("SokEv>PartitionByOwner")
       c->set_output(2 * n, c->Matrix(n, num_workers));
       return absl::OkStatus();
     })
-    .Doc("Groups each table's keys by owning worker: owner_of(key) "
-         "(cc/partition.h) for target -1, worker `target` otherwise. "
-         "counts[t, w]: keys of table t sent to worker w; "
-         "keys_by_owner[t][j] == unique_keys[t][positions[t][j]].");
+    .Doc(
+        "Groups each table's keys by owning worker: owner_of(key) "
+        "(cc/partition.h) for target -1, worker `target` otherwise. "
+        "counts[t, w]: keys of table t sent to worker w; "
+        "keys_by_owner[t][j] == unique_keys[t][positions[t][j]].");
 
 REGISTER_OP("SokEv>FindOrInsert")
     .Input("resources: N * resource")
@@ -72,8 +73,9 @@ REGISTER_OP("SokEv>FindOrInsert")
       }
       return absl::OkStatus();
     })
-    .Doc("Values of each table's keys, inserting absent keys with their "
-         "initial values; counts are added to the keys' frequencies.");
+    .Doc(
+        "Values of each table's keys, inserting absent keys with their "
+        "initial values; counts are added to the keys' frequencies.");
 
 // Both combine ops output, per table, [unknown rows, the dim of input t].
 absl::Status CombineShape(InferenceContext* c) {
@@ -97,8 +99,9 @@ REGISTER_OP("SokEv>CombineForward")
     .Attr("combiners: list(string)")
     .Attr("weighted: list(bool)")
     .SetShapeFn(CombineShape)
-    .Doc("embeddings[t][b] combines the rows of sample b's entries, as "
-         "tf.nn.embedding_lookup_sparse does; empty samples give zeros.");
+    .Doc(
+        "embeddings[t][b] combines the rows of sample b's entries, as "
+        "tf.nn.embedding_lookup_sparse does; empty samples give zeros.");
 
 REGISTER_OP("SokEv>CombineBackward")
     .Input("grads: N * float")
@@ -111,7 +114,8 @@ REGISTER_OP("SokEv>CombineBackward")
     .Attr("combiners: list(string)")
     .Attr("weighted: list(bool)")
     .SetShapeFn(CombineShape)
-    .Doc("Gradient of CombineForward with respect to unique_values, "
-         "summed per unique key.");
+    .Doc(
+        "Gradient of CombineForward with respect to unique_values, "
+        "summed per unique key.");
 
 }  // namespace sok_ev

@@ -26,8 +26,9 @@ REGISTER_OP("SokEv>SparseApplyOptimizer")
     .Attr("use_nesterov: bool = false")
     .Attr("centered: bool = false")
     .SetShapeFn(tensorflow::shape_inference::NoOutputs)
-    .Doc("Applies one optimizer step to the rows of `keys` (duplicates are "
-         "summed first). Slots are created on first use with their initial "
-         "values; each key's version becomes global_step.");
+    .Doc(
+        "Applies one optimizer step to the rows of `keys` (duplicates are "
+        "summed first). Slots are created on first use with their initial "
+        "values; each key's version becomes global_step.");
 
 }  // namespace sok_ev
