@@ -16,9 +16,9 @@ global batch (rank 0 recomputes it with an unsharded table).
   python3 benchmarks/gpu/sparse_step.py --gpus 2 [--check]
 """
 import argparse
+import collections
 import json
 import os
-import statistics
 
 import torch
 import torch.distributed as dist
@@ -70,6 +70,39 @@ def _cuts(sorted_keys, splits, bounds):
     return torch.stack(rows) if rows else torch.empty((0, bounds.numel() + 1))
 
 
+# What route_keys returns, in this order; names as in the steps below.
+RoutedKeys = collections.namedtuple(
+    "RoutedKeys", "world inverse u positions by_owner send_split recv_split owner_keys m ouniq "
+    "oinverse oorder osegs onum ou orows ident")
+
+
+def route_keys(table, exchange, keys):
+    """The steps' common start: unique the batch's keys, send each to its
+    owner (one all-to-all), and resolve the owner's unique keys to row ids
+    (a key may come from several workers: one row lookup each).
+
+    Returns RoutedKeys with: world; inverse (batch entry -> unique key); u
+    unique keys; positions and by_owner from partition; send_split and
+    recv_split (keys per peer); owner_keys, the m keys received, and ouniq; oinverse, oorder, osegs, onum
+    from the owner's unique_segmented; ou owner unique keys; orows their row
+    ids; ident = arange(m + 1), the offsets of one entry per received key."""
+    world = exchange.world
+    uniq, inverse, _, _, num = sg.unique_segmented(keys)
+    u = int(num.item())
+    by_owner, positions, counts = sg.partition(uniq[:u], world)
+    send_split = counts.tolist()
+    recv_split = exchange.counts(counts).tolist()
+    owner_keys = exchange(by_owner, send_split, recv_split)
+    m = owner_keys.numel()
+    ouniq, oinverse, oorder, osegs, onum = sg.unique_segmented(owner_keys)
+    ou = int(onum.item())
+    orows = torch.empty(ou, dtype=torch.int64, device="cuda")
+    table.find_or_insert(ouniq[:ou], row_ids=orows)
+    ident = torch.arange(m + 1, device="cuda", dtype=torch.int64)
+    return RoutedKeys(world, inverse, u, positions, by_owner, send_split, recv_split, owner_keys, m,
+                      ouniq, oinverse, oorder, osegs, onum, ou, orows, ident)
+
+
 def sparse_step(table, exchange, keys, offsets, grad_out, step, dim, chunks=1):
     """One training step; returns the forward output (batch, dim).
 
@@ -79,22 +112,8 @@ def sparse_step(table, exchange, keys, offsets, grad_out, step, dim, chunks=1):
     Adagrad (backward_apply). With chunks > 1 the backward gradient exchange
     is split by key range, so that the owner applies Adagrad to range c
     while range c + 1 is still in flight (same sums, same updates)."""
-    world = exchange.world
-    uniq, inverse, _, _, num = sg.unique_segmented(keys)
-    u = int(num.item())
-    uniq = uniq[:u]
-    by_owner, positions, counts = sg.partition(uniq, world)
-    recv_counts = exchange.counts(counts)
-    send_split = counts.tolist()
-    recv_split = recv_counts.tolist()
-    owner_keys = exchange(by_owner, send_split, recv_split)
-    m = owner_keys.numel()
-    # Owner side: a key may come from several workers; one row lookup each.
-    ouniq, oinverse, oorder, osegs, onum = sg.unique_segmented(owner_keys)
-    ou = int(onum.item())
-    orows = torch.empty(ou, dtype=torch.int64, device="cuda")
-    table.find_or_insert(ouniq[:ou], row_ids=orows)
-    ident = torch.arange(m + 1, device="cuda", dtype=torch.int64)
+    (world, inverse, u, positions, by_owner, send_split, recv_split, owner_keys, m, ouniq, oinverse,
+     oorder, osegs, onum, ou, orows, ident) = route_keys(table, exchange, keys)
     owner_values = table.lookup_combine_rows(orows, oinverse, ident,
                                              torch.empty((m, dim), device="cuda"))
     back = exchange(owner_values, recv_split, send_split)
@@ -177,22 +196,9 @@ def sparse_step_overlap(table, exchange, keys, offsets, grad_out, step, dim):
                 its own segment and applies Adagrad to the keys only it
                 asked for; keys a peer asked for are applied after the wait.
     """
-    world = exchange.world
+    (world, inverse, u, positions, by_owner, send_split, recv_split, owner_keys, m, ouniq, oinverse,
+     oorder, osegs, onum, ou, orows, ident) = route_keys(table, exchange, keys)
     rank = dist.get_rank()
-    uniq, inverse, _, _, num = sg.unique_segmented(keys)
-    u = int(num.item())
-    uniq = uniq[:u]
-    by_owner, positions, counts = sg.partition(uniq, world)
-    recv_counts = exchange.counts(counts)
-    send_split = counts.tolist()
-    recv_split = recv_counts.tolist()
-    owner_keys = exchange(by_owner, send_split, recv_split)
-    m = owner_keys.numel()
-    ouniq, oinverse, oorder, osegs, onum = sg.unique_segmented(owner_keys)
-    ou = int(onum.item())
-    orows = torch.empty(ou, dtype=torch.int64, device="cuda")
-    table.find_or_insert(ouniq[:ou], row_ids=orows)
-    ident = torch.arange(m + 1, device="cuda", dtype=torch.int64)
     soff, roff = _segments(send_split), _segments(recv_split)
     self_lo, self_hi = roff[rank], roff[rank + 1]
     # Owner keys a peer asked for (any entry outside the self segment) go

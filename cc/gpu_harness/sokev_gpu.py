@@ -308,28 +308,10 @@ def _optimizer_args(lr=0.1,
     return hyper, flags
 
 
-def apply_optimizer(kind,
-                    rows,
-                    grads,
-                    dim,
-                    reference=False,
-                    lr=0.1,
-                    beta1=0.9,
-                    beta2=0.999,
-                    epsilon=1e-8,
-                    beta1_power=0.9,
-                    beta2_power=0.999,
-                    momentum=0.0,
-                    l1=0.0,
-                    l2=0.0,
-                    l2_shrinkage=0.0,
-                    lr_power=-0.5,
-                    decay=0.9,
-                    use_nesterov=False,
-                    centered=False,
-                    slot_index=(0, 1, 2)):
-    h, f = _optimizer_args(lr, beta1, beta2, epsilon, beta1_power, beta2_power, momentum, l1, l2,
-                           l2_shrinkage, lr_power, decay, use_nesterov, centered, slot_index)
+def apply_optimizer(kind, rows, grads, dim, reference=False, **hyperparameters):
+    """gpu::apply_optimizer (or its row-per-thread reference) on `rows`, a
+    tensor of row pointers; hyperparameters as _optimizer_args takes them."""
+    h, f = _optimizer_args(**hyperparameters)
     _check(lib().sokev_apply_optimizer(OPTIMIZERS[kind], h, f,
                                        _p(rows).value,
                                        _p(grads).value, rows.numel(), dim, int(reference),

@@ -113,3 +113,19 @@ def rel_err(out, ref):
     assert np.all(np.isfinite(out)), "non-finite output (unwritten or NaN)"
     denom = np.linalg.norm(ref)
     return np.linalg.norm(out - ref) / (denom if denom > 0 else 1.0)
+
+
+# Optimizer hyperparameters of the GPU tests: every field non-default, so a
+# field read from the wrong place shows.
+OPTIMIZER_HYPERPARAMETERS = dict(lr=0.05,
+                                 beta1=0.9,
+                                 beta2=0.999,
+                                 epsilon=1e-7,
+                                 beta1_power=0.9**3,
+                                 beta2_power=0.999**3,
+                                 momentum=0.8,
+                                 l1=0.01,
+                                 l2=0.02,
+                                 l2_shrinkage=0.01,
+                                 lr_power=-0.5,
+                                 decay=0.9)

@@ -4,8 +4,8 @@ every run; every output is poisoned (NaN / -7) before the call."""
 import numpy as np
 import pytest
 
-from sokev_gpu_reference import (SKIP_REASON, combine_backward_reference, combine_reference,
-                                 owner_of, rel_err, zipf_keys)
+from sokev_gpu_reference import (OPTIMIZER_HYPERPARAMETERS, SKIP_REASON, combine_backward_reference,
+                                 combine_reference, owner_of, rel_err, zipf_keys)
 
 if SKIP_REASON is None:
     import torch
@@ -174,18 +174,7 @@ def optimizer_reference(kind, row, g, dim, hp):
 def test_optimizers(kind, dim):
     n = 2000 if dim <= 128 else 300
     width = 4 * dim  # value + 3 slots
-    hp = dict(lr=0.05,
-              beta1=0.9,
-              beta2=0.999,
-              epsilon=1e-7,
-              beta1_power=0.9**3,
-              beta2_power=0.999**3,
-              momentum=0.8,
-              l1=0.01,
-              l2=0.02,
-              l2_shrinkage=0.01,
-              lr_power=-0.5,
-              decay=0.9,
+    hp = dict(OPTIMIZER_HYPERPARAMETERS,
               use_nesterov=bool(RNG.integers(2)),
               centered=bool(RNG.integers(2)))
     rows = RNG.standard_normal((n, width)).astype(np.float32)

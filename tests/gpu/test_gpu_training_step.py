@@ -6,25 +6,15 @@ inputs every run; outputs poisoned before each call."""
 import numpy as np
 import pytest
 
-from sokev_gpu_reference import SKIP_REASON, combine_reference, rel_err, zipf_keys
+from sokev_gpu_reference import (OPTIMIZER_HYPERPARAMETERS, SKIP_REASON, combine_reference, rel_err,
+                                 zipf_keys)
 
 if SKIP_REASON is None:
     import torch
     import sokev_gpu as sg
 
 RNG = np.random.default_rng()
-HP = dict(lr=0.05,
-          beta1=0.9,
-          beta2=0.999,
-          epsilon=1e-7,
-          beta1_power=0.9**3,
-          beta2_power=0.999**3,
-          momentum=0.8,
-          l1=0.01,
-          l2=0.02,
-          l2_shrinkage=0.01,
-          lr_power=-0.5,
-          decay=0.9)
+HP = OPTIMIZER_HYPERPARAMETERS
 
 
 def tensor(array):
