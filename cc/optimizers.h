@@ -72,78 +72,122 @@ SOK_EV_HOST_DEVICE float adam_learning_rate(const OptimizerSpec& spec) {
   return spec.learning_rate * sqrtf(1.0f - spec.beta2_power) / (1.0f - spec.beta1_power);
 }
 
-// Updates column c of a full row (value followed by the table's slots). One
-// definition for both twins: the CPU loops over columns, the GPU gives each
-// thread a column, and both produce the same bits (no FMA contraction).
-//   row:     (1 + table_slots) * dim floats
-//   grad:    (dim,) the key's gradient, already summed over its occurrences
+// The arithmetic of optimizer kKind on column c of one row, the only
+// definition for both twins: the GPU runs it one thread per column, the CPU
+// in a loop over the row's columns, and both produce the same bits (no FMA
+// contraction). The row is [value | slots], each `dim` floats; the slot
+// pointers are those of spec.slot_index (cc/optimizers.h, OptimizerSpec).
+//   g:       the key's gradient at column c, summed over its occurrences
 //   adam_lr: adam_learning_rate(spec), hoisted out of the column loop
-SOK_EV_HOST_DEVICE void update_element(const OptimizerSpec& spec, float* row, const float* grad,
-                                       int64_t c, int64_t dim, float adam_lr) {
-  float* value = row;
-  float* slot0 = row + (1 + spec.slot_index[0]) * dim;
-  float* slot1 = row + (1 + spec.slot_index[1]) * dim;
-  float* slot2 = row + (1 + spec.slot_index[2]) * dim;
+template <OptimizerKind kKind>
+SOK_EV_HOST_DEVICE void update_element_as(const OptimizerSpec& spec, float* value, float* slot0,
+                                          float* slot1, float* slot2, float g, int64_t c,
+                                          float adam_lr) {
   const float lr = spec.learning_rate;
-  const float g = grad[c];
-  switch (spec.kind) {
-    case OptimizerKind::kSgd:
-      value[c] -= lr * g;
-      break;
-    case OptimizerKind::kAdagrad:
-      slot0[c] += g * g;
-      value[c] -= lr * g / sqrtf(slot0[c]);
-      break;
-    case OptimizerKind::kAdam:
-      slot0[c] = spec.beta1 * slot0[c] + (1.0f - spec.beta1) * g;
-      slot1[c] = spec.beta2 * slot1[c] + (1.0f - spec.beta2) * g * g;
-      value[c] -= adam_lr * slot0[c] / (sqrtf(slot1[c]) + spec.epsilon);
-      break;
-    case OptimizerKind::kFtrl: {
-      // l2_shrinkage changes the gradient seen by `linear` only (FtrlV2).
-      const float g_shrunk = g + 2.0f * spec.l2_shrinkage * value[c];
-      const float accum = slot0[c];
-      const float new_accum = accum + g * g;
-      float new_root, old_root;
-      if (spec.learning_rate_power == -0.5f) {
-        new_root = sqrtf(new_accum);
-        old_root = sqrtf(accum);
-      } else {
-        new_root = powf(new_accum, -spec.learning_rate_power);
-        old_root = powf(accum, -spec.learning_rate_power);
-      }
-      slot1[c] += g_shrunk - (new_root - old_root) / lr * value[c];
-      const float linear = slot1[c];
-      const float quadratic = new_root / lr + 2.0f * spec.l2;
-      value[c] = fabsf(linear) > spec.l1
-                     ? ((linear > 0.0f ? spec.l1 : -spec.l1) - linear) / quadratic
-                     : 0.0f;
-      slot0[c] = new_accum;
-      break;
+  if constexpr (kKind == OptimizerKind::kSgd) {
+    value[c] -= lr * g;
+  } else if constexpr (kKind == OptimizerKind::kAdagrad) {
+    slot0[c] += g * g;
+    value[c] -= lr * g / sqrtf(slot0[c]);
+  } else if constexpr (kKind == OptimizerKind::kAdam) {
+    slot0[c] = spec.beta1 * slot0[c] + (1.0f - spec.beta1) * g;
+    slot1[c] = spec.beta2 * slot1[c] + (1.0f - spec.beta2) * g * g;
+    value[c] -= adam_lr * slot0[c] / (sqrtf(slot1[c]) + spec.epsilon);
+  } else if constexpr (kKind == OptimizerKind::kFtrl) {
+    // l2_shrinkage changes the gradient seen by `linear` only (FtrlV2).
+    const float g_shrunk = g + 2.0f * spec.l2_shrinkage * value[c];
+    const float accum = slot0[c];
+    const float new_accum = accum + g * g;
+    float new_root, old_root;
+    if (spec.learning_rate_power == -0.5f) {
+      new_root = sqrtf(new_accum);
+      old_root = sqrtf(accum);
+    } else {
+      new_root = powf(new_accum, -spec.learning_rate_power);
+      old_root = powf(accum, -spec.learning_rate_power);
     }
-    case OptimizerKind::kMomentum:
-      slot0[c] = slot0[c] * spec.momentum + g;
-      value[c] -= spec.use_nesterov ? g * lr + slot0[c] * spec.momentum * lr : lr * slot0[c];
-      break;
-    case OptimizerKind::kRmsProp: {
-      slot0[c] += (g * g - slot0[c]) * (1.0f - spec.decay);
-      float denominator = slot0[c] + spec.epsilon;
-      if (spec.centered) {
-        slot2[c] += (g - slot2[c]) * (1.0f - spec.decay);
-        denominator -= slot2[c] * slot2[c];
-      }
-      slot1[c] = slot1[c] * spec.momentum + lr * g / sqrtf(denominator);
-      value[c] -= slot1[c];
-      break;
+    slot1[c] += g_shrunk - (new_root - old_root) / lr * value[c];
+    const float linear = slot1[c];
+    const float quadratic = new_root / lr + 2.0f * spec.l2;
+    value[c] = fabsf(linear) > spec.l1 ? ((linear > 0.0f ? spec.l1 : -spec.l1) - linear) / quadratic
+                                       : 0.0f;
+    slot0[c] = new_accum;
+  } else if constexpr (kKind == OptimizerKind::kMomentum) {
+    slot0[c] = slot0[c] * spec.momentum + g;
+    value[c] -= spec.use_nesterov ? g * lr + slot0[c] * spec.momentum * lr : lr * slot0[c];
+  } else if constexpr (kKind == OptimizerKind::kRmsProp) {
+    slot0[c] += (g * g - slot0[c]) * (1.0f - spec.decay);
+    float denominator = slot0[c] + spec.epsilon;
+    if (spec.centered) {
+      slot2[c] += (g - slot2[c]) * (1.0f - spec.decay);
+      denominator -= slot2[c] * slot2[c];
     }
+    slot1[c] = slot1[c] * spec.momentum + lr * g / sqrtf(denominator);
+    value[c] -= slot1[c];
   }
 }
 
-// Applies one update to a whole row; see update_element.
+// The slot pointers of a full row, by the optimizer's slot positions.
+SOK_EV_HOST_DEVICE float* slot_of(const OptimizerSpec& spec, float* row, int s, int64_t dim) {
+  return row + (1 + spec.slot_index[s]) * dim;
+}
+
+// Updates column c of a full row (the GPU twin's unit of work).
+//   row:  (1 + table_slots) * dim floats    grad: (dim,)
+SOK_EV_HOST_DEVICE void update_element(const OptimizerSpec& spec, float* row, const float* grad,
+                                       int64_t c, int64_t dim, float adam_lr) {
+  float* s0 = slot_of(spec, row, 0, dim);
+  float* s1 = slot_of(spec, row, 1, dim);
+  float* s2 = slot_of(spec, row, 2, dim);
+  switch (spec.kind) {
+    case OptimizerKind::kSgd:
+      return update_element_as<OptimizerKind::kSgd>(spec, row, s0, s1, s2, grad[c], c, adam_lr);
+    case OptimizerKind::kAdagrad:
+      return update_element_as<OptimizerKind::kAdagrad>(spec, row, s0, s1, s2, grad[c], c, adam_lr);
+    case OptimizerKind::kAdam:
+      return update_element_as<OptimizerKind::kAdam>(spec, row, s0, s1, s2, grad[c], c, adam_lr);
+    case OptimizerKind::kFtrl:
+      return update_element_as<OptimizerKind::kFtrl>(spec, row, s0, s1, s2, grad[c], c, adam_lr);
+    case OptimizerKind::kMomentum:
+      return update_element_as<OptimizerKind::kMomentum>(spec, row, s0, s1, s2, grad[c], c,
+                                                         adam_lr);
+    case OptimizerKind::kRmsProp:
+      return update_element_as<OptimizerKind::kRmsProp>(spec, row, s0, s1, s2, grad[c], c, adam_lr);
+  }
+}
+
+// Updates a whole row with kKind: one dispatch, then a plain column loop.
+template <OptimizerKind kKind>
+SOK_EV_HOST_DEVICE void update_row_as(const OptimizerSpec& spec, float* row, const float* grad,
+                                      int64_t dim) {
+  // Value, slots and gradient never overlap: restrict lets the loop vectorise.
+  float* __restrict__ value = row;
+  float* __restrict__ s0 = slot_of(spec, row, 0, dim);
+  float* __restrict__ s1 = slot_of(spec, row, 1, dim);
+  float* __restrict__ s2 = slot_of(spec, row, 2, dim);
+  const float* __restrict__ g = grad;
+  const float adam_lr = adam_learning_rate(spec);
+  for (int64_t c = 0; c < dim; ++c)
+    update_element_as<kKind>(spec, value, s0, s1, s2, g[c], c, adam_lr);
+}
+
+// Applies one update to a whole row (the CPU twin's unit of work).
 SOK_EV_HOST_DEVICE void update_row(const OptimizerSpec& spec, float* row, const float* grad,
                                    int64_t dim) {
-  const float adam_lr = adam_learning_rate(spec);
-  for (int64_t c = 0; c < dim; ++c) update_element(spec, row, grad, c, dim, adam_lr);
+  switch (spec.kind) {
+    case OptimizerKind::kSgd:
+      return update_row_as<OptimizerKind::kSgd>(spec, row, grad, dim);
+    case OptimizerKind::kAdagrad:
+      return update_row_as<OptimizerKind::kAdagrad>(spec, row, grad, dim);
+    case OptimizerKind::kAdam:
+      return update_row_as<OptimizerKind::kAdam>(spec, row, grad, dim);
+    case OptimizerKind::kFtrl:
+      return update_row_as<OptimizerKind::kFtrl>(spec, row, grad, dim);
+    case OptimizerKind::kMomentum:
+      return update_row_as<OptimizerKind::kMomentum>(spec, row, grad, dim);
+    case OptimizerKind::kRmsProp:
+      return update_row_as<OptimizerKind::kRmsProp>(spec, row, grad, dim);
+  }
 }
 
 namespace cpu {
