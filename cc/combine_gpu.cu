@@ -4,6 +4,7 @@
 
 #include "cc/combine.h"
 #include "cc/combine_kernels_gpu.h"
+#include "cc/lower_bound_gpu.h"
 #include "cc/status_gpu.h"
 
 namespace sok_ev {
@@ -28,15 +29,7 @@ __global__ void row_offsets_kernel(const int64_t* sample_ids, int64_t nnz, int64
                                    int64_t* row_offsets) {
   for (int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; b <= batch;
        b += int64_t(gridDim.x) * blockDim.x) {
-    int64_t lo = 0, hi = nnz;
-    while (lo < hi) {
-      const int64_t mid = (lo + hi) / 2;
-      if (sample_ids[mid] < b)
-        lo = mid + 1;
-      else
-        hi = mid;
-    }
-    row_offsets[b] = lo;
+    row_offsets[b] = lower_bound(sample_ids, nnz, b);
   }
 }
 
@@ -59,14 +52,7 @@ __global__ void reduce_by_key_kernel(const float* grad_out, const int64_t* sorte
   const int lane = threadIdx.x & 31;
   for (int64_t u = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5; u < num_unique;
        u += (int64_t(gridDim.x) * blockDim.x) >> 5) {
-    int64_t lo = 0, hi = nnz;
-    while (lo < hi) {
-      const int64_t mid = (lo + hi) / 2;
-      if (sorted_index[mid] < u)
-        lo = mid + 1;
-      else
-        hi = mid;
-    }
+    const int64_t lo = lower_bound(sorted_index, nnz, u);
     float* destination = grad_unique + u * dim;
     for (int64_t c0 = 0; c0 < dim; c0 += 32 * 8) {
       float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};

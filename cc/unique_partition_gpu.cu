@@ -3,6 +3,7 @@
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
 
+#include "cc/lower_bound_gpu.h"
 #include "cc/partition.h"
 #include "cc/status_gpu.h"
 #include "cc/unique.h"
@@ -48,17 +49,7 @@ __global__ void scatter_unique_kernel(const Key* sorted, const int64_t* position
       const bool tail = i == n - 1 || run_ids[i + 1] != run_ids[i];
       // The run's length, found by its tail: walk back to the head is
       // avoided by a binary search over the non-decreasing run ids.
-      if (tail) {
-        int64_t lo = 0, hi = i;
-        while (lo < hi) {
-          const int64_t mid = (lo + hi) / 2;
-          if (run_ids[mid] < run_ids[i])
-            lo = mid + 1;
-          else
-            hi = mid;
-        }
-        counts[id] = i - lo + 1;
-      }
+      if (tail) counts[id] = i - lower_bound(run_ids, i, run_ids[i]) + 1;
     }
     if (i == n - 1) *num_unique = run_ids[i];
   }
@@ -88,18 +79,7 @@ __global__ void owner_counts_kernel(const int32_t* sorted_owners, int64_t n, int
                                     int64_t* counts) {
   for (int32_t w = blockIdx.x * blockDim.x + threadIdx.x; w < num_workers;
        w += gridDim.x * blockDim.x) {
-    auto lower = [&](int32_t value) {
-      int64_t lo = 0, hi = n;
-      while (lo < hi) {
-        const int64_t mid = (lo + hi) / 2;
-        if (sorted_owners[mid] < value)
-          lo = mid + 1;
-        else
-          hi = mid;
-      }
-      return lo;
-    };
-    counts[w] = lower(w + 1) - lower(w);
+    counts[w] = lower_bound(sorted_owners, n, w + 1) - lower_bound(sorted_owners, n, w);
   }
 }
 

@@ -1,0 +1,30 @@
+// std::lower_bound for device code, shared by the GPU kernels that find
+// segment starts in sorted arrays (row offsets, run lengths, owner counts).
+#ifndef SOK_EV_CC_LOWER_BOUND_GPU_H_
+#define SOK_EV_CC_LOWER_BOUND_GPU_H_
+
+#include <cstdint>
+
+namespace sok_ev {
+namespace gpu {
+
+// The first index in [0, n) whose element is not less than `value`, or n.
+//   sorted: (n,) non-decreasing, device memory
+template <typename T>
+__device__ __forceinline__ int64_t lower_bound(const T* sorted, int64_t n, T value) {
+  int64_t lo = 0, hi = n;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi) / 2;
+    if (sorted[mid] < value) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
+}  // namespace gpu
+}  // namespace sok_ev
+
+#endif  // SOK_EV_CC_LOWER_BOUND_GPU_H_
