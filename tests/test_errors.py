@@ -137,6 +137,6 @@ def test_unsupported_optimizer_on_an_ev_raises_listing_supported_ones(sok, rng, 
     with ref.graph_session():
         ev = sok.get_embedding_variable("emb", embedding_dim=4)
         loss = tf.reduce_sum(sok.lookup_sparse([ev], [_batch(rng).sp_ids()])[0])
-        with pytest.raises((ValueError, TypeError, NotImplementedError)) as error:
+        with pytest.raises(TypeError) as error:
             UNSUPPORTED_OPTIMIZERS[optimizer]().minimize(loss)
     assert ref.error_names(error.value, optimizer.replace("Optimizer", ""), *SUPPORTED_NAMES)
