@@ -103,6 +103,23 @@ def route_keys(table, exchange, keys):
                       ouniq, oinverse, oorder, osegs, onum, ou, orows, ident)
 
 
+def combine_returned_rows(back, positions, inverse, u, offsets, grad_out, dim):
+    """Forward combine of the rows returned by the owners, and its backward.
+
+    back holds the u unique keys' rows in by_owner order (positions maps that
+    order to the unique keys), so entry j reads back[slot[inverse[j]]].
+    Returns the (batch, dim) output and the per-unique gradients, already in
+    by_owner (send) order."""
+    slot = torch.empty(u, dtype=torch.int64, device="cuda")
+    slot[positions] = torch.arange(u, device="cuda", dtype=torch.int64)
+    index = slot[inverse]
+    out = sg.combine_forward(back, index, offsets,
+                             torch.empty((offsets.numel() - 1, dim), device="cuda"))
+    grad_sent = sg.combine_backward(grad_out, index, offsets, u, torch.empty((u, dim),
+                                                                             device="cuda"))
+    return out, grad_sent
+
+
 def sparse_step(table, exchange, keys, offsets, grad_out, step, dim, chunks=1):
     """One training step; returns the forward output (batch, dim).
 
@@ -117,15 +134,7 @@ def sparse_step(table, exchange, keys, offsets, grad_out, step, dim, chunks=1):
     owner_values = table.lookup_combine_rows(orows, oinverse, ident,
                                              torch.empty((m, dim), device="cuda"))
     back = exchange(owner_values, recv_split, send_split)
-    # back is in by_owner order: entry j reads back[slot[inverse[j]]].
-    slot = torch.empty(u, dtype=torch.int64, device="cuda")
-    slot[positions] = torch.arange(u, device="cuda", dtype=torch.int64)
-    index = slot[inverse]
-    out = sg.combine_forward(back, index, offsets,
-                             torch.empty((offsets.numel() - 1, dim), device="cuda"))
-    # backward: per-unique gradients, already in by_owner (send) order
-    grad_sent = sg.combine_backward(grad_out, index, offsets, u, torch.empty((u, dim),
-                                                                             device="cuda"))
+    out, grad_sent = combine_returned_rows(back, positions, inverse, u, offsets, grad_out, dim)
     if world == 1 or chunks <= 1:
         owner_grads = exchange(grad_sent, send_split, recv_split)
         table.backward_apply("adagrad",
@@ -237,14 +246,7 @@ def sparse_step_overlap(table, exchange, keys, offsets, grad_out, step, dim):
         table.lookup_combine_rows(orows, oinverse[self_lo:self_hi], ident[:n_self + 1],
                                   back[soff[rank]:soff[rank + 1]])
     work.wait()
-    slot = torch.empty(u, dtype=torch.int64, device="cuda")
-    slot[positions] = torch.arange(u, device="cuda", dtype=torch.int64)
-    index = slot[inverse]
-    out = sg.combine_forward(back, index, offsets,
-                             torch.empty((offsets.numel() - 1, dim), device="cuda"))
-    # backward
-    grad_sent = sg.combine_backward(grad_out, index, offsets, u, torch.empty((u, dim),
-                                                                             device="cuda"))
+    out, grad_sent = combine_returned_rows(back, positions, inverse, u, offsets, grad_out, dim)
     owner_grads = torch.empty((m, dim), device="cuda")
     sends = [grad_sent[soff[r]:soff[r + 1]] if r != rank else grad_sent[:0] for r in range(world)]
     recvs = [
