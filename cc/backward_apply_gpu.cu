@@ -15,16 +15,16 @@ constexpr int kThreads = 256;
 
 // A group of kLanes lanes per unique key (several keys per warp keep more
 // independent loads in flight: each key is a chain of dependent reads). The
-// sum is combine_backward's reduce_by_key (same expression, same entry
-// order); the update is apply_optimizer's update_element, reading the summed
-// gradient from this group's shared row.
+// sum is combine_backward's (accumulate_segment, same entry order); the
+// update is update_element (cc/optimizers.h), reading the summed gradient
+// from this group's shared row.
 //   shared memory: (kThreads / kLanes, dim) floats
 template <int kLanes>
 __global__ void __launch_bounds__(kThreads)
     backward_apply_kernel(OptimizerSpec spec, float* rows, int64_t row_width, int64_t* versions,
-                          const int64_t* row_ids, const float* grad_out, const int64_t* order,
-                          const int64_t* segments, const int64_t* num_unique, const float* weights,
-                          const int64_t* entry_bag, const float* bag_scale, Combiner combiner,
+                          const int64_t* row_ids, const float* grad_out, const int64_t* segments,
+                          const int64_t* num_unique, const int64_t* sorted_bag,
+                          const float* sorted_weight, const float* bag_scale, Combiner combiner,
                           int64_t dim, int64_t global_step) {
   extern __shared__ float shared_grads[];
   const int lane = threadIdx.x & 31;
@@ -39,20 +39,8 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t row_id = row_ids[u];
     for (int64_t c0 = 0; c0 < dim; c0 += kLanes * 8) {
       float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      for (int64_t k = lo; k < hi; ++k) {
-        const int64_t j = order[k];
-        const int64_t bag = entry_bag[j];
-        const float w = weights != nullptr ? weights[j] : 1.0f;
-        const float* g = grad_out + bag * dim;
-        const float denominator = bag_scale[bag];
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          const int64_t c = c0 + e * kLanes + rank;
-          if (c < dim) {
-            acc[e] += combiner == Combiner::kSum ? w * g[c] : w * g[c] / denominator;
-          }
-        }
-      }
+      accumulate_segment<kLanes>(acc, c0, lo, hi, sorted_bag, sorted_weight, bag_scale, combiner,
+                                 grad_out, dim, rank);
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
         const int64_t c = c0 + e * kLanes + rank;
@@ -66,19 +54,6 @@ __global__ void __launch_bounds__(kThreads)
     }
     if (rank == 0) versions[row_id] = global_step;
     __syncwarp(mask);  // the shared row is rewritten by the next key
-  }
-}
-
-// Each sorted entry's sample and weight, so that the vector kernel's chain
-// is segments -> sorted_bag -> gradient row (one dependent load fewer).
-__global__ void sorted_entries_kernel(const int64_t* order, const int64_t* entry_bag,
-                                      const float* weights, int64_t nnz, int64_t* sorted_bag,
-                                      float* sorted_weight) {
-  for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < nnz;
-       k += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t j = order[k];
-    sorted_bag[k] = entry_bag[j];
-    sorted_weight[k] = weights != nullptr ? weights[j] : 1.0f;
   }
 }
 
@@ -128,30 +103,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       }
     }
     // Entries in order, as the generic kernel sums them.
-    for (int64_t k = lo; k < hi; ++k) {
-      const int64_t bag = sorted_bag[k];
-      const float w = sorted_weight[k];
-      const float denominator = combiner == Combiner::kSum ? 1.0f : bag_scale[bag];
-      const float* g = grad_out + bag * dim;
-#pragma unroll
-      for (int v = 0; v < kCount; ++v) {
-        const int64_t c = (v * kLanes + rank) * 4;
-        if (c < dim) {
-          const float4 x = __ldg(reinterpret_cast<const float4*>(g + c));
-          if (combiner == Combiner::kSum) {
-            acc[v].x += w * x.x;
-            acc[v].y += w * x.y;
-            acc[v].z += w * x.z;
-            acc[v].w += w * x.w;
-          } else {
-            acc[v].x += w * x.x / denominator;
-            acc[v].y += w * x.y / denominator;
-            acc[v].z += w * x.z / denominator;
-            acc[v].w += w * x.w / denominator;
-          }
-        }
-      }
-    }
+    accumulate_segment_vec<kCount>(acc, lo, hi, sorted_bag, sorted_weight, bag_scale, combiner,
+                                   grad_out, dim, rank);
 #pragma unroll
     for (int v = 0; v < kCount; ++v) {
       const int64_t c = (v * kLanes + rank) * 4;
@@ -191,30 +144,28 @@ Status combine_backward_apply(const GpuContext& context, HashTable<Key>& table,
                               int64_t max_unique, const int64_t* row_ids, int64_t global_step) {
   if (max_unique <= 0 || batch <= 0) return Status::Ok();
   cudaStream_t stream = stream_of(context);
-  ScratchBuffer entry_bag(context, std::max<int64_t>(nnz, 1) * sizeof(int64_t));
+  const int64_t entries = std::max<int64_t>(nnz, 1);
+  ScratchBuffer entry_bag(context, entries * sizeof(int64_t));
   ScratchBuffer bag_scale(context, batch * sizeof(float));
-  if (!entry_bag.ok() || !bag_scale.ok()) {
+  ScratchBuffer sorted_bag(context, entries * sizeof(int64_t));
+  ScratchBuffer sorted_weight(context, entries * sizeof(float));
+  if (!entry_bag.ok() || !bag_scale.ok() || !sorted_bag.ok() || !sorted_weight.ok()) {
     return Status::Internal("combine_backward_apply: out of device memory");
   }
   bag_scale_kernel<int64_t><<<grid_for(batch, kThreads), kThreads, 0, stream>>>(
       weights, row_offsets, batch, combiner, entry_bag.as<int64_t>(), bag_scale.as<float>());
   SOK_EV_LAUNCH_CHECK("bag_scale");
+  if (nnz > 0) {
+    sorted_entries_kernel<int64_t><<<grid_for(nnz, kThreads), kThreads, 0, stream>>>(
+        order, entry_bag.as<int64_t>(), weights, nnz, sorted_bag.as<int64_t>(),
+        sorted_weight.as<float>());
+    SOK_EV_LAUNCH_CHECK("sorted_entries");
+  }
   const TableView<Key> view = table.view();
   const int used_slots = num_slots(spec.kind, spec.centered);
   const bool aligned = reinterpret_cast<uintptr_t>(grad_out) % 16 == 0 &&
                        reinterpret_cast<uintptr_t>(view.rows) % 16 == 0 && view.row_width % 4 == 0;
   if (view.dim % 4 == 0 && view.dim <= 256 && aligned && used_slots <= 3) {
-    ScratchBuffer sorted_bag(context, std::max<int64_t>(nnz, 1) * sizeof(int64_t));
-    ScratchBuffer sorted_weight(context, std::max<int64_t>(nnz, 1) * sizeof(float));
-    if (!sorted_bag.ok() || !sorted_weight.ok()) {
-      return Status::Internal("combine_backward_apply: out of device memory");
-    }
-    if (nnz > 0) {
-      sorted_entries_kernel<<<grid_for(nnz, kThreads), kThreads, 0, stream>>>(
-          order, entry_bag.as<int64_t>(), weights, nnz, sorted_bag.as<int64_t>(),
-          sorted_weight.as<float>());
-      SOK_EV_LAUNCH_CHECK("sorted_entries");
-    }
     const unsigned blocks = grid_for(max_unique * 8, kThreads);
     // Latency-bound: cap registers so that more keys are in flight (4 blocks
     // an SM = 64 registers where the row fits; 1.94 vs 2.33 ms at 92).
@@ -264,9 +215,9 @@ Status combine_backward_apply(const GpuContext& context, HashTable<Key>& table,
   const unsigned blocks = grid_for(max_unique * lanes, kThreads);
 #define SOK_EV_BACKWARD_APPLY(kLanes)                                                          \
   backward_apply_kernel<kLanes><<<blocks, kThreads, shared, stream>>>(                         \
-      spec, view.rows, view.row_width, view.versions, row_ids, grad_out, order, segments,      \
-      num_unique, weights, entry_bag.as<int64_t>(), bag_scale.as<float>(), combiner, view.dim, \
-      global_step)
+      spec, view.rows, view.row_width, view.versions, row_ids, grad_out, segments, num_unique, \
+      sorted_bag.as<int64_t>(), sorted_weight.as<float>(), bag_scale.as<float>(), combiner,    \
+      view.dim, global_step)
   if (narrow) {
     SOK_EV_BACKWARD_APPLY(8);
   } else {

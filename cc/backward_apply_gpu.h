@@ -14,10 +14,10 @@
 namespace sok_ev {
 namespace gpu {
 
-// The same rows, bits and versions as combine_backward, then
-// HashTable::rows_for_ids(global_step), then apply_optimizer: unique u's
-// gradient sums its entries order[segments[u] .. segments[u + 1]) in that
-// order (ascending entries, as combine_backward sums them).
+// combine_backward's gradient of each unique key (same sums, same bits),
+// applied at once to its row with update_element (cc/optimizers.h), and the
+// row's version set to global_step: unique u's gradient sums its entries
+// order[segments[u] .. segments[u + 1]) in that order.
 //   grad_out: (batch, dim)  weights: (nnz,) or null  row_offsets: (batch + 1,)
 //   order, segments, num_unique: from unique_keys_segmented (device)
 //   max_unique: host upper bound of *num_unique (sizes the launch)

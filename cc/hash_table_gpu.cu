@@ -155,15 +155,18 @@ __device__ __forceinline__ void group_copy_value(const TableView<Key>& table,
 // counts its frequency and copies its value out.
 //   keys: (n,)  frequencies: (n,) or null  row_ids: (n,) out or null
 //   values: (n, dim) out or null
+//   count: device, or null: only the first min(n, *count) keys are resolved
 template <typename Key>
 __global__ void __launch_bounds__(256)
     insert_kernel(TableView<Key> table, TableCounters* counters, const int32_t* free_rows,
-                  const Key* keys, int64_t n, const int64_t* frequencies, bool count_frequency,
-                  int64_t* row_ids, float* values) {
+                  const Key* keys, int64_t n, const int64_t* count, const int64_t* frequencies,
+                  bool count_frequency, int64_t* row_ids, float* values) {
   constexpr int kLanes = ProbeGroup<Key>::kLanes;
   const ProbeGroup<Key> g;
   const int64_t stride = (int64_t(gridDim.x) * blockDim.x) / kLanes;
-  for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / kLanes; i < n; i += stride) {
+  const int64_t limit = count != nullptr && *count < n ? *count : n;
+  for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / kLanes; i < limit;
+       i += stride) {
     const Key key = keys[i];
     const int32_t row = group_find_or_claim(table, counters, free_rows, g, key);
     if (g.rank == 0) {
@@ -630,12 +633,12 @@ Status HashTable<Key>::reserve(const GpuContext& context, int64_t keys) {
 
 template <typename Key>
 Status HashTable<Key>::resolve_insert(const GpuContext& context, const Key* keys, int64_t n,
-                                      const int64_t* frequencies, bool count_frequency,
-                                      int64_t* row_ids, float* values) {
+                                      const int64_t* count, const int64_t* frequencies,
+                                      bool count_frequency, int64_t* row_ids, float* values) {
   cudaStream_t stream = stream_of(context);
   SOK_EV_RETURN_IF_ERROR(prepare_insert(context, n));
   insert_kernel<Key><<<grid_for(n * ProbeGroup<Key>::kLanes, kThreads), kThreads, 0, stream>>>(
-      view(), counters_, free_rows_, keys, n, frequencies, count_frequency, row_ids, values);
+      view(), counters_, free_rows_, keys, n, count, frequencies, count_frequency, row_ids, values);
   SOK_EV_LAUNCH_CHECK("insert");
   clamp_free_rows<<<1, 1, 0, stream>>>(counters_);
   SOK_EV_LAUNCH_CHECK("clamp_free_rows");
@@ -646,7 +649,7 @@ template <typename Key>
 Status HashTable<Key>::find_or_insert(const GpuContext& context, const Key* keys, int64_t n,
                                       float* values, const int64_t* frequencies, int64_t* row_ids) {
   if (n <= 0) return Status::Ok();
-  return resolve_insert(context, keys, n, frequencies, true, row_ids, values);
+  return resolve_insert(context, keys, n, nullptr, frequencies, true, row_ids, values);
 }
 
 template <typename Key>
@@ -669,7 +672,7 @@ Status HashTable<Key>::insert_or_assign(const GpuContext& context, const Key* ke
   ScratchBuffer row_ids(context, n * sizeof(int64_t));
   if (!row_ids.ok()) return Status::Internal("out of device memory");
   SOK_EV_RETURN_IF_ERROR(
-      resolve_insert(context, keys, n, nullptr, false, row_ids.as<int64_t>(), nullptr));
+      resolve_insert(context, keys, n, nullptr, nullptr, false, row_ids.as<int64_t>(), nullptr));
   assign_rows_kernel<Key><<<grid_for(n * 32, kThreads), kThreads, 0, stream>>>(
       view(), n, row_ids.as<int64_t>(), rows, frequencies, versions);
   SOK_EV_LAUNCH_CHECK("assign_rows");
@@ -677,14 +680,10 @@ Status HashTable<Key>::insert_or_assign(const GpuContext& context, const Key* ke
 }
 
 template <typename Key>
-Status HashTable<Key>::update_rows(const GpuContext& context, const Key* keys, int64_t n,
-                                   int64_t global_step, float** rows) {
+Status HashTable<Key>::find_or_insert_rows(const GpuContext& context, const Key* keys, int64_t n,
+                                           const int64_t* count, int64_t* row_ids) {
   if (n <= 0) return Status::Ok();
-  ScratchBuffer row_ids(context, n * sizeof(int64_t));
-  if (!row_ids.ok()) return Status::Internal("out of device memory");
-  SOK_EV_RETURN_IF_ERROR(
-      resolve_insert(context, keys, n, nullptr, false, row_ids.as<int64_t>(), nullptr));
-  return rows_for_ids(context, row_ids.as<int64_t>(), n, global_step, rows);
+  return resolve_insert(context, keys, n, count, nullptr, false, row_ids, nullptr);
 }
 
 template <typename Key>

@@ -130,15 +130,18 @@ class HashTable {
   // were present.
   Status erase(const GpuContext& context, const Key* keys, int64_t n, int64_t* num_erased);
 
-  // The device twin of cpu::HashTable::update_rows: inserts missing keys,
-  // sets each key's version to global_step and returns full-row pointers
-  // for gpu::apply_optimizer. Valid until the next call that inserts.
-  //   rows: (n,) out, device
-  Status update_rows(const GpuContext& context, const Key* keys, int64_t n, int64_t global_step,
-                     float** rows);
+  // The row ids of `keys`, inserting missing keys with their initial rows;
+  // frequencies stay as they are (the optimizer's apply: the lookup counted
+  // the keys already). Valid until the next call that inserts.
+  //   keys: (n,)  row_ids: (n,) out, device
+  //   count: device, or null: when set, only the first *count (<= n) keys
+  //     are resolved, so a count computed on the GPU needs no sync (n is
+  //     the host's bound for sizing)
+  Status find_or_insert_rows(const GpuContext& context, const Key* keys, int64_t n,
+                             const int64_t* count, int64_t* row_ids);
 
-  // update_rows for row ids already resolved by find_or_insert (no second
-  // probe): sets each row's version and returns its full-row pointer.
+  // For row ids already resolved by find_or_insert (no second probe): sets
+  // each row's version and returns its full-row pointer.
   // row_ids: (n,) device, from this table since its last insert.
   Status rows_for_ids(const GpuContext& context, const int64_t* row_ids, int64_t n,
                       int64_t global_step, float** rows);
@@ -168,7 +171,7 @@ class HashTable {
   Status grow_arena(const GpuContext& context, int64_t row_capacity, int64_t new_row_width);
   // Finds or inserts (new rows initialized), one kernel; row_ids and
   // values (n, dim) are optional outputs.
-  Status resolve_insert(const GpuContext& context, const Key* keys, int64_t n,
+  Status resolve_insert(const GpuContext& context, const Key* keys, int64_t n, const int64_t* count,
                         const int64_t* frequencies, bool count_frequency, int64_t* row_ids,
                         float* values);
 

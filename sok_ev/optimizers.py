@@ -123,6 +123,19 @@ class EmbeddingVariableSlot:
                 f"'{self.primary.name}'>")
 
 
+def _keys_are_distinct(indices):
+    """Whether `indices` are, provably, one table's unique keys straight from
+  a lookup (an output of SokEv>UniqueKeys, through Identity ops): the fused
+  apply then skips deduplicating them. Only graphs (Session, tf.function)
+  show a tensor's producer; eagerly the apply deduplicates."""
+    tensor = indices
+    while getattr(tensor, "op", None) is not None and tensor.op.type == "Identity":
+        tensor = tensor.op.inputs[0]
+    op = getattr(tensor, "op", None)
+    return (op is not None and op.type == "SokEv>UniqueKeys" and
+            tensor.value_index < op.get_attr("N"))
+
+
 def _global_step():
     step = _train.get_global_step()
     return tf.constant(0, tf.int64) if step is None else tf.cast(step, tf.int64)
@@ -172,7 +185,8 @@ def apply_to_embedding_variable(optimizer, grad, variable):
         slot_names=[f"{optimizer.get_name()}/{name}" for name, _ in slots],
         slot_initial_values=[float(value) for _, value in slots],
         use_nesterov=bool(getattr(optimizer, "_use_nesterov", False)),
-        centered=bool(getattr(optimizer, "_centered", False)))
+        centered=bool(getattr(optimizer, "_centered", False)),
+        keys_are_unique=_keys_are_distinct(grad.indices))
 
 
 class _EmbeddingVariableProcessor(optimizer_module._OptimizableVariable):  # pylint: disable=protected-access
