@@ -494,7 +494,7 @@ Status HashTable<Key>::read_counters(const GpuContext& context, TableCounters* c
   cudaStream_t stream = stream_of(context);
   SOK_EV_CUDA_RETURN(
       cudaMemcpyAsync(counters, counters_, sizeof(TableCounters), cudaMemcpyDeviceToHost, stream));
-  SOK_EV_CUDA_RETURN(cudaStreamSynchronize(stream));
+  SOK_EV_RETURN_IF_ERROR(synchronize(stream));
   return Status::Ok();
 }
 
@@ -529,7 +529,7 @@ Status HashTable<Key>::rehash(const GpuContext& context, int64_t num_buckets) {
     set_used_slots<<<1, 1, 0, stream>>>(counters_);
     SOK_EV_LAUNCH_CHECK("set_used_slots");
     // Frees are stream-ordered (allocator) or synchronising (cudaFree).
-    if (allocator_ == nullptr) SOK_EV_CUDA_RETURN(cudaStreamSynchronize(stream));
+    if (allocator_ == nullptr) SOK_EV_RETURN_IF_ERROR(synchronize(stream));
   }
   deallocate(keys_);
   deallocate(states_);
@@ -567,7 +567,7 @@ Status HashTable<Key>::grow_arena(const GpuContext& context, int64_t row_capacit
                                        cudaMemcpyDeviceToDevice, stream));
     SOK_EV_CUDA_RETURN(cudaMemcpyAsync(free_rows, free_rows_, rows * sizeof(int32_t),
                                        cudaMemcpyDeviceToDevice, stream));
-    if (allocator_ == nullptr) SOK_EV_CUDA_RETURN(cudaStreamSynchronize(stream));
+    if (allocator_ == nullptr) SOK_EV_RETURN_IF_ERROR(synchronize(stream));
   }
   deallocate(arena_);
   deallocate(frequencies_);
@@ -712,7 +712,7 @@ Status HashTable<Key>::erase(const GpuContext& context, const Key* keys, int64_t
     unsigned long long host = 0;
     SOK_EV_CUDA_RETURN(
         cudaMemcpyAsync(&host, erased.get(), sizeof(host), cudaMemcpyDeviceToHost, stream));
-    SOK_EV_CUDA_RETURN(cudaStreamSynchronize(stream));
+    SOK_EV_RETURN_IF_ERROR(synchronize(stream));
     *num_erased = static_cast<int64_t>(host);
   }
   return Status::Ok();
@@ -734,7 +734,7 @@ Status HashTable<Key>::export_all(const GpuContext& context, Key* keys, float* r
   unsigned long long written = 0;
   SOK_EV_CUDA_RETURN(
       cudaMemcpyAsync(&written, cursor.get(), sizeof(written), cudaMemcpyDeviceToHost, stream));
-  SOK_EV_CUDA_RETURN(cudaStreamSynchronize(stream));
+  SOK_EV_RETURN_IF_ERROR(synchronize(stream));
   if (written > static_cast<unsigned long long>(capacity)) {
     return Status::InvalidArgument("export_all: table holds " + std::to_string(written) +
                                    " keys, capacity " + std::to_string(capacity));
@@ -764,7 +764,7 @@ Status HashTable<Key>::evict_stale(const GpuContext& context, int64_t global_ste
   unsigned long long host = 0;
   SOK_EV_CUDA_RETURN(
       cudaMemcpyAsync(&host, evicted.get(), sizeof(host), cudaMemcpyDeviceToHost, stream));
-  SOK_EV_CUDA_RETURN(cudaStreamSynchronize(stream));
+  SOK_EV_RETURN_IF_ERROR(synchronize(stream));
   if (num_evicted != nullptr) *num_evicted = static_cast<int64_t>(host);
   return Status::Ok();
 }

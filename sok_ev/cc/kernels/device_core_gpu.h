@@ -368,7 +368,7 @@ class Core<GPUDevice> {
           Cuda(cudaMemcpyAsync(dst, src, count * sizeof(T), cudaMemcpyDeviceToHost, stream()),
                "device-to-host copy"));
     }
-    return Cuda(cudaStreamSynchronize(stream()), "stream sync after a device-to-host copy");
+    return ToTfStatus(gpu::synchronize(stream()));
   }
 
  private:
