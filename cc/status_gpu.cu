@@ -1,6 +1,6 @@
-#include "cc/status_gpu.h"
-
 #include <atomic>
+
+#include "cc/status_gpu.h"
 
 namespace sok_ev {
 namespace gpu {
