@@ -21,6 +21,8 @@ namespace gpu {
 //   grad_out: (batch, dim)  weights: (nnz,) or null  row_offsets: (batch + 1,)
 //   order, segments, num_unique: from unique_keys_segmented (device)
 //   max_unique: host upper bound of *num_unique (sizes the launch)
+//   max_key_entries: host bound on any key's entries (nnz when unknown; 1
+//     when the keys are distinct, which skips the long-key chunk pass)
 //   row_ids: (num_unique,) the unique keys' rows (find_or_insert)
 template <typename Key>
 Status combine_backward_apply(const GpuContext& context, HashTable<Key>& table,
@@ -28,7 +30,8 @@ Status combine_backward_apply(const GpuContext& context, HashTable<Key>& table,
                               const float* weights, const int64_t* row_offsets, int64_t batch,
                               int64_t nnz, Combiner combiner, const int64_t* order,
                               const int64_t* segments, const int64_t* num_unique,
-                              int64_t max_unique, const int64_t* row_ids, int64_t global_step);
+                              int64_t max_unique, int64_t max_key_entries, const int64_t* row_ids,
+                              int64_t global_step);
 
 }  // namespace gpu
 }  // namespace sok_ev

@@ -6,6 +6,7 @@
 #include "cc/combine.h"
 #include "cc/combine_kernels_gpu.h"
 #include "cc/lower_bound_gpu.h"
+#include "cc/segment_sum_gpu.h"
 #include "cc/status_gpu.h"
 
 namespace sok_ev {
@@ -62,22 +63,18 @@ __global__ void fill_kernel(int64_t* values, const SampleIdChecks checks, int co
 //   grad_unique: (num_unique, dim) out
 template <int kLanes>
 __global__ void __launch_bounds__(kThreads)
-    segment_sum_kernel(const float* grad_out, const int64_t* segments, int64_t num_unique,
-                       const int64_t* sorted_bag, const float* sorted_weight,
-                       const float* bag_scale, Combiner combiner, int64_t dim, float* grad_unique) {
+    segment_sum_kernel(SegmentGradients s, int64_t num_unique, float* grad_unique) {
   const int rank = threadIdx.x % kLanes;
   for (int64_t u = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / kLanes; u < num_unique;
        u += (int64_t(gridDim.x) * blockDim.x) / kLanes) {
-    const int64_t lo = segments[u], hi = segments[u + 1];
-    float* destination = grad_unique + u * dim;
-    for (int64_t c0 = 0; c0 < dim; c0 += kLanes * 8) {
+    float* destination = grad_unique + u * s.dim;
+    for (int64_t c0 = 0; c0 < s.dim; c0 += kLanes * 8) {
       float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      accumulate_segment<kLanes>(acc, c0, lo, hi, sorted_bag, sorted_weight, bag_scale, combiner,
-                                 grad_out, dim, rank);
+      accumulate_key<kLanes>(s, u, c0, rank, acc);
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
         const int64_t c = c0 + e * kLanes + rank;
-        if (c < dim) destination[c] = acc[e];
+        if (c < s.dim) destination[c] = acc[e];
       }
     }
   }
@@ -87,23 +84,19 @@ __global__ void __launch_bounds__(kThreads)
 // 32 * kCount, aligned rows): 8 lanes a key.
 template <int kCount>
 __global__ void __launch_bounds__(kThreads)
-    segment_sum_vec_kernel(const float* grad_out, const int64_t* segments, int64_t num_unique,
-                           const int64_t* sorted_bag, const float* sorted_weight,
-                           const float* bag_scale, Combiner combiner, int64_t dim,
-                           float* grad_unique) {
+    segment_sum_vec_kernel(SegmentGradients s, int64_t num_unique, float* grad_unique) {
   const int rank = threadIdx.x & 7;
   for (int64_t u = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 8; u < num_unique;
        u += (int64_t(gridDim.x) * blockDim.x) / 8) {
     float4 acc[kCount];
 #pragma unroll
     for (int v = 0; v < kCount; ++v) acc[v] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    accumulate_segment_vec<kCount>(acc, segments[u], segments[u + 1], sorted_bag, sorted_weight,
-                                   bag_scale, combiner, grad_out, dim, rank);
-    float* destination = grad_unique + u * dim;
+    accumulate_key_vec<kCount>(s, u, rank, acc);
+    float* destination = grad_unique + u * s.dim;
 #pragma unroll
     for (int v = 0; v < kCount; ++v) {
       const int64_t c = (v * 8 + rank) * 4;
-      if (c < dim) *reinterpret_cast<float4*>(destination + c) = acc[v];
+      if (c < s.dim) *reinterpret_cast<float4*>(destination + c) = acc[v];
     }
   }
 }
@@ -115,48 +108,27 @@ Status combine_backward_impl(const GpuContext& context, const float* grad_out, c
   if (num_unique <= 0) return Status::Ok();
   if (dim < 1) return Status::InvalidArgument("combine_backward: dim must be >= 1");
   cudaStream_t stream = stream_of(context);
-  const int64_t entries = std::max<int64_t>(nnz, 1);
-  ScratchBuffer entry_bag(context, entries * sizeof(int64_t));
-  ScratchBuffer bag_scale(context, std::max<int64_t>(batch, 1) * sizeof(float));
-  ScratchBuffer sorted_bag(context, entries * sizeof(int64_t));
-  ScratchBuffer sorted_weight(context, entries * sizeof(float));
-  if (!entry_bag.ok() || !bag_scale.ok() || !sorted_bag.ok() || !sorted_weight.ok()) {
-    return Status::Internal("combine_backward: out of device memory");
-  }
-  if (batch > 0) {
-    bag_scale_kernel<int64_t><<<grid_for(batch, kThreads), kThreads, 0, stream>>>(
-        weights, row_offsets, batch, combiner, entry_bag.as<int64_t>(), bag_scale.as<float>());
-    SOK_EV_LAUNCH_CHECK("bag_scale");
-  }
-  if (nnz > 0) {
-    sorted_entries_kernel<int64_t><<<grid_for(nnz, kThreads), kThreads, 0, stream>>>(
-        order, entry_bag.as<int64_t>(), weights, nnz, sorted_bag.as<int64_t>(),
-        sorted_weight.as<float>());
-    SOK_EV_LAUNCH_CHECK("sorted_entries");
-  }
+  SegmentGradientSums sums;
+  SOK_EV_RETURN_IF_ERROR(sums.prepare(context, grad_out, weights, row_offsets, batch, nnz, combiner,
+                                      order, segments, /*num_unique=*/nullptr, num_unique,
+                                      /*max_key_entries=*/nnz, dim));
+  const SegmentGradients& s = sums.view();
   const bool aligned = reinterpret_cast<uintptr_t>(grad_out) % 16 == 0 &&
                        reinterpret_cast<uintptr_t>(grad_unique) % 16 == 0;
   const unsigned blocks = grid_for(num_unique * 8, kThreads);
-#define SOK_EV_SEGMENT_SUM_VEC(kCount)                                                     \
-  segment_sum_vec_kernel<kCount><<<blocks, kThreads, 0, stream>>>(                         \
-      grad_out, segments, num_unique, sorted_bag.as<int64_t>(), sorted_weight.as<float>(), \
-      bag_scale.as<float>(), combiner, dim, grad_unique)
   if (dim % 4 == 0 && dim <= 256 && aligned) {
     if (dim <= 32) {
-      SOK_EV_SEGMENT_SUM_VEC(1);
+      segment_sum_vec_kernel<1><<<blocks, kThreads, 0, stream>>>(s, num_unique, grad_unique);
     } else if (dim <= 64) {
-      SOK_EV_SEGMENT_SUM_VEC(2);
+      segment_sum_vec_kernel<2><<<blocks, kThreads, 0, stream>>>(s, num_unique, grad_unique);
     } else if (dim <= 128) {
-      SOK_EV_SEGMENT_SUM_VEC(4);
+      segment_sum_vec_kernel<4><<<blocks, kThreads, 0, stream>>>(s, num_unique, grad_unique);
     } else {
-      SOK_EV_SEGMENT_SUM_VEC(8);
+      segment_sum_vec_kernel<8><<<blocks, kThreads, 0, stream>>>(s, num_unique, grad_unique);
     }
   } else {
-    segment_sum_kernel<8><<<blocks, kThreads, 0, stream>>>(
-        grad_out, segments, num_unique, sorted_bag.as<int64_t>(), sorted_weight.as<float>(),
-        bag_scale.as<float>(), combiner, dim, grad_unique);
+    segment_sum_kernel<8><<<blocks, kThreads, 0, stream>>>(s, num_unique, grad_unique);
   }
-#undef SOK_EV_SEGMENT_SUM_VEC
   SOK_EV_LAUNCH_CHECK("segment_sum");
   return Status::Ok();
 }

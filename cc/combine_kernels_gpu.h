@@ -1,8 +1,6 @@
-// The kernels and device functions shared by the combine stages: the
-// gather + combine kernel of gpu::combine_forward (rows from a unique-values
-// matrix) and gpu::lookup_combine_rows (rows of a hash table), and the
-// per-unique-key gradient sums of gpu::combine_backward and
-// gpu::combine_backward_apply. CUDA only.
+// The gather + combine kernel shared by gpu::combine_forward (rows from a
+// unique-values matrix) and gpu::lookup_combine_rows (rows of a hash table).
+// CUDA only. (The backward's sums are in cc/segment_sum_gpu.h.)
 //
 // One warp serves 32 consecutive samples. Its lanes first resolve the rows of
 // 32 entries at once (32 independent lookups in flight), then the warp walks
@@ -155,103 +153,6 @@ __global__ void __launch_bounds__(256)
     }
   }
   while (bag < bags) finish_bag();
-}
-
-// Each entry's sample, and each sample's denominator (1, sum w, or
-// sqrt(sum w^2)), so entry j's gradient is w_j * div_no_nan(grad_out[bag],
-// denominator).
-//   entry_bag: (nnz,) out   bag_scale: (batch,) out
-// (A template only so that every file including this header may launch it.)
-template <typename Offset>
-__global__ void bag_scale_kernel(const float* weights, const Offset* row_offsets, int64_t batch,
-                                 Combiner combiner, int64_t* entry_bag, float* bag_scale) {
-  for (int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; b < batch;
-       b += int64_t(gridDim.x) * blockDim.x) {
-    float weight_sum = 0.0f, weight_square_sum = 0.0f;
-    for (int64_t j = row_offsets[b]; j < row_offsets[b + 1]; ++j) {
-      const float w = weights != nullptr ? weights[j] : 1.0f;
-      weight_sum += w;
-      weight_square_sum += w * w;
-      entry_bag[j] = b;
-    }
-    float denominator = 1.0f;
-    if (combiner == Combiner::kMean) denominator = weight_sum;
-    if (combiner == Combiner::kSqrtn) denominator = sqrtf(weight_square_sum);
-    bag_scale[b] = denominator;
-  }
-}
-
-// Each grouped entry's sample and weight, so that a gradient sum's chain is
-// segments -> sorted_bag -> gradient row (one dependent load fewer).
-//   order: (nnz,)  entry_bag: (nnz,)  weights: (nnz,) or null
-//   sorted_bag, sorted_weight: (nnz,) out
-template <typename Offset>
-__global__ void sorted_entries_kernel(const Offset* order, const int64_t* entry_bag,
-                                      const float* weights, int64_t nnz, int64_t* sorted_bag,
-                                      float* sorted_weight) {
-  for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < nnz;
-       k += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t j = order[k];
-    sorted_bag[k] = entry_bag[j];
-    sorted_weight[k] = weights != nullptr ? weights[j] : 1.0f;
-  }
-}
-
-// One entry's share of a unique key's gradient, w * d(out) / d(row).
-__device__ __forceinline__ float entry_gradient(float g, float w, float denominator,
-                                                Combiner combiner) {
-  return combiner == Combiner::kSum ? w * g : w * div_no_nan(g, denominator);
-}
-
-// Adds the gradients of grouped entries [lo, hi) to this lane's 8 columns
-// c0 + e * kLanes + rank, in entry order (every kernel sums in this order,
-// so they agree bit for bit).
-template <int kLanes>
-__device__ __forceinline__ void accumulate_segment(float (&acc)[8], int64_t c0, int64_t lo,
-                                                   int64_t hi, const int64_t* sorted_bag,
-                                                   const float* sorted_weight,
-                                                   const float* bag_scale, Combiner combiner,
-                                                   const float* grad_out, int64_t dim, int rank) {
-  for (int64_t k = lo; k < hi; ++k) {
-    const int64_t bag = sorted_bag[k];
-    const float w = sorted_weight[k];
-    const float denominator = combiner == Combiner::kSum ? 1.0f : bag_scale[bag];
-    const float* g = grad_out + bag * dim;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      const int64_t c = c0 + e * kLanes + rank;
-      if (c < dim) acc[e] += entry_gradient(g[c], w, denominator, combiner);
-    }
-  }
-}
-
-// accumulate_segment with 16-byte loads: 8 lanes a key, lane `rank` owns
-// the float4 columns (v * 8 + rank) * 4, v < kCount. dim % 4 == 0 and
-// grad_out 16-byte aligned.
-template <int kCount>
-__device__ __forceinline__ void accumulate_segment_vec(float4 (&acc)[kCount], int64_t lo,
-                                                       int64_t hi, const int64_t* sorted_bag,
-                                                       const float* sorted_weight,
-                                                       const float* bag_scale, Combiner combiner,
-                                                       const float* grad_out, int64_t dim,
-                                                       int rank) {
-  for (int64_t k = lo; k < hi; ++k) {
-    const int64_t bag = sorted_bag[k];
-    const float w = sorted_weight[k];
-    const float denominator = combiner == Combiner::kSum ? 1.0f : bag_scale[bag];
-    const float* g = grad_out + bag * dim;
-#pragma unroll
-    for (int v = 0; v < kCount; ++v) {
-      const int64_t c = (v * 8 + rank) * 4;
-      if (c < dim) {
-        const float4 x = __ldg(reinterpret_cast<const float4*>(g + c));
-        acc[v].x += entry_gradient(x.x, w, denominator, combiner);
-        acc[v].y += entry_gradient(x.y, w, denominator, combiner);
-        acc[v].z += entry_gradient(x.z, w, denominator, combiner);
-        acc[v].w += entry_gradient(x.w, w, denominator, combiner);
-      }
-    }
-  }
 }
 
 // Launches combine_rows_kernel with the narrowest register footprint that

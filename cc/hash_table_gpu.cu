@@ -453,6 +453,14 @@ Status HashTable<Key>::Create(const GpuContext& context, int64_t dim,
 
 template <typename Key>
 HashTable<Key>::~HashTable() {
+  for (CounterSnapshot& snapshot : snapshots_) {
+    if (snapshot.event != nullptr) {
+      cudaEvent_t event = static_cast<cudaEvent_t>(snapshot.event);
+      cudaEventSynchronize(event);  // the copy into snapshot.host has landed
+      cudaEventDestroy(event);
+    }
+    if (snapshot.host != nullptr) cudaFreeHost(snapshot.host);
+  }
   deallocate(keys_);
   deallocate(states_);
   deallocate(arena_);
@@ -581,11 +589,68 @@ Status HashTable<Key>::grow_arena(const GpuContext& context, int64_t row_capacit
   return Status::Ok();
 }
 
+// Whether a landed snapshot is there to read; a copy still in flight is not
+// an error (its cudaErrorNotReady is cleared so later launch checks pass).
+inline bool landed(void* event) {
+  const cudaError_t state = cudaEventQuery(static_cast<cudaEvent_t>(event));
+  if (state == cudaErrorNotReady) {
+    if (cudaPeekAtLastError() == cudaErrorNotReady) cudaGetLastError();
+    return false;
+  }
+  return state == cudaSuccess;
+}
+
+template <typename Key>
+void HashTable<Key>::snapshot_counters(const GpuContext& context) {
+  CounterSnapshot& snapshot = snapshots_[next_snapshot_];
+  if (snapshot.host == nullptr) {
+    cudaEvent_t event;
+    if (cudaHostAlloc(&snapshot.host, sizeof(TableCounters), cudaHostAllocDefault) != cudaSuccess ||
+        cudaEventCreateWithFlags(&event, cudaEventDisableTiming) != cudaSuccess) {
+      // Without snapshots the bounds stay correct, only looser.
+      cudaGetLastError();
+      if (snapshot.host != nullptr) cudaFreeHost(snapshot.host);
+      snapshot.host = nullptr;
+      return;
+    }
+    snapshot.event = event;
+  }
+  if (snapshot.taken && !landed(snapshot.event)) return;  // its copy is still under way
+  cudaStream_t stream = stream_of(context);
+  if (cudaMemcpyAsync(snapshot.host, counters_, sizeof(TableCounters), cudaMemcpyDeviceToHost,
+                      stream) != cudaSuccess ||
+      cudaEventRecord(static_cast<cudaEvent_t>(snapshot.event), stream) != cudaSuccess) {
+    cudaGetLastError();
+    snapshot.taken = false;
+    return;
+  }
+  snapshot.incoming_total = incoming_total_;
+  snapshot.taken = true;
+  next_snapshot_ = (next_snapshot_ + 1) % kSnapshots;
+}
+
+template <typename Key>
+void HashTable<Key>::tighten_bounds() {
+  for (const CounterSnapshot& snapshot : snapshots_) {
+    if (!snapshot.taken || !landed(snapshot.event)) continue;
+    // What the GPU had after that insert, plus every key sent since.
+    const int64_t since = incoming_total_ - snapshot.incoming_total;
+    used_slots_bound_ =
+        std::min(used_slots_bound_, static_cast<int64_t>(snapshot.host->used_slots) + since);
+    next_row_bound_ =
+        std::min(next_row_bound_, static_cast<int64_t>(snapshot.host->next_row) + since);
+  }
+}
+
 template <typename Key>
 Status HashTable<Key>::prepare_insert(const GpuContext& context, int64_t incoming) {
   const double slot_limit =
       options_.max_load_factor * static_cast<double>(num_buckets_ * kBucketSlots);
-  if (used_slots_bound_ + incoming > slot_limit || next_row_bound_ + incoming > row_capacity_) {
+  auto full = [&] {
+    return used_slots_bound_ + incoming > slot_limit || next_row_bound_ + incoming > row_capacity_;
+  };
+  if (full()) tighten_bounds();
+  if (full()) {
     TableCounters counters;
     SOK_EV_RETURN_IF_ERROR(read_counters(context, &counters));
     used_slots_bound_ = static_cast<int64_t>(counters.used_slots);
@@ -610,6 +675,7 @@ Status HashTable<Key>::prepare_insert(const GpuContext& context, int64_t incomin
   }
   used_slots_bound_ += incoming;
   next_row_bound_ += incoming;
+  incoming_total_ += incoming;
   return Status::Ok();
 }
 
@@ -642,6 +708,7 @@ Status HashTable<Key>::resolve_insert(const GpuContext& context, const Key* keys
   SOK_EV_LAUNCH_CHECK("insert");
   clamp_free_rows<<<1, 1, 0, stream>>>(counters_);
   SOK_EV_LAUNCH_CHECK("clamp_free_rows");
+  snapshot_counters(context);
   return Status::Ok();
 }
 

@@ -21,7 +21,10 @@
 // concurrently with each other (they are ordered on one stream).
 //
 // Sizing without synchronising. The host keeps upper bounds on the slots and
-// rows in use; only when a call could exceed the capacity does it read the
+// rows in use. After each insert the counters are copied to pinned host
+// memory behind an event; when a call could exceed the capacity, the newest
+// copy that has landed (no wait) tightens the bounds to what it saw plus the
+// keys sent since. Only when that does not suffice does the host read the
 // exact counts back (one stream sync) and grow.
 #ifndef SOK_EV_CC_HASH_TABLE_GPU_H_
 #define SOK_EV_CC_HASH_TABLE_GPU_H_
@@ -174,6 +177,10 @@ class HashTable {
   Status resolve_insert(const GpuContext& context, const Key* keys, int64_t n, const int64_t* count,
                         const int64_t* frequencies, bool count_frequency, int64_t* row_ids,
                         float* values);
+  // After an insert: queues a copy of the counters and its event.
+  void snapshot_counters(const GpuContext& context);
+  // Tightens the host bounds from the snapshots that have landed.
+  void tighten_bounds();
 
   const int64_t dim_;
   InitializerSpec initializer_;
@@ -195,6 +202,17 @@ class HashTable {
   // Host upper bounds of counters_.used_slots and .next_row.
   int64_t used_slots_bound_ = 0;
   int64_t next_row_bound_ = 0;
+  // Keys sent to inserts so far (each may have been new).
+  int64_t incoming_total_ = 0;
+  struct CounterSnapshot {
+    void* event = nullptr;          // cudaEvent_t, recorded after the copy
+    TableCounters* host = nullptr;  // pinned
+    int64_t incoming_total = 0;     // incoming_total_ when it was taken
+    bool taken = false;
+  };
+  static constexpr int kSnapshots = 4;
+  CounterSnapshot snapshots_[kSnapshots];
+  int next_snapshot_ = 0;
 
   std::vector<std::string> slot_names_;
   std::vector<float> slot_initial_;

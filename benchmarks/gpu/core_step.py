@@ -63,8 +63,18 @@ class CoreSparseStep:
             row_ids = table.find_or_insert_rows(
                 uniq, torch.empty(max(u, 1), dtype=torch.int64, device="cuda"))
             identity = torch.arange(u + 1, dtype=torch.int64, device="cuda")
-            table.backward_apply(self.optimizer, grad_u, identity, u, identity, identity,
-                                 identity[u:], u, row_ids, step, **self.hyperparameters)
+            table.backward_apply(self.optimizer,
+                                 grad_u,
+                                 identity,
+                                 u,
+                                 identity,
+                                 identity,
+                                 identity[u:],
+                                 u,
+                                 row_ids,
+                                 step,
+                                 max_key_entries=1,
+                                 **self.hyperparameters)
 
     def __call__(self, keys, offsets, grads, step):
         outs, state = self.forward(keys, offsets)

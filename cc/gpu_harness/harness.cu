@@ -365,15 +365,15 @@ int sokev_lookup_combine_rows(void* handle, uint64_t row_ids, uint64_t inverse, 
 int sokev_backward_apply(void* handle, int kind, const float* hyper, const int* flags,
                          uint64_t grad_out, uint64_t weights, uint64_t row_offsets, int64_t batch,
                          int64_t nnz, int combiner, uint64_t order, uint64_t segments,
-                         uint64_t num_unique, int64_t max_unique, uint64_t row_ids,
-                         int64_t global_step, uint64_t stream) {
+                         uint64_t num_unique, int64_t max_unique, int64_t max_key_entries,
+                         uint64_t row_ids, int64_t global_step, uint64_t stream) {
   const sok_ev::OptimizerSpec spec = optimizer_spec(kind, hyper, flags);
   return with_table(handle, [&](auto* t, auto*) {
     return gpu::combine_backward_apply(
         context_for(stream), *t, spec, ptr<const float>(grad_out), ptr<const float>(weights),
         ptr<const int64_t>(row_offsets), batch, nnz, static_cast<Combiner>(combiner),
         ptr<const int64_t>(order), ptr<const int64_t>(segments), ptr<const int64_t>(num_unique),
-        max_unique, ptr<const int64_t>(row_ids), global_step);
+        max_unique, max_key_entries, ptr<const int64_t>(row_ids), global_step);
   });
 }
 

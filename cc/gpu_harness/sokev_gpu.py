@@ -38,7 +38,7 @@ def lib():
         ] + [ctypes.c_uint64] * 3 + [
             ctypes.c_int64, ctypes.c_int64, ctypes.c_int
         ] + [ctypes.c_uint64] * 3 + [
-            ctypes.c_int64, ctypes.c_uint64, ctypes.c_int64, ctypes.c_uint64
+            ctypes.c_int64, ctypes.c_int64, ctypes.c_uint64, ctypes.c_int64, ctypes.c_uint64
         ]
         _lib.sokev_table_add_slot.argtypes = [
             ctypes.c_void_p, ctypes.c_char_p, ctypes.c_float, ctypes.c_uint64,
@@ -195,6 +195,7 @@ class HashTable:
                        global_step,
                        weights=None,
                        combiner="sum",
+                       max_key_entries=None,
                        **hyper):
         """combine_backward's per-key sums applied with the optimizer in one kernel
         (cc/backward_apply_gpu.h)."""
@@ -207,6 +208,7 @@ class HashTable:
                                           _p(order).value,
                                           _p(segments).value,
                                           _p(num_unique).value, int(max_unique),
+                                          int(nnz if max_key_entries is None else max_key_entries),
                                           _p(row_ids).value, int(global_step),
                                           _stream().value))
 

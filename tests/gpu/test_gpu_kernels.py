@@ -116,6 +116,29 @@ def test_combine_forward_backward(dim, combiner, weighted):
     assert rel_err(grad.cpu().numpy(), ref_g) < 1e-5
 
 
+@pytest.mark.parametrize("dim", [7, 128])
+@pytest.mark.parametrize("combiner", ["sum", "mean"])
+def test_hot_keys_with_thousands_of_entries_sum_like_the_reference(dim, combiner):
+    # Zipf-hot keys are summed in chunks (cc/segment_sum_gpu.h): key 0 has
+    # about 40% of the entries, key 1 10%, the rest spread out.
+    batch = 6000
+    offsets = ragged(batch, 4)
+    nnz = int(offsets[-1])
+    num_unique = 500
+    draw = RNG.random(nnz)
+    index = np.where(draw < 0.4, 0, np.where(draw < 0.5, 1, RNG.integers(2, num_unique,
+                                                                         nnz))).astype(np.int64)
+    weights = RNG.uniform(0.1, 2.0, nnz).astype(np.float32)
+    grad_out = RNG.standard_normal((batch, dim)).astype(np.float32)
+    order, segments = grouping(index, num_unique)
+    assert np.diff(segments).max() > 20 * 128  # chunked for sure
+    grad = sg.combine_backward(tensor(grad_out), tensor(order), tensor(segments), num_unique,
+                               tensor(offsets), poison((num_unique, dim), torch.float32),
+                               tensor(weights), combiner)
+    ref = combine_backward_reference(grad_out, index, weights, offsets, combiner, num_unique)
+    assert rel_err(grad.cpu().numpy(), ref) < 1e-5
+
+
 @pytest.mark.parametrize("combiner", ["mean", "sqrtn"])
 def test_samples_whose_weights_sum_to_zero_give_zeros_and_zero_gradient(combiner):
     # tf.nn.embedding_lookup_sparse divides with div_no_nan: sample 0's

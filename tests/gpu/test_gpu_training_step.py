@@ -126,8 +126,18 @@ def test_backward_apply_matches_unfused(kind, dim, combiner, weighted):
     row_ids0 = tables[0].find_or_insert_rows(uniq[:u],
                                              torch.full((u,), -9, dtype=torch.int64, device="cuda"))
     identity = torch.arange(u + 1, dtype=torch.int64, device="cuda")
-    tables[0].backward_apply(kind, grad_u, identity, u, identity, identity, identity[u:], u,
-                             row_ids0, step, **hp)
+    tables[0].backward_apply(kind,
+                             grad_u,
+                             identity,
+                             u,
+                             identity,
+                             identity,
+                             identity[u:],
+                             u,
+                             row_ids0,
+                             step,
+                             max_key_entries=1,
+                             **hp)
     # Fully fused: backward_apply from the per-sample gradient.
     row_ids = torch.full((u,), -9, dtype=torch.int64, device="cuda")
     tables[1].find_or_insert(uniq[:u], row_ids=row_ids)

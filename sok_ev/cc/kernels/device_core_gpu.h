@@ -191,8 +191,8 @@ class Core<GPUDevice> {
         context_, unique, n, keys_are_unique ? nullptr : num_unique, row_ids)));
     TF_RETURN_IF_ERROR(ToTfStatus(gpu::combine_backward_apply(
         context_, table, spec, grads, /*weights=*/nullptr, /*row_offsets=*/identity, /*batch=*/n,
-        /*nnz=*/n, Combiner::kSum, order, segments, num_unique, /*max_unique=*/n, row_ids,
-        global_step)));
+        /*nnz=*/n, Combiner::kSum, order, segments, num_unique, /*max_unique=*/n,
+        /*max_key_entries=*/keys_are_unique ? 1 : n, row_ids, global_step)));
     return Pending();
   }
 
