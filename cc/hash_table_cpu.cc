@@ -17,6 +17,9 @@ constexpr int64_t kEmptyRow = -1;
 // that a tiny table stays tiny.
 constexpr int64_t kRowsPerChunk = 1024;
 constexpr int kShardBits = 6;
+// Keys ahead whose index lines a lookup loop prefetches (their misses then
+// overlap instead of coming one after another).
+constexpr int64_t kPrefetchDistance = 8;
 
 // Frequencies are bumped under a shared lock by concurrent lookups.
 void atomic_add(int64_t* target, int64_t delta) {
@@ -56,6 +59,14 @@ struct HashTable<Key>::Shard {
     int64_t i = home(key);
     while (slot_rows[i] != kEmptyRow && slot_keys[i] != key) i = (i + 1) & mask;
     return i;
+  }
+
+  // Asks for the cache lines `key`'s probe starts on, ahead of probing it.
+  void prefetch(Key key) const {
+    if (slot_keys.empty()) return;
+    const int64_t i = home(key);
+    __builtin_prefetch(slot_keys.data() + i);
+    __builtin_prefetch(slot_rows.data() + i);
   }
 
   int64_t find_row(Key key) const {
@@ -254,6 +265,7 @@ void HashTable<Key>::find_or_insert(const CpuContext& context, const Key* keys, 
     {
       std::shared_lock<std::shared_mutex> lock(shard.mutex);
       for (int64_t k = 0; k < count; ++k) {
+        if (k + kPrefetchDistance < count) shard.prefetch(keys[positions[k + kPrefetchDistance]]);
         const int64_t i = positions[k];
         const int64_t id = shard.find_row(keys[i]);
         if (id == kEmptyRow) {
@@ -286,6 +298,7 @@ void HashTable<Key>::find(const CpuContext& context, const Key* keys, int64_t n,
   for_each_shard(context, keys, n, [&](Shard& shard, const int64_t* positions, int64_t count) {
     std::shared_lock<std::shared_mutex> lock(shard.mutex);
     for (int64_t k = 0; k < count; ++k) {
+      if (k + kPrefetchDistance < count) shard.prefetch(keys[positions[k + kPrefetchDistance]]);
       const int64_t i = positions[k];
       const int64_t id = shard.find_row(keys[i]);
       if (found) found[i] = id != kEmptyRow;
@@ -336,6 +349,7 @@ void HashTable<Key>::update_rows(const CpuContext& context, const Key* keys, int
     std::vector<float*> rows(count);
     std::unique_lock<std::shared_mutex> lock(shard.mutex);
     for (int64_t k = 0; k < count; ++k) {
+      if (k + kPrefetchDistance < count) shard.prefetch(keys[positions[k + kPrefetchDistance]]);
       const Key key = keys[positions[k]];
       int64_t id = shard.find_row(key);
       if (id == kEmptyRow) {
