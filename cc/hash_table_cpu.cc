@@ -69,6 +69,13 @@ struct HashTable<Key>::Shard {
     __builtin_prefetch(slot_rows.data() + i);
   }
 
+  // Asks for the first `floats` floats of row `id`, and its frequency.
+  void prefetch_row(int64_t id, int64_t floats) const {
+    const float* r = row(id);
+    for (int64_t c = 0; c < floats; c += 16) __builtin_prefetch(r + c);
+    __builtin_prefetch(frequencies.data() + id);
+  }
+
   int64_t find_row(Key key) const {
     if (slot_keys.empty()) return kEmptyRow;
     return slot_rows[probe(key)];
@@ -264,16 +271,22 @@ void HashTable<Key>::find_or_insert(const CpuContext& context, const Key* keys, 
     std::vector<int64_t> missing;
     {
       std::shared_lock<std::shared_mutex> lock(shard.mutex);
+      // Probe every key first (asking for its row as it is found), then copy:
+      // the rows' misses overlap instead of following each probe.
+      std::vector<int64_t> ids(count);
       for (int64_t k = 0; k < count; ++k) {
         if (k + kPrefetchDistance < count) shard.prefetch(keys[positions[k + kPrefetchDistance]]);
+        ids[k] = shard.find_row(keys[positions[k]]);
+        if (ids[k] != kEmptyRow) shard.prefetch_row(ids[k], dim_);
+      }
+      for (int64_t k = 0; k < count; ++k) {
         const int64_t i = positions[k];
-        const int64_t id = shard.find_row(keys[i]);
-        if (id == kEmptyRow) {
+        if (ids[k] == kEmptyRow) {
           missing.push_back(i);
           continue;
         }
-        std::memcpy(values + i * dim_, shard.row(id), dim_ * sizeof(float));
-        atomic_add(&shard.frequencies[id], frequencies ? frequencies[i] : 1);
+        std::memcpy(values + i * dim_, shard.row(ids[k]), dim_ * sizeof(float));
+        atomic_add(&shard.frequencies[ids[k]], frequencies ? frequencies[i] : 1);
       }
     }
     if (missing.empty()) return;
@@ -358,6 +371,7 @@ void HashTable<Key>::update_rows(const CpuContext& context, const Key* keys, int
       }
       shard.versions[id] = global_step;
       rows[k] = shard.row(id);
+      shard.prefetch_row(id, shard.width);
     }
     update(positions, rows.data(), count);
   });
