@@ -26,6 +26,9 @@ from sok_ev._ops import ops
 # Every Embedding Variable built in graph mode, so that lookups and tools
 # can find them (like DeepRec's EMBEDDING_VARIABLES collection).
 EMBEDDING_VARIABLES = "sok_ev_embedding_variables"
+# The initializer op of every Embedding Variable built in graph mode
+# (DeepRec's GraphKeys.EV_INIT_VAR_OPS).
+EV_INIT_VAR_OPS = "ev_init_var_ops"
 
 _SUPPORTED_KEY_DTYPES = (tf.int32, tf.int64)
 
@@ -337,9 +340,10 @@ def get_embedding_variable(name: str,
     embedding_dim: positive int, the length of each row.
     key_dtype: tf.int64 (default) or tf.int32: the dtype of lookup keys.
     value_dtype: tf.float32 (default; the only value dtype).
-    initializer: initializer of new rows; default truncated normal
-      (mean 0, stddev 1/sqrt(embedding_dim)). Constant, uniform, normal and
-      truncated-normal initializers draw per key when it is first seen.
+    initializer: initializer of new rows, an instance or (as in DeepRec) its
+      class; default truncated normal (mean 0, stddev 1/sqrt(embedding_dim)).
+      Constant, uniform, normal and truncated-normal initializers draw per
+      key when it is first seen.
     trainable: add to TRAINABLE_VARIABLES and let optimizers update it.
     collections: graph collections to add to (default [GLOBAL_VARIABLES]).
     steps_to_live: evict keys not updated for this many global steps (done
@@ -347,6 +351,9 @@ def get_embedding_variable(name: str,
       `ev_option.evict_option = GlobalStepEvict(steps_to_live)`.
     ev_option: an EmbeddingVariableOption; its `init_option` may set
       `default_value_dim` (DeepRec's key-mod-N rule) and an initializer.
+      Options sok-ev does not implement yet (filters, L2WeightEvict, storage
+      other than DRAM, CheckpointOption) raise ValueError naming the feature
+      (sok_ev.options.check_supported).
     target_gpu: -1 (default) shards the table over all workers; k places it
       whole on worker k. Also settable later as `var.target_gpu`.
     regularizer, caching_device, partitioner, custom_getter, constraint,
@@ -359,8 +366,9 @@ def get_embedding_variable(name: str,
 
   Raises:
     ValueError: bad embedding_dim, steps_to_live or target_gpu, an
-      unsupported argument, or a scope/reuse conflict.
-    TypeError: key_dtype or value_dtype not supported.
+      unsupported argument or option, or a scope/reuse conflict.
+    TypeError: key_dtype or value_dtype not supported, or an initializer
+      that is not one.
   """
     unsupported = {
         "regularizer": regularizer,
@@ -398,6 +406,7 @@ def get_embedding_variable(name: str,
     if not isinstance(ev_option, options_lib.EmbeddingVariableOption):
         raise TypeError(f"get_embedding_variable('{name}'): ev_option must be a "
                         f"sok_ev.EmbeddingVariableOption, got {ev_option!r}")
+    options_lib.check_supported(ev_option, f"get_embedding_variable('{name}')")
     if ev_option.evict_option is not None and ev_option.evict_option.steps_to_live:
         if steps_to_live not in (None, ev_option.evict_option.steps_to_live):
             raise ValueError(f"get_embedding_variable('{name}'): steps_to_live="
@@ -413,6 +422,7 @@ def get_embedding_variable(name: str,
         initializer = init_option.initializer
     if initializer is None:
         initializer = tf.compat.v1.truncated_normal_initializer(stddev=1.0 / embedding_dim**0.5)
+    initializer = initializers.as_instance(initializer, f"get_embedding_variable('{name}')")
 
     def create(full_name):
         return EmbeddingVariable(full_name, embedding_dim, key_dtype, initializer,
@@ -450,4 +460,6 @@ def get_embedding_variable(name: str,
     collections.append(EMBEDDING_VARIABLES)
     for collection in dict.fromkeys(collections):
         tf.compat.v1.add_to_collection(collection, variable)
+    # DeepRec scripts run this collection before global_variables_initializer.
+    tf.compat.v1.add_to_collection(EV_INIT_VAR_OPS, variable.initializer)
     return variable
