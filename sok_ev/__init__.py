@@ -11,6 +11,7 @@ See README.md for the whole API.
 
 from sok_ev import communication
 from sok_ev import dispatch
+from sok_ev import keras_optimizers
 from sok_ev import optimizers
 from sok_ev.deeprec_api import install_deeprec_api
 from sok_ev.embedding_variable import EmbeddingVariable
@@ -39,6 +40,8 @@ def init() -> None:
   (one worker otherwise), and installs:
   * the narrow optimizer hook (`sok_ev.optimizers.install_optimizer_hook`),
     so stock tf.compat.v1.train optimizers update Embedding Variables;
+  * the Keras optimizer hook (`sok_ev.keras_optimizers`), the same for
+    tf.keras.optimizers SGD, Adagrad, Adam and Ftrl;
   * the tf.nn lookup dispatch (`sok_ev.dispatch`): tf.nn.embedding_lookup,
     embedding_lookup_sparse and safe_embedding_lookup_sparse (and their
     tf.compat.v1 forms) read Embedding Variables.
@@ -51,6 +54,7 @@ def init() -> None:
   """
     communication.init()
     optimizers.install_optimizer_hook()
+    keras_optimizers.install_keras_optimizer_hook()
     dispatch.install_lookup_dispatch()
 
 
