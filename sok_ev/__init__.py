@@ -11,6 +11,7 @@ See README.md for the whole API.
 
 from sok_ev import communication
 from sok_ev import dispatch
+from sok_ev import embedding_gradients
 from sok_ev import keras_optimizers
 from sok_ev import optimizers
 from sok_ev.deeprec_api import install_deeprec_api
@@ -38,6 +39,8 @@ def init() -> None:
 
   Takes the rank and number of workers from Horovod if it is initialised
   (one worker otherwise), and installs:
+  * with several workers, the guards that keep Embedding Variable gradients
+    out of Horovod's reductions (`sok_ev.embedding_gradients`);
   * the narrow optimizer hook (`sok_ev.optimizers.install_optimizer_hook`),
     so stock tf.compat.v1.train optimizers update Embedding Variables;
   * the Keras optimizer hook (`sok_ev.keras_optimizers`), the same for
@@ -53,6 +56,8 @@ def init() -> None:
       not initialised.
   """
     communication.init()
+    if communication.world_size() > 1:
+        embedding_gradients.install_allreduce_guards()
     optimizers.install_optimizer_hook()
     keras_optimizers.install_keras_optimizer_hook()
     dispatch.install_lookup_dispatch()

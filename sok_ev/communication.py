@@ -11,11 +11,10 @@ Every collective is a TensorFlow op with a gradient where one makes sense
 inside `tf.function`. In graph mode the ops are matched across workers by
 name, so every worker must build the same graph (the usual SPMD script).
 
-`init()` also installs the guards that keep Embedding Variable gradients out
-of Horovod's allreduce (see `install_allreduce_guards`).
+This is transport only: what may or may not be sent (Embedding Variable
+gradients are never reduced) is `sok_ev.embedding_gradients`'s policy.
 """
 
-import functools
 import json
 import os
 
@@ -48,8 +47,6 @@ def _horovod():
 def init():
     """Reads rank and world size from Horovod, or sets one worker.
 
-  With Horovod initialised, also installs `install_allreduce_guards()`.
-
   Raises:
     RuntimeError: several processes were launched but Horovod is missing or
       `hvd.init()` has not run, so the workers cannot know each other.
@@ -58,7 +55,6 @@ def init():
     hvd = _horovod()
     if hvd is not None and hvd.is_initialized():
         _state.update(rank=hvd.rank(), world_size=hvd.size(), initialized=True)
-        install_allreduce_guards()
         return
     if launched > 1:
         missing = ("Horovod is not installed (bash request.sh installs it)"
@@ -114,10 +110,9 @@ def allgather(tensor, name=None):
 
 
 def allreduce(tensor, name=None):
-    """Sums `tensor` over the workers (a dense tensor, never an Embedding
-  Variable's gradient)."""
+    """Sums `tensor` over the workers."""
     hvd = _backend()
-    return _original_allreduce(hvd)(tensor, op=hvd.Sum, name=name)
+    return hvd.allreduce(tensor, op=hvd.Sum, name=name)
 
 
 def allgather_object(obj, name="sok_ev_allgather_object"):
@@ -153,110 +148,3 @@ def allgather_object(obj, name="sok_ev_allgather_object"):
         objects.append(json.loads(payload[start:start + size].tobytes().decode()))
         start += size
     return objects
-
-
-# --- Guards: Embedding Variable gradients are never allreduced --------------
-#
-# Each worker's Embedding Variable gradient holds only the keys it owns
-# (summed over every worker's batch by the alltoall backward). Allreducing
-# it would apply each key's gradient on every worker, into shards that do not
-# own it. The guards below catch the three ways a script does that, at the
-# call, in graph and eager mode alike; `sok_ev.distributed.
-# check_embedding_gradient` catches anything else where the optimizer applies
-# the gradient.
-
-_guards = {}
-
-
-def _original_allreduce(hvd):
-    return _guards.get("allreduce", hvd.allreduce)
-
-
-def _embedding_variables_in(variables):
-    from sok_ev.embedding_variable import EmbeddingVariable  # pylint: disable=import-outside-toplevel
-    return [v for v in tf.nest.flatten(variables) if isinstance(v, EmbeddingVariable)]
-
-
-def _refuse(variables, where):
-    names = ", ".join(f"'{v.name}'" for v in variables)
-    raise ValueError(f"{where} would allreduce the gradient of Embedding Variable(s) {names}. "
-                     "Embedding Variables are model-parallel: each worker's gradient already "
-                     "holds every worker's contributions for the keys it owns, and only the "
-                     "owner may apply it. Leave Embedding Variables out: allreduce only the "
-                     "dense gradients, e.g. [(g if isinstance(v, sok_ev.EmbeddingVariable) "
-                     "else hvd.allreduce(g), v) for g, v in opt.compute_gradients(loss)], or "
-                     "pass var_list=<dense variables> to hvd.DistributedOptimizer (see "
-                     "python/examples/deeprec_sok_example.py).")
-
-
-def _guard_allreduce(original, where):
-
-    @functools.wraps(original)
-    def guarded(tensor, *args, **kwargs):
-        from sok_ev import distributed  # pylint: disable=import-outside-toplevel
-        for item in (tensor if isinstance(tensor, (list, tuple)) else [tensor]):
-            variable = distributed.embedding_variable_of_gradient(item)
-            if variable is not None:
-                _refuse([variable], where)
-        return original(tensor, *args, **kwargs)
-
-    return guarded
-
-
-def _guard_compute_gradients(original):
-
-    @functools.wraps(original)
-    def compute_gradients(self, *args, **kwargs):
-        var_list = kwargs.get("var_list", args[1] if len(args) > 1 else None)
-        if var_list is None and not tf.executing_eagerly():
-            var_list = tf.compat.v1.trainable_variables()
-        tables = _embedding_variables_in(var_list or [])
-        if tables:
-            _refuse(tables, "hvd.DistributedOptimizer")
-        return original(self, *args, **kwargs)
-
-    return compute_gradients
-
-
-def _guard_tape_gradient(original):
-
-    @functools.wraps(original)
-    def gradient(self, target, sources, *args, **kwargs):
-        tables = _embedding_variables_in(sources)
-        if tables:
-            _refuse(tables, "hvd.DistributedGradientTape.gradient")
-        return original(self, target, sources, *args, **kwargs)
-
-    return gradient
-
-
-def install_allreduce_guards():
-    """Makes Horovod refuse to allreduce Embedding Variable gradients.
-
-  Wraps, once: `hvd.allreduce` and `hvd.grouped_allreduce` (refuse a
-  gradient that `sok_ev.lookup_sparse` produced for an Embedding Variable),
-  `hvd.DistributedOptimizer(...).compute_gradients` (refuses a var_list,
-  explicit or the default trainable variables, holding Embedding Variables)
-  and `hvd.DistributedGradientTape(...).gradient` (refuses Embedding
-  Variables among the sources). Each raises ValueError naming the variables
-  and the fix. Scripts that bound `from horovod.tensorflow import allreduce`
-  before `sok_ev.init()` keep the unguarded function; the optimizer-side
-  check still refuses such gradients in graph mode and tf.function.
-  """
-    hvd = _horovod()
-    if hvd is None or _guards:
-        return
-    import horovod.tensorflow as hvd_module  # pylint: disable=import-outside-toplevel
-    for function in ("allreduce", "grouped_allreduce"):
-        original = getattr(hvd_module, function)
-        _guards[function] = original
-        setattr(hvd_module, function, _guard_allreduce(original, f"hvd.{function}"))
-    for class_name in ("_DistributedOptimizer", "_DistributedAdasumOptimizer"):
-        cls = getattr(hvd_module, class_name, None)
-        if cls is not None:
-            _guards[class_name] = cls.compute_gradients
-            cls.compute_gradients = _guard_compute_gradients(cls.compute_gradients)
-    tape = getattr(hvd_module, "_DistributedGradientTape", None)
-    if tape is not None:
-        _guards["_DistributedGradientTape"] = tape.gradient
-        tape.gradient = _guard_tape_gradient(tape.gradient)

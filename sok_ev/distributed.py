@@ -32,8 +32,8 @@ gathers with gather gradients, and FindOrInsert's gradient gives each owner
 IndexedSlices keyed by the keys it received, duplicates from several workers
 included (the fused optimizer op sums them). Each owner then applies the
 optimizer to its shard only: an Embedding Variable's gradient is never
-allreduced (`sok_ev.communication.install_allreduce_guards` and
-`check_embedding_gradient` refuse it).
+allreduced (`sok_ev.embedding_gradients` refuses it; the keys each owner
+looks up are marked here for that guard).
 
 Message layout of alltoall #1, to each worker w: a header of N rows
 `(count of table t's keys for w, 0)`, then table 0's `(key, occurrences)`
@@ -45,19 +45,11 @@ the tables' dims differ.
 import tensorflow as tf
 
 from sok_ev import communication
+from sok_ev import embedding_gradients
 from sok_ev._ops import ops
-
-# Marks a key tensor fed to an owner's FindOrInsert (so its gradient's
-# indices) with the Embedding Variable it belongs to.
-_KEYS_MARK = "_sok_ev_embedding_variable"
 
 # Table signatures already checked across workers (see _check_tables).
 _checked_signatures = set()
-
-# Horovod ops that must never produce an Embedding Variable gradient.
-_REDUCING_OPS = ("HorovodAllreduce", "HorovodGroupedAllreduce", "HorovodAllgather",
-                 "HorovodGroupedAllgather", "HorovodBroadcast", "HorovodReducescatter",
-                 "HorovodGroupedReducescatter")
 
 
 def _exclusive_cumsum(x, axis=0):
@@ -204,8 +196,7 @@ def find_or_insert(params, unique_keys, counts):
         owned_keys = []
         for variable, rows in zip(params, table_rows):
             keys = tf.cast(rows[:, 0], variable.key_dtype)
-            setattr(keys, _KEYS_MARK, variable)
-            owned_keys.append(keys)
+            owned_keys.append(embedding_gradients.mark(keys, variable))
         values = ops().sok_ev_find_or_insert([v.handle for v in params],
                                              owned_keys, [rows[:, 1] for rows in table_rows],
                                              embedding_dims=dims)
@@ -229,59 +220,3 @@ def find_or_insert(params, unique_keys, counts):
             rows = tf.reshape(piece, [-1, dim])
             unique_values.append(_permute(rows, tf.math.invert_permutation(p)))
         return unique_values
-
-
-# --- Keeping Embedding Variable gradients out of allreduce -----------------
-
-
-def embedding_variable_of_gradient(grad):
-    """The Embedding Variable whose distributed-lookup gradient `grad` is, or
-  None. Recognises IndexedSlices keyed by the keys an owner looked up (also
-  when TensorFlow concatenated several lookups' gradients in a graph)."""
-    if not isinstance(grad, tf.IndexedSlices):
-        return None
-    indices = grad.indices
-    variable = getattr(indices, _KEYS_MARK, None)
-    if variable is None and not tf.executing_eagerly() and hasattr(indices, "op"):
-        if indices.op.type == "ConcatV2":
-            for tensor in indices.op.inputs:
-                variable = getattr(tensor, _KEYS_MARK, None)
-                if variable is not None:
-                    break
-    return variable
-
-
-def check_embedding_gradient(grad, variable, max_ops=100000):
-    """Refuses an Embedding Variable gradient that went through a Horovod
-  allreduce, allgather or broadcast (graph mode and tf.function).
-
-  With several workers, the gradient's indices must come from the keys the
-  owner looked up (`find_or_insert`), not from a Horovod reduction: that
-  would apply other workers' keys to this worker's shard. Walks the graph
-  from the indices back to the marked keys. Eagerly there is no graph; the
-  guards of `sok_ev.communication.install_allreduce_guards` refuse the same
-  mistakes at the Horovod call.
-
-  Raises:
-    ValueError: naming the variable and the Horovod op.
-  """
-    if (communication.world_size() == 1 or not isinstance(grad, tf.IndexedSlices) or
-            not hasattr(grad.indices, "op")):  # eager tensors have no producer
-        return
-    pending, seen = [grad.indices], set()
-    while pending and len(seen) < max_ops:
-        tensor = pending.pop()
-        if getattr(tensor, _KEYS_MARK, None) is not None:
-            continue
-        op = tensor.op
-        if op.name in seen:
-            continue
-        seen.add(op.name)
-        if op.type in _REDUCING_OPS:
-            raise ValueError(f"The gradient of Embedding Variable '{variable.name}' went through "
-                             f"Horovod op '{op.name}' ({op.type}). Embedding Variables are "
-                             "model-parallel: each worker applies only the keys it owns, with "
-                             "every worker's contributions already summed by the lookup's "
-                             "backward alltoall. Allreduce only the dense gradients (see "
-                             "python/examples/deeprec_sok_example.py).")
-        pending.extend(op.inputs)

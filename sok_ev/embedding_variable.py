@@ -3,16 +3,17 @@
 `get_embedding_variable` follows DeepRec's `tf.get_embedding_variable`. The
 variable behaves like a `tf.Variable` where TensorFlow needs one (variable
 scopes and collections, initializers, tapes, stock optimizers, `tf.train.Saver`
-and `tf.train.Checkpoint`), but has no dense value: read it with
-`sok_ev.lookup_sparse`, or `export()` it whole.
+and `tf.train.Checkpoint`, tf.function arguments), but has no dense value:
+read it with `sok_ev.lookup_sparse` or the `tf.nn` embedding lookups
+(`sok_ev.dispatch`), or `export()` it whole.
 """
 
 import numbers
+import weakref
 from typing import Any, Iterable, Optional
 
 import tensorflow as tf
 from tensorflow.python.eager import context
-from tensorflow.python.eager import tape as tape_lib
 from tensorflow.python.framework import ops as framework_ops
 from tensorflow.python.ops import resource_variable_ops
 from tensorflow.python.ops import variables
@@ -262,9 +263,18 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
                 f"target_gpu={self.target_gpu}>")
 
     def _record_access(self):
-        """Lets an active GradientTape see that a lookup read this variable."""
-        if self._trainable:
-            tape_lib.variable_accessed(self)
+        """Lets GradientTapes see that a lookup read this variable: the active
+    ones, and, inside a tf.function being traced, the tapes active at each
+    later call of it (the function graph remembers the variable)."""
+        resource_variable_ops.variable_accessed(self)
+
+    # --- tf.function arguments ----------------------------------------------
+
+    def __tf_tracing_type__(self, context):
+        """What tf.function keys its traces on when this variable is an
+    argument: the variable itself (see EmbeddingVariableTraceType)."""
+        del context
+        return EmbeddingVariableTraceType(self)
 
     # --- Checkpoints: tf.train.Saver and tf.train.Checkpoint ----------------
 
@@ -296,6 +306,57 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
 
     def _gather_saveables_for_checkpoint(self):
         return trackable.Trackable._gather_saveables_for_checkpoint(self)
+
+
+class EmbeddingVariableTraceType(tf.types.experimental.TraceType):
+    """The trace type of an Embedding Variable passed to a tf.function.
+
+  A tf.function traces once per Embedding Variable it is called with, and
+  inside the trace the argument is that very variable: its handle is
+  captured as a closure's would be, so the table, its optimizer slots and
+  any GradientTape (inside or outside the function) see the same variable.
+  Calling the function again with the same variable reuses the trace;
+  another variable gets its own trace (never another table's). Holds the
+  variable weakly: a trace does not keep a table alive.
+  """
+
+    def __init__(self, variable):
+        self._variable = weakref.ref(variable)
+        self._id = id(variable)
+
+    def is_subtype_of(self, other):
+        return self == other
+
+    def most_specific_common_supertype(self, others):
+        return self if all(self == other for other in others) else None
+
+    def placeholder_value(self, placeholder_context):
+        del placeholder_context
+        return self._variable()
+
+    def to_tensors(self, value):
+        del value
+        return []  # the handle is captured, not passed
+
+    def cast(self, value, cast_context):
+        del cast_context
+        if value is not self._variable():
+            raise TypeError(f"Can not cast {value!r} to the trace type of {self._variable()!r}")
+        return value
+
+    def __eq__(self, other):
+        if self is other:
+            return True
+        if not isinstance(other, EmbeddingVariableTraceType) or self._id != other._id:
+            return False
+        variable = self._variable()
+        return variable is not None and variable is other._variable()
+
+    def __hash__(self):
+        return self._id
+
+    def __repr__(self):
+        return f"EmbeddingVariableTraceType({self._variable()!r})"
 
 
 def _full_name(name):

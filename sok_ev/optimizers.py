@@ -26,7 +26,7 @@ from typing import Callable, List, Tuple
 import tensorflow as tf
 from tensorflow.python.training import optimizer as optimizer_module
 
-from sok_ev import distributed
+from sok_ev import embedding_gradients
 from sok_ev._ops import ops
 from sok_ev.embedding_variable import EmbeddingVariable
 
@@ -170,7 +170,7 @@ def check_gradient(grad, variable):
   Raises:
     TypeError: `grad` is not tf.IndexedSlices keyed by raw keys.
     ValueError: with several workers, `grad` went through a Horovod reduction
-      (sok_ev.distributed.check_embedding_gradient).
+      (sok_ev.embedding_gradients.check_before_apply).
   """
     if not isinstance(grad, tf.IndexedSlices):
         raise TypeError(f"The gradient of Embedding Variable '{variable.name}' must be "
@@ -178,7 +178,7 @@ def check_gradient(grad, variable):
                         f"got {type(grad).__name__}")
     # With several workers the gradient must come from the lookup's own
     # exchange, never from a Horovod reduction (which would mix shards).
-    distributed.check_embedding_gradient(grad, variable)
+    embedding_gradients.check_before_apply(grad, variable)
 
 
 def fused_update(variable,
@@ -303,7 +303,9 @@ class OptimizerWrapper:
     """A stock optimizer that also updates Embedding Variables, patching nothing.
 
   Same methods as the wrapped `tf.compat.v1.train` optimizer; attributes not
-  defined here are the wrapped optimizer's.
+  defined here are the wrapped optimizer's. Its methods are not converted by
+  AutoGraph inside a tf.function (there is no data-dependent Python control
+  flow in them to convert).
 
   Example:
     >>> opt = sok_ev.OptimizerWrapper(tf.compat.v1.train.AdagradOptimizer(0.1))
@@ -319,6 +321,7 @@ class OptimizerWrapper:
     def __getattr__(self, name):
         return getattr(self._optimizer, name)
 
+    @tf.autograph.experimental.do_not_convert
     def compute_gradients(self, loss, var_list=None, **kwargs):
         """As Optimizer.compute_gradients; Embedding Variables get IndexedSlices."""
         if tf.executing_eagerly():
@@ -347,6 +350,7 @@ class OptimizerWrapper:
                 grads[id(v)] = g
         return [(grads[id(v)], v) for v in var_list]
 
+    @tf.autograph.experimental.do_not_convert
     def apply_gradients(self, grads_and_vars, global_step=None, name=None):
         """As Optimizer.apply_gradients. Embedding Variables are updated first;
     dense variables then go through the wrapped optimizer unchanged."""
@@ -369,6 +373,7 @@ class OptimizerWrapper:
         with tf.control_dependencies([finish]):
             return tf.compat.v1.assign_add(global_step, 1, name=name).op
 
+    @tf.autograph.experimental.do_not_convert
     def minimize(self, loss, global_step=None, var_list=None, name=None, **kwargs):
         """compute_gradients then apply_gradients."""
         grads_and_vars = self.compute_gradients(loss, var_list=var_list, **kwargs)
