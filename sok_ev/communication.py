@@ -3,13 +3,15 @@
 sok-ev runs on one worker without Horovod. With Horovod (after `hvd.init()`),
 `init()` takes the rank and the number of workers from it. Lookup code only
 calls the functions of this module -- `rank()`, `world_size()`, `alltoall()`,
-`allgather()`, `allreduce()`, `allgather_object()` -- so a native NCCL or MPI
-backend can replace Horovod here without touching `sok_ev.distributed`.
+`allgather()`, `allreduce()`, and, run at once outside any graph,
+`allgather_object()`, `alltoall_now()` and `shutdown()` -- so a native NCCL
+or MPI backend can replace Horovod here without touching `sok_ev.distributed`.
 
 Every collective is a TensorFlow op with a gradient where one makes sense
 (alltoall), usable in graph mode (`tf.compat.v1.Session`), eagerly, and
 inside `tf.function`. In graph mode the ops are matched across workers by
-name, so every worker must build the same graph (the usual SPMD script).
+name, so every worker must build the same graph (the usual SPMD script);
+eager ones are matched by kind.
 
 This is transport only: what may or may not be sent (Embedding Variable
 gradients are never reduced) is `sok_ev.embedding_gradients`'s policy.
@@ -17,9 +19,12 @@ gradients are never reduced) is `sok_ev.embedding_gradients`'s policy.
 
 import json
 import os
+import sys
+import threading
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.eager import context
 
 _state = {"rank": 0, "world_size": 1, "initialized": False}
 
@@ -64,13 +69,41 @@ def init():
     _state.update(rank=0, world_size=1, initialized=True)
 
 
+def _check_initialized():
+    """Refuses to run as one worker when Horovod runs several and init() was
+  forgotten: every worker would store every key and train unsharded."""
+    if _state["initialized"]:
+        return
+    hvd = sys.modules.get("horovod.tensorflow")  # imported by whoever ran hvd.init()
+    if hvd is not None and hvd.is_initialized() and hvd.size() > 1:
+        raise RuntimeError(f"sok-ev: Horovod runs {hvd.size()} workers (hvd.init() was called) "
+                           "but sok_ev.init() was not: call sok_ev.init() after hvd.init() on "
+                           "every worker, before building any lookup. Without it every worker "
+                           "would keep a full, unsharded copy of every table.")
+
+
+def initialized():
+    """Whether init() has run."""
+    return _state["initialized"]
+
+
 def rank():
-    """This worker's index in [0, world_size())."""
+    """This worker's index in [0, world_size()).
+
+  Raises:
+    RuntimeError: Horovod runs several workers but init() was not called.
+  """
+    _check_initialized()
     return _state["rank"]
 
 
 def world_size():
-    """Number of workers the tables are spread over."""
+    """Number of workers the tables are spread over.
+
+  Raises:
+    RuntimeError: Horovod runs several workers but init() was not called.
+  """
+    _check_initialized()
     return _state["world_size"]
 
 
@@ -86,7 +119,7 @@ def _backend():
 # --- Collectives (TensorFlow ops) ------------------------------------------
 
 
-def alltoall(tensor, splits, name=None):
+def alltoall(tensor, splits, name=None, exact_name=False):
     """Sends `splits[w]` leading rows of `tensor` to worker w, in order.
 
   Args:
@@ -95,13 +128,19 @@ def alltoall(tensor, splits, name=None):
     splits: int `[world_size]`, summing to n.
     name: the op name; in graph mode it must be the same on every worker
       (None derives it from `tensor`'s name, which SPMD graphs share).
+      Eager collectives are matched by kind, not name.
+    exact_name: the workers match the collective by `name` alone, whatever
+      the name scopes or graph around it (so `alltoall_now` can meet it).
 
   Returns:
     `(received, received_splits)`: the rows from worker 0, then worker 1, ...,
     and how many came from each (int32 `[world_size]`). Differentiable with
     respect to `tensor` (the gradient is the reverse alltoall).
   """
-    return _backend().alltoall(tensor, splits=tf.cast(splits, tf.int32), name=name)
+    return _backend().alltoall(tensor,
+                               splits=tf.cast(splits, tf.int32),
+                               name=name,
+                               ignore_name_scope=exact_name)
 
 
 def allgather(tensor, name=None):
@@ -115,7 +154,47 @@ def allreduce(tensor, name=None):
     return hvd.allreduce(tensor, op=hvd.Sum, name=name)
 
 
-def allgather_object(obj, name="sok_ev_allgather_object"):
+class CollectiveTimeoutError(RuntimeError):
+    """A collective run by `allgather_object` was not joined by every worker
+  in time. Horovod still waits for it: call `shutdown()` before going on."""
+
+
+def _run_now(function, timeout):
+    """Runs `function()` (collectives, outside any graph being built); with a
+  timeout, in a thread, raising CollectiveTimeoutError if it has not
+  returned after `timeout` seconds."""
+    if timeout is None:
+        return function()
+    result = {}
+
+    def target():
+        try:
+            result["value"] = function()
+        except BaseException as error:  # pylint: disable=broad-except
+            result["error"] = error
+
+    thread = threading.Thread(target=target, name="sok_ev_collective", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise CollectiveTimeoutError(f"not every worker joined within {timeout:g} s")
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
+
+
+def _eager_or_private_graph(build):
+    """Runs `build()` now: eagerly, or in a private graph and session."""
+    with tf.init_scope():  # leaves a tf.function being traced
+        if tf.executing_eagerly():
+            return tf.nest.map_structure(lambda t: t.numpy(), build())
+    with tf.Graph().as_default():
+        fetches = build()
+        with tf.compat.v1.Session() as session:
+            return session.run(fetches)
+
+
+def allgather_object(obj, name="sok_ev_allgather_object", timeout=None):
     """Runs now, outside any graph being built: returns every worker's `obj`.
 
   `obj` must be JSON-serialisable. Used for one-off checks while a graph or
@@ -123,8 +202,14 @@ def allgather_object(obj, name="sok_ev_allgather_object"):
   calls this in the same order). Graph mode runs the two allgathers in a
   private graph and session, leaving the user's graph untouched.
 
+  Args:
+    timeout: None (wait for every worker), or seconds.
+
   Returns:
     A list of `world_size()` decoded objects, in rank order.
+
+  Raises:
+    CollectiveTimeoutError: some worker did not join within `timeout`.
   """
     hvd = _backend()
     data = np.frombuffer(json.dumps(obj, sort_keys=True).encode(), np.uint8)
@@ -134,17 +219,53 @@ def allgather_object(obj, name="sok_ev_allgather_object"):
         payload = hvd.allgather(tf.constant(data, tf.uint8), name=f"{name}_data")
         return sizes, payload
 
-    with tf.init_scope():  # leaves a tf.function being traced: runs eagerly
-        if tf.executing_eagerly():
-            sizes, payload = gather()
-            sizes, payload = sizes.numpy(), payload.numpy()
-        else:
-            with tf.Graph().as_default():
-                fetches = gather()
-                with tf.compat.v1.Session() as session:
-                    sizes, payload = session.run(fetches)
+    sizes, payload = _run_now(lambda: _eager_or_private_graph(gather), timeout)
     objects, start = [], 0
     for size in sizes:
         objects.append(json.loads(payload[start:start + size].tobytes().decode()))
         start += size
     return objects
+
+
+def alltoall_now(rows, splits, name=None, timeout=None):
+    """Runs one alltoall now, outside any graph being built, and returns the
+  rows received (NumPy).
+
+  Args:
+    rows: `[n, ...]` array; `splits[w]` rows go to worker w.
+    name: the collective to join, as given to `alltoall(..., exact_name=True)`
+      (None joins an eager alltoall, which is matched by kind).
+    timeout: None, or seconds (see CollectiveTimeoutError).
+  """
+    hvd = _backend()
+
+    def exchange():
+        received, _ = hvd.alltoall(tf.constant(rows),
+                                   splits=tf.constant(splits, tf.int32),
+                                   name=name,
+                                   ignore_name_scope=name is not None)
+        return received
+
+    if name is None:  # an eager collective, whatever the caller's mode
+        return _run_now(lambda: _eager(exchange), timeout)
+    return _run_now(lambda: _private_graph(exchange), timeout)
+
+
+def _eager(build):
+    with tf.init_scope(), context.eager_mode():
+        return build().numpy()
+
+
+def _private_graph(build):
+    with tf.Graph().as_default():
+        fetch = build()
+        with tf.compat.v1.Session() as session:
+            return session.run(fetch)
+
+
+def shutdown():
+    """Shuts Horovod down on this worker: every collective pending on any
+  worker fails, so no worker waits forever for one that will not come."""
+    hvd = _horovod()
+    if hvd is not None and hvd.is_initialized():
+        hvd.shutdown()
