@@ -8,10 +8,13 @@ to `tf.compat.v1.GraphKeys`: EMBEDDING_VARIABLES (the collection of sok-ev's
 Embedding Variables), EV_INIT_VAR_OPS (their initializers) and
 EV_INIT_SLOT_OPS (empty: slots live in the table); the module
 `tensorflow.core.framework.embedding.config_pb2` (StorageType, CacheType,
-SlotType) that DeepRec's storage examples import; and the dispatch of
+SlotType) that DeepRec's storage examples import. It also installs what
+lets DeepRec's training code run on Embedding Variables: the dispatch of
 `tf.nn.embedding_lookup`, `tf.nn.embedding_lookup_sparse` and
-`tf.nn.safe_embedding_lookup_sparse` for Embedding Variables
-(`sok_ev.dispatch`).
+`tf.nn.safe_embedding_lookup_sparse` (`sok_ev.dispatch`) and the optimizer
+hooks (`sok_ev.optimizers`, `sok_ev.keras_optimizers`), as `sok_ev.init()`
+does. With several workers, `sok_ev.init()` is still needed (after
+`hvd.init()`).
 """
 
 import importlib
@@ -22,6 +25,8 @@ import tensorflow as tf
 
 from sok_ev import dispatch
 from sok_ev import embedding_variable
+from sok_ev import keras_optimizers
+from sok_ev import optimizers
 from sok_ev import options
 
 # Name on tf / tf.compat.v1 -> sok_ev object.
@@ -79,7 +84,7 @@ def _install_config_pb2():
 
 def install_deeprec_api() -> None:
     """Adds DeepRec's Embedding Variable API to TensorFlow (see the module
-  docstring for the names) and the tf.nn lookup dispatch.
+  docstring for the names), the tf.nn lookup dispatch and the optimizer hooks.
 
   Idempotent. Options sok-ev does not implement yet can be created, and
   get_embedding_variable refuses them with a ValueError naming the feature.
@@ -99,3 +104,5 @@ def install_deeprec_api() -> None:
         setattr(owner, name, value)
     _install_config_pb2()
     dispatch.install_lookup_dispatch()
+    optimizers.install_optimizer_hook()
+    keras_optimizers.install_keras_optimizer_hook()

@@ -176,6 +176,35 @@ def test_deeprec_script_setup_runs_ev_init_ops_then_trains(deeprec):
     np.testing.assert_allclose(second, 1.0 - 0.2 / np.sqrt(4.1), rtol=1e-6)
 
 
+def test_install_deeprec_api_alone_lets_a_deeprec_script_train(deeprec):
+    """The one call a DeepRec script needs on one worker: it also installs the
+    optimizer hooks sok_ev.init() installs."""
+    from sok_ev import keras_optimizers, optimizers  # pylint: disable=import-outside-toplevel
+    optimizers.uninstall_optimizer_hook()
+    keras_optimizers.uninstall_keras_optimizer_hook()
+    try:
+        import sok_ev  # pylint: disable=import-outside-toplevel
+        sok_ev.install_deeprec_api()
+        assert optimizers.optimizer_hook_installed()
+        assert keras_optimizers.keras_optimizer_hook_installed()
+        with ref.graph_session() as sess:
+            ev = deeprec.get_embedding_variable("emb",
+                                                embedding_dim=2,
+                                                initializer=deeprec.zeros_initializer())
+            loss = tf.reduce_sum(tf.nn.embedding_lookup(ev, tf.constant([3, 3, 5], tf.int64)))
+            train = deeprec.train.GradientDescentOptimizer(0.5).minimize(loss)
+            sess.run(deeprec.global_variables_initializer())
+            sess.run(train)
+            keys, rows = sess.run(ev.export())
+        # SGD on sum(rows): key 3 (twice) moves by -1.0, key 5 by -0.5.
+        assert ref.export_to_dict(keys, rows).keys() == {3, 5}
+        np.testing.assert_array_equal(ref.export_to_dict(keys, rows)[3], [-1.0, -1.0])
+        np.testing.assert_array_equal(ref.export_to_dict(keys, rows)[5], [-0.5, -0.5])
+    finally:
+        optimizers.install_optimizer_hook()
+        keras_optimizers.install_keras_optimizer_hook()
+
+
 # --------------------------------------------------------------------------- initializer classes
 
 INITIALIZER_CLASSES = {
