@@ -3,16 +3,17 @@
 `get_embedding_variable` follows DeepRec's `tf.get_embedding_variable`. The
 variable behaves like a `tf.Variable` where TensorFlow needs one (variable
 scopes and collections, initializers, tapes, stock optimizers, `tf.train.Saver`
-and `tf.train.Checkpoint`), but has no dense value: read it with
-`sok_ev.lookup_sparse`, or `export()` it whole.
+and `tf.train.Checkpoint`, tf.function arguments), but has no dense value:
+read it with `sok_ev.lookup_sparse` or the `tf.nn` embedding lookups
+(`sok_ev.dispatch`), or `export()` it whole.
 """
 
 import numbers
+import weakref
 from typing import Any, Iterable, Optional
 
 import tensorflow as tf
 from tensorflow.python.eager import context
-from tensorflow.python.eager import tape as tape_lib
 from tensorflow.python.framework import ops as framework_ops
 from tensorflow.python.ops import resource_variable_ops
 from tensorflow.python.ops import variables
@@ -26,6 +27,9 @@ from sok_ev._ops import ops
 # Every Embedding Variable built in graph mode, so that lookups and tools
 # can find them (like DeepRec's EMBEDDING_VARIABLES collection).
 EMBEDDING_VARIABLES = "sok_ev_embedding_variables"
+# The initializer op of every Embedding Variable built in graph mode
+# (DeepRec's GraphKeys.EV_INIT_VAR_OPS).
+EV_INIT_VAR_OPS = "ev_init_var_ops"
 
 _SUPPORTED_KEY_DTYPES = (tf.int32, tf.int64)
 
@@ -259,9 +263,18 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
                 f"target_gpu={self.target_gpu}>")
 
     def _record_access(self):
-        """Lets an active GradientTape see that a lookup read this variable."""
-        if self._trainable:
-            tape_lib.variable_accessed(self)
+        """Lets GradientTapes see that a lookup read this variable: the active
+    ones, and, inside a tf.function being traced, the tapes active at each
+    later call of it (the function graph remembers the variable)."""
+        resource_variable_ops.variable_accessed(self)
+
+    # --- tf.function arguments ----------------------------------------------
+
+    def __tf_tracing_type__(self, context):
+        """What tf.function keys its traces on when this variable is an
+    argument: the variable itself (see EmbeddingVariableTraceType)."""
+        del context
+        return EmbeddingVariableTraceType(self)
 
     # --- Checkpoints: tf.train.Saver and tf.train.Checkpoint ----------------
 
@@ -293,6 +306,57 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
 
     def _gather_saveables_for_checkpoint(self):
         return trackable.Trackable._gather_saveables_for_checkpoint(self)
+
+
+class EmbeddingVariableTraceType(tf.types.experimental.TraceType):
+    """The trace type of an Embedding Variable passed to a tf.function.
+
+  A tf.function traces once per Embedding Variable it is called with, and
+  inside the trace the argument is that very variable: its handle is
+  captured as a closure's would be, so the table, its optimizer slots and
+  any GradientTape (inside or outside the function) see the same variable.
+  Calling the function again with the same variable reuses the trace;
+  another variable gets its own trace (never another table's). Holds the
+  variable weakly: a trace does not keep a table alive.
+  """
+
+    def __init__(self, variable):
+        self._variable = weakref.ref(variable)
+        self._id = id(variable)
+
+    def is_subtype_of(self, other):
+        return self == other
+
+    def most_specific_common_supertype(self, others):
+        return self if all(self == other for other in others) else None
+
+    def placeholder_value(self, placeholder_context):
+        del placeholder_context
+        return self._variable()
+
+    def to_tensors(self, value):
+        del value
+        return []  # the handle is captured, not passed
+
+    def cast(self, value, cast_context):
+        del cast_context
+        if value is not self._variable():
+            raise TypeError(f"Can not cast {value!r} to the trace type of {self._variable()!r}")
+        return value
+
+    def __eq__(self, other):
+        if self is other:
+            return True
+        if not isinstance(other, EmbeddingVariableTraceType) or self._id != other._id:
+            return False
+        variable = self._variable()
+        return variable is not None and variable is other._variable()
+
+    def __hash__(self):
+        return self._id
+
+    def __repr__(self):
+        return f"EmbeddingVariableTraceType({self._variable()!r})"
 
 
 def _full_name(name):
@@ -337,9 +401,10 @@ def get_embedding_variable(name: str,
     embedding_dim: positive int, the length of each row.
     key_dtype: tf.int64 (default) or tf.int32: the dtype of lookup keys.
     value_dtype: tf.float32 (default; the only value dtype).
-    initializer: initializer of new rows; default truncated normal
-      (mean 0, stddev 1/sqrt(embedding_dim)). Constant, uniform, normal and
-      truncated-normal initializers draw per key when it is first seen.
+    initializer: initializer of new rows, an instance or (as in DeepRec) its
+      class; default truncated normal (mean 0, stddev 1/sqrt(embedding_dim)).
+      Constant, uniform, normal and truncated-normal initializers draw per
+      key when it is first seen.
     trainable: add to TRAINABLE_VARIABLES and let optimizers update it.
     collections: graph collections to add to (default [GLOBAL_VARIABLES]).
     steps_to_live: evict keys not updated for this many global steps (done
@@ -347,6 +412,9 @@ def get_embedding_variable(name: str,
       `ev_option.evict_option = GlobalStepEvict(steps_to_live)`.
     ev_option: an EmbeddingVariableOption; its `init_option` may set
       `default_value_dim` (DeepRec's key-mod-N rule) and an initializer.
+      Options sok-ev does not implement yet (filters, L2WeightEvict, storage
+      other than DRAM, CheckpointOption) raise ValueError naming the feature
+      (sok_ev.options.check_supported).
     target_gpu: -1 (default) shards the table over all workers; k places it
       whole on worker k. Also settable later as `var.target_gpu`.
     regularizer, caching_device, partitioner, custom_getter, constraint,
@@ -359,8 +427,9 @@ def get_embedding_variable(name: str,
 
   Raises:
     ValueError: bad embedding_dim, steps_to_live or target_gpu, an
-      unsupported argument, or a scope/reuse conflict.
-    TypeError: key_dtype or value_dtype not supported.
+      unsupported argument or option, or a scope/reuse conflict.
+    TypeError: key_dtype or value_dtype not supported, or an initializer
+      that is not one.
   """
     unsupported = {
         "regularizer": regularizer,
@@ -398,6 +467,7 @@ def get_embedding_variable(name: str,
     if not isinstance(ev_option, options_lib.EmbeddingVariableOption):
         raise TypeError(f"get_embedding_variable('{name}'): ev_option must be a "
                         f"sok_ev.EmbeddingVariableOption, got {ev_option!r}")
+    options_lib.check_supported(ev_option, f"get_embedding_variable('{name}')")
     if ev_option.evict_option is not None and ev_option.evict_option.steps_to_live:
         if steps_to_live not in (None, ev_option.evict_option.steps_to_live):
             raise ValueError(f"get_embedding_variable('{name}'): steps_to_live="
@@ -413,6 +483,7 @@ def get_embedding_variable(name: str,
         initializer = init_option.initializer
     if initializer is None:
         initializer = tf.compat.v1.truncated_normal_initializer(stddev=1.0 / embedding_dim**0.5)
+    initializer = initializers.as_instance(initializer, f"get_embedding_variable('{name}')")
 
     def create(full_name):
         return EmbeddingVariable(full_name, embedding_dim, key_dtype, initializer,
@@ -450,4 +521,6 @@ def get_embedding_variable(name: str,
     collections.append(EMBEDDING_VARIABLES)
     for collection in dict.fromkeys(collections):
         tf.compat.v1.add_to_collection(collection, variable)
+    # DeepRec scripts run this collection before global_variables_initializer.
+    tf.compat.v1.add_to_collection(EV_INIT_VAR_OPS, variable.initializer)
     return variable

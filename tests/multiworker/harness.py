@@ -43,7 +43,7 @@ class Launch:
         return self.output[-chars:]
 
 
-def launch(script, workers, args=(), timeout=240, out_dir=None, pass_out=True):
+def launch(script, workers, args=(), timeout=240, out_dir=None, pass_out=True, env=None):
     """Runs `script` on `workers` Horovod/Gloo processes with a hard limit.
 
     Args:
@@ -52,12 +52,13 @@ def launch(script, workers, args=(), timeout=240, out_dir=None, pass_out=True):
       timeout: seconds before the whole process group is killed.
       out_dir: where ranks write rank<r>.npz (a fresh temp dir by default).
       pass_out: False runs `script args` alone (a user script).
+      env: extra environment variables of the ranks.
 
     Returns:
       A Launch. Ranks that wrote no file are absent from `results`.
     """
     out_dir = out_dir or tempfile.mkdtemp(prefix="sok_ev_mw_")
-    env = dict(os.environ)
+    env = dict(os.environ, **(env or {}))
     env["PYTHONPATH"] = os.pathsep.join([REPO_ROOT, HERE] +
                                         [p for p in [env.get("PYTHONPATH")] if p])
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
