@@ -106,6 +106,23 @@ for spec in sys.argv[1:]:
 EOF
 }
 TF_CHANGED=0
+# tensorflow and tensorflow-cpu install the same files: switching between
+# them (CPU <-> GPU build) removes the other one first.
+other_tf=$("$PY" - "$TF_PACKAGE" <<'EOF'
+import importlib.metadata as md, re, sys
+wanted = re.split(r"[<>=!~\[; ]", sys.argv[1])[0].lower().replace("_", "-")
+dists = md.packages_distributions().get("tensorflow", [])
+print(" ".join(d for d in dists if d.lower().replace("_", "-") != wanted))
+EOF
+)
+if [[ -n $other_tf ]]; then
+    echo "replacing $other_tf with $TF_PACKAGE"
+    "$PY" -m pip uninstall -q -y $other_tf
+    # The files the two share are gone now; Horovod was built against the other.
+    "$PY" -m pip install -q --force-reinstall --no-deps "$TF_PACKAGE"
+    rm -f "$VENV/.sok_ev-horovod"
+    TF_CHANGED=1
+fi
 if py_requirements_met "${PY_PACKAGES[@]}"; then
     echo "already installed"
 else
