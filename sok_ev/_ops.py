@@ -42,10 +42,11 @@ def describe_build(info):
             f"(GPU code for {', '.join(info['cuda_archs'])}, PTX {info['cuda_ptx']})")
 
 
-def _installed():
-    cuda = tf.sysconfig.get_build_info().get(
-        "cuda_version") if tf.test.is_built_with_cuda() else None
-    return f"TensorFlow {tf.__version__}" + (f" built with CUDA {cuda}" if cuda else " (CPU build)")
+def _installed_cuda():
+    """The CUDA version of the installed TensorFlow, None for a CPU build."""
+    if not tf.test.is_built_with_cuda():
+        return None
+    return tf.sysconfig.get_build_info().get("cuda_version")
 
 
 def ops():
@@ -62,13 +63,16 @@ def ops():
             _library = tf.load_op_library(LIBRARY_PATH)
         except (tf.errors.NotFoundError, OSError) as error:
             info = build_info()
+            cuda = _installed_cuda()
+            installed = f"TensorFlow {tf.__version__}" + (f" with CUDA {cuda}"
+                                                          if cuda else ", a CPU build,")
             hint = "Rebuild and reinstall with `bash request.sh`."
-            if info.get("cuda") and "libcudart" in str(error):
+            if info.get("cuda") and cuda and "libcudart" in str(error):
                 major = info["cuda"].split(".")[0]
                 hint = (f"It needs the CUDA {major} runtime libcudart.so.{major}: "
                         f"pip install nvidia-cuda-runtime-cu{major} (tensorflow[and-cuda] "
-                        f"brings it), or {hint[0].lower()}{hint[1:]}")
+                        "brings it), or rebuild and reinstall with `bash request.sh`.")
             raise ImportError(f"sok_ev could not load its op library {LIBRARY_PATH}: {error}\n"
-                              f"It was built for {describe_build(info)}; {_installed()} is "
+                              f"It was built for {describe_build(info)}; {installed} is "
                               f"installed. {hint}") from error
     return _library

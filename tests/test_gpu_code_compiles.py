@@ -30,7 +30,8 @@ import sok_ev_reference as ref
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD = os.path.join(ROOT, "tests", "gpu", "build_gpu_wheel.sh")
-VENV = os.path.join(ROOT, ".venv-cuda")
+# The script's venv (SOK_EV_GPU_VENV overrides it there too).
+VENV = os.environ.get("SOK_EV_GPU_VENV", os.path.join(ROOT, ".venv-cuda"))
 PYTHON = os.path.join(VENV, "bin", "python")
 
 # The ISA of the PTX a CUDA release's driver can compile, by release.
