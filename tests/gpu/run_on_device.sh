@@ -32,6 +32,8 @@
 #                      tests/gpu/ (the core through the harness)
 #   bench              benchmarks/gpu/ (core, backward probe; with 2+ GPUs the
 #                      2-GPU checks and weak scaling), harness library of .device/
+#   tf-bench           benchmarks/gpu/tf_sparse_step.py on GPU 0 with the
+#                      artifact (its results also land in $OUT)
 # Dry run on a CPU machine (no kit; TensorFlow parts on the CPU, multi over
 # Gloo, harness and memcheck reduced to what runs without a GPU):
 #   SOK_EV_DEVICE_DRY_RUN=1 PYTHON=.venv-cuda/bin/python bash tests/gpu/run_on_device.sh
@@ -153,7 +155,7 @@ part_memcheck() {
         echo "$?" >"$status/memcheck.rc"
     else
         # API errors are TensorFlow's own probing; memcheck reports accesses.
-        (cd "$run" && CUDA_VISIBLE_DEVICES=$1 TF_GPU_ALLOCATOR=cuda_malloc_async \
+        (cd "$run" && CUDA_VISIBLE_DEVICES=$1 TF_GPU_ALLOCATOR=cuda_malloc_async CUDA_MODULE_LOADING=LAZY \
             timeout -k 10 "$seconds" compute-sanitizer --tool memcheck --report-api-errors no \
             --print-limit 30 --error-exitcode 99 "${workload[@]}") >"$OUT/memcheck.log" 2>&1
         echo "$?" >"$status/memcheck.rc"
@@ -221,6 +223,13 @@ if has multi; then
 fi
 has harness-sanitizer && part_harness_sanitizer
 has bench && part_bench
+if has tf-bench; then
+    (cd "$run" && CUDA_VISIBLE_DEVICES=0 SOKEV_GPU_LIB=$root/.device/harness/libsokev_gpu.so \
+        timeout -k 10 "$(limit 560)" "$PY" "$root/benchmarks/gpu/tf_sparse_step.py") \
+        >"$OUT/tf-bench.log" 2>&1
+    echo "$?" >"$status/tf-bench.rc"
+    echo "tf-bench: exit $(cat "$status/tf-bench.rc")"
+fi
 
 # --- summary -------------------------------------------------------------------
 "$PY" - "$OUT" "$status" "$site" "$parts" "$dry" <<'EOF' | tee "$OUT/summary.txt"
@@ -228,7 +237,7 @@ import os, re, sys
 out, status, site, parts, dry = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4].split(","), sys.argv[5] == "1"
 total = {"passed": 0, "failed": 0, "skipped": 0}
 lines = []
-for part in ["tf", "multi", "harness", "memcheck", "harness-sanitizer", "bench"]:
+for part in ["tf", "multi", "harness", "memcheck", "harness-sanitizer", "bench", "tf-bench"]:
     if part not in parts:
         continue
     path = os.path.join(out, part + ".log")
@@ -242,7 +251,7 @@ for part in ["tf", "multi", "harness", "memcheck", "harness-sanitizer", "bench"]
         count["passed" if clean else "failed"] = 1
         if not clean:
             notes.append(f"exit {rc}")
-    elif part in ("harness-sanitizer", "bench"):
+    elif part in ("harness-sanitizer", "bench", "tf-bench"):
         count["passed" if rc == 0 else "failed"] = 1
     else:
         summary = [l for l in text.splitlines() if re.match(r"^=+ .* in [\d.]+s", l)]
