@@ -281,9 +281,10 @@ fi
 # the source sok_ev/ first on sys.path, so it needs the op library too: the
 # checkout's .venv build only.
 if ((DEFAULT_VENV)); then
-    for f in _sok_ev_ops.so _build_info.json; do
-        cmp -s "$BIN/sok_ev/$f" "sok_ev/$f" || install -m 0755 "$BIN/sok_ev/$f" "sok_ev/$f"
-    done
+    cmp -s "$BIN/sok_ev/_sok_ev_ops.so" sok_ev/_sok_ev_ops.so ||
+        install -m 0755 "$BIN/sok_ev/_sok_ev_ops.so" sok_ev/_sok_ev_ops.so
+    cmp -s "$BIN/sok_ev/_build_info.json" sok_ev/_build_info.json ||
+        install -m 0644 "$BIN/sok_ev/_build_info.json" sok_ev/_build_info.json
 fi
 # From outside the checkout this is the installed wheel; loading its op
 # library explicitly catches unresolved symbols even before sok_ev loads it.

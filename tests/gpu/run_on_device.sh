@@ -9,7 +9,11 @@
 # Device calls on a fresh GPU machine (see ../shared/gpu-tf/README.md):
 #   run(kind="nvidia-h200-x2", command="mkdir -p /tmp/gpu-tf && cp .gpu-tf/part-0/* /tmp/gpu-tf/ && ls /tmp/gpu-tf", carry=[".gpu-tf/part-0"])
 #   run(command="cp .gpu-tf/part-1/* /tmp/gpu-tf/ && ls /tmp/gpu-tf", carry=[".gpu-tf/part-1"])
-#   ... part-2 to part-6 the same way ...
+#   run(command="cp .gpu-tf/part-2/* /tmp/gpu-tf/ && ls /tmp/gpu-tf", carry=[".gpu-tf/part-2"])
+#   run(command="cp .gpu-tf/part-3/* /tmp/gpu-tf/ && ls /tmp/gpu-tf", carry=[".gpu-tf/part-3"])
+#   run(command="cp .gpu-tf/part-4/* /tmp/gpu-tf/ && ls /tmp/gpu-tf", carry=[".gpu-tf/part-4"])
+#   run(command="cp .gpu-tf/part-5/* /tmp/gpu-tf/ && ls /tmp/gpu-tf", carry=[".gpu-tf/part-5"])
+#   run(command="cp .gpu-tf/part-6/* /tmp/gpu-tf/ && ls /tmp/gpu-tf", carry=[".gpu-tf/part-6"])
 #   run(command="bash .gpu-tf/kit/install.sh", carry=[".gpu-tf/kit"])
 #   run(command="bash tests/gpu/run_on_device.sh", carry=[".device"], timeout_s=600)
 #
