@@ -73,7 +73,8 @@ export TF_FORCE_GPU_ALLOW_GROWTH=true
 gpus=0
 command -v nvidia-smi >/dev/null && gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 ((gpus)) && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >>"$OUT/env.log"
-status=$(mktemp -d)
+status=$(mktemp -d) site="" run=""
+trap 'rm -rf "$status" "$site" "$run"' EXIT
 
 # --- the artifact --------------------------------------------------------------
 shopt -s nullglob
@@ -282,4 +283,3 @@ for part in ["tf", "multi", "harness", "memcheck", "harness-sanitizer", "bench",
 print("\n".join(lines))
 print(f"{total['passed']} passed, {total['failed']} failed, {total['skipped']} skipped")
 EOF
-rm -rf "$status" "$site" "$run"
