@@ -11,8 +11,9 @@
 //   kTableIsThreadSafe    false: the variable serialises calls on its table
 //   Core(OpKernelContext*)
 //   NewTableAllocator()   table-lifetime memory, null when the table needs none
-//   NewTable, Size, AddSlot, FindOrInsert, Find, InsertOrAssign, EvictStale,
-//   ExportAll, ApplyOptimizer            on one table
+//   NewTable, Size, AddSlot, FindOrInsert, Find, InsertOrAssign,
+//   InsertOrAssignFromHost, EvictStale, ExportAll, ExportBatches,
+//   ApplyOptimizer                       on one table
 //   UniqueKeys, CheckDistinct, PartitionByOwner, RowOffsets,
 //   CheckCombineEntries, CombineForward, CombineBackward   free stages
 //   Copy, SetZero, CopyToHost             device memory

@@ -1,5 +1,6 @@
 // Where an Embedding Variable export writes, device-neutral: the export
-// kernel allocates its outputs once the core knows how many keys there are.
+// kernel allocates its outputs once the core knows how many keys there are,
+// or receives the table batch by batch (checkpoints).
 #ifndef SOK_EV_CC_KERNELS_EXPORT_BUFFERS_H_
 #define SOK_EV_CC_KERNELS_EXPORT_BUFFERS_H_
 
@@ -22,6 +23,26 @@ struct ExportBuffers {
 template <typename Key>
 using ExportAllocator =
     std::function<absl::Status(int64_t count, int64_t row_width, ExportBuffers<Key>* buffers)>;
+
+// A streamed export (checkpoints): the table is handed out in batches of
+// host memory, valid during the callback only.
+template <typename Key>
+struct HostExportBatch {
+  const Key* keys;             // (count,)
+  const float* rows;           // (count, row_width) value then slots
+  const int64_t* frequencies;  // (count,)
+  const int64_t* versions;     // (count,)
+  int64_t count;
+};
+
+// Called once, before any batch, with the number of keys and the row width.
+using ExportBegin = std::function<absl::Status(int64_t total, int64_t row_width)>;
+template <typename Key>
+using ExportEmit = std::function<absl::Status(const HostExportBatch<Key>& batch)>;
+
+// Keys per batch of a streamed export: small next to any table worth
+// streaming, large enough that per-batch costs vanish.
+constexpr int64_t kExportBatchKeys = 1 << 16;
 
 }  // namespace sok_ev
 
