@@ -9,6 +9,8 @@ stock TensorFlow.
 See README.md for the whole API.
 """
 
+from sok_ev import _ops
+from sok_ev import checkpoint
 from sok_ev import communication
 from sok_ev import optimizers
 from sok_ev.deeprec_api import install_deeprec_api
@@ -24,20 +26,32 @@ from sok_ev.options import InitializerOption
 
 __version__ = "0.1.0"
 
+# Graphs that hold sok_ev ops (import_meta_graph, SavedModel loaders) need
+# them registered once `import sok_ev` ran. A broken build still imports: the
+# first call that needs an op raises the library's error.
+try:
+    _ops.ops()
+except ImportError:
+    pass
+
 
 def init() -> None:
     """Prepares sok-ev; call once, after `hvd.init()` when using Horovod.
 
   Takes the rank and number of workers from Horovod if it is initialised
-  (one worker otherwise), and installs the narrow optimizer hook
-  (`sok_ev.optimizers.install_optimizer_hook`) so stock tf.compat.v1.train
-  optimizers update Embedding Variables. Idempotent.
+  (one worker otherwise), and installs two narrow hooks: the optimizer hook
+  (`sok_ev.optimizers.install_optimizer_hook`), so stock tf.compat.v1.train
+  optimizers update Embedding Variables, and the saver hook
+  (`sok_ev.checkpoint.install_saver_hook`), so tf.compat.v1.train.Saver
+  saves and restores them on any number of workers. Idempotent.
 
   Raises:
     RuntimeError: several processes were launched but Horovod is missing or
       not initialised.
   """
     communication.init()
+    checkpoint.record_worker_topology()
+    checkpoint.install_saver_hook()
     optimizers.install_optimizer_hook()
 
 
