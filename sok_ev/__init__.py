@@ -10,6 +10,7 @@ See README.md for the whole API.
 """
 
 from sok_ev import _ops
+from sok_ev import broadcast
 from sok_ev import checkpoint
 from sok_ev import communication
 from sok_ev import optimizers
@@ -43,7 +44,9 @@ def init() -> None:
   (`sok_ev.optimizers.install_optimizer_hook`), so stock tf.compat.v1.train
   optimizers update Embedding Variables, and the saver hook
   (`sok_ev.checkpoint.install_saver_hook`), so tf.compat.v1.train.Saver
-  saves and restores them on any number of workers. Idempotent.
+  saves and restores them on any number of workers; and makes
+  hvd.broadcast_variables check Embedding Variables instead of copying them
+  (`sok_ev.broadcast`). Idempotent.
 
   Raises:
     RuntimeError: several processes were launched but Horovod is missing or
@@ -52,6 +55,7 @@ def init() -> None:
     communication.init()
     checkpoint.record_worker_topology()
     checkpoint.install_saver_hook()
+    broadcast.install_broadcast_guard()
     optimizers.install_optimizer_hook()
 
 

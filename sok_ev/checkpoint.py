@@ -107,25 +107,41 @@ def _restore_tables(prefix, tables):
         target_workers=[int(v.target_gpu) for _, v in tables])
 
 
-def _is_worker_zero():
-    worker, _ = ops().sok_ev_worker_topology()
-    return tf.equal(worker, 0)
+# Ordering the save across workers. Horovod's ops are not stateful, so
+# Grappler may fold a gather of constants or drop a control dependency on a
+# gather; every step below therefore takes what it waits for as data.
 
 
-def _on_worker_zero(build):
-    """Runs the ops `build()` makes on worker 0 only; a bool tensor to wait on."""
+def _after(tensor, gate):
+    """`tensor` (a string), computed from `gate` as well: a data dependency."""
+    nothing = tf.strings.substr(tf.strings.as_string(tf.reshape(gate, [-1])[:1]), 0, 0)
+    return tf.strings.join([tensor, tf.strings.reduce_join(nothing)])
+
+
+def _on_worker_zero(build, gate=None):
+    """Runs the ops `build()` makes on worker 0 only, after `gate`; returns a
+  bool tensor to wait on."""
 
     def run():
         with tf.control_dependencies(build()):
             return tf.constant(True)
 
-    return tf.cond(_is_worker_zero(), run, lambda: tf.constant(False))
+    worker, _ = ops().sok_ev_worker_topology()
+    first = tf.equal(worker, 0)
+    if gate is not None:
+        first = tf.logical_and(first, tf.greater_equal(tf.size(gate), 0))
+    return tf.cond(first, run, lambda: tf.constant(False))
 
 
 def _barrier(name, after):
-    """Completes on every worker once every worker has run `after`."""
-    with tf.control_dependencies(after):
-        return communication.allgather(tf.constant([1], tf.int64), name=name)
+    """The gather of a signal from each of `after` (tensors), which completes
+  on every worker once every worker has computed `after`."""
+    signals = []
+    for item in after:
+        if item.dtype != tf.string:
+            item = tf.strings.as_string(item)
+        signals.append(tf.strings.to_hash_bucket_fast(item, 2**62))
+    return communication.allgather(tf.reshape(tf.stack(signals), [-1]), name=name)
 
 
 def record_worker_topology():
@@ -193,37 +209,37 @@ class SaverBuilder(saver_module.BulkSaverBuilder):
     complete on every worker."""
         workers = communication.world_size()
         with tf.device("/cpu:0"):
-            temp = tf.strings.join([prefix, "_temp/"])
-        checks = [_same_prefix_on_every_worker(prefix)] if workers > 1 else []
-        with tf.control_dependencies(checks):
-            writes, parts = [], []
-            with tf.control_dependencies(_evictions(tables)):
-                for index, group in enumerate(_by_device(tables)):
-                    group_prefix = f"sok_ev_tables_{index}"
-                    with tf.device(group[0][1].device):
-                        writes.append(
-                            _save_tables(tf.strings.join([temp, group_prefix]), group, workers))
-                    parts.extend(
-                        part_prefix(group_prefix, worker, workers) for worker in range(workers))
-            with tf.device("/cpu:0"):
-                dense_prefixes = [
-                    self.sharded_filename(tf.strings.join([temp, "part"]), shard, len(dense))
-                    for shard in range(len(dense))
-                ]
+            # Nothing is written before every worker agreed on the path.
+            checked = _same_prefix_on_every_worker(prefix) if workers > 1 else prefix
+            temp = tf.strings.join([checked, "_temp/"])
+        writes, parts = [], []
+        with tf.control_dependencies(_evictions(tables)):
+            for index, group in enumerate(_by_device(tables)):
+                group_prefix = f"sok_ev_tables_{index}"
+                with tf.device(group[0][1].device):
+                    writes.append(
+                        _save_tables(tf.strings.join([temp, group_prefix]), group, workers))
+                parts.extend(
+                    part_prefix(group_prefix, worker, workers) for worker in range(workers))
+        with tf.device("/cpu:0"):
+            dense_prefixes = [
+                self.sharded_filename(tf.strings.join([temp, "part"]), shard, len(dense))
+                for shard in range(len(dense))
+            ]
 
-            def write_dense():
-                writes = []
-                for part, (device, saveables) in zip(dense_prefixes, dense):
-                    with tf.device(saver_module.saveable_object_util.set_cpu0(device)):
-                        writes.append(
-                            saver_module.BaseSaverBuilder._AddSaveOps(  # pylint: disable=protected-access
-                                self, part, saveables))
-                return writes
+        def write_dense():
+            written = []
+            for part, (device, saveables) in zip(dense_prefixes, dense):
+                with tf.device(saver_module.saveable_object_util.set_cpu0(device)):
+                    written.append(
+                        saver_module.BaseSaverBuilder._AddSaveOps(  # pylint: disable=protected-access
+                            self, part, saveables))
+            return written
 
-            if workers == 1:
-                writes.extend(write_dense())
-            elif dense:
-                writes.append(_on_worker_zero(write_dense))
+        if workers == 1:
+            writes.extend(write_dense())
+        elif dense:
+            writes.append(_on_worker_zero(write_dense))
         with tf.device("/cpu:0"):
             inputs = dense_prefixes + [tf.strings.join([temp, part]) for part in parts]
 
@@ -232,14 +248,15 @@ class SaverBuilder(saver_module.BulkSaverBuilder):
 
             if workers == 1:
                 with tf.control_dependencies(writes):
-                    done = merge()
-            else:
-                written = _barrier("sok_ev_checkpoint_parts_written", writes)
-                with tf.control_dependencies([written]):
-                    merged = _on_worker_zero(merge)
-                done = [_barrier("sok_ev_checkpoint_merged", [merged])]
-            with tf.control_dependencies(done):
-                return tf.identity(prefix)
+                    merged = merge()
+                with tf.control_dependencies(merged):
+                    return tf.identity(prefix)
+            # Worker 0 merges once every part is written; every worker
+            # returns once the checkpoint is complete (then Saver.save
+            # records it as the latest).
+            written = _barrier("sok_ev_checkpoint_parts_written", writes)
+            merged = _on_worker_zero(merge, gate=written)
+            return _after(prefix, _barrier("sok_ev_checkpoint_merged", [merged]))
 
     def _AddRestoreOps(  # pylint: disable=invalid-name
             self,
@@ -284,15 +301,18 @@ class SaverBuilder(saver_module.BulkSaverBuilder):
 
 
 def _same_prefix_on_every_worker(prefix):
-    """Fails on every worker unless all save to the same path."""
+    """`prefix`, once every worker checked that all save to the same path;
+  fails on every worker otherwise."""
     mine = tf.reshape(tf.strings.to_hash_bucket_fast(prefix, 2**62), [1])
     everyone = communication.allgather(mine, name="sok_ev_checkpoint_paths")
-    return tf.debugging.assert_equal(
+    check = tf.debugging.assert_equal(
         everyone,
         tf.fill(tf.shape(everyone), everyone[0]),
         message="tf.compat.v1.train.Saver.save was given different paths on different workers: "
         "with Embedding Variables every worker must save the same checkpoint path, on a file "
         "system they share (each writes its shards, worker 0 the rest)")
+    with tf.control_dependencies([check]):
+        return _after(prefix, everyone)
 
 
 _original_builder = {}

@@ -299,16 +299,26 @@ class RestoreEmbeddingVariablesOp : public OpKernel {
     // keys worker w owns, so the other shards need not be read.
     const bool same_sharding =
         saved_target == -1 && target == -1 && saved_workers == topology.num_workers;
+    // Every shard is checked, and the table gets every slot of any shard,
+    // whatever keys it ends up holding; then the shards that may hold keys
+    // of this worker are read (none of another worker's table).
+    std::vector<ShardLayout> layouts(saved_workers);
+    for (int64_t shard = 0; shard < saved_workers; ++shard) {
+      TF_RETURN_IF_ERROR(CheckShard(reader, where, t, shard, saved_workers, &layouts[shard]));
+      const Tensor& names = layouts[shard].slot_names;
+      const Tensor& values = layouts[shard].slot_values;
+      for (int64_t s = 0; s < names.NumElements(); ++s) {
+        int index;
+        TF_RETURN_IF_ERROR(core.AddSlot(**table, names.flat<tensorflow::tstring>()(s),
+                                        values.flat<float>()(s), &index));
+      }
+    }
     int64_t kept = 0;
     for (int64_t shard = 0; shard < saved_workers; ++shard) {
-      ShardLayout layout;
-      TF_RETURN_IF_ERROR(CheckShard(reader, where, t, shard, saved_workers, &layout));
-      // Every shard is checked; only those that may hold keys of this
-      // worker are read (none of another worker's table).
       if (same_sharding && shard != topology.worker) continue;
       if (target >= 0 && target != topology.worker) continue;
-      TF_RETURN_IF_ERROR(
-          LoadShard<Key>(reader, core, layout, t, topology, same_sharding, table->get(), &kept));
+      TF_RETURN_IF_ERROR(LoadShard<Key>(reader, core, layouts[shard], t, topology, same_sharding,
+                                        table->get(), &kept));
     }
     int64_t size = 0;
     TF_RETURN_IF_ERROR(core.Size(**table, &size));
@@ -399,9 +409,9 @@ class RestoreEmbeddingVariablesOp : public OpKernel {
     const int64_t columns = 1 + num_slots;
     const Tensor& slot_names = layout.slot_names;
     const Tensor& slot_values = layout.slot_values;
-    // Column c of this shard goes to slot column[c] of the table; the table
-    // gains the shard's slots it lacks, rows lacking one of the table's
-    // slots get that slot's initial value.
+    // Column c of this shard goes to slot column[c] of the table (which has
+    // every slot of every shard); rows lacking one of the table's slots get
+    // that slot's initial value.
     std::vector<int64_t> table_column(columns, 0);
     for (int64_t s = 0; s < num_slots; ++s) {
       int index;
