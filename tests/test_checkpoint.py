@@ -11,14 +11,18 @@ them or none. Optimizer state with Embedding Variable slots is listed by
 opt.variables() and checkpointed. A meta graph or SavedModel holding
 Embedding Variables loads after `import sok_ev` and looks up the restored
 rows. A corrupt checkpoint is rejected with a message naming what is wrong;
-steps_to_live evicts stale keys at save, as in DeepRec.
+steps_to_live evicts stale keys at save, as in DeepRec. The Saver hook is
+narrow: a Saver without Embedding Variables builds what TensorFlow builds,
+and the private builder methods it overrides exist as it expects.
 """
+import inspect
 import os
 import re
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.python.training import saver as saver_module
 
 import sok_ev_reference as ref
 from sok_ev_reference import graph_session, matrix_ev, random_matrix
@@ -525,3 +529,52 @@ def test_saved_checkpoint_names_each_tables_tensors_after_the_table(sok, unique_
         assert saved[f"{name}/sok_ev/shard_0_of_1/keys"] == [1]
         assert saved[f"{name}/sok_ev/shard_0_of_1/values"] == [1, 2]
     assert not os.path.exists(str(tmp_path / "model_temp"))
+
+
+# --------------------------------------------------------------------------- the Saver hook
+
+# What sok_ev/checkpoint.py overrides in TensorFlow's Saver builder, and the
+# parameters it relies on.
+OVERRIDDEN = {
+    "_build_internal": [
+        "self", "names_to_saveables", "reshape", "sharded", "max_to_keep",
+        "keep_checkpoint_every_n_hours", "name", "restore_sequentially", "filename", "build_save",
+        "build_restore"
+    ],
+    "_AddSaveOps": ["self", "filename_tensor", "saveables"],
+    "_AddShardedSaveOps": ["self", "filename_tensor", "per_device"],
+    "_AddRestoreOps": [
+        "self", "filename_tensor", "saveables", "restore_sequentially", "reshape",
+        "preferred_shard", "name"
+    ],
+    "_AddShardedRestoreOps": [
+        "self", "filename_tensor", "per_device", "restore_sequentially", "reshape"
+    ],
+}
+
+
+def test_saver_builder_methods_the_hook_overrides_exist_with_the_expected_parameters(sok):
+    assert sok.checkpoint.saver_hook_installed()
+    for name, parameters in OVERRIDDEN.items():
+        original = getattr(saver_module.BaseSaverBuilder, name)
+        assert list(inspect.signature(original).parameters) == parameters, (
+            f"TensorFlow {tf.__version__} changed BaseSaverBuilder.{name}; sok_ev/checkpoint.py "
+            "must be updated")
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_a_saver_without_embedding_variables_builds_what_tensorflow_builds(sok, sharded):
+
+    def saver_graph():
+        with tf.Graph().as_default() as graph:
+            tf.compat.v1.get_variable("dense", initializer=tf.ones([3]))
+            tf.compat.v1.train.Saver(sharded=sharded)
+        return graph.as_graph_def()
+
+    hooked = saver_graph()
+    sok.checkpoint.uninstall_saver_hook()
+    try:
+        original = saver_graph()
+    finally:
+        sok.init()
+    assert hooked == original
