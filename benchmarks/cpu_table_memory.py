@@ -31,7 +31,6 @@ import datetime
 import gc
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -40,8 +39,9 @@ import numpy as np
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(REPO_ROOT, "benchmarks", "RESULTS.md")
+import results  # noqa: E402  (benchmarks/results.py, next to this script)
+
+REPO_ROOT = results.REPO_ROOT
 MIB = 1 << 20
 
 
@@ -49,7 +49,9 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--keys", type=int, default=5_000_000)
     p.add_argument("--dim", type=int, default=16)
-    p.add_argument("--batch", type=int, default=500_000, help="keys per inserting lookup")
+    # A large training batch; lookups of far more keys at once leave their
+    # temporaries in the allocator's free lists, which RSS would count.
+    p.add_argument("--batch", type=int, default=65_536, help="keys per inserting lookup")
     p.add_argument("--label", default="", help="tag of this run in RESULTS.md (e.g. before)")
     p.add_argument("--no-append", action="store_true", help="do not write RESULTS.md")
     p.add_argument("--child", choices=["table", "small", "dense"], help=argparse.SUPPRESS)
@@ -223,8 +225,6 @@ def main(argv=None):
         }[args.child](args)
         print(json.dumps(result))
         return
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
-
     raw = 8 + 2 * 4 * args.dim  # key + value + Adagrad slot
     raw_values = 8 + 4 * args.dim  # before the slot exists
     table = run_child("table", args)
@@ -244,14 +244,12 @@ def main(argv=None):
     for name, value in small.items():
         count = 26 if name.startswith("26") else 1
         held = count * 64 * raw
-        rows.append(f"| {name} | {value / MIB:.2f} MiB | — | {held / 1024:.1f} KiB held | "
-                    f"{value / held:.0f}x |")
+        rows.append(f"| {name} | {value / 1024:.0f} KiB | — | {held / 1024:.1f} KiB held | "
+                    f"{value / held:.1f}x |")
     table_md = "\n".join([
         "| phase | RSS growth | per key | raw per key | ratio |",
         "|---|---|---|---|---|",
     ] + rows)
-    command = "python " + " ".join([os.path.relpath(os.path.abspath(sys.argv[0]), REPO_ROOT)] +
-                                   (sys.argv[1:] if argv is None else argv))
     try:
         commit = subprocess.run(["git", "-C", REPO_ROOT, "rev-parse", "--short", "HEAD"],
                                 capture_output=True,
@@ -259,14 +257,12 @@ def main(argv=None):
                                 check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         commit = "unknown"
-    machine = (f"{platform.machine()}, {os.cpu_count()} cores ({cpu_model()}), "
-               f"TensorFlow {tf.__version__}, Python {platform.python_version()}; "
-               f"load average at end {os.getloadavg()[0]:.1f}")
     label = f" — {args.label}" if args.label else ""
     section = "\n".join([
         f"\n## CPU table memory (benchmarks/cpu_table_memory.py){label}, "
-        f"{datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}", "", f"- machine: {machine}",
-        f"- command: `{command}` (tree at {commit})",
+        f"{datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}", "",
+        f"- machine: {results.machine()}",
+        f"- command: `{results.command(argv)}` (tree at {commit})",
         f"- setup: {n} distinct int64 keys, dim {args.dim}, Adagrad; inserted by lookups of "
         f"{args.batch} keys; save = tf.train.Checkpoint(table=ev).write()",
         f"- raw per key: key 8 B + value {4 * args.dim} B + slot {4 * args.dim} B = {raw} B "
@@ -274,20 +270,7 @@ def main(argv=None):
     ])
     print(section)
     if not args.no_append:
-        with open(RESULTS, "a") as f:
-            f.write(section)
-        print(f"appended to {os.path.relpath(RESULTS, REPO_ROOT)}")
-
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
+        results.append(section)
 
 
 if __name__ == "__main__":

@@ -162,9 +162,22 @@ def record_worker_topology():
 
 
 def _split(saveables):
+    """([(name, Embedding Variable)], the other saveables)."""
     tables = [s for s in saveables if isinstance(s, EmbeddingVariableSaveable)]
     others = [s for s in saveables if not isinstance(s, EmbeddingVariableSaveable)]
     return [(s.name, s.variable) for s in tables], others
+
+
+def _split_groups(per_device):
+    """_split over TensorFlow's [(device, saveables)]: every table, and the
+  groups of other saveables that are not empty."""
+    tables, dense = [], []
+    for device, saveables in per_device:
+        group_tables, others = _split(saveables)
+        tables.extend(group_tables)
+        if others:
+            dense.append((device, others))
+    return tables, dense
 
 
 class SaverBuilder(saver_module.BulkSaverBuilder):
@@ -191,12 +204,7 @@ class SaverBuilder(saver_module.BulkSaverBuilder):
         return self._save_with_tables(filename_tensor, [("", others)] if others else [], tables)
 
     def _AddShardedSaveOps(self, filename_tensor, per_device):  # pylint: disable=invalid-name
-        tables, dense = [], []
-        for device, saveables in per_device:
-            group_tables, others = _split(saveables)
-            tables.extend(group_tables)
-            if others:
-                dense.append((device, others))
+        tables, dense = _split_groups(per_device)
         if not tables:
             return super()._AddShardedSaveOps(filename_tensor, per_device)
         return self._save_with_tables(filename_tensor, dense, tables)
@@ -281,12 +289,7 @@ class SaverBuilder(saver_module.BulkSaverBuilder):
 
     def _AddShardedRestoreOps(  # pylint: disable=invalid-name
             self, filename_tensor, per_device, restore_sequentially, reshape):
-        tables, dense = [], []
-        for device, saveables in per_device:
-            group_tables, others = _split(saveables)
-            tables.extend(group_tables)
-            if others:
-                dense.append((device, others))
+        tables, dense = _split_groups(per_device)
         if not tables:
             return super()._AddShardedRestoreOps(filename_tensor, per_device, restore_sequentially,
                                                  reshape)

@@ -28,6 +28,7 @@ Results: "<api>/<when>/t<i>/<field>" with when in {restored, saved} and field
 in {keys, rows, frequencies, versions, slots}, plus "<api>/<when>/bias".
 """
 import argparse
+import contextlib
 import os
 import threading
 import time
@@ -232,19 +233,27 @@ def message_of(run):
     return ""
 
 
-def record_mistakes(args, results):
-    directory = os.path.join(args.root, "mistakes")
+@contextlib.contextmanager
+def trained_session(directory, tag):
+    """A new graph and session: the model, initialized and trained one step,
+    and a Saver; yields (model, saver, session)."""
     os.makedirs(directory, exist_ok=True)
-    # Saver.save with a path of each worker's own.
     with tf.Graph().as_default():
         model = GraphModel()
         saver = tf.compat.v1.train.Saver()
         with tf.compat.v1.Session() as session:
             session.run(tf.compat.v1.global_variables_initializer())
-            session.run(model.train, model.feed("mistakes", "saver", 0))
-            results["mistake/saver_paths"] = message_of(
-                lambda: saver.save(session, os.path.join(directory, f"own-{RANK}")))
-            path = saver.save(session, os.path.join(directory, "shared"))
+            session.run(model.train, model.feed(tag, "saver", 0))
+            yield model, saver, session
+
+
+def record_mistakes(args, results):
+    directory = os.path.join(args.root, "mistakes")
+    # Saver.save with a path of each worker's own.
+    with trained_session(directory, "mistakes") as (_, saver, session):
+        results["mistake/saver_paths"] = message_of(
+            lambda: saver.save(session, os.path.join(directory, f"own-{RANK}")))
+        path = saver.save(session, os.path.join(directory, "shared"))
     # Only worker 0 restores, then broadcasts (the single-worker habit).
     with tf.Graph().as_default():
         model = GraphModel()
@@ -266,22 +275,16 @@ def interrupt(args, results):
     """Saves ROOT/saver/good; then worker 1 dies in the middle of the next
     save, once worker 0 has written its part of ROOT/saver/bad."""
     directory = os.path.join(args.root, "saver")
-    os.makedirs(directory, exist_ok=True)
-    with tf.Graph().as_default():
-        model = GraphModel()
-        saver = tf.compat.v1.train.Saver()
-        with tf.compat.v1.Session() as session:
-            session.run(tf.compat.v1.global_variables_initializer())
-            session.run(model.train, model.feed("interrupted", "saver", 0))
-            saver.save(session, os.path.join(directory, "good"))
-            record(results, "saver/saved", *session.run(model.state))
-            harness.save_rank_results(args.out, RANK, results)
-            session.run(model.train, model.feed("interrupted", "saver", 1))
-            if RANK == 1:
-                part = os.path.join(directory, "bad_temp",
-                                    "sok_ev_tables_0_worker_00000_of_00002.index")
-                threading.Thread(target=die_when_written, args=(part,), daemon=True).start()
-            saver.save(session, os.path.join(directory, "bad"))
+    with trained_session(directory, "interrupted") as (model, saver, session):
+        saver.save(session, os.path.join(directory, "good"))
+        record(results, "saver/saved", *session.run(model.state))
+        harness.save_rank_results(args.out, RANK, results)
+        session.run(model.train, model.feed("interrupted", "saver", 1))
+        if RANK == 1:
+            part = os.path.join(directory, "bad_temp",
+                                "sok_ev_tables_0_worker_00000_of_00002.index")
+            threading.Thread(target=die_when_written, args=(part,), daemon=True).start()
+        saver.save(session, os.path.join(directory, "bad"))
 
 
 def die_when_written(path):

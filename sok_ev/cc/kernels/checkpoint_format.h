@@ -12,8 +12,8 @@
 //   T/sok_ev/shard_<w>_of_<W>/slot_initial_values  [s]       float32
 //   T/sok_ev/shard_<w>_of_<W>/slot_<i>             [n, dim]  float32, slot i
 // and worker 0 writes T/sok_ev/header = int64 [W, target_gpu, version].
-// Tensors of n > 0 rows are written as row slices of at most
-// kExportBatchKeys rows, so neither side ever holds a whole table's copy;
+// Tensors of n > 0 rows are written as row slices of about 8 MiB
+// (ExportBatchKeys), so neither side ever holds a whole table's copy;
 // TensorFlow's readers (tf.train.load_variable) still see whole tensors.
 // Which worker owns a key is not stored: a restore recomputes it for the
 // worker count it runs on (cc/partition.h).

@@ -177,7 +177,8 @@ class SaveEmbeddingVariablesOp : public OpKernel {
       written += count;
       return absl::OkStatus();
     };
-    TF_RETURN_IF_ERROR(core.template ExportBatches<Key>(*table, kExportBatchKeys, begin, emit));
+    TF_RETURN_IF_ERROR(
+        core.template ExportBatches<Key>(*table, ExportBatchKeys(columns * dim), begin, emit));
     if (written != total) {
       return errors::Internal("saving Embedding Variable '", variable->name(), "' wrote ", written,
                               " of its ", total, " keys");
@@ -544,27 +545,10 @@ class RestoreEmbeddingVariablesOp : public OpKernel {
   std::vector<int64_t> target_workers_;
 };
 
-template <typename Device>
-class EmbeddingVariableRestoreStampOp : public OpKernel {
- public:
-  using OpKernel::OpKernel;
-  void Compute(OpKernelContext* context) override {
-    RefCountPtr<EmbeddingVariable<Device>> variable;
-    const bool found =
-        tensorflow::LookupResource(context, tensorflow::HandleFromInput(context, 0), &variable)
-            .ok();
-    Tensor* output;
-    OP_REQUIRES_OK(context, context->allocate_output(0, TensorShape({}), &output));
-    output->scalar<int64_t>()() = found ? static_cast<int64_t>(variable->restore_stamp()) : 0;
-  }
-};
-
 REGISTER_KERNEL_BUILDER(Name("SokEv>SaveEmbeddingVariables").Device(tensorflow::DEVICE_CPU),
                         SaveEmbeddingVariablesOp<CPUDevice>);
 REGISTER_KERNEL_BUILDER(Name("SokEv>RestoreEmbeddingVariables").Device(tensorflow::DEVICE_CPU),
                         RestoreEmbeddingVariablesOp<CPUDevice>);
-REGISTER_KERNEL_BUILDER(Name("SokEv>EmbeddingVariableRestoreStamp").Device(tensorflow::DEVICE_CPU),
-                        EmbeddingVariableRestoreStampOp<CPUDevice>);
 
 #if GOOGLE_CUDA
 // The bundle is read and written on host; the tables' data crosses in
@@ -581,11 +565,6 @@ REGISTER_KERNEL_BUILDER(Name("SokEv>RestoreEmbeddingVariables")
                             .HostMemory("prefix")
                             .HostMemory("resources"),
                         RestoreEmbeddingVariablesOp<GPUDevice>);
-REGISTER_KERNEL_BUILDER(Name("SokEv>EmbeddingVariableRestoreStamp")
-                            .Device(DEVICE_GPU)
-                            .HostMemory("resource")
-                            .HostMemory("stamp"),
-                        EmbeddingVariableRestoreStampOp<GPUDevice>);
 #endif  // GOOGLE_CUDA
 
 }  // namespace

@@ -113,7 +113,7 @@ class Core<CPUDevice> {
     ExportBuffers<Key> out;
     int64_t written = 0, width = 0;
     return ExportBatches<Key>(
-        table, kExportBatchKeys,
+        table, ExportBatchKeys(table.row_width()),
         [&](int64_t total, int64_t row_width) {
           width = row_width;
           return allocate(total, row_width, &out);

@@ -59,8 +59,10 @@ class InitializeEmbeddingVariableOp : public EmbeddingVariableOpKernel<Device> {
   InitializerSpec spec_;
 };
 
-template <typename Device>
-class EmbeddingVariableIsInitializedOp : public OpKernel {
+// An op reading one scalar of the variable behind input 0, which may not
+// exist yet: Read::Of(variable), or Read::kAbsent.
+template <typename Device, typename Read>
+class VariableScalarOp : public OpKernel {
  public:
   using OpKernel::OpKernel;
   void Compute(OpKernelContext* context) override {
@@ -70,9 +72,32 @@ class EmbeddingVariableIsInitializedOp : public OpKernel {
             .ok();
     Tensor* output;
     OP_REQUIRES_OK(context, context->allocate_output(0, TensorShape({}), &output));
-    output->scalar<bool>()() = found && variable->is_initialized();
+    output->scalar<typename Read::Type>()() = found ? Read::Of(*variable) : Read::kAbsent;
   }
 };
+
+struct IsInitialized {
+  using Type = bool;
+  static constexpr bool kAbsent = false;
+  template <typename Device>
+  static bool Of(const EmbeddingVariable<Device>& variable) {
+    return variable.is_initialized();
+  }
+};
+
+struct RestoreStamp {
+  using Type = int64_t;
+  static constexpr int64_t kAbsent = 0;
+  template <typename Device>
+  static int64_t Of(const EmbeddingVariable<Device>& variable) {
+    return static_cast<int64_t>(variable.restore_stamp());
+  }
+};
+
+template <typename Device>
+using EmbeddingVariableIsInitializedOp = VariableScalarOp<Device, IsInitialized>;
+template <typename Device>
+using EmbeddingVariableRestoreStampOp = VariableScalarOp<Device, RestoreStamp>;
 
 template <typename Device>
 class EmbeddingVariableSizeOp : public OpKernel {
@@ -272,6 +297,7 @@ REGISTER_KERNEL_BUILDER(Name("SokEv>EmbeddingVariableHandle").Device(tensorflow:
                         tensorflow::ResourceHandleOp<EmbeddingVariable<CPUDevice>>);
 SOK_EV_REGISTER_CPU("InitializeEmbeddingVariable", InitializeEmbeddingVariableOp);
 SOK_EV_REGISTER_CPU("EmbeddingVariableIsInitialized", EmbeddingVariableIsInitializedOp);
+SOK_EV_REGISTER_CPU("EmbeddingVariableRestoreStamp", EmbeddingVariableRestoreStampOp);
 SOK_EV_REGISTER_CPU("EmbeddingVariableSize", EmbeddingVariableSizeOp);
 SOK_EV_REGISTER_CPU("EmbeddingVariableExport", EmbeddingVariableExportOp);
 SOK_EV_REGISTER_CPU("EmbeddingVariableImport", EmbeddingVariableImportOp);
@@ -294,6 +320,11 @@ REGISTER_KERNEL_BUILDER(Name("SokEv>EmbeddingVariableIsInitialized")
                             .HostMemory("resource")
                             .HostMemory("is_initialized"),
                         EmbeddingVariableIsInitializedOp<GPUDevice>);
+REGISTER_KERNEL_BUILDER(Name("SokEv>EmbeddingVariableRestoreStamp")
+                            .Device(DEVICE_GPU)
+                            .HostMemory("resource")
+                            .HostMemory("stamp"),
+                        EmbeddingVariableRestoreStampOp<GPUDevice>);
 REGISTER_KERNEL_BUILDER(Name("SokEv>EmbeddingVariableSize")
                             .Device(DEVICE_GPU)
                             .HostMemory("resource")

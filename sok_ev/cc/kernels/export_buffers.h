@@ -4,6 +4,7 @@
 #ifndef SOK_EV_CC_KERNELS_EXPORT_BUFFERS_H_
 #define SOK_EV_CC_KERNELS_EXPORT_BUFFERS_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 
@@ -40,9 +41,14 @@ using ExportBegin = std::function<absl::Status(int64_t total, int64_t row_width)
 template <typename Key>
 using ExportEmit = std::function<absl::Status(const HostExportBatch<Key>& batch)>;
 
-// Keys per batch of a streamed export: small next to any table worth
-// streaming, large enough that per-batch costs vanish.
-constexpr int64_t kExportBatchKeys = 1 << 16;
+// Keys per batch of a streamed export of rows of `row_width` floats: about
+// 8 MiB of rows, small next to any table worth streaming, large enough that
+// per-batch costs vanish; at most 65536 keys, at least one.
+inline int64_t ExportBatchKeys(int64_t row_width) {
+  const int64_t bytes_per_key = row_width * static_cast<int64_t>(sizeof(float)) + 24;
+  return std::max<int64_t>(1,
+                           std::min<int64_t>(int64_t{1} << 16, (int64_t{8} << 20) / bytes_per_key));
+}
 
 }  // namespace sok_ev
 

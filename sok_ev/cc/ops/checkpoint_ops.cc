@@ -52,15 +52,6 @@ REGISTER_OP("SokEv>RestoreEmbeddingVariables")
         "is read and checked before any variable changes: on an error none "
         "does.");
 
-REGISTER_OP("SokEv>EmbeddingVariableRestoreStamp")
-    .Input("resource: resource")
-    .Output("stamp: int64")
-    .SetIsStateful()
-    .SetShapeFn(tensorflow::shape_inference::ScalarShape)
-    .Doc(
-        "Which checkpoint the variable was last restored from (a hash of its "
-        "path), 0 if it was initialized since, or never created.");
-
 REGISTER_OP("SokEv>SetWorkerTopology")
     .Input("worker: int32")
     .Input("num_workers: int32")
