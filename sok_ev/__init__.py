@@ -9,6 +9,9 @@ stock TensorFlow.
 See README.md for the whole API.
 """
 
+from sok_ev import _ops
+from sok_ev import broadcast
+from sok_ev import checkpoint
 from sok_ev import communication
 from sok_ev import dispatch
 from sok_ev import embedding_gradients
@@ -33,6 +36,14 @@ from sok_ev.options import StorageType
 
 __version__ = "0.1.0"
 
+# Graphs that hold sok_ev ops (import_meta_graph, SavedModel loaders) need
+# them registered once `import sok_ev` ran. A broken build still imports: the
+# first call that needs an op raises the library's error.
+try:
+    _ops.ops()
+except ImportError:
+    pass
+
 
 def init() -> None:
     """Prepares sok-ev; call once, after `hvd.init()` when using Horovod.
@@ -47,7 +58,11 @@ def init() -> None:
     tf.keras.optimizers SGD, Adagrad, Adam and Ftrl;
   * the tf.nn lookup dispatch (`sok_ev.dispatch`): tf.nn.embedding_lookup,
     embedding_lookup_sparse and safe_embedding_lookup_sparse (and their
-    tf.compat.v1 forms) read Embedding Variables.
+    tf.compat.v1 forms) read Embedding Variables;
+  * the saver hook (`sok_ev.checkpoint.install_saver_hook`), so
+    tf.compat.v1.train.Saver saves and restores them on any number of
+    workers; and makes hvd.broadcast_variables check Embedding Variables
+    instead of copying them (`sok_ev.broadcast`).
   Each leaves everything that is not an Embedding Variable to TensorFlow's
   own code. Idempotent.
 
@@ -58,6 +73,9 @@ def init() -> None:
     communication.init()
     if communication.world_size() > 1:
         embedding_gradients.install_allreduce_guards()
+    checkpoint.record_worker_topology()
+    checkpoint.install_saver_hook()
+    broadcast.install_broadcast_guard()
     optimizers.install_optimizer_hook()
     keras_optimizers.install_keras_optimizer_hook()
     dispatch.install_lookup_dispatch()

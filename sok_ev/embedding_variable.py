@@ -13,10 +13,12 @@ import weakref
 from typing import Any, Iterable, Optional
 
 import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2
 from tensorflow.python.eager import context
 from tensorflow.python.framework import ops as framework_ops
 from tensorflow.python.ops import resource_variable_ops
 from tensorflow.python.ops import variables
+from tensorflow.python.training.saving import saveable_object
 from tensorflow.python.trackable import base as trackable
 from tensorflow.python.types import core
 
@@ -32,6 +34,11 @@ EMBEDDING_VARIABLES = "sok_ev_embedding_variables"
 EV_INIT_VAR_OPS = "ev_init_var_ops"
 
 _SUPPORTED_KEY_DTYPES = (tf.int32, tf.int64)
+
+# The largest embedding_dim (a row of 256 KiB), as kMaxEmbeddingDim in
+# sok_ev/cc/kernels/embedding_variable.h: larger rows are no embedding anyone
+# trains, and would only surface as an allocation failure at the first lookup.
+MAX_EMBEDDING_DIM = 1 << 16
 
 
 # core.Tensor as for tf.Variable's resource variables: tapes check it to decide
@@ -67,19 +74,19 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
         self._slots = {}
         with framework_ops.init_scope():
             self._in_graph_mode = not context.executing_eagerly()
-            # A trailing "/" makes the scope absolute, so the handle op is named
-            # exactly after the variable (what _var_key and Saver rely on).
-            with framework_ops.name_scope(name + "/", skip_on_eager=False) as scope_name:
+            with framework_ops.name_scope(name, skip_on_eager=False) as scope_name:
                 self._handle_name = framework_ops.name_from_scope_name(scope_name)
                 if self._in_graph_mode:
                     shared_name = self._handle_name
                 else:
                     # Eager variables are private to their Python object.
                     shared_name = f"{self._handle_name}_{framework_ops.uid()}"
+                # An op name ending in "/" is taken as is: the handle op is named
+                # exactly `var.name` without ":0", as a meta graph import needs.
                 self._handle = ops().sok_ev_embedding_variable_handle(shared_name=shared_name,
                                                                       key_dtype=self._key_dtype,
                                                                       embedding_dim=embedding_dim,
-                                                                      name=scope_name[:-1] or name)
+                                                                      name=scope_name)
                 spec = initializers.spec_for(initializer, default_value_dim)
                 with framework_ops.name_scope("Initializer"):
                     matrix = initializers.default_values(initializer, spec, embedding_dim)
@@ -92,6 +99,11 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
                         param_a=spec.param_a,
                         param_b=spec.param_b,
                         seed=spec.seed)
+                # A restore into a session that never ran the initializer
+                # creates the table with these.
+                self._initializer_spec = spec
+                self._default_values = matrix
+            self._graph_key = framework_ops.get_default_graph()._graph_key  # pylint: disable=protected-access
             if not self._in_graph_mode:
                 self._unique_id = shared_name
                 # Frees the table when the Python object goes away, as for tf.Variable.
@@ -99,6 +111,35 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
                     handle=self._handle, handle_device=self._handle.device)
             else:
                 self._unique_id = self._handle_name
+
+    @classmethod
+    def _from_graph(cls, handle, initializer_op, trainable, steps_to_live, target_gpu):
+        """The variable whose handle and initializer ops are already in the
+    graph (an imported meta graph)."""
+        variable = cls.__new__(cls)
+        op = handle.op
+        variable._embedding_dim = op.get_attr("embedding_dim")
+        variable._key_dtype = tf.as_dtype(op.get_attr("key_dtype"))
+        variable._trainable = trainable
+        variable._steps_to_live = steps_to_live
+        variable.target_gpu = target_gpu
+        variable._in_graph_mode = True
+        variable._save_slice_info = None
+        variable._initializer_object = None
+        variable._slots = {}
+        variable._handle = handle
+        variable._handle_name = op.name
+        variable._unique_id = op.name
+        variable._graph_key = op.graph._graph_key  # pylint: disable=protected-access
+        variable._initializer_op = initializer_op
+        variable._default_values = initializer_op.inputs[1]
+        variable._initializer_spec = initializers.InitializerSpec(
+            kind=initializer_op.get_attr("initializer_kind"),
+            param_a=initializer_op.get_attr("param_a"),
+            param_b=initializer_op.get_attr("param_b"),
+            seed=initializer_op.get_attr("seed"),
+            default_value_dim=initializer_op.inputs[1].shape[0] or 0)
+        return variable
 
     # --- What makes it an Embedding Variable --------------------------------
 
@@ -277,35 +318,105 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
         return EmbeddingVariableTraceType(self)
 
     # --- Checkpoints: tf.train.Saver and tf.train.Checkpoint ----------------
+    #
+    # sok_ev/checkpoint.py writes and reads the tables (streamed, any worker
+    # count): tf.compat.v1.train.Saver through the saver hook that
+    # sok_ev.init() installs, tf.train.Checkpoint through a registered saver.
 
-    def _serialize_to_tensors(self):
-        evict = tf.no_op()
-        if self._steps_to_live:
-            # DeepRec evicts stale keys when saving.
-            step = tf.compat.v1.train.get_global_step()
-            if step is not None:
-                evict = ops().sok_ev_embedding_variable_evict(self._handle,
-                                                              tf.cast(step, tf.int64),
-                                                              key_dtype=self._key_dtype,
-                                                              steps_to_live=self._steps_to_live)
-        with tf.control_dependencies([evict]):
-            keys, rows, frequencies, versions, names, initial = self.export_full()
-        return {
-            "keys": keys,
-            "values": rows,
-            "freqs": frequencies,
-            "versions": versions,
-            "slot_names": names,
-            "slot_initial_values": initial
-        }
+    @property
+    def initializer_spec(self):
+        """How a new key's row starts (sok_ev.initializers.InitializerSpec)."""
+        return self._initializer_spec
 
-    def _restore_from_tensors(self, restored_tensors):
-        t = restored_tensors
-        return self.import_full(t["keys"], t["values"], t["freqs"], t["versions"], t["slot_names"],
-                                t["slot_initial_values"])
+    @property
+    def default_values(self):
+        """The `[N, dim]` default-value matrix input of the initializer (N = 0
+    unless the initializer draws a matrix)."""
+        return self._default_values
 
     def _gather_saveables_for_checkpoint(self):
-        return trackable.Trackable._gather_saveables_for_checkpoint(self)
+        # What tf.compat.v1.train.Saver asks for; named after the variable.
+        return {
+            trackable.VARIABLE_VALUE_KEY:
+                lambda name=None: EmbeddingVariableSaveable(self, name or self._handle_name)
+        }
+
+
+class EmbeddingVariableSaveable(saveable_object.SaveableObject):
+    """How tf.compat.v1.train.Saver sees an Embedding Variable: a table to
+  save and restore under `name`, done by the saver hook of sok_ev.init()
+  (sok_ev/checkpoint.py), which writes it straight from the table."""
+
+    def __init__(self, variable, name):
+        self.variable = variable
+
+        def refuse():
+            raise ValueError(self._needs_hook_message())
+
+        # The stock save path would call this; the hook never does.
+        spec = saveable_object.SaveSpec(refuse,
+                                        "",
+                                        f"{name}/sok_ev",
+                                        dtype=tf.string,
+                                        device=variable.device)
+        super().__init__(variable.handle, [spec], name)
+
+    def _needs_hook_message(self):
+        return (f"Embedding Variable '{self.variable.name}' is saved and restored by the "
+                "tf.compat.v1.train.Saver hook that sok_ev.init() installs: call sok_ev.init() "
+                "before building the Saver, and do not pass it a builder=.")
+
+    def restore(self, restored_tensors, restored_shapes):
+        del restored_tensors, restored_shapes
+        raise ValueError(self._needs_hook_message())
+
+
+# --- Meta graphs: import_meta_graph and SavedModel loaders -------------------
+#
+# The EMBEDDING_VARIABLES collection is exported as one record per variable;
+# importing it rebuilds the Python EmbeddingVariable around the imported ops
+# and puts it back into the global (and trainable) variables, so lookups,
+# optimizers and new Savers work on an imported graph.
+
+
+def _to_meta_graph_record(variable, export_scope=None):
+    if export_scope is not None and not variable._handle_name.startswith(export_scope):  # pylint: disable=protected-access
+        return None
+    record = attr_value_pb2.NameAttrList(
+        name=framework_ops.strip_name_scope(variable.handle.name, export_scope))
+    record.attr["initializer"].s = framework_ops.strip_name_scope(variable.initializer.name,
+                                                                  export_scope).encode()
+    record.attr["trainable"].b = variable.trainable
+    record.attr["steps_to_live"].i = variable.steps_to_live or 0
+    record.attr["target_gpu"].i = variable.target_gpu
+    return record
+
+
+def _from_meta_graph_record(record, import_scope=None):
+    graph = framework_ops.get_default_graph()
+    handle = graph.as_graph_element(framework_ops.prepend_name_scope(record.name, import_scope))
+    initializer = graph.as_graph_element(
+        framework_ops.prepend_name_scope(record.attr["initializer"].s.decode(), import_scope))
+    variable = EmbeddingVariable._from_graph(  # pylint: disable=protected-access
+        handle,
+        initializer,
+        trainable=record.attr["trainable"].b,
+        steps_to_live=record.attr["steps_to_live"].i or None,
+        target_gpu=record.attr["target_gpu"].i)
+    _graph_registry()[variable._handle_name] = variable  # pylint: disable=protected-access
+    collections = [tf.compat.v1.GraphKeys.GLOBAL_VARIABLES]
+    if variable.trainable:
+        collections.append(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)
+    for collection in collections:
+        if variable not in graph.get_collection(collection):
+            graph.add_to_collection(collection, variable)
+    return variable
+
+
+framework_ops.register_proto_function(EMBEDDING_VARIABLES,
+                                      proto_type=attr_value_pb2.NameAttrList,
+                                      to_proto=_to_meta_graph_record,
+                                      from_proto=_from_meta_graph_record)
 
 
 class EmbeddingVariableTraceType(tf.types.experimental.TraceType):
@@ -398,7 +509,8 @@ def get_embedding_variable(name: str,
 
   Args:
     name: the variable's name (without scope).
-    embedding_dim: positive int, the length of each row.
+    embedding_dim: int in [1, MAX_EMBEDDING_DIM = 65536], the length of each
+      row.
     key_dtype: tf.int64 (default) or tf.int32: the dtype of lookup keys.
     value_dtype: tf.float32 (default; the only value dtype).
     initializer: initializer of new rows, an instance or (as in DeepRec) its
@@ -447,9 +559,9 @@ def get_embedding_variable(name: str,
                              "partitioner.)")
     del validate_shape
     if (not isinstance(embedding_dim, numbers.Integral) or isinstance(embedding_dim, bool) or
-            embedding_dim <= 0):
+            not 0 < embedding_dim <= MAX_EMBEDDING_DIM):
         raise ValueError(f"get_embedding_variable('{name}'): embedding_dim must be "
-                         f"a positive integer, got {embedding_dim!r}")
+                         f"an integer in [1, {MAX_EMBEDDING_DIM}], got {embedding_dim!r}")
     try:
         key_dtype = tf.as_dtype(key_dtype)
     except TypeError:

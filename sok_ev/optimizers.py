@@ -24,6 +24,7 @@ import dataclasses
 from typing import Callable, List, Tuple
 
 import tensorflow as tf
+from tensorflow.python.trackable import base as trackable
 from tensorflow.python.training import optimizer as optimizer_module
 
 from sok_ev import embedding_gradients
@@ -91,13 +92,78 @@ def _rule_for(optimizer, variable):
                     f"{', '.join(SUPPORTED_OPTIMIZERS)}.")
 
 
-class EmbeddingVariableSlot:
+class EmbeddingVariableSlot(trackable.Trackable):
     """What `optimizer.get_slot(embedding_variable, name)` returns: the slot
-  lives in the variable's table, beside each row, under `table_slot_name`."""
+  lives in the variable's table, beside each row, under `table_slot_name`.
+
+  It is optimizer state like a dense slot variable: `opt.variables()` lists
+  it and `tf.train.Checkpoint(optimizer=opt)` tracks it. Its values are
+  saved and restored with the table (Saver, tf.train.Checkpoint); the
+  optimizer's checkpoint records only which table column it is, and a
+  restore fails if the optimizer now names that column differently (the
+  restored column would otherwise be silently ignored). Model-parallel like
+  its table, so `hvd.broadcast_variables` does not copy it (see
+  sok_ev/broadcast.py).
+  """
 
     def __init__(self, primary, table_slot_name):
         self.primary = primary
         self.table_slot_name = table_slot_name
+
+    # --- What TensorFlow and Horovod expect of optimizer state --------------
+
+    @property
+    def name(self):
+        """`<variable>/<optimizer>/<slot>:0`, e.g. `var_0/Adagrad/accumulator:0`."""
+        return f"{self.primary.name[:-2]}/{self.table_slot_name}:0"
+
+    @property
+    def dtype(self):
+        return tf.float32
+
+    @property
+    def shape(self):
+        """`[embedding_dim]`, as its Embedding Variable."""
+        return self.primary.shape
+
+    @property
+    def device(self):
+        return self.primary.device
+
+    @property
+    def op(self):
+        """Its Embedding Variable's handle op."""
+        return self.primary.op
+
+    @property
+    def graph(self):
+        return self.primary.graph
+
+    @property
+    def trainable(self):
+        return False
+
+    @property
+    def _in_graph_mode(self):
+        return self.primary._in_graph_mode  # pylint: disable=protected-access
+
+    @property
+    def _graph_key(self):
+        return self.primary._graph_key  # pylint: disable=protected-access
+
+    def _serialize_to_tensors(self):
+        with tf.device("/cpu:0"):
+            return {trackable.VARIABLE_VALUE_KEY: tf.constant(self.table_slot_name)}
+
+    def _restore_from_tensors(self, restored_tensors):
+        saved_as = restored_tensors[trackable.VARIABLE_VALUE_KEY]
+        return tf.debugging.Assert(tf.equal(saved_as, self.table_slot_name), [
+            f"slot '{self.table_slot_name}' of Embedding Variable '{self.primary.name}' was "
+            "saved as column", saved_as, "of its table: give the optimizer the name it had "
+            "when the checkpoint was saved"
+        ])
+
+    # --- Reading it ----------------------------------------------------------
 
     def export(self):
         """Every key of the primary and its slot row: `(keys [n], values [n, dim])`.
