@@ -72,5 +72,20 @@ REGISTER_KERNEL_BUILDER(Name("SokEv>SetWorkerTopology").Device(tensorflow::DEVIC
 REGISTER_KERNEL_BUILDER(Name("SokEv>WorkerTopology").Device(tensorflow::DEVICE_CPU),
                         WorkerTopologyOp);
 
+#if GOOGLE_CUDA
+// Host-memory twins, so graphs built under a GPU device scope place these ops
+// without soft placement (the values never leave the host).
+REGISTER_KERNEL_BUILDER(Name("SokEv>SetWorkerTopology")
+                            .Device(tensorflow::DEVICE_GPU)
+                            .HostMemory("worker")
+                            .HostMemory("num_workers"),
+                        SetWorkerTopologyOp);
+REGISTER_KERNEL_BUILDER(Name("SokEv>WorkerTopology")
+                            .Device(tensorflow::DEVICE_GPU)
+                            .HostMemory("worker")
+                            .HostMemory("num_workers"),
+                        WorkerTopologyOp);
+#endif  // GOOGLE_CUDA
+
 }  // namespace
 }  // namespace sok_ev
