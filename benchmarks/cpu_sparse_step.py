@@ -57,9 +57,9 @@ import time
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO_ROOT = os.path.dirname(HERE)
-RESULTS = os.path.join(HERE, "RESULTS.md")
+import results  # benchmarks/results.py, next to this script
+
+REPO_ROOT = results.REPO_ROOT
 VENV_TF216 = os.path.join(REPO_ROOT, ".venv-tf2.16")
 
 # side -> (implementation, venv); the first side is the one measured against.
@@ -449,9 +449,9 @@ def main(argv=None):
 
 
 def write_report(args, rows, verdicts, loads, groups):
-    command = "python " + " ".join([os.path.relpath(os.path.abspath(sys.argv[0]), REPO_ROOT)] +
-                                   sys.argv[1:])
-    machine = (f"{platform.machine()}, {os.cpu_count()} cores ({cpu_model()}), "
+    command = results.command()
+    # Each side's TensorFlow is in the table: this process imports none.
+    machine = (f"{platform.machine()}, {os.cpu_count()} cores ({results.cpu_model()}), "
                f"Python {platform.python_version()}")
     config = (
         f"{args.tables} tables, batch {args.batch}, dim {args.dim}, vocab {args.vocab}/table, "
@@ -473,20 +473,7 @@ def write_report(args, rows, verdicts, loads, groups):
     ] + verdicts + [""])
     print(section)
     if not args.no_append:
-        with open(RESULTS, "a") as f:
-            f.write(section)
-        print(f"appended to {os.path.relpath(RESULTS, REPO_ROOT)}")
-
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
+        results.append(section)
 
 
 if __name__ == "__main__":

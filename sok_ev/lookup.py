@@ -18,6 +18,7 @@ from typing import List, Optional, Sequence, Union
 import tensorflow as tf
 
 from sok_ev import communication
+from sok_ev import embedding_gradients
 from sok_ev._ops import ops
 from sok_ev.embedding_variable import EmbeddingVariable
 
@@ -96,6 +97,7 @@ def _check_placement(params):
                              f"{variable.target_gpu}")
 
 
+@tf.autograph.experimental.do_not_convert
 def lookup_sparse(
     params: Sequence[EmbeddingVariable],
     indices: Sequence[tf.SparseTensor],
@@ -200,7 +202,8 @@ def _find_or_insert_combine_gradient(op, *grads):
     # row_offsets, weights (N each)
     grad_unique = _combine_backward(op, grads, first=4 * n)
     keys = op.inputs[n:2 * n]
-    return [tf.IndexedSlices(g, k) for g, k in zip(grad_unique, keys)] + [None] * (7 * n)
+    return [embedding_gradients.keyed_gradient(g, k) for g, k in zip(grad_unique, keys)
+           ] + [None] * (7 * n)
 
 
 @tf.RegisterGradient("SokEv>FindOrInsert")
@@ -208,7 +211,10 @@ def _find_or_insert_gradient(op, *grads):
     """Each table's rows get IndexedSlices keyed by the looked-up keys."""
     n = op.get_attr("N")
     keys = op.inputs[n:2 * n]
-    table_grads = [None if g is None else tf.IndexedSlices(g, k) for g, k in zip(grads, keys)]
+    table_grads = [
+        None if g is None else embedding_gradients.keyed_gradient(g, k)
+        for g, k in zip(grads, keys)
+    ]
     return table_grads + [None] * (2 * n)
 
 

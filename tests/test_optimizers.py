@@ -213,13 +213,14 @@ def test_one_minimize_updates_evs_and_dense_variables_together(sok, rng, optimiz
     batches, upstreams = _draw_steps(rng)
 
     # Reference: the same model with the embedding held in a dense Variable.
-    table, weight = tf.Variable(matrix), tf.Variable(weight0)
-    opt = make_optimizer()
-    for batch, up in zip(batches, upstreams):
-        with tf.GradientTape() as tape:
-            out = ref.dense_lookup_sparse(table, batch, "sum", False)
-            loss = tf.reduce_sum(out * up * weight)
-        opt.apply_gradients(zip(tape.gradient(loss, [table, weight]), [table, weight]))
+    with ref.on_reference_device():
+        table, weight = tf.Variable(matrix), tf.Variable(weight0)
+        opt = make_optimizer()
+        for batch, up in zip(batches, upstreams):
+            with tf.GradientTape() as tape:
+                out = ref.dense_lookup_sparse(table, batch, "sum", False)
+                loss = tf.reduce_sum(out * up * weight)
+            opt.apply_gradients(zip(tape.gradient(loss, [table, weight]), [table, weight]))
 
     with ref.graph_session() as sess:
         ev = ref.matrix_ev(sok, "table", matrix)

@@ -12,7 +12,8 @@
 //   Core(OpKernelContext*)
 //   NewTableAllocator()   table-lifetime memory, null when the table needs none
 //   NewTable, Size, AddSlot, FindOrInsert, FindOrInsertCombine, Find,
-//   InsertOrAssign, EvictStale, ExportAll, ApplyOptimizer     on one table
+//   InsertOrAssign, InsertOrAssignFromHost, EvictStale, ExportAll,
+//   ExportBatches, ApplyOptimizer          on one table
 //   UniqueKeys (all tables of a lookup at once), CheckDistinct,
 //   PartitionByOwner, CombineForward, CombineBackward         free stages
 //   Copy, SetZero, CopyToHost             device memory

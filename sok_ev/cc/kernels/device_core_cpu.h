@@ -105,16 +105,14 @@ class Core<CPUDevice> {
   template <typename Key>
   absl::Status AddSlot(Table<Key>& table, const std::string& name, float initial_value,
                        int* index) {
-    *index = table.add_slot(name, initial_value);
-    return absl::OkStatus();
+    return ToTfStatus(table.add_slot(name, initial_value, index));
   }
 
   //   keys: (n,)  values: (n, dim) out  frequencies: (n,)
   template <typename Key>
   absl::Status FindOrInsert(Table<Key>& table, const Key* keys, int64_t n, float* values,
                             const int64_t* frequencies) {
-    table.find_or_insert(context_, keys, n, values, frequencies);
-    return absl::OkStatus();
+    return ToTfStatus(table.find_or_insert(context_, keys, n, values, frequencies));
   }
 
   // Absent keys read their initial value.
@@ -129,8 +127,15 @@ class Core<CPUDevice> {
   template <typename Key>
   absl::Status InsertOrAssign(Table<Key>& table, const Key* keys, int64_t n, const float* rows,
                               const int64_t* frequencies, const int64_t* versions) {
-    table.insert_or_assign(context_, keys, n, rows, frequencies, versions);
-    return absl::OkStatus();
+    return ToTfStatus(table.insert_or_assign(context_, keys, n, rows, frequencies, versions));
+  }
+
+  // InsertOrAssign with host buffers (the same on CPU).
+  template <typename Key>
+  absl::Status InsertOrAssignFromHost(Table<Key>& table, const Key* keys, int64_t n,
+                                      const float* rows, const int64_t* frequencies,
+                                      const int64_t* versions) {
+    return InsertOrAssign(table, keys, n, rows, frequencies, versions);
   }
 
   // evicted: host.
@@ -141,20 +146,47 @@ class Core<CPUDevice> {
     return absl::OkStatus();
   }
 
-  // A consistent copy of the table into buffers from `allocate`.
+  // A consistent copy of the table into buffers from `allocate`, written
+  // straight from the table (no intermediate copy).
   template <typename Key>
   absl::Status ExportAll(const Table<Key>& table, const ExportAllocator<Key>& allocate) {
-    const auto snapshot = table.export_all();
-    const int64_t n = static_cast<int64_t>(snapshot.keys.size());
-    const int64_t width =
-        n > 0 ? static_cast<int64_t>(snapshot.rows.size()) / n : table.row_width();
     ExportBuffers<Key> out;
-    TF_RETURN_IF_ERROR(allocate(n, width, &out));
-    std::copy(snapshot.keys.begin(), snapshot.keys.end(), out.keys);
-    std::copy(snapshot.rows.begin(), snapshot.rows.end(), out.rows);
-    std::copy(snapshot.frequencies.begin(), snapshot.frequencies.end(), out.frequencies);
-    std::copy(snapshot.versions.begin(), snapshot.versions.end(), out.versions);
-    return absl::OkStatus();
+    int64_t written = 0, width = 0;
+    return ExportBatches<Key>(
+        table, ExportBatchKeys(table.row_width()),
+        [&](int64_t total, int64_t row_width) {
+          width = row_width;
+          return allocate(total, row_width, &out);
+        },
+        [&](const HostExportBatch<Key>& batch) {
+          std::copy(batch.keys, batch.keys + batch.count, out.keys + written);
+          std::copy(batch.rows, batch.rows + batch.count * width, out.rows + written * width);
+          std::copy(batch.frequencies, batch.frequencies + batch.count, out.frequencies + written);
+          std::copy(batch.versions, batch.versions + batch.count, out.versions + written);
+          written += batch.count;
+          return absl::OkStatus();
+        });
+  }
+
+  // The whole table, consistent, in host batches of at most max_batch keys
+  // (see cpu::HashTable::export_batches); no copy of the table is made.
+  template <typename Key>
+  absl::Status ExportBatches(const Table<Key>& table, int64_t max_batch, const ExportBegin& begin,
+                             const ExportEmit<Key>& emit) {
+    absl::Status failed;  // a callback's own error, kept with its code
+    const Status status = table.export_batches(
+        max_batch,
+        [&](int64_t total, int64_t row_width) {
+          failed = begin(total, row_width);
+          return failed.ok() ? Status::Ok() : Status::Internal("export stopped");
+        },
+        [&](const typename Table<Key>::ExportBatch& batch) {
+          failed = emit(HostExportBatch<Key>{batch.keys, batch.rows, batch.frequencies,
+                                             batch.versions, batch.count});
+          return failed.ok() ? Status::Ok() : Status::Internal("export stopped");
+        });
+    if (!failed.ok()) return failed;
+    return ToTfStatus(status);
   }
 
   // One optimizer step on the rows of `keys`, duplicates summed first (a key
@@ -187,12 +219,12 @@ class Core<CPUDevice> {
       summed = summed_storage.data();
     }
     const bool spread = num_unique * table.row_width() >= kMinFloatsToSpread;
-    table.update_rows(spread ? context_ : serial_, unique, num_unique, global_step,
-                      [&](const int64_t* positions, float* const* rows, int64_t count) {
-                        // Already inside a per-shard task: no nested pool.
-                        cpu::apply_optimizer(serial_, spec, rows, summed, positions, count, dim);
-                      });
-    return absl::OkStatus();
+    return ToTfStatus(table.update_rows(
+        spread ? context_ : serial_, unique, num_unique, global_step,
+        [&](const int64_t* positions, float* const* rows, int64_t count) {
+          // Already inside a per-shard task: no nested pool.
+          cpu::apply_optimizer(serial_, spec, rows, summed, positions, count, dim);
+        }));
   }
 
   // Every table's sample ids are checked first: first_invalid[t] (host) is
@@ -247,7 +279,8 @@ class Core<CPUDevice> {
                                    Combiner combiner, float* out) {
     // Every element is written by find_or_insert: no zero fill.
     std::unique_ptr<float[]> values(new float[num_unique * table.dim()]);
-    table.find_or_insert(context_, unique_keys, num_unique, values.get(), counts);
+    TF_RETURN_IF_ERROR(
+        ToTfStatus(table.find_or_insert(context_, unique_keys, num_unique, values.get(), counts)));
     cpu::combine_forward(context_, values.get(), unique_index, weights, row_offsets, batch,
                          table.dim(), combiner, out);
     return absl::OkStatus();

@@ -16,6 +16,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -124,6 +125,39 @@ class Core<GPUDevice> {
     return ToTfStatus(table.insert_or_assign(context_, keys, n, rows, frequencies, versions));
   }
 
+  // InsertOrAssign with host buffers: copied to device temporaries first.
+  // Syncs the stream.
+  //   keys: (n,) host  rows: (n, row_width) host  frequencies, versions:
+  //   (n,) host or null
+  template <typename Key>
+  absl::Status InsertOrAssignFromHost(Table<Key>& table, const Key* keys, int64_t n,
+                                      const float* rows, const int64_t* frequencies,
+                                      const int64_t* versions) {
+    if (n == 0) return absl::OkStatus();
+    const int64_t width = table.row_width();
+    tensorflow::Tensor device_keys, device_rows, device_frequencies, device_versions;
+    TF_RETURN_IF_ERROR(Temp<Key>(n, &device_keys));
+    TF_RETURN_IF_ERROR(Temp<float>(n * width, &device_rows));
+    TF_RETURN_IF_ERROR(Temp<int64_t>(n, &device_frequencies));
+    TF_RETURN_IF_ERROR(Temp<int64_t>(n, &device_versions));
+    TF_RETURN_IF_ERROR(CopyFromHost(keys, n, VectorData<Key>(device_keys)));
+    TF_RETURN_IF_ERROR(CopyFromHost(rows, n * width, VectorData<float>(device_rows)));
+    int64_t* frequencies_on_device = nullptr;
+    int64_t* versions_on_device = nullptr;
+    if (frequencies != nullptr) {
+      frequencies_on_device = VectorData<int64_t>(device_frequencies);
+      TF_RETURN_IF_ERROR(CopyFromHost(frequencies, n, frequencies_on_device));
+    }
+    if (versions != nullptr) {
+      versions_on_device = VectorData<int64_t>(device_versions);
+      TF_RETURN_IF_ERROR(CopyFromHost(versions, n, versions_on_device));
+    }
+    TF_RETURN_IF_ERROR(InsertOrAssign(table, VectorData<Key>(device_keys), n,
+                                      VectorData<float>(device_rows), frequencies_on_device,
+                                      versions_on_device));
+    return Cuda(cudaStreamSynchronize(stream()), "stream sync after a restore batch");
+  }
+
   // evicted: host; syncs the stream.
   template <typename Key>
   absl::Status EvictStale(Table<Key>& table, int64_t global_step, int64_t steps_to_live,
@@ -144,6 +178,49 @@ class Core<GPUDevice> {
                                                    out.versions, n, &written)));
     if (written != n) {
       return tensorflow::errors::Internal("export wrote ", written, " keys, size was ", n);
+    }
+    return absl::OkStatus();
+  }
+
+  // The whole table in host batches (checkpoints). The GPU table exports in
+  // one piece, so the table is first copied whole into device temporaries
+  // (a second copy on the GPU), then to host one batch at a time.
+  template <typename Key>
+  absl::Status ExportBatches(Table<Key>& table, int64_t max_batch, const ExportBegin& begin,
+                             const ExportEmit<Key>& emit) {
+    int64_t n = 0;
+    TF_RETURN_IF_ERROR(Size(table, &n));
+    const int64_t width = table.row_width();
+    TF_RETURN_IF_ERROR(begin(n, width));
+    if (n == 0) return absl::OkStatus();
+    tensorflow::Tensor keys, rows, frequencies, versions;
+    TF_RETURN_IF_ERROR(Temp<Key>(n, &keys));
+    TF_RETURN_IF_ERROR(Temp<float>(n * width, &rows));
+    TF_RETURN_IF_ERROR(Temp<int64_t>(n, &frequencies));
+    TF_RETURN_IF_ERROR(Temp<int64_t>(n, &versions));
+    int64_t written = 0;
+    TF_RETURN_IF_ERROR(ToTfStatus(table.export_all(
+        context_, VectorData<Key>(keys), VectorData<float>(rows), VectorData<int64_t>(frequencies),
+        VectorData<int64_t>(versions), n, &written)));
+    if (written != n) {
+      return tensorflow::errors::Internal("export wrote ", written, " keys, size was ", n);
+    }
+    const int64_t batch = std::max<int64_t>(1, std::min(max_batch, n));
+    std::vector<Key> host_keys(batch);
+    std::vector<float> host_rows(batch * width);
+    std::vector<int64_t> host_frequencies(batch), host_versions(batch);
+    for (int64_t start = 0; start < n; start += batch) {
+      const int64_t count = std::min(batch, n - start);
+      TF_RETURN_IF_ERROR(CopyToHost(VectorData<Key>(keys) + start, count, host_keys.data()));
+      TF_RETURN_IF_ERROR(
+          CopyToHost(VectorData<float>(rows) + start * width, count * width, host_rows.data()));
+      TF_RETURN_IF_ERROR(
+          CopyToHost(VectorData<int64_t>(frequencies) + start, count, host_frequencies.data()));
+      TF_RETURN_IF_ERROR(
+          CopyToHost(VectorData<int64_t>(versions) + start, count, host_versions.data()));
+      TF_RETURN_IF_ERROR(
+          emit(HostExportBatch<Key>{host_keys.data(), host_rows.data(), host_frequencies.data(),
+                                    host_versions.data(), count}));
     }
     return absl::OkStatus();
   }
@@ -380,6 +457,14 @@ class Core<GPUDevice> {
 
   static absl::Status Cuda(cudaError_t error, const char* what) {
     return ToTfStatus(gpu::cuda_status(error, what));
+  }
+
+  //   src: (count,) host  dst: (count,) device
+  template <typename T>
+  absl::Status CopyFromHost(const T* src, int64_t count, T* dst) {
+    if (count == 0) return absl::OkStatus();
+    return Cuda(cudaMemcpyAsync(dst, src, count * sizeof(T), cudaMemcpyHostToDevice, stream()),
+                "host-to-device copy");
   }
 
   // The gpu:: free functions record errors per host thread instead of
