@@ -351,7 +351,12 @@ class Worker:
             python,
             os.path.abspath(__file__), "--worker", impl, "--mode", mode, "--inputs", inputs_path
         ] + [str(a) for a in shape]
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_USE_LEGACY_KERAS="1")
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+        if impl == "tfra":
+            # TFRA 0.8.1 is built on Keras 2 (tf_keras in its venv); the
+            # project venv has no tf_keras, and Horovod, which sok_ev.init()
+            # imports, fails under this setting without it.
+            env["TF_USE_LEGACY_KERAS"] = "1"
         self.side = side
         self.process = subprocess.Popen(command,
                                         stdin=subprocess.PIPE,
