@@ -10,6 +10,7 @@ import datetime
 import json
 import os
 import platform
+import textwrap
 from typing import Dict, List
 
 import numpy as np
@@ -39,10 +40,12 @@ def machine() -> str:
             f"TensorFlow {tf.__version__}, Python {platform.python_version()}")
 
 
-def title(record: Dict) -> str:
-    """A plot title naming the run's configuration."""
-    return (f"Criteo {record['model']}, {record['style']}, {record['workers']} worker(s), "
-            f"batch {record['global_batch']}, dim {record['dim']}; {record['data']}")
+def title(record: Dict, workers: bool = True) -> str:
+    """A plot title naming the run's configuration (wrapped)."""
+    who = f"{record['workers']} worker(s), " if workers else ""
+    return textwrap.fill(
+        f"Criteo {record['model']}, {record['style']}, {who}global batch "
+        f"{record['global_batch']}, dim {record['dim']}; {record['data']}", 100)
 
 
 def _smooth(values: List[float], window: int) -> np.ndarray:
@@ -125,7 +128,7 @@ def plot_throughput(path: str, runs: List[Dict], title: str) -> bool:
     ax.set(xlabel="workers", ylabel="training samples/s (step time)")
     ax.grid(alpha=0.3, axis="y")
     ax.legend()
-    ax.set_title(title, fontsize=9)
+    ax.set_title(title, fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

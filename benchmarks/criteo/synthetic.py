@@ -53,7 +53,7 @@ INTEGER_SHAPE = ((0.8, 1.1, 0.45), (3.0, 1.8, 0.0), (1.9, 1.4, 0.21), (1.5, 1.0,
 PLANTED_CATEGORICAL = {1: 0.5, 5: 0.6, 8: 0.4, 10: 0.5, 13: 0.5, 16: 0.4, 22: 0.5}
 PLANTED_PAIR = (5, 16, 0.5)
 PLANTED_INTEGER = {0: 0.35, 3: -0.3, 6: 0.3, 10: 0.35}
-PLANTED_BIAS = -2.7  # the default data set's CTR comes out near Criteo's 0.26
+PLANTED_BIAS = -2.7  # CTR 0.19 on the default data set (Criteo's: 0.26)
 CHUNK_LINES = 100_000
 FORMAT_VERSION = 2
 
