@@ -5,6 +5,11 @@ it, so nothing is downloaded: the repository rule asks the project venv's
 Python (tf.sysconfig) where TensorFlow lives and which flags it was built with,
 then symlinks the headers and libtensorflow_framework into the repository.
 
+For a CUDA build of TensorFlow it also records the CUDA version TensorFlow was
+built with and the venv's CUDA root (<venv>/cuda, assembled by request.sh
+through addons/cuda_root.py from the matching CUDA 12 packages), and exposes
+that root's headers as :cuda_headers.
+
 The interpreter is $SOK_EV_PYTHON, or <workspace>/.venv/bin/python when that
 is unset. Bazel cannot watch files outside the workspace, so the rule is
 `local` (re-run whenever the Bazel server starts) and request.sh re-runs it
@@ -12,10 +17,12 @@ with `bazel sync --only=local_tensorflow` after it changes installed packages.
 """
 
 _QUERY = """
-import json, os
+import json, os, sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import tensorflow as tf
 print(json.dumps({
+    "prefix": sys.prefix,
+    "cuda_version": tf.sysconfig.get_build_info().get("cuda_version"),
     "version": tf.__version__,
     "include": tf.sysconfig.get_include(),
     "lib": tf.sysconfig.get_lib(),
@@ -36,6 +43,13 @@ cc_library(
     srcs = ["lib/{framework}"],
 )
 
+# The CUDA root's headers (GPU builds; empty for a CPU TensorFlow).
+cc_library(
+    name = "cuda_headers",
+    hdrs = glob(["cuda_include/**"]),
+    includes = ["cuda_include"],
+)
+
 # Wrapper rather than symlink: a venv interpreter must be started through its
 # own path to find pyvenv.cfg (and so the venv's site-packages).
 sh_binary(
@@ -51,6 +65,10 @@ _FLAGS_BZL = """\
 TF_DEFINES = {defines}
 TF_VERSION = "{version}"
 TF_BUILT_WITH_CUDA = {cuda}
+# The CUDA version TensorFlow was built with ("" for a CPU build), and the
+# CUDA root the GPU build compiles with ("" when there is none).
+TF_CUDA_VERSION = "{cuda_version}"
+CUDA_ROOT = "{cuda_root}"
 """
 
 def _framework_lib(link_flags):
@@ -84,6 +102,12 @@ def _local_tensorflow_impl(ctx):
     # standard is set by //addons:build_defs.bzl.
     defines = [f for f in info["compile_flags"] if f.startswith("-D")]
 
+    cuda_version = info["cuda_version"] if info["cuda"] else ""
+    cuda_root = ""
+    if info["cuda"] and ctx.path(info["prefix"] + "/cuda/toolchain.json").exists:
+        cuda_root = info["prefix"] + "/cuda"
+        ctx.symlink(cuda_root + "/include", "cuda_include")
+
     ctx.file("python.sh", "#!/bin/sh\nexec '%s' \"$@\"\n" % python, executable = True)
     ctx.file("WORKSPACE", "workspace(name = \"%s\")\n" % ctx.name)
     ctx.file("BUILD", _BUILD.format(
@@ -96,6 +120,8 @@ def _local_tensorflow_impl(ctx):
         version = info["version"],
         defines = repr(defines),
         cuda = "True" if info["cuda"] else "False",
+        cuda_version = cuda_version or "",
+        cuda_root = cuda_root,
     ))
 
 local_tensorflow = repository_rule(

@@ -29,7 +29,6 @@ dense/sok_ev ratio, and appends a dated section to benchmarks/RESULTS.md
 import argparse
 import datetime
 import os
-import platform
 import sys
 import time
 
@@ -38,8 +37,9 @@ import numpy as np
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tensorflow as tf  # noqa: E402
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(REPO_ROOT, "benchmarks", "RESULTS.md")
+import results  # noqa: E402  (benchmarks/results.py, next to this script)
+
+REPO_ROOT = results.REPO_ROOT
 
 
 def parse_args(argv=None):
@@ -244,11 +244,8 @@ def main(argv=None):
                 print(ratios[-1], flush=True)
             del steps
 
-    command = "python " + " ".join([os.path.relpath(os.path.abspath(sys.argv[0]), REPO_ROOT)] +
-                                   (sys.argv[1:] if argv is None else argv))
-    machine = (f"{platform.machine()}, {os.cpu_count()} cores ({cpu_model()}), "
-               f"TensorFlow {tf.__version__}, Python {platform.python_version()}; "
-               f"load average at end {os.getloadavg()[0]:.1f}")
+    command = results.command(argv)
+    machine = results.machine()
     config = (
         f"{args.tables} tables, batch {args.batch}, dim {args.dim}, vocab {args.vocab}/table, "
         f"Zipf {args.zipf}, sum combiner, Adagrad lr {args.lr}; {args.batches} distinct "
@@ -267,20 +264,7 @@ def main(argv=None):
     ] + ratios + [""])
     print(section)
     if not args.no_append:
-        with open(RESULTS, "a") as f:
-            f.write(section)
-        print(f"appended to {os.path.relpath(RESULTS, REPO_ROOT)}")
-
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
+        results.append(section)
 
 
 if __name__ == "__main__":

@@ -3,8 +3,8 @@
 #include <cstdint>
 
 #include "cc/backward_apply_gpu.h"
-#include "cc/combine_kernels_gpu.h"
 #include "cc/optimizers.h"
+#include "cc/segment_sum_gpu.h"
 #include "cc/status_gpu.h"
 
 namespace sok_ev {
@@ -15,44 +15,29 @@ constexpr int kThreads = 256;
 
 // A group of kLanes lanes per unique key (several keys per warp keep more
 // independent loads in flight: each key is a chain of dependent reads). The
-// sum is combine_backward's reduce_by_key (same expression, same entry
-// order); the update is apply_optimizer's update_element, reading the summed
-// gradient from this group's shared row.
+// sum is combine_backward's (accumulate_key: same sums, same order); the
+// update is update_element (cc/optimizers.h), reading the summed gradient
+// from this group's shared row.
 //   shared memory: (kThreads / kLanes, dim) floats
 template <int kLanes>
 __global__ void __launch_bounds__(kThreads)
     backward_apply_kernel(OptimizerSpec spec, float* rows, int64_t row_width, int64_t* versions,
-                          const int64_t* row_ids, const float* grad_out, const int64_t* order,
-                          const int64_t* segments, const int64_t* num_unique, const float* weights,
-                          const int64_t* entry_bag, const float* bag_scale, Combiner combiner,
-                          int64_t dim, int64_t global_step) {
+                          const int64_t* row_ids, SegmentGradients gradients,
+                          const int64_t* num_unique, int64_t global_step) {
   extern __shared__ float shared_grads[];
   const int lane = threadIdx.x & 31;
   const int rank = lane % kLanes;
   const unsigned mask = (kLanes == 32 ? 0xffffffffu : ((1u << kLanes) - 1)) << (lane - rank);
+  const int64_t dim = gradients.dim;
   float* grad = shared_grads + (threadIdx.x / kLanes) * dim;
   const float adam_lr = adam_learning_rate(spec);
   const int64_t count = *num_unique;
   for (int64_t u = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / kLanes; u < count;
        u += (int64_t(gridDim.x) * blockDim.x) / kLanes) {
-    const int64_t lo = segments[u], hi = segments[u + 1];
     const int64_t row_id = row_ids[u];
     for (int64_t c0 = 0; c0 < dim; c0 += kLanes * 8) {
       float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      for (int64_t k = lo; k < hi; ++k) {
-        const int64_t j = order[k];
-        const int64_t bag = entry_bag[j];
-        const float w = weights != nullptr ? weights[j] : 1.0f;
-        const float* g = grad_out + bag * dim;
-        const float denominator = bag_scale[bag];
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          const int64_t c = c0 + e * kLanes + rank;
-          if (c < dim) {
-            acc[e] += combiner == Combiner::kSum ? w * g[c] : w * g[c] / denominator;
-          }
-        }
-      }
+      accumulate_key<kLanes>(gradients, u, c0, rank, acc);
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
         const int64_t c = c0 + e * kLanes + rank;
@@ -69,19 +54,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Each sorted entry's sample and weight, so that the vector kernel's chain
-// is segments -> sorted_bag -> gradient row (one dependent load fewer).
-__global__ void sorted_entries_kernel(const int64_t* order, const int64_t* entry_bag,
-                                      const float* weights, int64_t nnz, int64_t* sorted_bag,
-                                      float* sorted_weight) {
-  for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < nnz;
-       k += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t j = order[k];
-    sorted_bag[k] = entry_bag[j];
-    sorted_weight[k] = weights != nullptr ? weights[j] : 1.0f;
-  }
-}
-
 // dim % 4 == 0, dim <= 32 * kCount (<= 256): 8 lanes a key, lane `rank`
 // owns the float4 columns (v * 8 + rank) * 4, v < kCount. The row's value
 // and its kSlots optimizer slots are loaded as soon as row_ids[u] is known,
@@ -91,12 +63,10 @@ __global__ void sorted_entries_kernel(const int64_t* order, const int64_t* entry
 template <int kCount, int kSlots, int kMinBlocks>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     backward_apply_vec_kernel(OptimizerSpec spec, float* rows, int64_t row_width, int64_t* versions,
-                              const int64_t* row_ids, const float* grad_out,
-                              const int64_t* segments, const int64_t* num_unique,
-                              const int64_t* sorted_bag, const float* sorted_weight,
-                              const float* bag_scale, Combiner combiner, int64_t dim,
-                              int64_t global_step) {
+                              const int64_t* row_ids, SegmentGradients gradients,
+                              const int64_t* num_unique, int64_t global_step) {
   constexpr int kLanes = 8;
+  const int64_t dim = gradients.dim;
   const int rank = threadIdx.x & (kLanes - 1);
   const float adam_lr = adam_learning_rate(spec);
   OptimizerSpec local = spec;  // a register row: value, then slots 0..2
@@ -109,7 +79,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   const int64_t count = *num_unique;
   for (int64_t u = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / kLanes; u < count;
        u += (int64_t(gridDim.x) * blockDim.x) / kLanes) {
-    const int64_t lo = segments[u], hi = segments[u + 1];
     const int64_t row_id = row_ids[u];
     float* row = rows + row_id * row_width;
     float4 value[kCount];
@@ -127,31 +96,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
         }
       }
     }
-    // Entries in order, as the generic kernel sums them.
-    for (int64_t k = lo; k < hi; ++k) {
-      const int64_t bag = sorted_bag[k];
-      const float w = sorted_weight[k];
-      const float denominator = combiner == Combiner::kSum ? 1.0f : bag_scale[bag];
-      const float* g = grad_out + bag * dim;
-#pragma unroll
-      for (int v = 0; v < kCount; ++v) {
-        const int64_t c = (v * kLanes + rank) * 4;
-        if (c < dim) {
-          const float4 x = __ldg(reinterpret_cast<const float4*>(g + c));
-          if (combiner == Combiner::kSum) {
-            acc[v].x += w * x.x;
-            acc[v].y += w * x.y;
-            acc[v].z += w * x.z;
-            acc[v].w += w * x.w;
-          } else {
-            acc[v].x += w * x.x / denominator;
-            acc[v].y += w * x.y / denominator;
-            acc[v].z += w * x.z / denominator;
-            acc[v].w += w * x.w / denominator;
-          }
-        }
-      }
-    }
+    // The generic kernel's sums, in the same order.
+    accumulate_key_vec<kCount, 1>(gradients, u, rank, acc);
 #pragma unroll
     for (int v = 0; v < kCount; ++v) {
       const int64_t c = (v * kLanes + rank) * 4;
@@ -188,46 +134,31 @@ Status combine_backward_apply(const GpuContext& context, HashTable<Key>& table,
                               const float* weights, const int64_t* row_offsets, int64_t batch,
                               int64_t nnz, Combiner combiner, const int64_t* order,
                               const int64_t* segments, const int64_t* num_unique,
-                              int64_t max_unique, const int64_t* row_ids, int64_t global_step) {
+                              int64_t max_unique, int64_t max_key_entries, const int64_t* row_ids,
+                              int64_t global_step) {
   if (max_unique <= 0 || batch <= 0) return Status::Ok();
   cudaStream_t stream = stream_of(context);
-  ScratchBuffer entry_bag(context, std::max<int64_t>(nnz, 1) * sizeof(int64_t));
-  ScratchBuffer bag_scale(context, batch * sizeof(float));
-  if (!entry_bag.ok() || !bag_scale.ok()) {
-    return Status::Internal("combine_backward_apply: out of device memory");
-  }
-  bag_scale_kernel<int64_t><<<grid_for(batch, kThreads), kThreads, 0, stream>>>(
-      weights, row_offsets, batch, combiner, entry_bag.as<int64_t>(), bag_scale.as<float>());
-  SOK_EV_LAUNCH_CHECK("bag_scale");
+  SegmentGradientSums sums;
+  SOK_EV_RETURN_IF_ERROR(sums.prepare(context, grad_out, weights, row_offsets, batch, nnz, combiner,
+                                      order, segments, num_unique, max_unique, max_key_entries,
+                                      table.dim()));
+  const SegmentGradients& gradients = sums.view();
   const TableView<Key> view = table.view();
   const int used_slots = num_slots(spec.kind, spec.centered);
   const bool aligned = reinterpret_cast<uintptr_t>(grad_out) % 16 == 0 &&
                        reinterpret_cast<uintptr_t>(view.rows) % 16 == 0 && view.row_width % 4 == 0;
   if (view.dim % 4 == 0 && view.dim <= 256 && aligned && used_slots <= 3) {
-    ScratchBuffer sorted_bag(context, std::max<int64_t>(nnz, 1) * sizeof(int64_t));
-    ScratchBuffer sorted_weight(context, std::max<int64_t>(nnz, 1) * sizeof(float));
-    if (!sorted_bag.ok() || !sorted_weight.ok()) {
-      return Status::Internal("combine_backward_apply: out of device memory");
-    }
-    if (nnz > 0) {
-      sorted_entries_kernel<<<grid_for(nnz, kThreads), kThreads, 0, stream>>>(
-          order, entry_bag.as<int64_t>(), weights, nnz, sorted_bag.as<int64_t>(),
-          sorted_weight.as<float>());
-      SOK_EV_LAUNCH_CHECK("sorted_entries");
-    }
     const unsigned blocks = grid_for(max_unique * 8, kThreads);
     // Latency-bound: cap registers so that more keys are in flight (4 blocks
-    // an SM = 64 registers where the row fits; 1.94 vs 2.33 ms at 92).
-#define SOK_EV_BACKWARD_APPLY_VEC(kCount, kSlots)                                                 \
-  backward_apply_vec_kernel<                                                                      \
-      kCount, kSlots,                                                                             \
-      (kCount <= 2 && kSlots >= 2)                                                                \
-          ? 2                                                                                     \
-          : ((4 * kCount * (kSlots + 2) <= 48) ? 4 : (4 * kCount * (kSlots + 2) <= 80 ? 2 : 1))>  \
-      <<<blocks, kThreads, 0, stream>>>(spec, view.rows, view.row_width, view.versions, row_ids,  \
-                                        grad_out, segments, num_unique, sorted_bag.as<int64_t>(), \
-                                        sorted_weight.as<float>(), bag_scale.as<float>(),         \
-                                        combiner, view.dim, global_step)
+    // an SM = 64 registers where the row fits; 1.94 vs 2.33 ms at 92). From
+    // 4 float4 columns a lane on, 64 registers spill (700 bytes for dim 128
+    // with Adagrad, with the chunked sums of segment_sum_gpu.h): 2 blocks.
+#define SOK_EV_BACKWARD_APPLY_VEC(kCount, kSlots)                                                \
+  backward_apply_vec_kernel<kCount, kSlots,                                                      \
+                            (kCount <= 2) ? ((kSlots >= 2) ? 2 : 4)                              \
+                                          : ((4 * kCount * (kSlots + 2) <= 80) ? 2 : 1)>         \
+      <<<blocks, kThreads, 0, stream>>>(spec, view.rows, view.row_width, view.versions, row_ids, \
+                                        gradients, num_unique, global_step)
 #define SOK_EV_BACKWARD_APPLY_SLOTS(kCount) \
   switch (used_slots) {                     \
     case 0:                                 \
@@ -262,11 +193,9 @@ Status combine_backward_apply(const GpuContext& context, HashTable<Key>& table,
   const int lanes = narrow ? 8 : 32;
   const size_t shared = (kThreads / lanes) * view.dim * sizeof(float);
   const unsigned blocks = grid_for(max_unique * lanes, kThreads);
-#define SOK_EV_BACKWARD_APPLY(kLanes)                                                          \
-  backward_apply_kernel<kLanes><<<blocks, kThreads, shared, stream>>>(                         \
-      spec, view.rows, view.row_width, view.versions, row_ids, grad_out, order, segments,      \
-      num_unique, weights, entry_bag.as<int64_t>(), bag_scale.as<float>(), combiner, view.dim, \
-      global_step)
+#define SOK_EV_BACKWARD_APPLY(kLanes)                                  \
+  backward_apply_kernel<kLanes><<<blocks, kThreads, shared, stream>>>( \
+      spec, view.rows, view.row_width, view.versions, row_ids, gradients, num_unique, global_step)
   if (narrow) {
     SOK_EV_BACKWARD_APPLY(8);
   } else {
@@ -281,12 +210,12 @@ template Status combine_backward_apply<int32_t>(const GpuContext&, HashTable<int
                                                 const OptimizerSpec&, const float*, const float*,
                                                 const int64_t*, int64_t, int64_t, Combiner,
                                                 const int64_t*, const int64_t*, const int64_t*,
-                                                int64_t, const int64_t*, int64_t);
+                                                int64_t, int64_t, const int64_t*, int64_t);
 template Status combine_backward_apply<int64_t>(const GpuContext&, HashTable<int64_t>&,
                                                 const OptimizerSpec&, const float*, const float*,
                                                 const int64_t*, int64_t, int64_t, Combiner,
                                                 const int64_t*, const int64_t*, const int64_t*,
-                                                int64_t, const int64_t*, int64_t);
+                                                int64_t, int64_t, const int64_t*, int64_t);
 
 }  // namespace gpu
 }  // namespace sok_ev

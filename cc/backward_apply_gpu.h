@@ -14,13 +14,15 @@
 namespace sok_ev {
 namespace gpu {
 
-// The same rows, bits and versions as combine_backward, then
-// HashTable::rows_for_ids(global_step), then apply_optimizer: unique u's
-// gradient sums its entries order[segments[u] .. segments[u + 1]) in that
-// order (ascending entries, as combine_backward sums them).
+// combine_backward's gradient of each unique key (same sums, same bits),
+// applied at once to its row with update_element (cc/optimizers.h), and the
+// row's version set to global_step: unique u's gradient sums its entries
+// order[segments[u] .. segments[u + 1]) in that order.
 //   grad_out: (batch, dim)  weights: (nnz,) or null  row_offsets: (batch + 1,)
 //   order, segments, num_unique: from unique_keys_segmented (device)
 //   max_unique: host upper bound of *num_unique (sizes the launch)
+//   max_key_entries: host bound on any key's entries (nnz when unknown; 1
+//     when the keys are distinct, which skips the long-key chunk pass)
 //   row_ids: (num_unique,) the unique keys' rows (find_or_insert)
 template <typename Key>
 Status combine_backward_apply(const GpuContext& context, HashTable<Key>& table,
@@ -28,7 +30,8 @@ Status combine_backward_apply(const GpuContext& context, HashTable<Key>& table,
                               const float* weights, const int64_t* row_offsets, int64_t batch,
                               int64_t nnz, Combiner combiner, const int64_t* order,
                               const int64_t* segments, const int64_t* num_unique,
-                              int64_t max_unique, const int64_t* row_ids, int64_t global_step);
+                              int64_t max_unique, int64_t max_key_entries, const int64_t* row_ids,
+                              int64_t global_step);
 
 }  // namespace gpu
 }  // namespace sok_ev

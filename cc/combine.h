@@ -3,7 +3,16 @@
 //
 // Sample b owns the entries j in [row_offsets[b], row_offsets[b + 1]); entry
 // j reads unique row unique_index[j] with weight weights[j] (1 when weights
-// is null). An empty sample gives a zero vector.
+// is null). An empty sample gives a zero vector. 'mean' and 'sqrtn' divide
+// by the sample's weight sum (or root of its sum of squares) as TensorFlow
+// does, with div_no_nan: a sample whose weights sum to zero gives zeros and
+// a zero gradient, never inf or NaN.
+//
+// The backward pass is organised by unique key, not by sample: unique u's
+// gradient sums its entries order[segments[u] .. segments[u + 1]) in that
+// order (ascending entries, as unique_keys' grouping leaves them), so every
+// unique row is written by one worker, without atomics, and the bits do not
+// depend on scheduling.
 #ifndef SOK_EV_CC_COMBINE_H_
 #define SOK_EV_CC_COMBINE_H_
 
@@ -12,9 +21,19 @@
 #include "cc/common.h"
 
 namespace sok_ev {
+
+// tf.math.div_no_nan: x / y, and 0 where y is 0.
+SOK_EV_HOST_DEVICE float div_no_nan(float x, float y) { return y == 0.0f ? 0.0f : x / y; }
+
 namespace cpu {
 
-// Turns the (sorted) sample id of each entry into per-sample offsets.
+// The first entry whose sample id is outside [0, batch) or smaller than the
+// id before it; nnz when every id is valid (what row_offsets_from_sample_ids
+// and the combines require).
+//   sample_ids: (nnz,)
+int64_t first_invalid_sample_id(const int64_t* sample_ids, int64_t nnz, int64_t batch);
+
+// Turns the (valid) sample id of each entry into per-sample offsets.
 //   sample_ids:  (nnz,) non-decreasing, each in [0, batch)
 //   row_offsets: (batch + 1,) out
 void row_offsets_from_sample_ids(const int64_t* sample_ids, int64_t nnz, int64_t batch,
@@ -27,27 +46,44 @@ void combine_forward(const CpuContext& context, const float* unique_values,
                      const int64_t* unique_index, const float* weights, const int64_t* row_offsets,
                      int64_t batch, int64_t dim, Combiner combiner, float* out);
 
-// Gradient of combine_forward with respect to unique_values, summed over
-// every occurrence of each unique key.
+// Gradient of combine_forward with respect to unique_values.
 //   grad_out:    (batch, dim)
+//   order:       (nnz,) entries grouped by unique key
+//   segments:    (num_unique + 1,) unique u's entries are
+//                order[segments[u] .. segments[u + 1])
+//   nnz:         row_offsets[batch], passed so the GPU twin needs no sync
 //   grad_unique: (num_unique, dim) out, every element written
-void combine_backward(const CpuContext& context, const float* grad_out, const int64_t* unique_index,
-                      const float* weights, const int64_t* row_offsets, int64_t batch, int64_t dim,
-                      Combiner combiner, int64_t num_unique, float* grad_unique);
+void combine_backward(const CpuContext& context, const float* grad_out, const int64_t* order,
+                      const int64_t* segments, int64_t num_unique, const float* weights,
+                      const int64_t* row_offsets, int64_t batch, int64_t nnz, int64_t dim,
+                      Combiner combiner, float* grad_unique);
 
 }  // namespace cpu
 
 namespace gpu {
-// The same three functions and contracts with device pointers, work ordered
-// on context.stream.
+// The same contracts with device pointers, work ordered on context.stream.
+
+// One table's sample ids to check, for first_invalid_sample_ids.
+struct SampleIdCheck {
+  const int64_t* sample_ids;  // (nnz,) device
+  int64_t nnz;
+  int64_t batch;
+};
+
+// cpu::first_invalid_sample_id for many tables in one launch: writes table
+// t's answer to first_invalid[t].
+//   checks: (num_tables,) host   first_invalid: (num_tables,) device out
+void first_invalid_sample_ids(const GpuContext& context, const SampleIdCheck* checks,
+                              int num_tables, int64_t* first_invalid);
 void row_offsets_from_sample_ids(const GpuContext& context, const int64_t* sample_ids, int64_t nnz,
                                  int64_t batch, int64_t* row_offsets);
 void combine_forward(const GpuContext& context, const float* unique_values,
                      const int64_t* unique_index, const float* weights, const int64_t* row_offsets,
                      int64_t batch, int64_t dim, Combiner combiner, float* out);
-void combine_backward(const GpuContext& context, const float* grad_out, const int64_t* unique_index,
-                      const float* weights, const int64_t* row_offsets, int64_t batch, int64_t dim,
-                      Combiner combiner, int64_t num_unique, float* grad_unique);
+void combine_backward(const GpuContext& context, const float* grad_out, const int64_t* order,
+                      const int64_t* segments, int64_t num_unique, const float* weights,
+                      const int64_t* row_offsets, int64_t batch, int64_t nnz, int64_t dim,
+                      Combiner combiner, float* grad_unique);
 }  // namespace gpu
 
 }  // namespace sok_ev

@@ -1,6 +1,7 @@
 // CPU twin of the per-sample combine and its gradient. See cc/combine.h.
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "cc/combine.h"
 
@@ -8,21 +9,28 @@ namespace sok_ev {
 namespace cpu {
 namespace {
 
-// The factor that turns sample b's weighted sum into the combined vector.
-float combine_scale(Combiner combiner, const float* weights, int64_t begin, int64_t end) {
-  if (combiner == Combiner::kSum || begin == end) return 1.0f;
+// What sample [begin, end)'s weighted sum is divided by: 1 for 'sum', the
+// weight sum for 'mean', the root of the sum of squared weights for 'sqrtn'
+// (tf.nn.embedding_lookup_sparse's denominators).
+float combine_denominator(Combiner combiner, const float* weights, int64_t begin, int64_t end) {
+  if (combiner == Combiner::kSum) return 1.0f;
   float total = 0.0f;
   for (int64_t j = begin; j < end; ++j) {
     const float w = weights ? weights[j] : 1.0f;
     total += combiner == Combiner::kMean ? w : w * w;
   }
-  if (combiner == Combiner::kSqrtn) total = std::sqrt(total);
-  // tf.nn.embedding_lookup_sparse divides without a guard too: a sample
-  // whose weights sum to zero gives inf/nan there as here.
-  return 1.0f / total;
+  return combiner == Combiner::kSqrtn ? std::sqrt(total) : total;
 }
 
 }  // namespace
+
+int64_t first_invalid_sample_id(const int64_t* sample_ids, int64_t nnz, int64_t batch) {
+  for (int64_t j = 0; j < nnz; ++j) {
+    if (sample_ids[j] < 0 || sample_ids[j] >= batch || (j > 0 && sample_ids[j] < sample_ids[j - 1]))
+      return j;
+  }
+  return nnz;
+}
 
 void row_offsets_from_sample_ids(const int64_t* sample_ids, int64_t nnz, int64_t batch,
                                  int64_t* row_offsets) {
@@ -46,31 +54,46 @@ void combine_forward(const CpuContext& context, const float* unique_values,
         const float* __restrict__ row = unique_values + unique_index[j] * dim;
         for (int64_t c = 0; c < dim; ++c) sample[c] += w * row[c];
       }
-      const float scale = combine_scale(combiner, weights, begin, end);
-      if (scale != 1.0f) {
-        for (int64_t c = 0; c < dim; ++c) sample[c] *= scale;
+      if (combiner != Combiner::kSum && begin < end) {
+        const float denominator = combine_denominator(combiner, weights, begin, end);
+        for (int64_t c = 0; c < dim; ++c) sample[c] = div_no_nan(sample[c], denominator);
       }
     }
   });
 }
 
-void combine_backward(const CpuContext& /*context*/, const float* grad_out,
-                      const int64_t* unique_index, const float* weights, const int64_t* row_offsets,
-                      int64_t batch, int64_t dim, Combiner combiner, int64_t num_unique,
-                      float* grad_unique) {
-  // Serial scatter-add: samples sharing a key write the same row, and a
-  // single pass over the batch is memory-bound anyway.
-  std::fill(grad_unique, grad_unique + num_unique * dim, 0.0f);
+void combine_backward(const CpuContext& context, const float* grad_out, const int64_t* order,
+                      const int64_t* segments, int64_t num_unique, const float* weights,
+                      const int64_t* row_offsets, int64_t batch, int64_t nnz, int64_t dim,
+                      Combiner combiner, float* grad_unique) {
+  // Each entry's sample and its sample's denominator, then one writer per
+  // unique row: no races, entries summed in the order they are grouped in.
+  std::vector<int64_t> entry_sample(nnz);
+  std::vector<float> denominator(batch);
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t begin = row_offsets[b], end = row_offsets[b + 1];
-    const float scale = combine_scale(combiner, weights, begin, end);
-    const float* __restrict__ g = grad_out + b * dim;
-    for (int64_t j = begin; j < end; ++j) {
-      const float w = (weights ? weights[j] : 1.0f) * scale;
-      float* __restrict__ row = grad_unique + unique_index[j] * dim;
-      for (int64_t c = 0; c < dim; ++c) row[c] += w * g[c];
-    }
+    std::fill(entry_sample.begin() + begin, entry_sample.begin() + end, b);
+    denominator[b] = combine_denominator(combiner, weights, begin, end);
   }
+  const int64_t average_count = num_unique > 0 ? nnz / num_unique + 1 : 1;
+  context.parallel_for(num_unique, average_count * dim, [&](int64_t first, int64_t last) {
+    for (int64_t u = first; u < last; ++u) {
+      float* __restrict__ row = grad_unique + u * dim;
+      std::fill(row, row + dim, 0.0f);
+      for (int64_t k = segments[u]; k < segments[u + 1]; ++k) {
+        const int64_t j = order[k];
+        const int64_t b = entry_sample[j];
+        const float w = weights ? weights[j] : 1.0f;
+        const float* __restrict__ g = grad_out + b * dim;
+        if (combiner == Combiner::kSum) {
+          for (int64_t c = 0; c < dim; ++c) row[c] += w * g[c];
+        } else {
+          const float d = denominator[b];
+          for (int64_t c = 0; c < dim; ++c) row[c] += w * div_no_nan(g[c], d);
+        }
+      }
+    }
+  });
 }
 
 }  // namespace cpu

@@ -1,10 +1,12 @@
 // gpu::row_offsets_from_sample_ids, gpu::combine_forward and
 // gpu::combine_backward (cc/combine.h).
-#include <cub/device/device_radix_sort.cuh>
+#include <algorithm>
+#include <cstdint>
 
 #include "cc/combine.h"
 #include "cc/combine_kernels_gpu.h"
 #include "cc/lower_bound_gpu.h"
+#include "cc/segment_sum_gpu.h"
 #include "cc/status_gpu.h"
 
 namespace sok_ev {
@@ -33,102 +35,101 @@ __global__ void row_offsets_kernel(const int64_t* sample_ids, int64_t nnz, int64
   }
 }
 
-__global__ void iota_kernel(int64_t* values, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    values[i] = i;
+// Sample ids of up to kChecksPerLaunch tables, by value (4 KB limit).
+constexpr int kChecksPerLaunch = 64;
+struct SampleIdChecks {
+  SampleIdCheck tables[kChecksPerLaunch];
+};
+
+// blockIdx.y picks the table; first_invalid[t] starts at nnz and takes the
+// smallest bad entry (atomicMin: the answer does not depend on scheduling).
+__global__ void first_invalid_sample_ids_kernel(SampleIdChecks checks, int64_t* first_invalid) {
+  const SampleIdCheck check = checks.tables[blockIdx.y];
+  for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < check.nnz;
+       j += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t id = check.sample_ids[j];
+    if (id < 0 || id >= check.batch || (j > 0 && id < check.sample_ids[j - 1])) {
+      atomicMin(reinterpret_cast<unsigned long long*>(first_invalid + blockIdx.y),
+                static_cast<unsigned long long>(j));
+    }
   }
 }
 
-// Warp per unique key: sums its entries' gradients in entry order (the sort
-// is stable), so the result does not depend on scheduling.
-//   sorted_index: (nnz,) unique ids, non-decreasing; entries: (nnz,)
+__global__ void fill_kernel(int64_t* values, const SampleIdChecks checks, int count) {
+  for (int t = threadIdx.x; t < count; t += blockDim.x) values[t] = checks.tables[t].nnz;
+}
+
+// kLanes lanes per unique key, 8 columns a lane per pass over the row.
 //   grad_unique: (num_unique, dim) out
-__global__ void reduce_by_key_kernel(const float* grad_out, const int64_t* sorted_index,
-                                     const int64_t* entries, int64_t nnz, const float* weights,
-                                     const int64_t* entry_bag, const float* bag_scale,
-                                     Combiner combiner, int64_t dim, int64_t num_unique,
-                                     float* grad_unique) {
-  const int lane = threadIdx.x & 31;
-  for (int64_t u = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5; u < num_unique;
-       u += (int64_t(gridDim.x) * blockDim.x) >> 5) {
-    const int64_t lo = lower_bound(sorted_index, nnz, u);
-    float* destination = grad_unique + u * dim;
-    for (int64_t c0 = 0; c0 < dim; c0 += 32 * 8) {
+template <int kLanes>
+__global__ void __launch_bounds__(kThreads)
+    segment_sum_kernel(SegmentGradients s, int64_t num_unique, float* grad_unique) {
+  const int rank = threadIdx.x % kLanes;
+  for (int64_t u = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / kLanes; u < num_unique;
+       u += (int64_t(gridDim.x) * blockDim.x) / kLanes) {
+    float* destination = grad_unique + u * s.dim;
+    for (int64_t c0 = 0; c0 < s.dim; c0 += kLanes * 8) {
       float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      for (int64_t k = lo; k < nnz && sorted_index[k] == u; ++k) {
-        const int64_t j = entries[k];
-        const int64_t bag = entry_bag[j];
-        const float w = weights != nullptr ? weights[j] : 1.0f;
-        const float* g = grad_out + bag * dim;
-        const float denominator = bag_scale[bag];
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          const int64_t c = c0 + e * 32 + lane;
-          if (c < dim) {
-            acc[e] += combiner == Combiner::kSum ? w * g[c] : w * g[c] / denominator;
-          }
-        }
-      }
+      accumulate_key<kLanes>(s, u, c0, rank, acc);
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
-        const int64_t c = c0 + e * 32 + lane;
-        if (c < dim) destination[c] = acc[e];
+        const int64_t c = c0 + e * kLanes + rank;
+        if (c < s.dim) destination[c] = acc[e];
       }
     }
   }
 }
 
-int bits_for(int64_t values) {
-  int bits = 1;
-  while ((int64_t{1} << bits) < values) ++bits;
-  return bits;
+// segment_sum_kernel with 16-byte loads and stores (dim % 4 == 0, dim <=
+// 32 * kCount, aligned rows): 8 lanes a key.
+template <int kCount>
+__global__ void __launch_bounds__(kThreads)
+    segment_sum_vec_kernel(SegmentGradients s, int64_t num_unique, float* grad_unique) {
+  const int rank = threadIdx.x & 7;
+  for (int64_t u = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 8; u < num_unique;
+       u += (int64_t(gridDim.x) * blockDim.x) / 8) {
+    float4 acc[kCount];
+#pragma unroll
+    for (int v = 0; v < kCount; ++v) acc[v] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    accumulate_key_vec<kCount>(s, u, rank, acc);
+    float* destination = grad_unique + u * s.dim;
+#pragma unroll
+    for (int v = 0; v < kCount; ++v) {
+      const int64_t c = (v * 8 + rank) * 4;
+      if (c < s.dim) *reinterpret_cast<float4*>(destination + c) = acc[v];
+    }
+  }
 }
 
-Status combine_backward_impl(const GpuContext& context, const float* grad_out,
-                             const int64_t* unique_index, const float* weights,
-                             const int64_t* row_offsets, int64_t batch, int64_t dim,
-                             Combiner combiner, int64_t num_unique, float* grad_unique) {
-  cudaStream_t stream = stream_of(context);
+Status combine_backward_impl(const GpuContext& context, const float* grad_out, const int64_t* order,
+                             const int64_t* segments, int64_t num_unique, const float* weights,
+                             const int64_t* row_offsets, int64_t batch, int64_t nnz, int64_t dim,
+                             Combiner combiner, float* grad_unique) {
   if (num_unique <= 0) return Status::Ok();
-  int64_t nnz = 0;
-  // nnz = row_offsets[batch], read back: the scratch sizes depend on it.
-  SOK_EV_CUDA_RETURN(
-      cudaMemcpyAsync(&nnz, row_offsets + batch, sizeof(int64_t), cudaMemcpyDeviceToHost, stream));
-  SOK_EV_CUDA_RETURN(cudaStreamSynchronize(stream));
-  const int64_t entries_n = std::max<int64_t>(nnz, 1);
-  ScratchBuffer entry_bag(context, entries_n * sizeof(int64_t));
-  ScratchBuffer bag_scale(context, std::max<int64_t>(batch, 1) * sizeof(float));
-  ScratchBuffer entries_in(context, entries_n * sizeof(int64_t));
-  ScratchBuffer entries(context, entries_n * sizeof(int64_t));
-  ScratchBuffer sorted_index(context, entries_n * sizeof(int64_t));
-  if (!entry_bag.ok() || !bag_scale.ok() || !entries_in.ok() || !entries.ok() ||
-      !sorted_index.ok()) {
-    return Status::Internal("combine_backward: out of device memory");
+  if (dim < 1) return Status::InvalidArgument("combine_backward: dim must be >= 1");
+  cudaStream_t stream = stream_of(context);
+  SegmentGradientSums sums;
+  SOK_EV_RETURN_IF_ERROR(sums.prepare(context, grad_out, weights, row_offsets, batch, nnz, combiner,
+                                      order, segments, /*num_unique=*/nullptr, num_unique,
+                                      /*max_key_entries=*/nnz, dim));
+  const SegmentGradients& s = sums.view();
+  const bool aligned = reinterpret_cast<uintptr_t>(grad_out) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(grad_unique) % 16 == 0;
+  const unsigned blocks = grid_for(num_unique * 8, kThreads);
+  if (dim % 4 == 0 && dim <= 256 && aligned) {
+    if (dim <= 32) {
+      segment_sum_vec_kernel<1><<<blocks, kThreads, 0, stream>>>(s, num_unique, grad_unique);
+    } else if (dim <= 64) {
+      segment_sum_vec_kernel<2><<<blocks, kThreads, 0, stream>>>(s, num_unique, grad_unique);
+    } else if (dim <= 128) {
+      segment_sum_vec_kernel<4><<<blocks, kThreads, 0, stream>>>(s, num_unique, grad_unique);
+    } else {
+      segment_sum_vec_kernel<8><<<blocks, kThreads, 0, stream>>>(s, num_unique, grad_unique);
+    }
+  } else {
+    segment_sum_kernel<8><<<blocks, kThreads, 0, stream>>>(s, num_unique, grad_unique);
   }
-  if (batch > 0) {
-    bag_scale_kernel<int64_t><<<grid_for(batch, kThreads), kThreads, 0, stream>>>(
-        weights, row_offsets, batch, combiner, entry_bag.as<int64_t>(), bag_scale.as<float>());
-    SOK_EV_LAUNCH_CHECK("bag_scale");
-  }
-  if (nnz > 0) {
-    iota_kernel<<<grid_for(nnz, kThreads), kThreads, 0, stream>>>(entries_in.as<int64_t>(), nnz);
-    SOK_EV_LAUNCH_CHECK("iota");
-    size_t sort_bytes = 0;
-    const int end_bit = bits_for(num_unique);
-    SOK_EV_CUDA_RETURN(cub::DeviceRadixSort::SortPairs(
-        nullptr, sort_bytes, unique_index, sorted_index.as<int64_t>(), entries_in.as<int64_t>(),
-        entries.as<int64_t>(), nnz, 0, end_bit, stream));
-    ScratchBuffer temp(context, sort_bytes);
-    if (!temp.ok()) return Status::Internal("combine_backward: out of device memory");
-    SOK_EV_CUDA_RETURN(cub::DeviceRadixSort::SortPairs(
-        temp.get(), sort_bytes, unique_index, sorted_index.as<int64_t>(), entries_in.as<int64_t>(),
-        entries.as<int64_t>(), nnz, 0, end_bit, stream));
-  }
-  reduce_by_key_kernel<<<grid_for(num_unique * 32, kThreads), kThreads, 0, stream>>>(
-      grad_out, sorted_index.as<int64_t>(), entries.as<int64_t>(), nnz, weights,
-      entry_bag.as<int64_t>(), bag_scale.as<float>(), combiner, dim, num_unique, grad_unique);
-  SOK_EV_LAUNCH_CHECK("reduce_by_key");
+  SOK_EV_LAUNCH_CHECK("segment_sum");
   return Status::Ok();
 }
 
@@ -155,11 +156,34 @@ void combine_forward(const GpuContext& context, const float* unique_values,
                            "combine_forward"));
 }
 
-void combine_backward(const GpuContext& context, const float* grad_out, const int64_t* unique_index,
-                      const float* weights, const int64_t* row_offsets, int64_t batch, int64_t dim,
-                      Combiner combiner, int64_t num_unique, float* grad_unique) {
-  record_error(combine_backward_impl(context, grad_out, unique_index, weights, row_offsets, batch,
-                                     dim, combiner, num_unique, grad_unique));
+void first_invalid_sample_ids(const GpuContext& context, const SampleIdCheck* checks,
+                              int num_tables, int64_t* first_invalid) {
+  cudaStream_t stream = stream_of(context);
+  for (int first = 0; first < num_tables; first += kChecksPerLaunch) {
+    const int count = std::min(kChecksPerLaunch, num_tables - first);
+    SampleIdChecks batch;
+    int64_t longest = 1;
+    for (int t = 0; t < count; ++t) {
+      batch.tables[t] = checks[first + t];
+      longest = std::max(longest, batch.tables[t].nnz);
+    }
+    fill_kernel<<<1, kThreads, 0, stream>>>(first_invalid + first, batch, count);
+    first_invalid_sample_ids_kernel<<<dim3(grid_for(longest, kThreads, 4096), count), kThreads, 0,
+                                      stream>>>(batch, first_invalid + first);
+    const Status status = cuda_status(cudaGetLastError(), "first_invalid_sample_ids");
+    if (!status.ok()) {
+      record_error(status);
+      return;
+    }
+  }
+}
+
+void combine_backward(const GpuContext& context, const float* grad_out, const int64_t* order,
+                      const int64_t* segments, int64_t num_unique, const float* weights,
+                      const int64_t* row_offsets, int64_t batch, int64_t nnz, int64_t dim,
+                      Combiner combiner, float* grad_unique) {
+  record_error(combine_backward_impl(context, grad_out, order, segments, num_unique, weights,
+                                     row_offsets, batch, nnz, dim, combiner, grad_unique));
 }
 
 }  // namespace gpu

@@ -1,6 +1,6 @@
 // The gather + combine kernel shared by gpu::combine_forward (rows from a
-// unique-values matrix) and gpu::lookup_combine (rows found in a hash
-// table). CUDA only.
+// unique-values matrix) and gpu::lookup_combine_rows (rows of a hash table).
+// CUDA only. (The backward's sums are in cc/segment_sum_gpu.h.)
 //
 // One warp serves 32 consecutive samples. Its lanes first resolve the rows of
 // 32 entries at once (32 independent lookups in flight), then the warp walks
@@ -13,6 +13,7 @@
 
 #include <cstdint>
 
+#include "cc/combine.h"
 #include "cc/common.h"
 
 namespace sok_ev {
@@ -103,8 +104,9 @@ __global__ void __launch_bounds__(256)
         Vec<kWidth> result;
 #pragma unroll
         for (int e = 0; e < kWidth; ++e) {
-          result.x[e] =
-              empty ? 0.0f : (combiner == Combiner::kSum ? sum[v].x[e] : sum[v].x[e] / denominator);
+          result.x[e] = empty ? 0.0f
+                              : (combiner == Combiner::kSum ? sum[v].x[e]
+                                                            : div_no_nan(sum[v].x[e], denominator));
         }
         result.store(destination + c);
       }
@@ -151,29 +153,6 @@ __global__ void __launch_bounds__(256)
     }
   }
   while (bag < bags) finish_bag();
-}
-
-// Each entry's sample, and each sample's gradient scale (1, 1 / sum w, or
-// 1 / sqrt(sum w^2)), so entry j's gradient is grad_out[bag] * w_j * scale.
-//   entry_bag: (nnz,) out   bag_scale: (batch,) out
-// (A template only so that every file including this header may launch it.)
-template <typename Offset>
-__global__ void bag_scale_kernel(const float* weights, const Offset* row_offsets, int64_t batch,
-                                 Combiner combiner, int64_t* entry_bag, float* bag_scale) {
-  for (int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; b < batch;
-       b += int64_t(gridDim.x) * blockDim.x) {
-    float weight_sum = 0.0f, weight_square_sum = 0.0f;
-    for (int64_t j = row_offsets[b]; j < row_offsets[b + 1]; ++j) {
-      const float w = weights != nullptr ? weights[j] : 1.0f;
-      weight_sum += w;
-      weight_square_sum += w * w;
-      entry_bag[j] = b;
-    }
-    float denominator = 1.0f;
-    if (combiner == Combiner::kMean) denominator = weight_sum;
-    if (combiner == Combiner::kSqrtn) denominator = sqrtf(weight_square_sum);
-    bag_scale[b] = denominator;
-  }
 }
 
 // Launches combine_rows_kernel with the narrowest register footprint that

@@ -23,7 +23,7 @@ namespace sok_ev {
 // Result of a core call. The framework layer turns a failed Status into its
 // own error (tensorflow::errors::InvalidArgument in the op kernels).
 struct Status {
-  enum class Code { kOk = 0, kInvalidArgument = 1, kInternal = 2 };
+  enum class Code { kOk = 0, kInvalidArgument = 1, kInternal = 2, kResourceExhausted = 3 };
   Code code = Code::kOk;
   std::string message;
 
@@ -32,6 +32,10 @@ struct Status {
     return Status{Code::kInvalidArgument, std::move(msg)};
   }
   static Status Internal(std::string msg) { return Status{Code::kInternal, std::move(msg)}; }
+  // Memory the system would not give.
+  static Status ResourceExhausted(std::string msg) {
+    return Status{Code::kResourceExhausted, std::move(msg)};
+  }
   bool ok() const { return code == Code::kOk; }
 };
 

@@ -1,8 +1,12 @@
 // CPU twin of the Embedding Variable store. See cc/hash_table_cpu.h.
 #include "cc/hash_table_cpu.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <shared_mutex>
 
@@ -12,11 +16,25 @@ namespace sok_ev {
 namespace cpu {
 namespace {
 
-constexpr int64_t kEmptyRow = -1;
-// Rows per chunk: large enough that chunk allocation is rare, small enough
-// that a tiny table stays tiny.
-constexpr int64_t kRowsPerChunk = 1024;
+// Blocks this large are mapped pages: their growth moves no bytes and their
+// memory goes back to the system when freed (malloc would keep it).
+constexpr size_t kMapBytes = size_t{64} << 10;
 constexpr int kShardBits = 6;
+// An index entry: the row id + 1 in the low 32 bits (0 = empty slot), the
+// high 32 bits of the key's hash above, which also give its home slot.
+constexpr uint64_t kEmptyEntry = 0;
+constexpr int64_t kMaxRowsPerShard = (int64_t{1} << 32) - 2;
+
+size_t page_rounded(size_t bytes) {
+  static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  return (bytes + page - 1) / page * page;
+}
+
+uint32_t tag_of(uint64_t hash) { return static_cast<uint32_t>(hash >> 32); }
+int64_t id_of(uint64_t entry) { return static_cast<int64_t>(entry & 0xffffffffULL) - 1; }
+uint64_t make_entry(uint32_t tag, int64_t id) {
+  return (static_cast<uint64_t>(tag) << 32) | static_cast<uint64_t>(id + 1);
+}
 
 // Frequencies are bumped under a shared lock by concurrent lookups.
 void atomic_add(int64_t* target, int64_t delta) {
@@ -25,119 +43,198 @@ void atomic_add(int64_t* target, int64_t delta) {
 
 }  // namespace
 
-// One lock's worth of the table: an open-addressing index (linear probing,
-// power-of-two capacity, load factor at most 1/2) from key to a local row id,
-// and the rows themselves in fixed-size chunks.
+GrowableBlock::~GrowableBlock() { resize(0); }
+
+bool GrowableBlock::resize(size_t bytes) {
+  if (bytes == size_) return true;
+  const bool map = bytes >= kMapBytes;
+  char* moved = nullptr;
+  if (bytes == 0) {
+    moved = nullptr;
+  } else if (!map && !mapped_) {
+    moved = static_cast<char*>(std::realloc(data_, bytes));
+    if (moved == nullptr) return false;
+    data_ = moved;
+    size_ = bytes;
+    return true;
+  } else if (map && mapped_) {
+    void* p = mremap(data_, page_rounded(size_), page_rounded(bytes), MREMAP_MAYMOVE);
+    if (p == MAP_FAILED) return false;
+    data_ = static_cast<char*>(p);
+    size_ = bytes;
+    return true;
+  } else if (map) {  // from malloc to mapped pages
+    void* p = mmap(nullptr, page_rounded(bytes), PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return false;
+    moved = static_cast<char*>(p);
+  } else {  // from mapped pages back to malloc
+    moved = static_cast<char*>(std::malloc(bytes));
+    if (moved == nullptr) return false;
+  }
+  if (moved != nullptr && data_ != nullptr) std::memcpy(moved, data_, std::min(size_, bytes));
+  if (mapped_) {
+    munmap(data_, page_rounded(size_));
+  } else {
+    std::free(data_);
+  }
+  data_ = moved;
+  size_ = bytes;
+  mapped_ = map && bytes != 0;
+  return true;
+}
+
+// One lock's worth of the table: the records of its keys and the index that
+// finds them.
 template <typename Key>
 struct HashTable<Key>::Shard {
+  struct Header {
+    int64_t key;  // key_bits(key)
+    int64_t frequency;
+    int64_t version;
+  };
+
   mutable std::shared_mutex mutex;
-  int64_t width = 0;               // floats per row
-  std::vector<Key> slot_keys;      // (capacity,)
-  std::vector<int64_t> slot_rows;  // (capacity,) kEmptyRow when free
-  int64_t count = 0;               // keys stored
-  std::vector<std::unique_ptr<float[]>> chunks;
-  std::vector<int64_t> free_rows;    // row ids released by erase
-  std::vector<int64_t> frequencies;  // (row ids handed out,)
-  std::vector<int64_t> versions;     // (row ids handed out,)
+  int64_t width = 0;         // floats per row
+  int64_t record_bytes = 0;  // sizeof(Header) + width floats
+  GrowableBlock records;     // (row_capacity, record_bytes)
+  int64_t row_capacity = 0;
+  int64_t rows_used = 0;            // row ids handed out, free ones included
+  std::vector<uint32_t> free_rows;  // row ids released by erase
+  GrowableBlock index;              // (capacity,) entries
+  int64_t capacity = 0;             // 0 or a power of two
+  int64_t count = 0;                // keys stored
 
+  void set_width(int64_t new_width) {
+    width = new_width;
+    record_bytes = static_cast<int64_t>(sizeof(Header)) + new_width * 4;
+  }
+
+  uint64_t* entries() const { return reinterpret_cast<uint64_t*>(index.data()); }
+  Header* header(int64_t id) const {
+    return reinterpret_cast<Header*>(records.data() + id * record_bytes);
+  }
   float* row(int64_t id) const {
-    return chunks[id / kRowsPerChunk].get() + (id % kRowsPerChunk) * width;
+    return reinterpret_cast<float*>(records.data() + id * record_bytes + sizeof(Header));
   }
 
-  int64_t home(Key key) const {
-    const int64_t mask = static_cast<int64_t>(slot_keys.size()) - 1;
-    // The low bits chose the shard; the rest choose the bucket.
-    return static_cast<int64_t>(bucket_hash(key) >> kShardBits) & mask;
-  }
-
-  // Index slot holding `key`, or the free slot where it would go.
-  int64_t probe(Key key) const {
-    const int64_t mask = static_cast<int64_t>(slot_keys.size()) - 1;
-    int64_t i = home(key);
-    while (slot_rows[i] != kEmptyRow && slot_keys[i] != key) i = (i + 1) & mask;
+  // Index slot of `key` (*found = true) or the empty slot where it would go.
+  int64_t probe(Key key, uint64_t hash, bool* found) const {
+    const uint64_t* e = entries();
+    const int64_t mask = capacity - 1;
+    const uint32_t tag = tag_of(hash);
+    const int64_t bits = static_cast<int64_t>(key_bits(key));
+    int64_t i = tag & mask;
+    while (e[i] != kEmptyEntry) {
+      if (static_cast<uint32_t>(e[i] >> 32) == tag && header(id_of(e[i]))->key == bits) {
+        *found = true;
+        return i;
+      }
+      i = (i + 1) & mask;
+    }
+    *found = false;
     return i;
   }
 
+  // Row id of `key`, or -1.
   int64_t find_row(Key key) const {
-    if (slot_keys.empty()) return kEmptyRow;
-    return slot_rows[probe(key)];
+    if (count == 0) return -1;
+    bool found;
+    const int64_t i = probe(key, bucket_hash(key), &found);
+    return found ? id_of(entries()[i]) : -1;
   }
 
-  void rehash(int64_t new_capacity) {
-    std::vector<Key> old_keys = std::move(slot_keys);
-    std::vector<int64_t> old_rows = std::move(slot_rows);
-    slot_keys.assign(new_capacity, Key());
-    slot_rows.assign(new_capacity, kEmptyRow);
-    for (size_t i = 0; i < old_rows.size(); ++i) {
-      if (old_rows[i] == kEmptyRow) continue;
-      const int64_t j = probe(old_keys[i]);
-      slot_keys[j] = old_keys[i];
-      slot_rows[j] = old_rows[i];
+  // Moves every entry into an index of new_capacity slots; false (index
+  // unchanged) when out of memory.
+  bool rehash(int64_t new_capacity) {
+    GrowableBlock fresh;
+    if (!fresh.resize(new_capacity * sizeof(uint64_t))) return false;
+    uint64_t* to = reinterpret_cast<uint64_t*>(fresh.data());
+    std::memset(to, 0, new_capacity * sizeof(uint64_t));
+    const uint64_t* from = entries();
+    const int64_t mask = new_capacity - 1;
+    for (int64_t i = 0; i < capacity; ++i) {
+      if (from[i] == kEmptyEntry) continue;
+      int64_t j = static_cast<uint32_t>(from[i] >> 32) & mask;
+      while (to[j] != kEmptyEntry) j = (j + 1) & mask;
+      to[j] = from[i];
     }
+    index.swap(fresh);
+    capacity = new_capacity;
+    return true;
   }
 
-  // Inserts a key known to be absent and returns its row id; the caller
-  // fills the row.
-  int64_t insert_absent(Key key) {
-    if (2 * (count + 1) > static_cast<int64_t>(slot_keys.size())) {
-      rehash(std::max<int64_t>(16, 2 * static_cast<int64_t>(slot_keys.size())));
+  // Inserts a key known to be absent; *id gets its row, whose floats the
+  // caller fills. Allocates first, so on failure nothing has changed.
+  // Records may move. Returns the bytes that could not be allocated, or 0.
+  size_t insert_absent(Key key, int64_t* id) {
+    if (4 * (count + 1) > 3 * capacity) {
+      const int64_t grown = std::max<int64_t>(4, 2 * capacity);
+      if (!rehash(grown)) return grown * sizeof(uint64_t);
     }
-    int64_t id;
+    if (free_rows.empty() && rows_used == row_capacity) {
+      const int64_t grown = std::min(kMaxRowsPerShard, std::max<int64_t>(1, 2 * row_capacity));
+      if (grown == row_capacity || !records.resize(grown * record_bytes)) {
+        return grown * record_bytes;
+      }
+      row_capacity = grown;
+    }
     if (!free_rows.empty()) {
-      id = free_rows.back();
+      *id = free_rows.back();
       free_rows.pop_back();
     } else {
-      id = static_cast<int64_t>(frequencies.size());
-      if (id / kRowsPerChunk >= static_cast<int64_t>(chunks.size())) {
-        chunks.emplace_back(new float[kRowsPerChunk * width]);
-      }
-      frequencies.push_back(0);
-      versions.push_back(0);
+      *id = rows_used++;
     }
-    frequencies[id] = 0;
-    versions[id] = 0;
-    const int64_t i = probe(key);
-    slot_keys[i] = key;
-    slot_rows[i] = id;
+    const uint64_t hash = bucket_hash(key);
+    bool found;
+    const int64_t slot = probe(key, hash, &found);
+    entries()[slot] = make_entry(tag_of(hash), *id);
+    Header* h = header(*id);
+    h->key = static_cast<int64_t>(key_bits(key));
+    h->frequency = 0;
+    h->version = 0;
     ++count;
-    return id;
+    return 0;
   }
 
   // Removes `key` with backward-shift deletion, which keeps every probe
   // sequence unbroken without tombstones.
   bool erase(Key key) {
-    if (slot_keys.empty()) return false;
-    const int64_t mask = static_cast<int64_t>(slot_keys.size()) - 1;
-    int64_t hole = probe(key);
-    if (slot_rows[hole] == kEmptyRow) return false;
-    free_rows.push_back(slot_rows[hole]);
-    slot_rows[hole] = kEmptyRow;
+    if (count == 0) return false;
+    bool found;
+    int64_t hole = probe(key, bucket_hash(key), &found);
+    if (!found) return false;
+    uint64_t* e = entries();
+    free_rows.push_back(static_cast<uint32_t>(id_of(e[hole])));
+    e[hole] = kEmptyEntry;
     --count;
-    for (int64_t j = (hole + 1) & mask; slot_rows[j] != kEmptyRow; j = (j + 1) & mask) {
-      const int64_t h = home(slot_keys[j]);
+    const int64_t mask = capacity - 1;
+    for (int64_t j = (hole + 1) & mask; e[j] != kEmptyEntry; j = (j + 1) & mask) {
+      const int64_t home = static_cast<uint32_t>(e[j] >> 32) & mask;
       // Entry j may stay only if its home lies cyclically in (hole, j].
-      const bool stays = (hole <= j) ? (hole < h && h <= j) : (hole < h || h <= j);
+      const bool stays = (hole <= j) ? (hole < home && home <= j) : (hole < home || home <= j);
       if (stays) continue;
-      slot_keys[hole] = slot_keys[j];
-      slot_rows[hole] = slot_rows[j];
-      slot_rows[j] = kEmptyRow;
+      e[hole] = e[j];
+      e[j] = kEmptyEntry;
       hole = j;
     }
     return true;
   }
 
-  // Re-lays every row out with `new_width` floats, filling the added tail
-  // with `fill`.
-  void widen(int64_t new_width, float fill) {
-    for (auto& chunk : chunks) {
-      std::unique_ptr<float[]> wider(new float[kRowsPerChunk * new_width]);
-      for (int64_t r = 0; r < kRowsPerChunk; ++r) {
-        std::memcpy(wider.get() + r * new_width, chunk.get() + r * width, width * sizeof(float));
-        std::fill(wider.get() + r * new_width + width, wider.get() + (r + 1) * new_width, fill);
-      }
-      chunk = std::move(wider);
+  // Re-lays the records out with `new_width` floats, filling the added tail
+  // of every row with `fill`. The block must already hold row_capacity
+  // records of the new width; the last record moves first, so no record is
+  // overwritten before it has moved.
+  void relayout(int64_t new_width, float fill) {
+    const int64_t old_bytes = record_bytes;
+    const int64_t old_width = width;
+    set_width(new_width);
+    for (int64_t id = rows_used - 1; id >= 0; --id) {
+      char* to = records.data() + id * record_bytes;
+      std::memmove(to, records.data() + id * old_bytes, old_bytes);
+      float* row = reinterpret_cast<float*>(to + sizeof(Header));
+      std::fill(row + old_width, row + new_width, fill);
     }
-    width = new_width;
   }
 };
 
@@ -149,11 +246,19 @@ HashTable<Key>::HashTable(int64_t dim, const InitializerSpec& initializer)
                            initializer.default_values + initializer.default_value_dim * dim);
     initializer_.default_values = default_values_.data();
   }
-  for (int s = 0; s < kNumShards; ++s) shards_[s].width = dim;
+  for (int s = 0; s < kNumShards; ++s) shards_[s].set_width(dim);
 }
 
 template <typename Key>
 HashTable<Key>::~HashTable() = default;
+
+template <typename Key>
+Status HashTable<Key>::out_of_memory(const char* what, size_t bytes) const {
+  return Status::ResourceExhausted(
+      "Embedding Variable '" + name_ + "' (embedding_dim " + std::to_string(dim_) + ", " +
+      std::to_string(row_width()) + " floats per row with its slots, " + std::to_string(size()) +
+      " keys): out of memory allocating " + std::to_string(bytes) + " bytes for " + what);
+}
 
 template <typename Key>
 int HashTable<Key>::num_slots() const {
@@ -177,19 +282,35 @@ int64_t HashTable<Key>::size() const {
 }
 
 template <typename Key>
-int HashTable<Key>::add_slot(const std::string& name, float initial_value) {
+Status HashTable<Key>::add_slot(const std::string& name, float initial_value, int* index) {
   std::lock_guard<std::mutex> layout_lock(layout_mutex_);
   for (size_t i = 0; i < slot_names_.size(); ++i) {
-    if (slot_names_[i] == name) return static_cast<int>(i);
+    if (slot_names_[i] == name) {
+      *index = static_cast<int>(i);
+      return Status::Ok();
+    }
   }
   // Every shard, in index order so that two add_slot calls cannot deadlock.
   std::vector<std::unique_lock<std::shared_mutex>> locks;
   for (int s = 0; s < kNumShards; ++s) locks.emplace_back(shards_[s].mutex);
   const int64_t new_width = (2 + static_cast<int64_t>(slot_names_.size())) * dim_;
-  for (int s = 0; s < kNumShards; ++s) shards_[s].widen(new_width, initial_value);
+  const int64_t new_record = static_cast<int64_t>(sizeof(typename Shard::Header)) + 4 * new_width;
+  // Every block grows before any record moves, so a refusal changes nothing.
+  for (int s = 0; s < kNumShards; ++s) {
+    Shard& shard = shards_[s];
+    if (!shard.records.resize(shard.row_capacity * new_record)) {
+      for (int t = 0; t < s; ++t) {
+        shards_[t].records.resize(shards_[t].row_capacity * shards_[t].record_bytes);
+      }
+      locks.clear();
+      return out_of_memory("a new optimizer slot", shard.row_capacity * new_record);
+    }
+  }
+  for (int s = 0; s < kNumShards; ++s) shards_[s].relayout(new_width, initial_value);
   slot_names_.push_back(name);
   slot_initial_values_.push_back(initial_value);
-  return static_cast<int>(slot_names_.size()) - 1;
+  *index = static_cast<int>(slot_names_.size()) - 1;
+  return Status::Ok();
 }
 
 template <typename Key>
@@ -230,150 +351,203 @@ void HashTable<Key>::group_by_shard(const Key* keys, int64_t n, std::vector<int6
 }
 
 template <typename Key>
-void HashTable<Key>::for_each_shard(
+Status HashTable<Key>::for_each_shard(
     const CpuContext& context, const Key* keys, int64_t n,
-    const std::function<void(Shard&, const int64_t*, int64_t)>& work) const {
-  if (n == 0) return;
+    const std::function<Status(Shard&, const int64_t*, int64_t)>& work) const {
+  if (n == 0) return Status::Ok();
   std::vector<int64_t> order, offsets;
   group_by_shard(keys, n, &order, &offsets);
+  std::mutex error_mutex;
+  Status first_error;
   // Cost per shard: its share of keys times a row's worth of floats.
   const int64_t cost = std::max<int64_t>(1, n / kNumShards) * (dim_ + 64);
   context.parallel_for(kNumShards, cost, [&](int64_t begin, int64_t end) {
     for (int64_t s = begin; s < end; ++s) {
       const int64_t count = offsets[s + 1] - offsets[s];
-      if (count > 0) work(shards_[s], order.data() + offsets[s], count);
+      if (count == 0) continue;
+      Status status = work(shards_[s], order.data() + offsets[s], count);
+      if (!status.ok()) {
+        std::lock_guard<std::mutex> lock(error_mutex);
+        if (first_error.ok()) first_error = std::move(status);
+      }
     }
   });
+  return first_error;
 }
 
 template <typename Key>
-void HashTable<Key>::find_or_insert(const CpuContext& context, const Key* keys, int64_t n,
-                                    float* values, const int64_t* frequencies) {
-  for_each_shard(context, keys, n, [&](Shard& shard, const int64_t* positions, int64_t count) {
-    std::vector<int64_t> missing;
-    {
-      std::shared_lock<std::shared_mutex> lock(shard.mutex);
-      for (int64_t k = 0; k < count; ++k) {
-        const int64_t i = positions[k];
-        const int64_t id = shard.find_row(keys[i]);
-        if (id == kEmptyRow) {
-          missing.push_back(i);
-          continue;
+Status HashTable<Key>::find_or_insert(const CpuContext& context, const Key* keys, int64_t n,
+                                      float* values, const int64_t* frequencies) {
+  return for_each_shard(
+      context, keys, n, [&](Shard& shard, const int64_t* positions, int64_t count) -> Status {
+        std::vector<int64_t> missing;
+        {
+          std::shared_lock<std::shared_mutex> lock(shard.mutex);
+          for (int64_t k = 0; k < count; ++k) {
+            const int64_t i = positions[k];
+            const int64_t id = shard.find_row(keys[i]);
+            if (id < 0) {
+              missing.push_back(i);
+              continue;
+            }
+            std::memcpy(values + i * dim_, shard.row(id), dim_ * sizeof(float));
+            atomic_add(&shard.header(id)->frequency, frequencies ? frequencies[i] : 1);
+          }
         }
-        std::memcpy(values + i * dim_, shard.row(id), dim_ * sizeof(float));
-        atomic_add(&shard.frequencies[id], frequencies ? frequencies[i] : 1);
-      }
-    }
-    if (missing.empty()) return;
-    std::unique_lock<std::shared_mutex> lock(shard.mutex);
-    for (int64_t i : missing) {
-      // Another thread, or an earlier duplicate in this batch, may have
-      // inserted the key since the shared lock was released.
-      int64_t id = shard.find_row(keys[i]);
-      if (id == kEmptyRow) {
-        id = shard.insert_absent(keys[i]);
-        fill_initial_row(keys[i], shard.row(id));
-      }
-      std::memcpy(values + i * dim_, shard.row(id), dim_ * sizeof(float));
-      shard.frequencies[id] += frequencies ? frequencies[i] : 1;
-    }
-  });
+        if (missing.empty()) return Status::Ok();
+        std::unique_lock<std::shared_mutex> lock(shard.mutex);
+        for (int64_t i : missing) {
+          // Another thread, or an earlier duplicate in this batch, may have
+          // inserted the key since the shared lock was released.
+          int64_t id = shard.find_row(keys[i]);
+          if (id < 0) {
+            if (size_t bytes = shard.insert_absent(keys[i], &id)) {
+              lock.unlock();
+              return out_of_memory("new keys", bytes);
+            }
+            fill_initial_row(keys[i], shard.row(id));
+          }
+          std::memcpy(values + i * dim_, shard.row(id), dim_ * sizeof(float));
+          shard.header(id)->frequency += frequencies ? frequencies[i] : 1;
+        }
+        return Status::Ok();
+      });
 }
 
 template <typename Key>
 void HashTable<Key>::find(const CpuContext& context, const Key* keys, int64_t n, float* values,
                           bool* found, bool initial_for_missing) const {
-  for_each_shard(context, keys, n, [&](Shard& shard, const int64_t* positions, int64_t count) {
-    std::shared_lock<std::shared_mutex> lock(shard.mutex);
-    for (int64_t k = 0; k < count; ++k) {
-      const int64_t i = positions[k];
-      const int64_t id = shard.find_row(keys[i]);
-      if (found) found[i] = id != kEmptyRow;
-      if (id != kEmptyRow) {
-        std::memcpy(values + i * dim_, shard.row(id), dim_ * sizeof(float));
-      } else if (initial_for_missing) {
-        initial_row(initializer_, keys[i], dim_, values + i * dim_);
-      } else {
-        std::fill(values + i * dim_, values + (i + 1) * dim_, 0.0f);
-      }
-    }
-  });
+  for_each_shard(context, keys, n,
+                 [&](Shard& shard, const int64_t* positions, int64_t count) -> Status {
+                   std::shared_lock<std::shared_mutex> lock(shard.mutex);
+                   for (int64_t k = 0; k < count; ++k) {
+                     const int64_t i = positions[k];
+                     const int64_t id = shard.find_row(keys[i]);
+                     if (found) found[i] = id >= 0;
+                     if (id >= 0) {
+                       std::memcpy(values + i * dim_, shard.row(id), dim_ * sizeof(float));
+                     } else if (initial_for_missing) {
+                       initial_row(initializer_, keys[i], dim_, values + i * dim_);
+                     } else {
+                       std::fill(values + i * dim_, values + (i + 1) * dim_, 0.0f);
+                     }
+                   }
+                   return Status::Ok();
+                 });
 }
 
 template <typename Key>
-void HashTable<Key>::insert_or_assign(const CpuContext& context, const Key* keys, int64_t n,
-                                      const float* rows, const int64_t* frequencies,
-                                      const int64_t* versions) {
-  for_each_shard(context, keys, n, [&](Shard& shard, const int64_t* positions, int64_t count) {
-    std::unique_lock<std::shared_mutex> lock(shard.mutex);
-    for (int64_t k = 0; k < count; ++k) {
-      const int64_t i = positions[k];
-      int64_t id = shard.find_row(keys[i]);
-      if (id == kEmptyRow) id = shard.insert_absent(keys[i]);
-      std::memcpy(shard.row(id), rows + i * shard.width, shard.width * sizeof(float));
-      if (frequencies) shard.frequencies[id] = frequencies[i];
-      if (versions) shard.versions[id] = versions[i];
-    }
-  });
+Status HashTable<Key>::insert_or_assign(const CpuContext& context, const Key* keys, int64_t n,
+                                        const float* rows, const int64_t* frequencies,
+                                        const int64_t* versions) {
+  return for_each_shard(
+      context, keys, n, [&](Shard& shard, const int64_t* positions, int64_t count) -> Status {
+        std::unique_lock<std::shared_mutex> lock(shard.mutex);
+        for (int64_t k = 0; k < count; ++k) {
+          const int64_t i = positions[k];
+          int64_t id = shard.find_row(keys[i]);
+          if (id < 0) {
+            if (size_t bytes = shard.insert_absent(keys[i], &id)) {
+              lock.unlock();
+              return out_of_memory("restored keys", bytes);
+            }
+          }
+          std::memcpy(shard.row(id), rows + i * shard.width, shard.width * sizeof(float));
+          if (frequencies) shard.header(id)->frequency = frequencies[i];
+          if (versions) shard.header(id)->version = versions[i];
+        }
+        return Status::Ok();
+      });
 }
 
 template <typename Key>
 int64_t HashTable<Key>::erase(const CpuContext& context, const Key* keys, int64_t n) {
   std::atomic<int64_t> erased{0};
-  for_each_shard(context, keys, n, [&](Shard& shard, const int64_t* positions, int64_t count) {
-    std::unique_lock<std::shared_mutex> lock(shard.mutex);
-    int64_t local = 0;
-    for (int64_t k = 0; k < count; ++k) local += shard.erase(keys[positions[k]]);
-    erased += local;
-  });
+  for_each_shard(context, keys, n,
+                 [&](Shard& shard, const int64_t* positions, int64_t count) -> Status {
+                   std::unique_lock<std::shared_mutex> lock(shard.mutex);
+                   int64_t local = 0;
+                   for (int64_t k = 0; k < count; ++k) local += shard.erase(keys[positions[k]]);
+                   erased += local;
+                   return Status::Ok();
+                 });
   return erased.load();
 }
 
 template <typename Key>
-void HashTable<Key>::update_rows(const CpuContext& context, const Key* keys, int64_t n,
-                                 int64_t global_step, const RowUpdate& update) {
-  for_each_shard(context, keys, n, [&](Shard& shard, const int64_t* positions, int64_t count) {
-    std::vector<float*> rows(count);
-    std::unique_lock<std::shared_mutex> lock(shard.mutex);
-    for (int64_t k = 0; k < count; ++k) {
-      const Key key = keys[positions[k]];
-      int64_t id = shard.find_row(key);
-      if (id == kEmptyRow) {
-        id = shard.insert_absent(key);
-        fill_initial_row(key, shard.row(id));
-      }
-      shard.versions[id] = global_step;
-      rows[k] = shard.row(id);
-    }
-    update(positions, rows.data(), count);
-  });
+Status HashTable<Key>::update_rows(const CpuContext& context, const Key* keys, int64_t n,
+                                   int64_t global_step, const RowUpdate& update) {
+  return for_each_shard(context, keys, n,
+                        [&](Shard& shard, const int64_t* positions, int64_t count) -> Status {
+                          std::unique_lock<std::shared_mutex> lock(shard.mutex);
+                          // Inserts first: they may move the records, so row pointers come after.
+                          std::vector<int64_t> ids(count);
+                          for (int64_t k = 0; k < count; ++k) {
+                            const Key key = keys[positions[k]];
+                            ids[k] = shard.find_row(key);
+                            if (ids[k] < 0) {
+                              if (size_t bytes = shard.insert_absent(key, &ids[k])) {
+                                lock.unlock();
+                                return out_of_memory("new keys", bytes);
+                              }
+                              fill_initial_row(key, shard.row(ids[k]));
+                            }
+                          }
+                          std::vector<float*> rows(count);
+                          for (int64_t k = 0; k < count; ++k) {
+                            shard.header(ids[k])->version = global_step;
+                            rows[k] = shard.row(ids[k]);
+                          }
+                          update(positions, rows.data(), count);
+                          return Status::Ok();
+                        });
 }
 
 template <typename Key>
-typename HashTable<Key>::Snapshot HashTable<Key>::export_all() const {
+Status HashTable<Key>::export_batches(
+    int64_t max_batch, const std::function<Status(int64_t total, int64_t row_width)>& begin,
+    const std::function<Status(const ExportBatch& batch)>& emit) const {
   std::vector<std::shared_lock<std::shared_mutex>> locks;
   for (int s = 0; s < kNumShards; ++s) locks.emplace_back(shards_[s].mutex);
-  Snapshot snapshot;
   int64_t total = 0;
   for (int s = 0; s < kNumShards; ++s) total += shards_[s].count;
   const int64_t width = shards_[0].width;
-  snapshot.keys.reserve(total);
-  snapshot.rows.resize(total * width);
-  snapshot.frequencies.reserve(total);
-  snapshot.versions.reserve(total);
+  Status status = begin(total, width);
+  if (!status.ok() || total == 0) return status;
+  const int64_t capacity = std::max<int64_t>(1, std::min(max_batch, total));
+  std::vector<Key> keys(capacity);
+  std::vector<float> rows(capacity * width);
+  std::vector<int64_t> frequencies(capacity), versions(capacity);
+  int64_t filled = 0;
+  auto flush = [&]() -> Status {
+    if (filled == 0) return Status::Ok();
+    ExportBatch batch{keys.data(), rows.data(), frequencies.data(), versions.data(), filled};
+    filled = 0;
+    return emit(batch);
+  };
   for (int s = 0; s < kNumShards; ++s) {
     const Shard& shard = shards_[s];
-    for (size_t i = 0; i < shard.slot_rows.size(); ++i) {
-      const int64_t id = shard.slot_rows[i];
-      if (id == kEmptyRow) continue;
-      std::memcpy(snapshot.rows.data() + snapshot.keys.size() * width, shard.row(id),
-                  width * sizeof(float));
-      snapshot.keys.push_back(shard.slot_keys[i]);
-      snapshot.frequencies.push_back(shard.frequencies[id]);
-      snapshot.versions.push_back(shard.versions[id]);
+    // Records in row order (sequential memory), skipping released rows.
+    std::vector<uint32_t> released = shard.free_rows;
+    std::sort(released.begin(), released.end());
+    size_t next_released = 0;
+    for (int64_t id = 0; id < shard.rows_used; ++id) {
+      if (next_released < released.size() && released[next_released] == id) {
+        ++next_released;
+        continue;
+      }
+      const auto* h = shard.header(id);
+      keys[filled] = static_cast<Key>(h->key);
+      frequencies[filled] = h->frequency;
+      versions[filled] = h->version;
+      std::memcpy(rows.data() + filled * width, shard.row(id), width * sizeof(float));
+      if (++filled == capacity) {
+        status = flush();
+        if (!status.ok()) return status;
+      }
     }
   }
-  return snapshot;
+  return flush();
 }
 
 template <typename Key>
@@ -383,11 +557,11 @@ int64_t HashTable<Key>::evict_stale(int64_t global_step, int64_t steps_to_live) 
     Shard& shard = shards_[s];
     std::unique_lock<std::shared_mutex> lock(shard.mutex);
     std::vector<Key> stale;
-    for (size_t i = 0; i < shard.slot_rows.size(); ++i) {
-      const int64_t id = shard.slot_rows[i];
-      if (id != kEmptyRow && shard.versions[id] < global_step - steps_to_live) {
-        stale.push_back(shard.slot_keys[i]);
-      }
+    const uint64_t* e = shard.entries();
+    for (int64_t i = 0; i < shard.capacity; ++i) {
+      if (e[i] == kEmptyEntry) continue;
+      const auto* h = shard.header(id_of(e[i]));
+      if (h->version < global_step - steps_to_live) stale.push_back(static_cast<Key>(h->key));
     }
     for (Key key : stale) evicted += shard.erase(key);
   }

@@ -1,24 +1,37 @@
 // The CPU Embedding Variable store: a concurrent hash table from int32 or
 // int64 keys to rows of floats, growing with no preset capacity.
 //
-// Every key value is valid: emptiness is kept in the row-id array, not by a
-// reserved key. A row is [value | slot 0 | slot 1 | ...], `dim` floats each,
-// stored in chunks that never move, so row pointers stay valid while the
-// table grows. Each key also carries its frequency (lookups counted) and
-// version (global step of its last update).
+// Every key value is valid: emptiness is kept in the index, not by a reserved
+// key. A row is [value | slot 0 | slot 1 | ...], `dim` floats each. Each key
+// also carries its frequency (lookups counted) and version (global step of
+// its last update).
 //
-// Concurrency: keys are spread over kNumShards shards by bucket_hash; each
-// shard has its own reader-writer lock, open-addressing index and row
-// chunks. Lookups of present keys share the lock; inserts, updates and
-// erases take it exclusively, so a concurrent update is never lost.
+// Memory. Keys are spread over kNumShards shards by bucket_hash. A shard
+// keeps its keys' records -- [key | frequency | version | row] -- in one
+// growable block, and an open-addressing index of 8 bytes per slot (row id
+// and a 32-bit hash tag, load factor at most 3/4) that points into it. So a
+// key costs its record plus 11 to 21 bytes of index. Blocks of 64 KiB and
+// more are mapped pages, grown with mremap (no copy, no transient second
+// copy) and returned to the system when freed; smaller ones come from
+// malloc, so a table of a few keys costs about what it holds. Adding a slot
+// re-lays the records out in place, from the last to the first.
+//
+// Records move when their block grows: a row pointer is valid only while
+// the caller holds the shard's lock, and only until the next insert.
+//
+// Concurrency: each shard has its own reader-writer lock. Lookups of present
+// keys share it; inserts, updates and erases take it exclusively, so a
+// concurrent update is never lost.
 #ifndef SOK_EV_CC_HASH_TABLE_CPU_H_
 #define SOK_EV_CC_HASH_TABLE_CPU_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cc/common.h"
@@ -26,6 +39,32 @@
 
 namespace sok_ev {
 namespace cpu {
+
+// A resizable block of bytes (see the header comment for where it lives).
+class GrowableBlock {
+ public:
+  GrowableBlock() = default;
+  ~GrowableBlock();
+  GrowableBlock(const GrowableBlock&) = delete;
+  GrowableBlock& operator=(const GrowableBlock&) = delete;
+
+  // Makes the block hold `bytes` bytes, keeping min(old, new) leading bytes;
+  // the data may move. False when the system refuses the memory (the block
+  // is then unchanged).
+  bool resize(size_t bytes);
+  char* data() const { return data_; }
+  size_t size() const { return size_; }
+  void swap(GrowableBlock& other) {
+    std::swap(data_, other.data_);
+    std::swap(size_, other.size_);
+    std::swap(mapped_, other.mapped_);
+  }
+
+ private:
+  char* data_ = nullptr;
+  size_t size_ = 0;
+  bool mapped_ = false;
+};
 
 template <typename Key>
 class HashTable {
@@ -39,6 +78,9 @@ class HashTable {
   HashTable(const HashTable&) = delete;
   HashTable& operator=(const HashTable&) = delete;
 
+  // How errors name the table (an Embedding Variable's name).
+  void set_name(std::string name) { name_ = std::move(name); }
+
   int64_t dim() const { return dim_; }
   int num_slots() const;
   // Floats per row: (1 + num_slots()) * dim.
@@ -47,9 +89,9 @@ class HashTable {
   int64_t size() const;
 
   // Adds a per-key slot of `dim` floats named `name`, equal to
-  // `initial_value` for every present and future key, and returns its index
-  // among the table's slots. A name already added returns its index.
-  int add_slot(const std::string& name, float initial_value);
+  // `initial_value` for every present and future key; *index gets its index
+  // among the table's slots. A name already added gives its index.
+  Status add_slot(const std::string& name, float initial_value, int* index);
   // Names and initial values of the slots, by index.
   std::vector<std::string> slot_names() const;
   std::vector<float> slot_initial_values() const;
@@ -59,8 +101,8 @@ class HashTable {
   //   keys:        (n,)
   //   values:      (n, dim) out
   //   frequencies: (n,) added to each key's frequency; null adds 1 per key
-  void find_or_insert(const CpuContext& context, const Key* keys, int64_t n, float* values,
-                      const int64_t* frequencies);
+  Status find_or_insert(const CpuContext& context, const Key* keys, int64_t n, float* values,
+                        const int64_t* frequencies);
 
   // Copies the values of present keys; missing keys get zeros (or their
   // initial value when `initial_for_missing`) and found[i] = false.
@@ -71,8 +113,8 @@ class HashTable {
   // Sets whole rows, inserting missing keys. Used by checkpoint restore.
   //   rows:        (n, row_width()) value then slots
   //   frequencies: (n,) or null     versions: (n,) or null
-  void insert_or_assign(const CpuContext& context, const Key* keys, int64_t n, const float* rows,
-                        const int64_t* frequencies, const int64_t* versions);
+  Status insert_or_assign(const CpuContext& context, const Key* keys, int64_t n, const float* rows,
+                          const int64_t* frequencies, const int64_t* versions);
 
   // Removes `keys`; returns how many were present.
   int64_t erase(const CpuContext& context, const Key* keys, int64_t n);
@@ -83,17 +125,24 @@ class HashTable {
   // shard's keys. Each key's version becomes `global_step`.
   using RowUpdate =
       std::function<void(const int64_t* positions, float* const* rows, int64_t count)>;
-  void update_rows(const CpuContext& context, const Key* keys, int64_t n, int64_t global_step,
-                   const RowUpdate& update);
+  Status update_rows(const CpuContext& context, const Key* keys, int64_t n, int64_t global_step,
+                     const RowUpdate& update);
 
-  // A consistent copy of the whole table, keys in no particular order.
-  struct Snapshot {
-    std::vector<Key> keys;             // (size,)
-    std::vector<float> rows;           // (size, row_width)
-    std::vector<int64_t> frequencies;  // (size,)
-    std::vector<int64_t> versions;     // (size,)
+  // A consistent export of the whole table, in batches, without copying it:
+  // every shard is read-locked for the whole call. begin(total, row_width)
+  // is called first, then emit() with consecutive batches of at most
+  // `max_batch` keys (in no particular order) that together hold every key
+  // once. The first failing callback's Status is returned.
+  struct ExportBatch {
+    const Key* keys;             // (count,)
+    const float* rows;           // (count, row_width)
+    const int64_t* frequencies;  // (count,)
+    const int64_t* versions;     // (count,)
+    int64_t count;
   };
-  Snapshot export_all() const;
+  Status export_batches(int64_t max_batch,
+                        const std::function<Status(int64_t total, int64_t row_width)>& begin,
+                        const std::function<Status(const ExportBatch& batch)>& emit) const;
 
   // Erases keys whose version is older than global_step - steps_to_live
   // (DeepRec's steps_to_live); returns how many.
@@ -105,13 +154,17 @@ class HashTable {
   // order[offsets[s] .. offsets[s + 1]).
   void group_by_shard(const Key* keys, int64_t n, std::vector<int64_t>* order,
                       std::vector<int64_t>* offsets) const;
-  // Runs work(shard, positions, count) for every shard that has keys.
-  void for_each_shard(const CpuContext& context, const Key* keys, int64_t n,
-                      const std::function<void(Shard&, const int64_t*, int64_t)>& work) const;
+  // Runs work(shard, positions, count) for every shard that has keys and
+  // returns the first failure.
+  Status for_each_shard(const CpuContext& context, const Key* keys, int64_t n,
+                        const std::function<Status(Shard&, const int64_t*, int64_t)>& work) const;
   // Fills a new row: initial value, then every slot's initial value.
   void fill_initial_row(Key key, float* row) const;
+  // The error for `bytes` the system did not give (names the table).
+  Status out_of_memory(const char* what, size_t bytes) const;
 
   const int64_t dim_;
+  std::string name_;
   InitializerSpec initializer_;
   std::vector<float> default_values_;  // backs initializer_.default_values
   std::unique_ptr<Shard[]> shards_;

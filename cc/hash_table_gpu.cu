@@ -155,15 +155,18 @@ __device__ __forceinline__ void group_copy_value(const TableView<Key>& table,
 // counts its frequency and copies its value out.
 //   keys: (n,)  frequencies: (n,) or null  row_ids: (n,) out or null
 //   values: (n, dim) out or null
+//   count: device, or null: only the first min(n, *count) keys are resolved
 template <typename Key>
 __global__ void __launch_bounds__(256)
     insert_kernel(TableView<Key> table, TableCounters* counters, const int32_t* free_rows,
-                  const Key* keys, int64_t n, const int64_t* frequencies, bool count_frequency,
-                  int64_t* row_ids, float* values) {
+                  const Key* keys, int64_t n, const int64_t* count, const int64_t* frequencies,
+                  bool count_frequency, int64_t* row_ids, float* values) {
   constexpr int kLanes = ProbeGroup<Key>::kLanes;
   const ProbeGroup<Key> g;
   const int64_t stride = (int64_t(gridDim.x) * blockDim.x) / kLanes;
-  for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / kLanes; i < n; i += stride) {
+  const int64_t limit = count != nullptr && *count < n ? *count : n;
+  for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / kLanes; i < limit;
+       i += stride) {
     const Key key = keys[i];
     const int32_t row = group_find_or_claim(table, counters, free_rows, g, key);
     if (g.rank == 0) {
@@ -450,6 +453,14 @@ Status HashTable<Key>::Create(const GpuContext& context, int64_t dim,
 
 template <typename Key>
 HashTable<Key>::~HashTable() {
+  for (CounterSnapshot& snapshot : snapshots_) {
+    if (snapshot.event != nullptr) {
+      cudaEvent_t event = static_cast<cudaEvent_t>(snapshot.event);
+      cudaEventSynchronize(event);  // the copy into snapshot.host has landed
+      cudaEventDestroy(event);
+    }
+    if (snapshot.host != nullptr) cudaFreeHost(snapshot.host);
+  }
   deallocate(keys_);
   deallocate(states_);
   deallocate(arena_);
@@ -491,7 +502,7 @@ Status HashTable<Key>::read_counters(const GpuContext& context, TableCounters* c
   cudaStream_t stream = stream_of(context);
   SOK_EV_CUDA_RETURN(
       cudaMemcpyAsync(counters, counters_, sizeof(TableCounters), cudaMemcpyDeviceToHost, stream));
-  SOK_EV_CUDA_RETURN(cudaStreamSynchronize(stream));
+  SOK_EV_RETURN_IF_ERROR(synchronize(stream));
   return Status::Ok();
 }
 
@@ -526,7 +537,7 @@ Status HashTable<Key>::rehash(const GpuContext& context, int64_t num_buckets) {
     set_used_slots<<<1, 1, 0, stream>>>(counters_);
     SOK_EV_LAUNCH_CHECK("set_used_slots");
     // Frees are stream-ordered (allocator) or synchronising (cudaFree).
-    if (allocator_ == nullptr) SOK_EV_CUDA_RETURN(cudaStreamSynchronize(stream));
+    if (allocator_ == nullptr) SOK_EV_RETURN_IF_ERROR(synchronize(stream));
   }
   deallocate(keys_);
   deallocate(states_);
@@ -564,7 +575,7 @@ Status HashTable<Key>::grow_arena(const GpuContext& context, int64_t row_capacit
                                        cudaMemcpyDeviceToDevice, stream));
     SOK_EV_CUDA_RETURN(cudaMemcpyAsync(free_rows, free_rows_, rows * sizeof(int32_t),
                                        cudaMemcpyDeviceToDevice, stream));
-    if (allocator_ == nullptr) SOK_EV_CUDA_RETURN(cudaStreamSynchronize(stream));
+    if (allocator_ == nullptr) SOK_EV_RETURN_IF_ERROR(synchronize(stream));
   }
   deallocate(arena_);
   deallocate(frequencies_);
@@ -578,11 +589,68 @@ Status HashTable<Key>::grow_arena(const GpuContext& context, int64_t row_capacit
   return Status::Ok();
 }
 
+// Whether a landed snapshot is there to read; a copy still in flight is not
+// an error (its cudaErrorNotReady is cleared so later launch checks pass).
+inline bool landed(void* event) {
+  const cudaError_t state = cudaEventQuery(static_cast<cudaEvent_t>(event));
+  if (state == cudaErrorNotReady) {
+    if (cudaPeekAtLastError() == cudaErrorNotReady) cudaGetLastError();
+    return false;
+  }
+  return state == cudaSuccess;
+}
+
+template <typename Key>
+void HashTable<Key>::snapshot_counters(const GpuContext& context) {
+  CounterSnapshot& snapshot = snapshots_[next_snapshot_];
+  if (snapshot.host == nullptr) {
+    cudaEvent_t event;
+    if (cudaHostAlloc(&snapshot.host, sizeof(TableCounters), cudaHostAllocDefault) != cudaSuccess ||
+        cudaEventCreateWithFlags(&event, cudaEventDisableTiming) != cudaSuccess) {
+      // Without snapshots the bounds stay correct, only looser.
+      cudaGetLastError();
+      if (snapshot.host != nullptr) cudaFreeHost(snapshot.host);
+      snapshot.host = nullptr;
+      return;
+    }
+    snapshot.event = event;
+  }
+  if (snapshot.taken && !landed(snapshot.event)) return;  // its copy is still under way
+  cudaStream_t stream = stream_of(context);
+  if (cudaMemcpyAsync(snapshot.host, counters_, sizeof(TableCounters), cudaMemcpyDeviceToHost,
+                      stream) != cudaSuccess ||
+      cudaEventRecord(static_cast<cudaEvent_t>(snapshot.event), stream) != cudaSuccess) {
+    cudaGetLastError();
+    snapshot.taken = false;
+    return;
+  }
+  snapshot.incoming_total = incoming_total_;
+  snapshot.taken = true;
+  next_snapshot_ = (next_snapshot_ + 1) % kSnapshots;
+}
+
+template <typename Key>
+void HashTable<Key>::tighten_bounds() {
+  for (const CounterSnapshot& snapshot : snapshots_) {
+    if (!snapshot.taken || !landed(snapshot.event)) continue;
+    // What the GPU had after that insert, plus every key sent since.
+    const int64_t since = incoming_total_ - snapshot.incoming_total;
+    used_slots_bound_ =
+        std::min(used_slots_bound_, static_cast<int64_t>(snapshot.host->used_slots) + since);
+    next_row_bound_ =
+        std::min(next_row_bound_, static_cast<int64_t>(snapshot.host->next_row) + since);
+  }
+}
+
 template <typename Key>
 Status HashTable<Key>::prepare_insert(const GpuContext& context, int64_t incoming) {
   const double slot_limit =
       options_.max_load_factor * static_cast<double>(num_buckets_ * kBucketSlots);
-  if (used_slots_bound_ + incoming > slot_limit || next_row_bound_ + incoming > row_capacity_) {
+  auto full = [&] {
+    return used_slots_bound_ + incoming > slot_limit || next_row_bound_ + incoming > row_capacity_;
+  };
+  if (full()) tighten_bounds();
+  if (full()) {
     TableCounters counters;
     SOK_EV_RETURN_IF_ERROR(read_counters(context, &counters));
     used_slots_bound_ = static_cast<int64_t>(counters.used_slots);
@@ -607,6 +675,7 @@ Status HashTable<Key>::prepare_insert(const GpuContext& context, int64_t incomin
   }
   used_slots_bound_ += incoming;
   next_row_bound_ += incoming;
+  incoming_total_ += incoming;
   return Status::Ok();
 }
 
@@ -630,15 +699,16 @@ Status HashTable<Key>::reserve(const GpuContext& context, int64_t keys) {
 
 template <typename Key>
 Status HashTable<Key>::resolve_insert(const GpuContext& context, const Key* keys, int64_t n,
-                                      const int64_t* frequencies, bool count_frequency,
-                                      int64_t* row_ids, float* values) {
+                                      const int64_t* count, const int64_t* frequencies,
+                                      bool count_frequency, int64_t* row_ids, float* values) {
   cudaStream_t stream = stream_of(context);
   SOK_EV_RETURN_IF_ERROR(prepare_insert(context, n));
   insert_kernel<Key><<<grid_for(n * ProbeGroup<Key>::kLanes, kThreads), kThreads, 0, stream>>>(
-      view(), counters_, free_rows_, keys, n, frequencies, count_frequency, row_ids, values);
+      view(), counters_, free_rows_, keys, n, count, frequencies, count_frequency, row_ids, values);
   SOK_EV_LAUNCH_CHECK("insert");
   clamp_free_rows<<<1, 1, 0, stream>>>(counters_);
   SOK_EV_LAUNCH_CHECK("clamp_free_rows");
+  snapshot_counters(context);
   return Status::Ok();
 }
 
@@ -646,7 +716,7 @@ template <typename Key>
 Status HashTable<Key>::find_or_insert(const GpuContext& context, const Key* keys, int64_t n,
                                       float* values, const int64_t* frequencies, int64_t* row_ids) {
   if (n <= 0) return Status::Ok();
-  return resolve_insert(context, keys, n, frequencies, true, row_ids, values);
+  return resolve_insert(context, keys, n, nullptr, frequencies, true, row_ids, values);
 }
 
 template <typename Key>
@@ -669,7 +739,7 @@ Status HashTable<Key>::insert_or_assign(const GpuContext& context, const Key* ke
   ScratchBuffer row_ids(context, n * sizeof(int64_t));
   if (!row_ids.ok()) return Status::Internal("out of device memory");
   SOK_EV_RETURN_IF_ERROR(
-      resolve_insert(context, keys, n, nullptr, false, row_ids.as<int64_t>(), nullptr));
+      resolve_insert(context, keys, n, nullptr, nullptr, false, row_ids.as<int64_t>(), nullptr));
   assign_rows_kernel<Key><<<grid_for(n * 32, kThreads), kThreads, 0, stream>>>(
       view(), n, row_ids.as<int64_t>(), rows, frequencies, versions);
   SOK_EV_LAUNCH_CHECK("assign_rows");
@@ -677,14 +747,10 @@ Status HashTable<Key>::insert_or_assign(const GpuContext& context, const Key* ke
 }
 
 template <typename Key>
-Status HashTable<Key>::update_rows(const GpuContext& context, const Key* keys, int64_t n,
-                                   int64_t global_step, float** rows) {
+Status HashTable<Key>::find_or_insert_rows(const GpuContext& context, const Key* keys, int64_t n,
+                                           const int64_t* count, int64_t* row_ids) {
   if (n <= 0) return Status::Ok();
-  ScratchBuffer row_ids(context, n * sizeof(int64_t));
-  if (!row_ids.ok()) return Status::Internal("out of device memory");
-  SOK_EV_RETURN_IF_ERROR(
-      resolve_insert(context, keys, n, nullptr, false, row_ids.as<int64_t>(), nullptr));
-  return rows_for_ids(context, row_ids.as<int64_t>(), n, global_step, rows);
+  return resolve_insert(context, keys, n, count, nullptr, false, row_ids, nullptr);
 }
 
 template <typename Key>
@@ -713,7 +779,7 @@ Status HashTable<Key>::erase(const GpuContext& context, const Key* keys, int64_t
     unsigned long long host = 0;
     SOK_EV_CUDA_RETURN(
         cudaMemcpyAsync(&host, erased.get(), sizeof(host), cudaMemcpyDeviceToHost, stream));
-    SOK_EV_CUDA_RETURN(cudaStreamSynchronize(stream));
+    SOK_EV_RETURN_IF_ERROR(synchronize(stream));
     *num_erased = static_cast<int64_t>(host);
   }
   return Status::Ok();
@@ -735,7 +801,7 @@ Status HashTable<Key>::export_all(const GpuContext& context, Key* keys, float* r
   unsigned long long written = 0;
   SOK_EV_CUDA_RETURN(
       cudaMemcpyAsync(&written, cursor.get(), sizeof(written), cudaMemcpyDeviceToHost, stream));
-  SOK_EV_CUDA_RETURN(cudaStreamSynchronize(stream));
+  SOK_EV_RETURN_IF_ERROR(synchronize(stream));
   if (written > static_cast<unsigned long long>(capacity)) {
     return Status::InvalidArgument("export_all: table holds " + std::to_string(written) +
                                    " keys, capacity " + std::to_string(capacity));
@@ -765,7 +831,7 @@ Status HashTable<Key>::evict_stale(const GpuContext& context, int64_t global_ste
   unsigned long long host = 0;
   SOK_EV_CUDA_RETURN(
       cudaMemcpyAsync(&host, evicted.get(), sizeof(host), cudaMemcpyDeviceToHost, stream));
-  SOK_EV_CUDA_RETURN(cudaStreamSynchronize(stream));
+  SOK_EV_RETURN_IF_ERROR(synchronize(stream));
   if (num_evicted != nullptr) *num_evicted = static_cast<int64_t>(host);
   return Status::Ok();
 }

@@ -21,7 +21,10 @@
 // concurrently with each other (they are ordered on one stream).
 //
 // Sizing without synchronising. The host keeps upper bounds on the slots and
-// rows in use; only when a call could exceed the capacity does it read the
+// rows in use. After each insert the counters are copied to pinned host
+// memory behind an event; when a call could exceed the capacity, the newest
+// copy that has landed (no wait) tightens the bounds to what it saw plus the
+// keys sent since. Only when that does not suffice does the host read the
 // exact counts back (one stream sync) and grow.
 #ifndef SOK_EV_CC_HASH_TABLE_GPU_H_
 #define SOK_EV_CC_HASH_TABLE_GPU_H_
@@ -130,15 +133,18 @@ class HashTable {
   // were present.
   Status erase(const GpuContext& context, const Key* keys, int64_t n, int64_t* num_erased);
 
-  // The device twin of cpu::HashTable::update_rows: inserts missing keys,
-  // sets each key's version to global_step and returns full-row pointers
-  // for gpu::apply_optimizer. Valid until the next call that inserts.
-  //   rows: (n,) out, device
-  Status update_rows(const GpuContext& context, const Key* keys, int64_t n, int64_t global_step,
-                     float** rows);
+  // The row ids of `keys`, inserting missing keys with their initial rows;
+  // frequencies stay as they are (the optimizer's apply: the lookup counted
+  // the keys already). Valid until the next call that inserts.
+  //   keys: (n,)  row_ids: (n,) out, device
+  //   count: device, or null: when set, only the first *count (<= n) keys
+  //     are resolved, so a count computed on the GPU needs no sync (n is
+  //     the host's bound for sizing)
+  Status find_or_insert_rows(const GpuContext& context, const Key* keys, int64_t n,
+                             const int64_t* count, int64_t* row_ids);
 
-  // update_rows for row ids already resolved by find_or_insert (no second
-  // probe): sets each row's version and returns its full-row pointer.
+  // For row ids already resolved by find_or_insert (no second probe): sets
+  // each row's version and returns its full-row pointer.
   // row_ids: (n,) device, from this table since its last insert.
   Status rows_for_ids(const GpuContext& context, const int64_t* row_ids, int64_t n,
                       int64_t global_step, float** rows);
@@ -168,9 +174,13 @@ class HashTable {
   Status grow_arena(const GpuContext& context, int64_t row_capacity, int64_t new_row_width);
   // Finds or inserts (new rows initialized), one kernel; row_ids and
   // values (n, dim) are optional outputs.
-  Status resolve_insert(const GpuContext& context, const Key* keys, int64_t n,
+  Status resolve_insert(const GpuContext& context, const Key* keys, int64_t n, const int64_t* count,
                         const int64_t* frequencies, bool count_frequency, int64_t* row_ids,
                         float* values);
+  // After an insert: queues a copy of the counters and its event.
+  void snapshot_counters(const GpuContext& context);
+  // Tightens the host bounds from the snapshots that have landed.
+  void tighten_bounds();
 
   const int64_t dim_;
   InitializerSpec initializer_;
@@ -192,6 +202,17 @@ class HashTable {
   // Host upper bounds of counters_.used_slots and .next_row.
   int64_t used_slots_bound_ = 0;
   int64_t next_row_bound_ = 0;
+  // Keys sent to inserts so far (each may have been new).
+  int64_t incoming_total_ = 0;
+  struct CounterSnapshot {
+    void* event = nullptr;          // cudaEvent_t, recorded after the copy
+    TableCounters* host = nullptr;  // pinned
+    int64_t incoming_total = 0;     // incoming_total_ when it was taken
+    bool taken = false;
+  };
+  static constexpr int kSnapshots = 4;
+  CounterSnapshot snapshots_[kSnapshots];
+  int next_snapshot_ = 0;
 
   std::vector<std::string> slot_names_;
   std::vector<float> slot_initial_;

@@ -73,10 +73,10 @@ SOK_EV_HOST_DEVICE float adam_learning_rate(const OptimizerSpec& spec) {
 }
 
 // The arithmetic of optimizer kKind on column c of one row, the only
-// definition for both twins: the GPU runs it one thread per column, the CPU
-// in a loop over the row's columns, and both produce the same bits (no FMA
-// contraction). The row is [value | slots], each `dim` floats; the slot
-// pointers are those of spec.slot_index (cc/optimizers.h, OptimizerSpec).
+// definition for both twins: the GPU runs it per column inside its fused
+// backward + optimizer kernels, the CPU in a loop over the row's columns,
+// and both produce the same bits (no FMA contraction). The row is [value | slots], each `dim`
+// floats; the slot pointers are those of spec.slot_index (cc/optimizers.h, OptimizerSpec).
 //   g:       the key's gradient at column c, summed over its occurrences
 //   adam_lr: adam_learning_rate(spec), hoisted out of the column loop
 template <OptimizerKind kKind>
@@ -198,11 +198,8 @@ void apply_optimizer(const CpuContext& context, const OptimizerSpec& spec, float
                      const float* grads, int64_t n, int64_t dim);
 }  // namespace cpu
 
-namespace gpu {
-// The same contract with device pointers; work ordered on context.stream.
-void apply_optimizer(const GpuContext& context, const OptimizerSpec& spec, float* const* rows,
-                     const float* grads, int64_t n, int64_t dim);
-}  // namespace gpu
+// The GPU applies the same arithmetic inside the fused backward + optimizer
+// kernels of gpu::combine_backward_apply (cc/backward_apply_gpu.h).
 
 }  // namespace sok_ev
 

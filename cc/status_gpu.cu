@@ -1,10 +1,20 @@
+#include <atomic>
+
 #include "cc/status_gpu.h"
 
 namespace sok_ev {
 namespace gpu {
 namespace {
 thread_local Status pending_error;
+std::atomic<int64_t> sync_count{0};
 }  // namespace
+
+Status synchronize(cudaStream_t stream) {
+  sync_count.fetch_add(1, std::memory_order_relaxed);
+  return cuda_status(cudaStreamSynchronize(stream), "stream synchronize");
+}
+
+int64_t host_syncs() { return sync_count.load(std::memory_order_relaxed); }
 
 Status take_last_error() {
   Status result = pending_error;

@@ -32,6 +32,12 @@ inline cudaStream_t stream_of(const GpuContext& context) {
   return static_cast<cudaStream_t>(context.stream);
 }
 
+// Waits for the stream: every host synchronisation of the GPU core goes
+// through here, so that benchmarks can count them (host_syncs()).
+Status synchronize(cudaStream_t stream);
+// Number of synchronize() calls in this process so far.
+int64_t host_syncs();
+
 // Scratch device memory from the context's allocator, stream-ordered
 // cudaMallocAsync when the context has none. Freed when it goes out of scope
 // (the allocators we accept are stream-ordered, so queued kernels stay safe).

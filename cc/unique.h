@@ -1,5 +1,6 @@
 // Deduplication of a batch's keys, so every later stage (exchange, table
-// lookup, optimizer) touches each key once.
+// lookup, optimizer) touches each key once, and the grouping of the batch's
+// entries by unique key that the backward pass sums over.
 #ifndef SOK_EV_CC_UNIQUE_H_
 #define SOK_EV_CC_UNIQUE_H_
 
@@ -20,6 +21,13 @@ namespace cpu {
 template <typename Key>
 void unique_keys(const CpuContext& context, const Key* keys, int64_t n, Key* unique_keys,
                  int64_t* inverse, int64_t* counts, int64_t* num_unique);
+
+// The entries of each unique key, in ascending order: unique u owns
+// order[segments[u] .. segments[u + 1]) (a stable counting sort by inverse).
+//   inverse: (n,) from unique_keys   counts: (num_unique,) from unique_keys
+//   order: (n,) out   segments: (num_unique + 1,) out
+void group_entries_by_key(const int64_t* inverse, int64_t n, const int64_t* counts,
+                          int64_t num_unique, int64_t* order, int64_t* segments);
 
 }  // namespace cpu
 

@@ -35,6 +35,14 @@ void unique_keys(const CpuContext& /*context*/, const Key* keys, int64_t n, Key*
   *num_unique = found;
 }
 
+void group_entries_by_key(const int64_t* inverse, int64_t n, const int64_t* counts,
+                          int64_t num_unique, int64_t* order, int64_t* segments) {
+  segments[0] = 0;
+  for (int64_t u = 0; u < num_unique; ++u) segments[u + 1] = segments[u] + counts[u];
+  std::vector<int64_t> cursor(segments, segments + num_unique);
+  for (int64_t i = 0; i < n; ++i) order[cursor[inverse[i]]++] = i;
+}
+
 template void unique_keys<int32_t>(const CpuContext&, const int32_t*, int64_t, int32_t*, int64_t*,
                                    int64_t*, int64_t*);
 template void unique_keys<int64_t>(const CpuContext&, const int64_t*, int64_t, int64_t*, int64_t*,

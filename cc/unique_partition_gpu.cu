@@ -1,5 +1,6 @@
 // gpu::unique_keys and gpu::partition_by_owner: both sort-based (CUB radix
 // sort is stable), so positions within an owner keep batch order.
+#include <algorithm>
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
 
@@ -22,12 +23,52 @@ __global__ void iota_kernel(int64_t* values, int64_t n) {
   }
 }
 
-//   sorted: (n,)  heads: (n,) out, 1 where a run of equal keys starts
+// 1 where a run of equal keys starts; with tables, a new table starts a run
+// too (equal keys of different tables are different).
+//   sorted: (n,)  tables: (n,) or null  heads: (n,) out
 template <typename Key>
-__global__ void run_heads_kernel(const Key* sorted, int64_t n, int64_t* heads) {
+__global__ void run_heads_kernel(const Key* sorted, const int32_t* tables, int64_t n,
+                                 int64_t* heads) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
-    heads[i] = (i == 0 || sorted[i] != sorted[i - 1]) ? 1 : 0;
+    heads[i] =
+        (i == 0 || sorted[i] != sorted[i - 1] || (tables != nullptr && tables[i] != tables[i - 1]))
+            ? 1
+            : 0;
+  }
+}
+
+// The table holding each entry: the last t with key_offsets[t] <= position
+// (empty tables share their offset with the next one).
+//   positions: (n,)  key_offsets: (num_tables + 1,)  tables: (n,) out
+__global__ void table_of_kernel(const int64_t* positions, int64_t n, const int64_t* key_offsets,
+                                int num_tables, int32_t* tables) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    tables[i] = static_cast<int32_t>(
+        lower_bound(key_offsets, int64_t(num_tables) + 1, positions[i] + 1) - 1);
+  }
+}
+
+//   keys: (any,)  order: (n,)  sorted: (n,) out, keys[order[i]]
+template <typename Key>
+__global__ void gather_kernel(const Key* keys, const int64_t* order, int64_t n, Key* sorted) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    sorted[i] = keys[order[i]];
+  }
+}
+
+// Table t's first unique index: the runs that start before its first entry
+// (a table boundary always starts a run, so no run straddles two tables).
+//   run_ids: (n,) inclusive scan of heads, n > 0
+//   key_offsets, unique_offsets: (num_tables + 1,)
+__global__ void unique_offsets_kernel(const int64_t* run_ids, const int64_t* key_offsets,
+                                      int num_tables, int64_t* unique_offsets) {
+  for (int t = blockIdx.x * blockDim.x + threadIdx.x; t <= num_tables;
+       t += gridDim.x * blockDim.x) {
+    const int64_t first = key_offsets[t];
+    unique_offsets[t] = first == 0 ? 0 : run_ids[first - 1];
   }
 }
 
@@ -89,44 +130,75 @@ int bits_for(int64_t values) {
   return bits;
 }
 
+// unique_keys, unique_keys_segmented and unique_keys_grouped in one: with
+// key_offsets (device, num_tables + 1) the entries are sorted by key, then
+// stably by table, so runs never cross tables.
 template <typename Key>
-Status unique_keys_impl(const GpuContext& context, const Key* keys, int64_t n, Key* unique_keys,
+Status unique_keys_impl(const GpuContext& context, const Key* keys, int64_t n,
+                        const int64_t* key_offsets, int num_tables, Key* unique_keys,
                         int64_t* inverse, int64_t* counts, int64_t* order, int64_t* segments,
-                        int64_t* num_unique) {
+                        int64_t* num_unique, int64_t* unique_offsets) {
   cudaStream_t stream = stream_of(context);
   if (n <= 0) {
     SOK_EV_CUDA_RETURN(cudaMemsetAsync(num_unique, 0, sizeof(int64_t), stream));
+    if (unique_offsets != nullptr) {
+      SOK_EV_CUDA_RETURN(
+          cudaMemsetAsync(unique_offsets, 0, (num_tables + 1) * sizeof(int64_t), stream));
+    }
     if (segments != nullptr) {
       SOK_EV_CUDA_RETURN(cudaMemsetAsync(segments, 0, sizeof(int64_t), stream));
     }
     return Status::Ok();
   }
+  const bool grouped = key_offsets != nullptr && num_tables > 1;
   ScratchBuffer sorted(context, n * sizeof(Key));
   ScratchBuffer positions_in(context, n * sizeof(int64_t));
   // The sort's positions are the caller's `order` when it wants them.
   ScratchBuffer positions_scratch(context, order ? 0 : n * sizeof(int64_t));
   int64_t* positions = order ? order : positions_scratch.as<int64_t>();
+  // Grouped: the key sort's positions go here, then a sort by table.
+  ScratchBuffer by_key(context, grouped ? n * sizeof(int64_t) : 0);
+  ScratchBuffer tables_in(context, grouped ? n * sizeof(int32_t) : 0);
+  ScratchBuffer tables(context, grouped ? n * sizeof(int32_t) : 0);
   ScratchBuffer heads(context, n * sizeof(int64_t));
   ScratchBuffer run_ids(context, n * sizeof(int64_t));
-  if (!sorted.ok() || !positions_in.ok() || !positions_scratch.ok() || !heads.ok() ||
-      !run_ids.ok()) {
+  if (!sorted.ok() || !positions_in.ok() || !positions_scratch.ok() || !by_key.ok() ||
+      !tables_in.ok() || !tables.ok() || !heads.ok() || !run_ids.ok()) {
     return Status::Internal("unique_keys: out of device memory");
   }
   iota_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(positions_in.as<int64_t>(), n);
   SOK_EV_LAUNCH_CHECK("iota");
-  size_t sort_bytes = 0, scan_bytes = 0;
+  int64_t* key_positions = grouped ? by_key.as<int64_t>() : positions;
+  const int table_bits = grouped ? bits_for(num_tables) : 1;
+  size_t sort_bytes = 0, table_sort_bytes = 0, scan_bytes = 0;
   SOK_EV_CUDA_RETURN(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, keys, sorted.as<Key>(),
-                                                     positions_in.as<int64_t>(), positions, n, 0,
-                                                     int(sizeof(Key) * 8), stream));
+                                                     positions_in.as<int64_t>(), key_positions, n,
+                                                     0, int(sizeof(Key) * 8), stream));
+  if (grouped) {
+    SOK_EV_CUDA_RETURN(cub::DeviceRadixSort::SortPairs(
+        nullptr, table_sort_bytes, tables_in.as<int32_t>(), tables.as<int32_t>(), key_positions,
+        positions, n, 0, table_bits, stream));
+  }
   SOK_EV_CUDA_RETURN(cub::DeviceScan::InclusiveSum(nullptr, scan_bytes, heads.as<int64_t>(),
                                                    run_ids.as<int64_t>(), n, stream));
-  ScratchBuffer temp(context, std::max(sort_bytes, scan_bytes));
+  ScratchBuffer temp(context, std::max({sort_bytes, table_sort_bytes, scan_bytes}));
   if (!temp.ok()) return Status::Internal("unique_keys: out of device memory");
   SOK_EV_CUDA_RETURN(cub::DeviceRadixSort::SortPairs(temp.get(), sort_bytes, keys, sorted.as<Key>(),
-                                                     positions_in.as<int64_t>(), positions, n, 0,
-                                                     int(sizeof(Key) * 8), stream));
-  run_heads_kernel<Key>
-      <<<grid_for(n, kThreads), kThreads, 0, stream>>>(sorted.as<Key>(), n, heads.as<int64_t>());
+                                                     positions_in.as<int64_t>(), key_positions, n,
+                                                     0, int(sizeof(Key) * 8), stream));
+  if (grouped) {
+    table_of_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(
+        key_positions, n, key_offsets, num_tables, tables_in.as<int32_t>());
+    SOK_EV_LAUNCH_CHECK("table_of");
+    SOK_EV_CUDA_RETURN(cub::DeviceRadixSort::SortPairs(
+        temp.get(), table_sort_bytes, tables_in.as<int32_t>(), tables.as<int32_t>(), key_positions,
+        positions, n, 0, table_bits, stream));
+    gather_kernel<Key>
+        <<<grid_for(n, kThreads), kThreads, 0, stream>>>(keys, positions, n, sorted.as<Key>());
+    SOK_EV_LAUNCH_CHECK("gather");
+  }
+  run_heads_kernel<Key><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
+      sorted.as<Key>(), grouped ? tables.as<int32_t>() : nullptr, n, heads.as<int64_t>());
   SOK_EV_LAUNCH_CHECK("run_heads");
   SOK_EV_CUDA_RETURN(cub::DeviceScan::InclusiveSum(temp.get(), scan_bytes, heads.as<int64_t>(),
                                                    run_ids.as<int64_t>(), n, stream));
@@ -134,6 +206,11 @@ Status unique_keys_impl(const GpuContext& context, const Key* keys, int64_t n, K
       sorted.as<Key>(), positions, run_ids.as<int64_t>(), n, unique_keys, inverse, counts, segments,
       num_unique);
   SOK_EV_LAUNCH_CHECK("scatter_unique");
+  if (unique_offsets != nullptr) {
+    unique_offsets_kernel<<<grid_for(num_tables + 1, kThreads), kThreads, 0, stream>>>(
+        run_ids.as<int64_t>(), key_offsets, num_tables, unique_offsets);
+    SOK_EV_LAUNCH_CHECK("unique_offsets");
+  }
   return Status::Ok();
 }
 
@@ -183,22 +260,43 @@ Status partition_impl(const GpuContext& context, const Key* keys, int64_t n, int
 template <typename Key>
 void unique_keys(const GpuContext& context, const Key* keys, int64_t n, Key* unique_keys,
                  int64_t* inverse, int64_t* counts, int64_t* num_unique) {
-  record_error(unique_keys_impl(context, keys, n, unique_keys, inverse, counts, nullptr, nullptr,
-                                num_unique));
+  record_error(unique_keys_impl(context, keys, n, nullptr, 1, unique_keys, inverse, counts, nullptr,
+                                nullptr, num_unique, nullptr));
 }
 
 template <typename Key>
 void unique_keys_segmented(const GpuContext& context, const Key* keys, int64_t n, Key* unique_keys,
                            int64_t* inverse, int64_t* order, int64_t* segments,
                            int64_t* num_unique) {
-  record_error(unique_keys_impl(context, keys, n, unique_keys, inverse, nullptr, order, segments,
-                                num_unique));
+  record_error(unique_keys_impl(context, keys, n, nullptr, 1, unique_keys, inverse, nullptr, order,
+                                segments, num_unique, nullptr));
+}
+
+template <typename Key>
+void unique_keys_grouped(const GpuContext& context, const Key* keys, int64_t n,
+                         const int64_t* key_offsets, int num_tables, Key* unique_keys,
+                         int64_t* counts, int64_t* inverse, int64_t* order, int64_t* segments,
+                         int64_t* unique_offsets) {
+  if (num_tables < 1) {
+    record_error(Status::InvalidArgument("unique_keys_grouped: num_tables must be >= 1"));
+    return;
+  }
+  // The total count lands in unique_offsets[num_tables] as well.
+  record_error(unique_keys_impl(context, keys, n, key_offsets, num_tables, unique_keys, inverse,
+                                counts, order, segments, unique_offsets + num_tables,
+                                unique_offsets));
 }
 
 template <typename Key>
 void partition_by_owner(const GpuContext& context, const Key* keys, int64_t n, int32_t num_workers,
                         Key* keys_by_owner, int64_t* positions, int64_t* counts) {
   record_error(partition_impl(context, keys, n, num_workers, keys_by_owner, positions, counts));
+}
+
+void fill_iota(const GpuContext& context, int64_t* values, int64_t n) {
+  if (n <= 0) return;
+  iota_kernel<<<grid_for(n, kThreads), kThreads, 0, stream_of(context)>>>(values, n);
+  record_error(cuda_status(cudaGetLastError(), "fill_iota"));
 }
 
 template void unique_keys<int32_t>(const GpuContext&, const int32_t*, int64_t, int32_t*, int64_t*,
@@ -209,6 +307,12 @@ template void unique_keys_segmented<int32_t>(const GpuContext&, const int32_t*, 
                                              int64_t*, int64_t*, int64_t*, int64_t*);
 template void unique_keys_segmented<int64_t>(const GpuContext&, const int64_t*, int64_t, int64_t*,
                                              int64_t*, int64_t*, int64_t*, int64_t*);
+template void unique_keys_grouped<int32_t>(const GpuContext&, const int32_t*, int64_t,
+                                           const int64_t*, int, int32_t*, int64_t*, int64_t*,
+                                           int64_t*, int64_t*, int64_t*);
+template void unique_keys_grouped<int64_t>(const GpuContext&, const int64_t*, int64_t,
+                                           const int64_t*, int, int64_t*, int64_t*, int64_t*,
+                                           int64_t*, int64_t*, int64_t*);
 template void partition_by_owner<int32_t>(const GpuContext&, const int32_t*, int64_t, int32_t,
                                           int32_t*, int64_t*, int64_t*);
 template void partition_by_owner<int64_t>(const GpuContext&, const int64_t*, int64_t, int32_t,

@@ -1,5 +1,6 @@
-// GPU-only addition to cc/unique.h: unique_keys that also hands out the
-// sort it is built on, so the backward pass needs no second sort.
+// GPU-only additions to cc/unique.h: unique_keys that also hands out the
+// sort it is built on, so the backward pass needs no second sort, and its
+// grouped form, which deduplicates the keys of many tables in one sort.
 #ifndef SOK_EV_CC_UNIQUE_PARTITION_GPU_H_
 #define SOK_EV_CC_UNIQUE_PARTITION_GPU_H_
 
@@ -21,6 +22,33 @@ template <typename Key>
 void unique_keys_segmented(const GpuContext& context, const Key* keys, int64_t n, Key* unique_keys,
                            int64_t* inverse, int64_t* order, int64_t* segments,
                            int64_t* num_unique);
+
+// unique_keys_segmented over the keys of num_tables tables at once, each
+// table deduplicated on its own (equal keys of different tables stay
+// apart). Table t's keys are keys[key_offsets[t] .. key_offsets[t + 1]);
+// the outputs keep the tables one after another, indices global:
+//   unique_keys, counts: table t's unique keys (ascending) and their
+//       occurrences at [unique_offsets[t], unique_offsets[t + 1])
+//   inverse: (n,) the global unique index of each entry
+//   order: (n,) entries grouped by (table, key), ascending within a group;
+//       table t's entries stay at [key_offsets[t], key_offsets[t + 1])
+//   segments: unique g's entries are order[segments[g] .. segments[g + 1]);
+//       the first unique_offsets[num_tables] + 1 are written
+//   unique_offsets: (num_tables + 1,) out, device
+// One radix sort over the keys and a one-pass sort by table, instead of one
+// sort per table: a batch of 26 small tables costs about one big sort.
+//   key_offsets: (num_tables + 1,) device; n = key_offsets[num_tables] (host)
+//   unique_keys, counts, inverse, order: (n,) out   segments: (n + 1,) out
+template <typename Key>
+void unique_keys_grouped(const GpuContext& context, const Key* keys, int64_t n,
+                         const int64_t* key_offsets, int num_tables, Key* unique_keys,
+                         int64_t* counts, int64_t* inverse, int64_t* order, int64_t* segments,
+                         int64_t* unique_offsets);
+
+// values[i] = i for i < n: the grouping of keys already known to be
+// distinct (each its own segment, one entry per sample).
+//   values: (n,) out, device
+void fill_iota(const GpuContext& context, int64_t* values, int64_t n);
 
 }  // namespace gpu
 }  // namespace sok_ev

@@ -1,11 +1,13 @@
 """Packaging of the sok_ev wheel.
 
 Normally run by `bazel build //:build_sok` in a staging dir holding setup.py
-next to sok_ev/ (Python files plus _sok_ev_ops.so), with SOK_EV_VERSION set.
+next to sok_ev/ (Python files, _sok_ev_ops.so and _build_info.json), with
+SOK_EV_VERSION set.
 Run from a checkout (python python/setup.py bdist_wheel) it packages the repo's
 sok_ev/ and reads the version from addons/build_defs.bzl.
 """
 
+import json
 import os
 import re
 
@@ -28,6 +30,23 @@ def _version():
     if not match:
         raise SystemExit("SOK_EV_VERSION not found in addons/build_defs.bzl")
     return match.group(1)
+
+
+def _cuda_requirements():
+    """The CUDA runtime a GPU op library loads (libcudart.so.12), as pip names it.
+
+    TensorFlow's own GPU install (tensorflow[and-cuda]) brings the same
+    package; a CPU build needs nothing.
+    """
+    path = os.path.join(ROOT, "sok_ev", "_build_info.json")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        cuda = json.load(f).get("cuda")
+    if not cuda:
+        return []
+    major, minor = cuda.split(".")[:2]
+    return [f"nvidia-cuda-runtime-cu{major}>={major}.{minor},<{int(major) + 1}"]
 
 
 class BdistWheel(bdist_wheel):
@@ -58,12 +77,12 @@ setup(
     version=_version(),
     description="Hash embedding variables and grouped sparse lookups for TensorFlow",
     packages=find_namespace_packages(include=["sok_ev", "sok_ev.*"]),
-    package_data={"sok_ev": ["_sok_ev_ops.so", "_tf_version.txt"]},
+    package_data={"sok_ev": ["_sok_ev_ops.so", "_build_info.json"]},
     python_requires=">=3.9",
     # TensorFlow itself is left out on purpose: the op library only works with
     # the exact TensorFlow it was built against, which the venv already has,
     # and tensorflow / tensorflow-cpu are different distribution names.
-    install_requires=["numpy"],
+    install_requires=["numpy"] + _cuda_requirements(),
     cmdclass={"bdist_wheel": BdistWheel},
     distclass=BinaryDistribution,
     zip_safe=False,

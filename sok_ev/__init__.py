@@ -9,7 +9,13 @@ stock TensorFlow.
 See README.md for the whole API.
 """
 
+from sok_ev import _ops
+from sok_ev import broadcast
+from sok_ev import checkpoint
 from sok_ev import communication
+from sok_ev import dispatch
+from sok_ev import embedding_gradients
+from sok_ev import keras_optimizers
 from sok_ev import optimizers
 from sok_ev.deeprec_api import install_deeprec_api
 from sok_ev.embedding_variable import EmbeddingVariable
@@ -18,27 +24,61 @@ from sok_ev.lookup import lookup_sparse
 from sok_ev.optimizers import EmbeddingVariableSlot
 from sok_ev.optimizers import OptimizerWrapper
 from sok_ev.optimizers import SUPPORTED_OPTIMIZERS
+from sok_ev.options import CBFFilter
+from sok_ev.options import CheckpointOption
+from sok_ev.options import CounterFilter
 from sok_ev.options import EmbeddingVariableOption
 from sok_ev.options import GlobalStepEvict
 from sok_ev.options import InitializerOption
+from sok_ev.options import L2WeightEvict
+from sok_ev.options import StorageOption
+from sok_ev.options import StorageType
 
 __version__ = "0.1.0"
+
+# Graphs that hold sok_ev ops (import_meta_graph, SavedModel loaders) need
+# them registered once `import sok_ev` ran. A broken build still imports: the
+# first call that needs an op raises the library's error.
+try:
+    _ops.ops()
+except ImportError:
+    pass
 
 
 def init() -> None:
     """Prepares sok-ev; call once, after `hvd.init()` when using Horovod.
 
   Takes the rank and number of workers from Horovod if it is initialised
-  (one worker otherwise), and installs the narrow optimizer hook
-  (`sok_ev.optimizers.install_optimizer_hook`) so stock tf.compat.v1.train
-  optimizers update Embedding Variables. Idempotent.
+  (one worker otherwise), and installs:
+  * with several workers, the guards that keep Embedding Variable gradients
+    out of Horovod's reductions (`sok_ev.embedding_gradients`);
+  * the narrow optimizer hook (`sok_ev.optimizers.install_optimizer_hook`),
+    so stock tf.compat.v1.train optimizers update Embedding Variables;
+  * the Keras optimizer hook (`sok_ev.keras_optimizers`), the same for
+    tf.keras.optimizers SGD, Adagrad, Adam and Ftrl;
+  * the tf.nn lookup dispatch (`sok_ev.dispatch`): tf.nn.embedding_lookup,
+    embedding_lookup_sparse and safe_embedding_lookup_sparse (and their
+    tf.compat.v1 forms) read Embedding Variables;
+  * the saver hook (`sok_ev.checkpoint.install_saver_hook`), so
+    tf.compat.v1.train.Saver saves and restores them on any number of
+    workers; and makes hvd.broadcast_variables check Embedding Variables
+    instead of copying them (`sok_ev.broadcast`).
+  Each leaves everything that is not an Embedding Variable to TensorFlow's
+  own code. Idempotent.
 
   Raises:
     RuntimeError: several processes were launched but Horovod is missing or
       not initialised.
   """
     communication.init()
+    if communication.world_size() > 1:
+        embedding_gradients.install_allreduce_guards()
+    checkpoint.record_worker_topology()
+    checkpoint.install_saver_hook()
+    broadcast.install_broadcast_guard()
     optimizers.install_optimizer_hook()
+    keras_optimizers.install_keras_optimizer_hook()
+    dispatch.install_lookup_dispatch()
 
 
 def rank() -> int:
@@ -52,11 +92,17 @@ def world_size() -> int:
 
 
 __all__ = [
+    "CBFFilter",
+    "CheckpointOption",
+    "CounterFilter",
     "EmbeddingVariable",
     "EmbeddingVariableOption",
     "EmbeddingVariableSlot",
     "GlobalStepEvict",
     "InitializerOption",
+    "L2WeightEvict",
+    "StorageOption",
+    "StorageType",
     "OptimizerWrapper",
     "SUPPORTED_OPTIMIZERS",
     "get_embedding_variable",

@@ -2,39 +2,77 @@
 
 Every other module reaches the native ops through `ops()`, so importing
 `sok_ev` never fails on a broken build; the first call that needs an op does,
-with a message naming both TensorFlow versions and the fix.
+with a message naming the TensorFlow and CUDA the library was built for, what
+is installed, and the fix.
 """
 
+import json
 import os
 
 import tensorflow as tf
 
-_LIBRARY_NAME = "_sok_ev_ops.so"
-_BUILT_FOR_FILE = "_tf_version.txt"  # written by the wheel build
+_HERE = os.path.dirname(os.path.abspath(__file__))
+LIBRARY_PATH = os.path.join(_HERE, "_sok_ev_ops.so")
+_BUILD_INFO_PATH = os.path.join(_HERE, "_build_info.json")  # written by the build
 _library = None
+
+
+def build_info():
+    """What the op library was built for, as the build recorded it.
+
+  Returns:
+    A dict: "tensorflow" (version string), "cuda" (the CUDA version of a GPU
+    build, None for a CPU build) and, for a GPU build, "cuda_archs" (GPU
+    machine code, e.g. ["sm_80", "sm_90"]) and "cuda_ptx" (the PTX target).
+    An empty dict when the file is missing (a build from before it existed).
+  """
+    if not os.path.exists(_BUILD_INFO_PATH):
+        return {}
+    with open(_BUILD_INFO_PATH) as f:
+        return json.load(f)
+
+
+def describe_build(info):
+    """One line naming the TensorFlow and CUDA of a build_info() dict."""
+    if not info:
+        return "an unknown TensorFlow (no _build_info.json)"
+    if not info.get("cuda"):
+        return f"TensorFlow {info['tensorflow']}, CPU only"
+    return (f"TensorFlow {info['tensorflow']} with CUDA {info['cuda']} "
+            f"(GPU code for {', '.join(info['cuda_archs'])}, PTX {info['cuda_ptx']})")
+
+
+def _installed_cuda():
+    """The CUDA version of the installed TensorFlow, None for a CPU build."""
+    if not tf.test.is_built_with_cuda():
+        return None
+    return tf.sysconfig.get_build_info().get("cuda_version")
 
 
 def ops():
     """Returns the loaded op module (its functions are `sok_ev_<op_name>`).
 
   Raises:
-    ImportError: the library is missing or does not match the installed
-      TensorFlow. The message says which TensorFlow it was built against.
+    ImportError: the library is missing or cannot be loaded by the installed
+      TensorFlow (another TensorFlow, or a GPU build without the CUDA 12
+      runtime). The message says what it was built for and what is installed.
   """
     global _library
     if _library is None:
-        here = os.path.dirname(os.path.abspath(__file__))
-        path = os.path.join(here, _LIBRARY_NAME)
         try:
-            _library = tf.load_op_library(path)
+            _library = tf.load_op_library(LIBRARY_PATH)
         except (tf.errors.NotFoundError, OSError) as error:
-            built_for = "unknown"
-            version_file = os.path.join(here, _BUILT_FOR_FILE)
-            if os.path.exists(version_file):
-                with open(version_file) as f:
-                    built_for = f.read().strip()
-            raise ImportError(f"sok_ev could not load its op library {path}: {error}\n"
-                              f"It was built against TensorFlow {built_for}; TensorFlow "
-                              f"{tf.__version__} is installed. Rebuild and reinstall with "
-                              "`bash request.sh`.") from error
+            info = build_info()
+            cuda = _installed_cuda()
+            installed = f"TensorFlow {tf.__version__}" + (f" with CUDA {cuda}"
+                                                          if cuda else ", a CPU build,")
+            hint = "Rebuild and reinstall with `bash request.sh`."
+            if info.get("cuda") and cuda and "libcudart" in str(error):
+                major = info["cuda"].split(".")[0]
+                hint = (f"It needs the CUDA {major} runtime libcudart.so.{major}: "
+                        f"pip install nvidia-cuda-runtime-cu{major} (tensorflow[and-cuda] "
+                        "brings it), or rebuild and reinstall with `bash request.sh`.")
+            raise ImportError(f"sok_ev could not load its op library {LIBRARY_PATH}: {error}\n"
+                              f"It was built for {describe_build(info)}; {installed} is "
+                              f"installed. {hint}") from error
     return _library

@@ -3,24 +3,28 @@
 sok-ev runs on one worker without Horovod. With Horovod (after `hvd.init()`),
 `init()` takes the rank and the number of workers from it. Lookup code only
 calls the functions of this module -- `rank()`, `world_size()`, `alltoall()`,
-`allgather()`, `allreduce()`, `allgather_object()` -- so a native NCCL or MPI
-backend can replace Horovod here without touching `sok_ev.distributed`.
+`allgather()`, `allreduce()`, and, run at once outside any graph,
+`allgather_object()`, `alltoall_now()` and `shutdown()` -- so a native NCCL
+or MPI backend can replace Horovod here without touching `sok_ev.distributed`.
 
 Every collective is a TensorFlow op with a gradient where one makes sense
 (alltoall), usable in graph mode (`tf.compat.v1.Session`), eagerly, and
 inside `tf.function`. In graph mode the ops are matched across workers by
-name, so every worker must build the same graph (the usual SPMD script).
+name, so every worker must build the same graph (the usual SPMD script);
+eager ones are matched by kind.
 
-`init()` also installs the guards that keep Embedding Variable gradients out
-of Horovod's allreduce (see `install_allreduce_guards`).
+This is transport only: what may or may not be sent (Embedding Variable
+gradients are never reduced) is `sok_ev.embedding_gradients`'s policy.
 """
 
-import functools
 import json
 import os
+import sys
+import threading
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.eager import context
 
 _state = {"rank": 0, "world_size": 1, "initialized": False}
 
@@ -48,8 +52,6 @@ def _horovod():
 def init():
     """Reads rank and world size from Horovod, or sets one worker.
 
-  With Horovod initialised, also installs `install_allreduce_guards()`.
-
   Raises:
     RuntimeError: several processes were launched but Horovod is missing or
       `hvd.init()` has not run, so the workers cannot know each other.
@@ -58,7 +60,6 @@ def init():
     hvd = _horovod()
     if hvd is not None and hvd.is_initialized():
         _state.update(rank=hvd.rank(), world_size=hvd.size(), initialized=True)
-        install_allreduce_guards()
         return
     if launched > 1:
         missing = ("Horovod is not installed (bash request.sh installs it)"
@@ -68,13 +69,41 @@ def init():
     _state.update(rank=0, world_size=1, initialized=True)
 
 
+def _check_initialized():
+    """Refuses to run as one worker when Horovod runs several and init() was
+  forgotten: every worker would store every key and train unsharded."""
+    if _state["initialized"]:
+        return
+    hvd = sys.modules.get("horovod.tensorflow")  # imported by whoever ran hvd.init()
+    if hvd is not None and hvd.is_initialized() and hvd.size() > 1:
+        raise RuntimeError(f"sok-ev: Horovod runs {hvd.size()} workers (hvd.init() was called) "
+                           "but sok_ev.init() was not: call sok_ev.init() after hvd.init() on "
+                           "every worker, before building any lookup. Without it every worker "
+                           "would keep a full, unsharded copy of every table.")
+
+
+def initialized():
+    """Whether init() has run."""
+    return _state["initialized"]
+
+
 def rank():
-    """This worker's index in [0, world_size())."""
+    """This worker's index in [0, world_size()).
+
+  Raises:
+    RuntimeError: Horovod runs several workers but init() was not called.
+  """
+    _check_initialized()
     return _state["rank"]
 
 
 def world_size():
-    """Number of workers the tables are spread over."""
+    """Number of workers the tables are spread over.
+
+  Raises:
+    RuntimeError: Horovod runs several workers but init() was not called.
+  """
+    _check_initialized()
     return _state["world_size"]
 
 
@@ -90,7 +119,7 @@ def _backend():
 # --- Collectives (TensorFlow ops) ------------------------------------------
 
 
-def alltoall(tensor, splits, name=None):
+def alltoall(tensor, splits, name=None, exact_name=False):
     """Sends `splits[w]` leading rows of `tensor` to worker w, in order.
 
   Args:
@@ -99,13 +128,19 @@ def alltoall(tensor, splits, name=None):
     splits: int `[world_size]`, summing to n.
     name: the op name; in graph mode it must be the same on every worker
       (None derives it from `tensor`'s name, which SPMD graphs share).
+      Eager collectives are matched by kind, not name.
+    exact_name: the workers match the collective by `name` alone, whatever
+      the name scopes or graph around it (so `alltoall_now` can meet it).
 
   Returns:
     `(received, received_splits)`: the rows from worker 0, then worker 1, ...,
     and how many came from each (int32 `[world_size]`). Differentiable with
     respect to `tensor` (the gradient is the reverse alltoall).
   """
-    return _backend().alltoall(tensor, splits=tf.cast(splits, tf.int32), name=name)
+    return _backend().alltoall(tensor,
+                               splits=tf.cast(splits, tf.int32),
+                               name=name,
+                               ignore_name_scope=exact_name)
 
 
 def allgather(tensor, name=None):
@@ -114,13 +149,52 @@ def allgather(tensor, name=None):
 
 
 def allreduce(tensor, name=None):
-    """Sums `tensor` over the workers (a dense tensor, never an Embedding
-  Variable's gradient)."""
+    """Sums `tensor` over the workers."""
     hvd = _backend()
-    return _original_allreduce(hvd)(tensor, op=hvd.Sum, name=name)
+    return hvd.allreduce(tensor, op=hvd.Sum, name=name)
 
 
-def allgather_object(obj, name="sok_ev_allgather_object"):
+class CollectiveTimeoutError(RuntimeError):
+    """A collective run by `allgather_object` was not joined by every worker
+  in time. Horovod still waits for it: call `shutdown()` before going on."""
+
+
+def _run_now(function, timeout):
+    """Runs `function()` (collectives, outside any graph being built); with a
+  timeout, in a thread, raising CollectiveTimeoutError if it has not
+  returned after `timeout` seconds."""
+    if timeout is None:
+        return function()
+    result = {}
+
+    def target():
+        try:
+            result["value"] = function()
+        except BaseException as error:  # pylint: disable=broad-except
+            result["error"] = error
+
+    thread = threading.Thread(target=target, name="sok_ev_collective", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise CollectiveTimeoutError(f"not every worker joined within {timeout:g} s")
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
+
+
+def _eager_or_private_graph(build):
+    """Runs `build()` now: eagerly, or in a private graph and session."""
+    with tf.init_scope():  # leaves a tf.function being traced
+        if tf.executing_eagerly():
+            return tf.nest.map_structure(lambda t: t.numpy(), build())
+    with tf.Graph().as_default():
+        fetches = build()
+        with tf.compat.v1.Session() as session:
+            return session.run(fetches)
+
+
+def allgather_object(obj, name="sok_ev_allgather_object", timeout=None):
     """Runs now, outside any graph being built: returns every worker's `obj`.
 
   `obj` must be JSON-serialisable. Used for one-off checks while a graph or
@@ -128,8 +202,14 @@ def allgather_object(obj, name="sok_ev_allgather_object"):
   calls this in the same order). Graph mode runs the two allgathers in a
   private graph and session, leaving the user's graph untouched.
 
+  Args:
+    timeout: None (wait for every worker), or seconds.
+
   Returns:
     A list of `world_size()` decoded objects, in rank order.
+
+  Raises:
+    CollectiveTimeoutError: some worker did not join within `timeout`.
   """
     hvd = _backend()
     data = np.frombuffer(json.dumps(obj, sort_keys=True).encode(), np.uint8)
@@ -139,15 +219,7 @@ def allgather_object(obj, name="sok_ev_allgather_object"):
         payload = hvd.allgather(tf.constant(data, tf.uint8), name=f"{name}_data")
         return sizes, payload
 
-    with tf.init_scope():  # leaves a tf.function being traced: runs eagerly
-        if tf.executing_eagerly():
-            sizes, payload = gather()
-            sizes, payload = sizes.numpy(), payload.numpy()
-        else:
-            with tf.Graph().as_default():
-                fetches = gather()
-                with tf.compat.v1.Session() as session:
-                    sizes, payload = session.run(fetches)
+    sizes, payload = _run_now(lambda: _eager_or_private_graph(gather), timeout)
     objects, start = [], 0
     for size in sizes:
         objects.append(json.loads(payload[start:start + size].tobytes().decode()))
@@ -155,108 +227,45 @@ def allgather_object(obj, name="sok_ev_allgather_object"):
     return objects
 
 
-# --- Guards: Embedding Variable gradients are never allreduced --------------
-#
-# Each worker's Embedding Variable gradient holds only the keys it owns
-# (summed over every worker's batch by the alltoall backward). Allreducing
-# it would apply each key's gradient on every worker, into shards that do not
-# own it. The guards below catch the three ways a script does that, at the
-# call, in graph and eager mode alike; `sok_ev.distributed.
-# check_embedding_gradient` catches anything else where the optimizer applies
-# the gradient.
+def alltoall_now(rows, splits, name=None, timeout=None):
+    """Runs one alltoall now, outside any graph being built, and returns the
+  rows received (NumPy).
 
-_guards = {}
-
-
-def _original_allreduce(hvd):
-    return _guards.get("allreduce", hvd.allreduce)
-
-
-def _embedding_variables_in(variables):
-    from sok_ev.embedding_variable import EmbeddingVariable  # pylint: disable=import-outside-toplevel
-    return [v for v in tf.nest.flatten(variables) if isinstance(v, EmbeddingVariable)]
-
-
-def _refuse(variables, where):
-    names = ", ".join(f"'{v.name}'" for v in variables)
-    raise ValueError(f"{where} would allreduce the gradient of Embedding Variable(s) {names}. "
-                     "Embedding Variables are model-parallel: each worker's gradient already "
-                     "holds every worker's contributions for the keys it owns, and only the "
-                     "owner may apply it. Leave Embedding Variables out: allreduce only the "
-                     "dense gradients, e.g. [(g if isinstance(v, sok_ev.EmbeddingVariable) "
-                     "else hvd.allreduce(g), v) for g, v in opt.compute_gradients(loss)], or "
-                     "pass var_list=<dense variables> to hvd.DistributedOptimizer (see "
-                     "python/examples/deeprec_sok_example.py).")
-
-
-def _guard_allreduce(original, where):
-
-    @functools.wraps(original)
-    def guarded(tensor, *args, **kwargs):
-        from sok_ev import distributed  # pylint: disable=import-outside-toplevel
-        for item in (tensor if isinstance(tensor, (list, tuple)) else [tensor]):
-            variable = distributed.embedding_variable_of_gradient(item)
-            if variable is not None:
-                _refuse([variable], where)
-        return original(tensor, *args, **kwargs)
-
-    return guarded
-
-
-def _guard_compute_gradients(original):
-
-    @functools.wraps(original)
-    def compute_gradients(self, *args, **kwargs):
-        var_list = kwargs.get("var_list", args[1] if len(args) > 1 else None)
-        if var_list is None and not tf.executing_eagerly():
-            var_list = tf.compat.v1.trainable_variables()
-        tables = _embedding_variables_in(var_list or [])
-        if tables:
-            _refuse(tables, "hvd.DistributedOptimizer")
-        return original(self, *args, **kwargs)
-
-    return compute_gradients
-
-
-def _guard_tape_gradient(original):
-
-    @functools.wraps(original)
-    def gradient(self, target, sources, *args, **kwargs):
-        tables = _embedding_variables_in(sources)
-        if tables:
-            _refuse(tables, "hvd.DistributedGradientTape.gradient")
-        return original(self, target, sources, *args, **kwargs)
-
-    return gradient
-
-
-def install_allreduce_guards():
-    """Makes Horovod refuse to allreduce Embedding Variable gradients.
-
-  Wraps, once: `hvd.allreduce` and `hvd.grouped_allreduce` (refuse a
-  gradient that `sok_ev.lookup_sparse` produced for an Embedding Variable),
-  `hvd.DistributedOptimizer(...).compute_gradients` (refuses a var_list,
-  explicit or the default trainable variables, holding Embedding Variables)
-  and `hvd.DistributedGradientTape(...).gradient` (refuses Embedding
-  Variables among the sources). Each raises ValueError naming the variables
-  and the fix. Scripts that bound `from horovod.tensorflow import allreduce`
-  before `sok_ev.init()` keep the unguarded function; the optimizer-side
-  check still refuses such gradients in graph mode and tf.function.
+  Args:
+    rows: `[n, ...]` array; `splits[w]` rows go to worker w.
+    name: the collective to join, as given to `alltoall(..., exact_name=True)`
+      (None joins an eager alltoall, which is matched by kind).
+    timeout: None, or seconds (see CollectiveTimeoutError).
   """
+    hvd = _backend()
+
+    def exchange():
+        received, _ = hvd.alltoall(tf.constant(rows),
+                                   splits=tf.constant(splits, tf.int32),
+                                   name=name,
+                                   ignore_name_scope=name is not None)
+        return received
+
+    if name is None:  # an eager collective, whatever the caller's mode
+        return _run_now(lambda: _eager(exchange), timeout)
+    return _run_now(lambda: _private_graph(exchange), timeout)
+
+
+def _eager(build):
+    with tf.init_scope(), context.eager_mode():
+        return build().numpy()
+
+
+def _private_graph(build):
+    with tf.Graph().as_default():
+        fetch = build()
+        with tf.compat.v1.Session() as session:
+            return session.run(fetch)
+
+
+def shutdown():
+    """Shuts Horovod down on this worker: every collective pending on any
+  worker fails, so no worker waits forever for one that will not come."""
     hvd = _horovod()
-    if hvd is None or _guards:
-        return
-    import horovod.tensorflow as hvd_module  # pylint: disable=import-outside-toplevel
-    for function in ("allreduce", "grouped_allreduce"):
-        original = getattr(hvd_module, function)
-        _guards[function] = original
-        setattr(hvd_module, function, _guard_allreduce(original, f"hvd.{function}"))
-    for class_name in ("_DistributedOptimizer", "_DistributedAdasumOptimizer"):
-        cls = getattr(hvd_module, class_name, None)
-        if cls is not None:
-            _guards[class_name] = cls.compute_gradients
-            cls.compute_gradients = _guard_compute_gradients(cls.compute_gradients)
-    tape = getattr(hvd_module, "_DistributedGradientTape", None)
-    if tape is not None:
-        _guards["_DistributedGradientTape"] = tape.gradient
-        tape.gradient = _guard_tape_gradient(tape.gradient)
+    if hvd is not None and hvd.is_initialized():
+        hvd.shutdown()

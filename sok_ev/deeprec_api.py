@@ -1,8 +1,32 @@
-"""DeepRec's names on stock TensorFlow, so DeepRec scripts run unchanged."""
+"""DeepRec's names on stock TensorFlow, so DeepRec scripts run unchanged.
+
+`install_deeprec_api()` adds, to `tf` and `tf.compat.v1`:
+  get_embedding_variable, EmbeddingVariableOption, InitializerOption,
+  GlobalStepEvict, L2WeightEvict, CounterFilter, CBFFilter, StorageOption,
+  CheckpointOption, StorageType, CacheType;
+to `tf.compat.v1.GraphKeys`: EMBEDDING_VARIABLES (the collection of sok-ev's
+Embedding Variables), EV_INIT_VAR_OPS (their initializers) and
+EV_INIT_SLOT_OPS (empty: slots live in the table); the module
+`tensorflow.core.framework.embedding.config_pb2` (StorageType, CacheType,
+SlotType) that DeepRec's storage examples import. It also installs what
+lets DeepRec's training code run on Embedding Variables: the dispatch of
+`tf.nn.embedding_lookup`, `tf.nn.embedding_lookup_sparse` and
+`tf.nn.safe_embedding_lookup_sparse` (`sok_ev.dispatch`) and the optimizer
+hooks (`sok_ev.optimizers`, `sok_ev.keras_optimizers`), as `sok_ev.init()`
+does. With several workers, `sok_ev.init()` is still needed (after
+`hvd.init()`).
+"""
+
+import importlib
+import sys
+import types
 
 import tensorflow as tf
 
+from sok_ev import dispatch
 from sok_ev import embedding_variable
+from sok_ev import keras_optimizers
+from sok_ev import optimizers
 from sok_ev import options
 
 # Name on tf / tf.compat.v1 -> sok_ev object.
@@ -11,21 +35,74 @@ _DEEPREC_NAMES = {
     "EmbeddingVariableOption": options.EmbeddingVariableOption,
     "InitializerOption": options.InitializerOption,
     "GlobalStepEvict": options.GlobalStepEvict,
+    "L2WeightEvict": options.L2WeightEvict,
+    "CounterFilter": options.CounterFilter,
+    "CBFFilter": options.CBFFilter,
+    "StorageOption": options.StorageOption,
+    "CheckpointOption": options.CheckpointOption,
+    "StorageType": options.StorageType,
+    "CacheType": options.CacheType,
 }
+
+# DeepRec's collection names (tf.GraphKeys) -> the collection sok-ev fills.
+_GRAPH_KEYS = {
+    "EMBEDDING_VARIABLES": embedding_variable.EMBEDDING_VARIABLES,
+    "EV_INIT_VAR_OPS": embedding_variable.EV_INIT_VAR_OPS,
+    "EV_INIT_SLOT_OPS": "ev_init_slot_ops",
+}
+
+# DeepRec's proto module of storage enums, as scripts import it.
+_CONFIG_PB2 = "tensorflow.core.framework.embedding.config_pb2"
+
+
+def _refuse_conflict(owner, name, value, where):
+    existing = getattr(owner, name, None)
+    if existing is not None and existing != value:
+        raise RuntimeError(f"install_deeprec_api: {where}.{name} already exists "
+                           f"({existing!r}); sok-ev will not replace it.")
+
+
+def _install_config_pb2():
+    """Makes `from tensorflow.core.framework.embedding import config_pb2` work."""
+    package_name, _, module_name = _CONFIG_PB2.rpartition(".")
+    package = sys.modules.get(package_name)
+    if package is None:
+        package = types.ModuleType(package_name, "DeepRec's embedding configuration (sok-ev).")
+        package.__path__ = []
+        sys.modules[package_name] = package
+        parent_name, _, child = package_name.rpartition(".")
+        setattr(importlib.import_module(parent_name), child, package)
+    if _CONFIG_PB2 not in sys.modules:
+        config_pb2 = types.ModuleType(_CONFIG_PB2,
+                                      "DeepRec's storage enums, provided by sok_ev.options.")
+        config_pb2.StorageType = options.StorageType
+        config_pb2.CacheType = options.CacheType
+        config_pb2.SlotType = options.SlotType
+        sys.modules[_CONFIG_PB2] = config_pb2
+    setattr(package, module_name, sys.modules[_CONFIG_PB2])
 
 
 def install_deeprec_api() -> None:
-    """Adds DeepRec's `tf.get_embedding_variable`, `tf.EmbeddingVariableOption`,
-  `tf.InitializerOption` and `tf.GlobalStepEvict` to `tf` and `tf.compat.v1`.
+    """Adds DeepRec's Embedding Variable API to TensorFlow (see the module
+  docstring for the names), the tf.nn lookup dispatch and the optimizer hooks.
 
-  Idempotent. Raises RuntimeError if one of these names already exists in
-  TensorFlow with another meaning (for example on a DeepRec build), rather
-  than shadowing it.
+  Idempotent. Options sok-ev does not implement yet can be created, and
+  get_embedding_variable refuses them with a ValueError naming the feature.
+
+  Raises:
+    RuntimeError: one of these names already exists in TensorFlow with
+      another meaning (for example on a DeepRec build); nothing is replaced.
   """
-    for module in (tf, tf.compat.v1):
-        for name, value in _DEEPREC_NAMES.items():
-            existing = getattr(module, name, None)
-            if existing is not None and existing is not value:
-                raise RuntimeError(f"install_deeprec_api: {module.__name__}.{name} already exists "
-                                   f"({existing!r}); sok-ev will not replace it.")
-            setattr(module, name, value)
+    names = [(module, name, value, module.__name__)
+             for module in (tf, tf.compat.v1)
+             for name, value in _DEEPREC_NAMES.items()]
+    names += [(tf.compat.v1.GraphKeys, name, value, "tf.compat.v1.GraphKeys")
+              for name, value in _GRAPH_KEYS.items()]
+    for owner, name, value, where in names:  # all checked before any is set
+        _refuse_conflict(owner, name, value, where)
+    for owner, name, value, _ in names:
+        setattr(owner, name, value)
+    _install_config_pb2()
+    dispatch.install_lookup_dispatch()
+    optimizers.install_optimizer_hook()
+    keras_optimizers.install_keras_optimizer_hook()

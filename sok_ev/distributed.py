@@ -32,32 +32,23 @@ gathers with gather gradients, and FindOrInsert's gradient gives each owner
 IndexedSlices keyed by the keys it received, duplicates from several workers
 included (the fused optimizer op sums them). Each owner then applies the
 optimizer to its shard only: an Embedding Variable's gradient is never
-allreduced (`sok_ev.communication.install_allreduce_guards` and
-`check_embedding_gradient` refuse it).
+allreduced (`sok_ev.embedding_gradients` refuses it; the keys each owner
+looks up are marked here for that guard).
 
-Message layout of alltoall #1, to each worker w: a header of N rows
-`(count of table t's keys for w, 0)`, then table 0's `(key, occurrences)`
-rows for w, then table 1's, ... Alltoall #2 returns, to each requester, the
-rows of its keys in the same (table, key) order, flattened to floats because
-the tables' dims differ.
+Message layout of alltoall #1, to each worker w: a header of N + 1 rows --
+`(fingerprint of the lookup, N)` (sok_ev.agreement checks that every worker
+runs the same lookup), then `(count of table t's keys for w, 0)` for each
+table -- then table 0's `(key, occurrences)` rows for w, then table 1's,
+... Alltoall #2 returns, to each requester, the rows of its keys in the same
+(table, key) order, flattened to floats because the tables' dims differ.
 """
 
 import tensorflow as tf
 
+from sok_ev import agreement
 from sok_ev import communication
+from sok_ev import embedding_gradients
 from sok_ev._ops import ops
-
-# Marks a key tensor fed to an owner's FindOrInsert (so its gradient's
-# indices) with the Embedding Variable it belongs to.
-_KEYS_MARK = "_sok_ev_embedding_variable"
-
-# Table signatures already checked across workers (see _check_tables).
-_checked_signatures = set()
-
-# Horovod ops that must never produce an Embedding Variable gradient.
-_REDUCING_OPS = ("HorovodAllreduce", "HorovodGroupedAllreduce", "HorovodAllgather",
-                 "HorovodGroupedAllgather", "HorovodBroadcast", "HorovodReducescatter",
-                 "HorovodGroupedReducescatter")
 
 
 def _exclusive_cumsum(x, axis=0):
@@ -82,63 +73,13 @@ def _permute(x, permutation):
     return tf.gather(x, permutation), grad
 
 
-def table_signature(variable):
-    """What every worker must agree on about a table: name, embedding_dim,
-  key dtype and target_gpu."""
-    return {
-        "name": variable.name,
-        "embedding_dim": int(variable.embedding_dim),
-        "key_dtype": variable.key_dtype.name,
-        "target_gpu": int(variable.target_gpu)
-    }
-
-
-def _check_tables(params):
-    """Checks, once per set of tables, that every worker looks up the same.
-
-  Runs while the lookup is built (graph, tf.function trace or eager call),
-  with one small allgather, so a mismatch raises on every worker instead of
-  hanging in the exchange.
-
-  Raises:
-    ValueError: a target_gpu out of range, or workers disagreeing on the
-      tables; the message names the table, the field and both values.
-  """
-    size = communication.world_size()
-    signatures = [table_signature(v) for v in params]
-    for signature in signatures:
-        if not -1 <= signature["target_gpu"] < size:
-            raise ValueError(f"lookup_sparse: target_gpu of Embedding Variable "
-                             f"'{signature['name']}' must be -1 or in [0, {size}) for {size} "
-                             f"workers, got {signature['target_gpu']}")
-    key = repr(signatures)
-    if key in _checked_signatures:
-        return
-    everyone = communication.allgather_object(signatures)
-    me = communication.rank()
-    for other, theirs in enumerate(everyone):
-        if theirs == signatures:
-            continue
-        if len(theirs) != len(signatures):
-            raise ValueError(f"lookup_sparse: worker {me} looks up {len(signatures)} tables "
-                             f"({[s['name'] for s in signatures]}) but worker {other} looks up "
-                             f"{len(theirs)} ({[s['name'] for s in theirs]}); every worker must "
-                             "build the same Embedding Variables and lookups")
-        for t, (mine, its) in enumerate(zip(signatures, theirs)):
-            for field in ("name", "embedding_dim", "key_dtype", "target_gpu"):
-                if mine[field] != its[field]:
-                    raise ValueError(f"lookup_sparse: Embedding Variable '{mine['name']}' (table "
-                                     f"{t} of the call) differs across workers: {field} is "
-                                     f"{mine[field]!r} on worker {me} but {its[field]!r} on worker "
-                                     f"{other}; every worker must build the same tables")
-    _checked_signatures.add(key)
-
-
 def find_or_insert(params, unique_keys, counts):
     """The rows of every worker's unique keys, from the workers that own them.
 
   Collective: every worker must call it, with the same tables in the same
-  order (checked at the first call), each with its own keys (possibly none).
+  order (checked when the lookup is built, and at run time by the header of
+  the first exchange: sok_ev.agreement), each with its own keys (possibly
+  none).
 
   Args:
     params: N Embedding Variables (this worker's shards).
@@ -152,9 +93,11 @@ def find_or_insert(params, unique_keys, counts):
     tables as IndexedSlices.
 
   Raises:
-    ValueError: see `_check_tables`.
+    ValueError: see `sok_ev.agreement.check_lookup`.
+    tf.errors.InvalidArgumentError: at run time, another worker ran another
+      lookup (sok_ev.agreement.check_headers).
   """
-    _check_tables(params)
+    agreement.check_lookup(params)
     n = len(params)
     size = communication.world_size()
     dims = [int(v.embedding_dim) for v in params]
@@ -164,38 +107,55 @@ def find_or_insert(params, unique_keys, counts):
             unique_keys, target_workers=[int(v.target_gpu) for v in params], num_workers=size, N=n)
         owner_counts = tf.reshape(owner_counts, [n, size])  # [table, owner]
 
-        # Alltoall #1: header rows then (key, occurrences) rows, grouped by owner
-        # then table. The source buffer is [headers (owner, table); keys (table,
-        # owner)]; _segments picks its blocks in sending order.
+        # Alltoall #1: to each worker, a header -- the lookup's fingerprint row,
+        # then one (count of the table's keys for it, 0) row per table -- then the
+        # (key, occurrences) rows, table by table. The source buffer is [headers
+        # (owner, row); keys (table, owner)]; _segments picks its blocks in
+        # sending order.
+        header_rows = n + 1
         key_rows = tf.concat([
             tf.stack([tf.cast(k, tf.int64), tf.gather(c, p)], axis=1)
             for k, c, p in zip(keys_by_owner, counts, positions)
         ],
                              axis=0)
-        headers = tf.stack(
+        count_rows = tf.stack(
             [tf.reshape(tf.transpose(owner_counts), [-1]),
              tf.zeros([size * n], tf.int64)], axis=1)
+        headers = tf.reshape(
+            tf.concat(
+                [agreement.header(params, size)[:, None, :],
+                 tf.reshape(count_rows, [size, n, 2])],
+                axis=1), [size * header_rows, 2])
         source = tf.concat([headers, key_rows], axis=0)
         table_start = _exclusive_cumsum(tf.reduce_sum(owner_counts, axis=1))
-        key_starts = (size * n + table_start[:, None] + _exclusive_cumsum(owner_counts, axis=1)
-                     )  # [table, owner]
-        header_starts = tf.range(size, dtype=tf.int64)[:, None] * n
+        key_starts = (size * header_rows + table_start[:, None] +
+                      _exclusive_cumsum(owner_counts, axis=1))  # [table, owner]
+        header_starts = tf.range(size, dtype=tf.int64)[:, None] * header_rows
         starts = tf.concat([header_starts, tf.transpose(key_starts)], axis=1)
         lengths = tf.concat(
-            [tf.fill([size, 1], tf.constant(n, tf.int64)),
-             tf.transpose(owner_counts)], axis=1)
+            [tf.fill([size, 1], tf.constant(header_rows, tf.int64)),
+             tf.transpose(owner_counts)],
+            axis=1)
         send_rows = tf.gather(source, _segments(starts, lengths))
         received, received_splits = communication.alltoall(send_rows,
-                                                           n + tf.reduce_sum(owner_counts, axis=0))
+                                                           header_rows +
+                                                           tf.reduce_sum(owner_counts, axis=0),
+                                                           name=agreement.exchange_name(params),
+                                                           exact_name=True)
 
-        # On the owner: the header of each sender's block gives its per-table
+        # On the owner: every sender must run this lookup (its first header row),
+        # before anything reads the rest; the other header rows give its per-table
         # counts; regroup the rows by table (then sender) for FindOrInsert.
         block_start = _exclusive_cumsum(tf.cast(received_splits, tf.int64))
+        check = agreement.check_headers(params, tf.gather(received, block_start))
+        with tf.control_dependencies([check]):
+            received = tf.identity(received)
         from_counts = tf.reshape(
-            tf.gather(received[:, 0],
-                      tf.reshape(block_start[:, None] + tf.range(n, dtype=tf.int64)[None, :],
-                                 [-1])), [size, n])  # [sender, table]
-        row_starts = (block_start[:, None] + n + _exclusive_cumsum(from_counts, axis=1)
+            tf.gather(
+                received[:, 0],
+                tf.reshape(block_start[:, None] + 1 + tf.range(n, dtype=tf.int64)[None, :], [-1])),
+            [size, n])  # [sender, table]
+        row_starts = (block_start[:, None] + header_rows + _exclusive_cumsum(from_counts, axis=1)
                      )  # [sender, table]
         by_table = tf.gather(received, _segments(tf.transpose(row_starts),
                                                  tf.transpose(from_counts)))
@@ -204,8 +164,7 @@ def find_or_insert(params, unique_keys, counts):
         owned_keys = []
         for variable, rows in zip(params, table_rows):
             keys = tf.cast(rows[:, 0], variable.key_dtype)
-            setattr(keys, _KEYS_MARK, variable)
-            owned_keys.append(keys)
+            owned_keys.append(embedding_gradients.mark(keys, variable))
         values = ops().sok_ev_find_or_insert([v.handle for v in params],
                                              owned_keys, [rows[:, 1] for rows in table_rows],
                                              embedding_dims=dims)
@@ -229,59 +188,3 @@ def find_or_insert(params, unique_keys, counts):
             rows = tf.reshape(piece, [-1, dim])
             unique_values.append(_permute(rows, tf.math.invert_permutation(p)))
         return unique_values
-
-
-# --- Keeping Embedding Variable gradients out of allreduce -----------------
-
-
-def embedding_variable_of_gradient(grad):
-    """The Embedding Variable whose distributed-lookup gradient `grad` is, or
-  None. Recognises IndexedSlices keyed by the keys an owner looked up (also
-  when TensorFlow concatenated several lookups' gradients in a graph)."""
-    if not isinstance(grad, tf.IndexedSlices):
-        return None
-    indices = grad.indices
-    variable = getattr(indices, _KEYS_MARK, None)
-    if variable is None and not tf.executing_eagerly() and hasattr(indices, "op"):
-        if indices.op.type == "ConcatV2":
-            for tensor in indices.op.inputs:
-                variable = getattr(tensor, _KEYS_MARK, None)
-                if variable is not None:
-                    break
-    return variable
-
-
-def check_embedding_gradient(grad, variable, max_ops=100000):
-    """Refuses an Embedding Variable gradient that went through a Horovod
-  allreduce, allgather or broadcast (graph mode and tf.function).
-
-  With several workers, the gradient's indices must come from the keys the
-  owner looked up (`find_or_insert`), not from a Horovod reduction: that
-  would apply other workers' keys to this worker's shard. Walks the graph
-  from the indices back to the marked keys. Eagerly there is no graph; the
-  guards of `sok_ev.communication.install_allreduce_guards` refuse the same
-  mistakes at the Horovod call.
-
-  Raises:
-    ValueError: naming the variable and the Horovod op.
-  """
-    if (communication.world_size() == 1 or not isinstance(grad, tf.IndexedSlices) or
-            not hasattr(grad.indices, "op")):  # eager tensors have no producer
-        return
-    pending, seen = [grad.indices], set()
-    while pending and len(seen) < max_ops:
-        tensor = pending.pop()
-        if getattr(tensor, _KEYS_MARK, None) is not None:
-            continue
-        op = tensor.op
-        if op.name in seen:
-            continue
-        seen.add(op.name)
-        if op.type in _REDUCING_OPS:
-            raise ValueError(f"The gradient of Embedding Variable '{variable.name}' went through "
-                             f"Horovod op '{op.name}' ({op.type}). Embedding Variables are "
-                             "model-parallel: each worker applies only the keys it owns, with "
-                             "every worker's contributions already summed by the lookup's "
-                             "backward alltoall. Allreduce only the dense gradients (see "
-                             "python/examples/deeprec_sok_example.py).")
-        pending.extend(op.inputs)

@@ -3,19 +3,22 @@
 `get_embedding_variable` follows DeepRec's `tf.get_embedding_variable`. The
 variable behaves like a `tf.Variable` where TensorFlow needs one (variable
 scopes and collections, initializers, tapes, stock optimizers, `tf.train.Saver`
-and `tf.train.Checkpoint`), but has no dense value: read it with
-`sok_ev.lookup_sparse`, or `export()` it whole.
+and `tf.train.Checkpoint`, tf.function arguments), but has no dense value:
+read it with `sok_ev.lookup_sparse` or the `tf.nn` embedding lookups
+(`sok_ev.dispatch`), or `export()` it whole.
 """
 
 import numbers
+import weakref
 from typing import Any, Iterable, Optional
 
 import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2
 from tensorflow.python.eager import context
-from tensorflow.python.eager import tape as tape_lib
 from tensorflow.python.framework import ops as framework_ops
 from tensorflow.python.ops import resource_variable_ops
 from tensorflow.python.ops import variables
+from tensorflow.python.training.saving import saveable_object
 from tensorflow.python.trackable import base as trackable
 from tensorflow.python.types import core
 
@@ -26,8 +29,16 @@ from sok_ev._ops import ops
 # Every Embedding Variable built in graph mode, so that lookups and tools
 # can find them (like DeepRec's EMBEDDING_VARIABLES collection).
 EMBEDDING_VARIABLES = "sok_ev_embedding_variables"
+# The initializer op of every Embedding Variable built in graph mode
+# (DeepRec's GraphKeys.EV_INIT_VAR_OPS).
+EV_INIT_VAR_OPS = "ev_init_var_ops"
 
 _SUPPORTED_KEY_DTYPES = (tf.int32, tf.int64)
+
+# The largest embedding_dim (a row of 256 KiB), as kMaxEmbeddingDim in
+# sok_ev/cc/kernels/embedding_variable.h: larger rows are no embedding anyone
+# trains, and would only surface as an allocation failure at the first lookup.
+MAX_EMBEDDING_DIM = 1 << 16
 
 
 # core.Tensor as for tf.Variable's resource variables: tapes check it to decide
@@ -63,19 +74,19 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
         self._slots = {}
         with framework_ops.init_scope():
             self._in_graph_mode = not context.executing_eagerly()
-            # A trailing "/" makes the scope absolute, so the handle op is named
-            # exactly after the variable (what _var_key and Saver rely on).
-            with framework_ops.name_scope(name + "/", skip_on_eager=False) as scope_name:
+            with framework_ops.name_scope(name, skip_on_eager=False) as scope_name:
                 self._handle_name = framework_ops.name_from_scope_name(scope_name)
                 if self._in_graph_mode:
                     shared_name = self._handle_name
                 else:
                     # Eager variables are private to their Python object.
                     shared_name = f"{self._handle_name}_{framework_ops.uid()}"
+                # An op name ending in "/" is taken as is: the handle op is named
+                # exactly `var.name` without ":0", as a meta graph import needs.
                 self._handle = ops().sok_ev_embedding_variable_handle(shared_name=shared_name,
                                                                       key_dtype=self._key_dtype,
                                                                       embedding_dim=embedding_dim,
-                                                                      name=scope_name[:-1] or name)
+                                                                      name=scope_name)
                 spec = initializers.spec_for(initializer, default_value_dim)
                 with framework_ops.name_scope("Initializer"):
                     matrix = initializers.default_values(initializer, spec, embedding_dim)
@@ -88,6 +99,11 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
                         param_a=spec.param_a,
                         param_b=spec.param_b,
                         seed=spec.seed)
+                # A restore into a session that never ran the initializer
+                # creates the table with these.
+                self._initializer_spec = spec
+                self._default_values = matrix
+            self._graph_key = framework_ops.get_default_graph()._graph_key  # pylint: disable=protected-access
             if not self._in_graph_mode:
                 self._unique_id = shared_name
                 # Frees the table when the Python object goes away, as for tf.Variable.
@@ -95,6 +111,35 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
                     handle=self._handle, handle_device=self._handle.device)
             else:
                 self._unique_id = self._handle_name
+
+    @classmethod
+    def _from_graph(cls, handle, initializer_op, trainable, steps_to_live, target_gpu):
+        """The variable whose handle and initializer ops are already in the
+    graph (an imported meta graph)."""
+        variable = cls.__new__(cls)
+        op = handle.op
+        variable._embedding_dim = op.get_attr("embedding_dim")
+        variable._key_dtype = tf.as_dtype(op.get_attr("key_dtype"))
+        variable._trainable = trainable
+        variable._steps_to_live = steps_to_live
+        variable.target_gpu = target_gpu
+        variable._in_graph_mode = True
+        variable._save_slice_info = None
+        variable._initializer_object = None
+        variable._slots = {}
+        variable._handle = handle
+        variable._handle_name = op.name
+        variable._unique_id = op.name
+        variable._graph_key = op.graph._graph_key  # pylint: disable=protected-access
+        variable._initializer_op = initializer_op
+        variable._default_values = initializer_op.inputs[1]
+        variable._initializer_spec = initializers.InitializerSpec(
+            kind=initializer_op.get_attr("initializer_kind"),
+            param_a=initializer_op.get_attr("param_a"),
+            param_b=initializer_op.get_attr("param_b"),
+            seed=initializer_op.get_attr("seed"),
+            default_value_dim=initializer_op.inputs[1].shape[0] or 0)
+        return variable
 
     # --- What makes it an Embedding Variable --------------------------------
 
@@ -259,40 +304,170 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
                 f"target_gpu={self.target_gpu}>")
 
     def _record_access(self):
-        """Lets an active GradientTape see that a lookup read this variable."""
-        if self._trainable:
-            tape_lib.variable_accessed(self)
+        """Lets GradientTapes see that a lookup read this variable: the active
+    ones, and, inside a tf.function being traced, the tapes active at each
+    later call of it (the function graph remembers the variable)."""
+        resource_variable_ops.variable_accessed(self)
+
+    # --- tf.function arguments ----------------------------------------------
+
+    def __tf_tracing_type__(self, context):
+        """What tf.function keys its traces on when this variable is an
+    argument: the variable itself (see EmbeddingVariableTraceType)."""
+        del context
+        return EmbeddingVariableTraceType(self)
 
     # --- Checkpoints: tf.train.Saver and tf.train.Checkpoint ----------------
+    #
+    # sok_ev/checkpoint.py writes and reads the tables (streamed, any worker
+    # count): tf.compat.v1.train.Saver through the saver hook that
+    # sok_ev.init() installs, tf.train.Checkpoint through a registered saver.
 
-    def _serialize_to_tensors(self):
-        evict = tf.no_op()
-        if self._steps_to_live:
-            # DeepRec evicts stale keys when saving.
-            step = tf.compat.v1.train.get_global_step()
-            if step is not None:
-                evict = ops().sok_ev_embedding_variable_evict(self._handle,
-                                                              tf.cast(step, tf.int64),
-                                                              key_dtype=self._key_dtype,
-                                                              steps_to_live=self._steps_to_live)
-        with tf.control_dependencies([evict]):
-            keys, rows, frequencies, versions, names, initial = self.export_full()
-        return {
-            "keys": keys,
-            "values": rows,
-            "freqs": frequencies,
-            "versions": versions,
-            "slot_names": names,
-            "slot_initial_values": initial
-        }
+    @property
+    def initializer_spec(self):
+        """How a new key's row starts (sok_ev.initializers.InitializerSpec)."""
+        return self._initializer_spec
 
-    def _restore_from_tensors(self, restored_tensors):
-        t = restored_tensors
-        return self.import_full(t["keys"], t["values"], t["freqs"], t["versions"], t["slot_names"],
-                                t["slot_initial_values"])
+    @property
+    def default_values(self):
+        """The `[N, dim]` default-value matrix input of the initializer (N = 0
+    unless the initializer draws a matrix)."""
+        return self._default_values
 
     def _gather_saveables_for_checkpoint(self):
-        return trackable.Trackable._gather_saveables_for_checkpoint(self)
+        # What tf.compat.v1.train.Saver asks for; named after the variable.
+        return {
+            trackable.VARIABLE_VALUE_KEY:
+                lambda name=None: EmbeddingVariableSaveable(self, name or self._handle_name)
+        }
+
+
+class EmbeddingVariableSaveable(saveable_object.SaveableObject):
+    """How tf.compat.v1.train.Saver sees an Embedding Variable: a table to
+  save and restore under `name`, done by the saver hook of sok_ev.init()
+  (sok_ev/checkpoint.py), which writes it straight from the table."""
+
+    def __init__(self, variable, name):
+        self.variable = variable
+
+        def refuse():
+            raise ValueError(self._needs_hook_message())
+
+        # The stock save path would call this; the hook never does.
+        spec = saveable_object.SaveSpec(refuse,
+                                        "",
+                                        f"{name}/sok_ev",
+                                        dtype=tf.string,
+                                        device=variable.device)
+        super().__init__(variable.handle, [spec], name)
+
+    def _needs_hook_message(self):
+        return (f"Embedding Variable '{self.variable.name}' is saved and restored by the "
+                "tf.compat.v1.train.Saver hook that sok_ev.init() installs: call sok_ev.init() "
+                "before building the Saver, and do not pass it a builder=.")
+
+    def restore(self, restored_tensors, restored_shapes):
+        del restored_tensors, restored_shapes
+        raise ValueError(self._needs_hook_message())
+
+
+# --- Meta graphs: import_meta_graph and SavedModel loaders -------------------
+#
+# The EMBEDDING_VARIABLES collection is exported as one record per variable;
+# importing it rebuilds the Python EmbeddingVariable around the imported ops
+# and puts it back into the global (and trainable) variables, so lookups,
+# optimizers and new Savers work on an imported graph.
+
+
+def _to_meta_graph_record(variable, export_scope=None):
+    if export_scope is not None and not variable._handle_name.startswith(export_scope):  # pylint: disable=protected-access
+        return None
+    record = attr_value_pb2.NameAttrList(
+        name=framework_ops.strip_name_scope(variable.handle.name, export_scope))
+    record.attr["initializer"].s = framework_ops.strip_name_scope(variable.initializer.name,
+                                                                  export_scope).encode()
+    record.attr["trainable"].b = variable.trainable
+    record.attr["steps_to_live"].i = variable.steps_to_live or 0
+    record.attr["target_gpu"].i = variable.target_gpu
+    return record
+
+
+def _from_meta_graph_record(record, import_scope=None):
+    graph = framework_ops.get_default_graph()
+    handle = graph.as_graph_element(framework_ops.prepend_name_scope(record.name, import_scope))
+    initializer = graph.as_graph_element(
+        framework_ops.prepend_name_scope(record.attr["initializer"].s.decode(), import_scope))
+    variable = EmbeddingVariable._from_graph(  # pylint: disable=protected-access
+        handle,
+        initializer,
+        trainable=record.attr["trainable"].b,
+        steps_to_live=record.attr["steps_to_live"].i or None,
+        target_gpu=record.attr["target_gpu"].i)
+    _graph_registry()[variable._handle_name] = variable  # pylint: disable=protected-access
+    collections = [tf.compat.v1.GraphKeys.GLOBAL_VARIABLES]
+    if variable.trainable:
+        collections.append(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)
+    for collection in collections:
+        if variable not in graph.get_collection(collection):
+            graph.add_to_collection(collection, variable)
+    return variable
+
+
+framework_ops.register_proto_function(EMBEDDING_VARIABLES,
+                                      proto_type=attr_value_pb2.NameAttrList,
+                                      to_proto=_to_meta_graph_record,
+                                      from_proto=_from_meta_graph_record)
+
+
+class EmbeddingVariableTraceType(tf.types.experimental.TraceType):
+    """The trace type of an Embedding Variable passed to a tf.function.
+
+  A tf.function traces once per Embedding Variable it is called with, and
+  inside the trace the argument is that very variable: its handle is
+  captured as a closure's would be, so the table, its optimizer slots and
+  any GradientTape (inside or outside the function) see the same variable.
+  Calling the function again with the same variable reuses the trace;
+  another variable gets its own trace (never another table's). Holds the
+  variable weakly: a trace does not keep a table alive.
+  """
+
+    def __init__(self, variable):
+        self._variable = weakref.ref(variable)
+        self._id = id(variable)
+
+    def is_subtype_of(self, other):
+        return self == other
+
+    def most_specific_common_supertype(self, others):
+        return self if all(self == other for other in others) else None
+
+    def placeholder_value(self, placeholder_context):
+        del placeholder_context
+        return self._variable()
+
+    def to_tensors(self, value):
+        del value
+        return []  # the handle is captured, not passed
+
+    def cast(self, value, cast_context):
+        del cast_context
+        if value is not self._variable():
+            raise TypeError(f"Can not cast {value!r} to the trace type of {self._variable()!r}")
+        return value
+
+    def __eq__(self, other):
+        if self is other:
+            return True
+        if not isinstance(other, EmbeddingVariableTraceType) or self._id != other._id:
+            return False
+        variable = self._variable()
+        return variable is not None and variable is other._variable()
+
+    def __hash__(self):
+        return self._id
+
+    def __repr__(self):
+        return f"EmbeddingVariableTraceType({self._variable()!r})"
 
 
 def _full_name(name):
@@ -334,12 +509,14 @@ def get_embedding_variable(name: str,
 
   Args:
     name: the variable's name (without scope).
-    embedding_dim: positive int, the length of each row.
+    embedding_dim: int in [1, MAX_EMBEDDING_DIM = 65536], the length of each
+      row.
     key_dtype: tf.int64 (default) or tf.int32: the dtype of lookup keys.
     value_dtype: tf.float32 (default; the only value dtype).
-    initializer: initializer of new rows; default truncated normal
-      (mean 0, stddev 1/sqrt(embedding_dim)). Constant, uniform, normal and
-      truncated-normal initializers draw per key when it is first seen.
+    initializer: initializer of new rows, an instance or (as in DeepRec) its
+      class; default truncated normal (mean 0, stddev 1/sqrt(embedding_dim)).
+      Constant, uniform, normal and truncated-normal initializers draw per
+      key when it is first seen.
     trainable: add to TRAINABLE_VARIABLES and let optimizers update it.
     collections: graph collections to add to (default [GLOBAL_VARIABLES]).
     steps_to_live: evict keys not updated for this many global steps (done
@@ -347,6 +524,9 @@ def get_embedding_variable(name: str,
       `ev_option.evict_option = GlobalStepEvict(steps_to_live)`.
     ev_option: an EmbeddingVariableOption; its `init_option` may set
       `default_value_dim` (DeepRec's key-mod-N rule) and an initializer.
+      Options sok-ev does not implement yet (filters, L2WeightEvict, storage
+      other than DRAM, CheckpointOption) raise ValueError naming the feature
+      (sok_ev.options.check_supported).
     target_gpu: -1 (default) shards the table over all workers; k places it
       whole on worker k. Also settable later as `var.target_gpu`.
     regularizer, caching_device, partitioner, custom_getter, constraint,
@@ -359,8 +539,9 @@ def get_embedding_variable(name: str,
 
   Raises:
     ValueError: bad embedding_dim, steps_to_live or target_gpu, an
-      unsupported argument, or a scope/reuse conflict.
-    TypeError: key_dtype or value_dtype not supported.
+      unsupported argument or option, or a scope/reuse conflict.
+    TypeError: key_dtype or value_dtype not supported, or an initializer
+      that is not one.
   """
     unsupported = {
         "regularizer": regularizer,
@@ -378,9 +559,9 @@ def get_embedding_variable(name: str,
                              "partitioner.)")
     del validate_shape
     if (not isinstance(embedding_dim, numbers.Integral) or isinstance(embedding_dim, bool) or
-            embedding_dim <= 0):
+            not 0 < embedding_dim <= MAX_EMBEDDING_DIM):
         raise ValueError(f"get_embedding_variable('{name}'): embedding_dim must be "
-                         f"a positive integer, got {embedding_dim!r}")
+                         f"an integer in [1, {MAX_EMBEDDING_DIM}], got {embedding_dim!r}")
     try:
         key_dtype = tf.as_dtype(key_dtype)
     except TypeError:
@@ -398,6 +579,7 @@ def get_embedding_variable(name: str,
     if not isinstance(ev_option, options_lib.EmbeddingVariableOption):
         raise TypeError(f"get_embedding_variable('{name}'): ev_option must be a "
                         f"sok_ev.EmbeddingVariableOption, got {ev_option!r}")
+    options_lib.check_supported(ev_option, f"get_embedding_variable('{name}')")
     if ev_option.evict_option is not None and ev_option.evict_option.steps_to_live:
         if steps_to_live not in (None, ev_option.evict_option.steps_to_live):
             raise ValueError(f"get_embedding_variable('{name}'): steps_to_live="
@@ -413,6 +595,7 @@ def get_embedding_variable(name: str,
         initializer = init_option.initializer
     if initializer is None:
         initializer = tf.compat.v1.truncated_normal_initializer(stddev=1.0 / embedding_dim**0.5)
+    initializer = initializers.as_instance(initializer, f"get_embedding_variable('{name}')")
 
     def create(full_name):
         return EmbeddingVariable(full_name, embedding_dim, key_dtype, initializer,
@@ -450,4 +633,6 @@ def get_embedding_variable(name: str,
     collections.append(EMBEDDING_VARIABLES)
     for collection in dict.fromkeys(collections):
         tf.compat.v1.add_to_collection(collection, variable)
+    # DeepRec scripts run this collection before global_variables_initializer.
+    tf.compat.v1.add_to_collection(EV_INIT_VAR_OPS, variable.initializer)
     return variable

@@ -8,6 +8,7 @@ matrix drawn once from the initializer, row `key mod N` for each new key.
 """
 
 import dataclasses
+import inspect
 import random
 
 import numpy as np
@@ -32,6 +33,31 @@ class InitializerSpec:
     param_b: float = 0.0
     seed: int = 0
     default_value_dim: int = 0  # rows of the matrix; 0 unless the matrix kind
+
+
+def as_instance(initializer, where):
+    """The initializer object to draw from: DeepRec (like tf.compat.v1's
+  get_variable) accepts an initializer class and instantiates it with its
+  default arguments, e.g. `initializer=init_ops.ones_initializer`.
+
+  Args:
+    initializer: an initializer instance or class (tf.compat.v1 or Keras).
+    where: names the caller and table in error messages.
+
+  Raises:
+    TypeError: `initializer` is neither callable nor a class that can be
+      created without arguments.
+  """
+    if inspect.isclass(initializer):
+        try:
+            initializer = initializer()
+        except TypeError as error:
+            raise TypeError(f"{where}: initializer={initializer!r} is a class that cannot be "
+                            f"created without arguments: {error}. Pass an instance.") from error
+    if not callable(initializer):
+        raise TypeError(f"{where}: initializer must be an initializer (a callable taking "
+                        f"a shape and a dtype) or its class, got {initializer!r}")
+    return initializer
 
 
 def _seed(initializer):
@@ -87,13 +113,19 @@ def spec_for(initializer, default_value_dim):
 
 def default_values(initializer, spec, embedding_dim):
     """The `[N, dim]` float32 matrix input of the initialize op ([0, dim] when
-  the kind draws per key)."""
+  the kind draws per key).
+
+  Raises:
+    ValueError: the initializer cannot draw an `[N, dim]` float32 matrix;
+      the message names the initializer and the matrix's shape.
+  """
     if spec.kind != DEFAULT_VALUE_MATRIX:
         return tf.zeros([0, embedding_dim], tf.float32)
     try:
         matrix = initializer([spec.default_value_dim, embedding_dim], dtype=tf.float32)
     except (TypeError, ValueError) as error:
-        raise ValueError(f"initializer {initializer!r} could not draw the "
-                         f"[{spec.default_value_dim}, {embedding_dim}] default-value matrix "
-                         f"(InitializerOption.default_value_dim): {error}") from error
+        raise ValueError(f"initializer={initializer!r} could not draw the "
+                         f"[{spec.default_value_dim}, {embedding_dim}] float32 matrix new keys "
+                         f"take their rows from (DeepRec's default_value_dim rule): "
+                         f"{error}") from error
     return tf.convert_to_tensor(matrix, tf.float32)

@@ -2,11 +2,15 @@
 
 One call runs each stage once for all tables, each stage one native op:
 
-  UniqueKeys -> (one worker)  FindOrInsert               -> CombineForward
-             -> (workers > 1) sok_ev.distributed exchange -> CombineForward
+  UniqueKeys -> (one worker)   FindOrInsertCombine
+             -> (workers > 1)  sok_ev.distributed exchange -> CombineForward
 
-Gradients flow back through the same stages and reach every Embedding
-Variable as tf.IndexedSlices keyed by its raw keys, deduplicated and summed.
+UniqueKeys checks the batch (rows in order and inside it, one weight per
+value) before any table changes, deduplicates each table's keys and indexes
+the entries by sample (row offsets) and by key (order, segments). The
+backward pass, CombineBackward, sums each unique key's gradient over its
+entries, so every Embedding Variable gets tf.IndexedSlices keyed by its raw
+keys, deduplicated and summed; the optimizer applies them with one fused op.
 """
 
 from typing import List, Optional, Sequence, Union
@@ -14,6 +18,7 @@ from typing import List, Optional, Sequence, Union
 import tensorflow as tf
 
 from sok_ev import communication
+from sok_ev import embedding_gradients
 from sok_ev._ops import ops
 from sok_ev.embedding_variable import EmbeddingVariable
 
@@ -92,6 +97,7 @@ def _check_placement(params):
                              f"{variable.target_gpu}")
 
 
+@tf.autograph.experimental.do_not_convert
 def lookup_sparse(
     params: Sequence[EmbeddingVariable],
     indices: Sequence[tf.SparseTensor],
@@ -133,6 +139,7 @@ def lookup_sparse(
     params, indices, combiners, sp_weights = _check_arguments(params, indices, combiners,
                                                               sp_weights)
     _check_placement(params)
+    weighted = [w is not None for w in sp_weights]
     with tf.name_scope("sok_ev_lookup_sparse"):
         keys = [ids.values for ids in indices]
         sample_ids = [tf.cast(ids.indices[:, 0], tf.int64) for ids in indices]
@@ -141,25 +148,62 @@ def lookup_sparse(
             tf.zeros([0], tf.float32) if w is None else tf.cast(w.values, tf.float32)
             for w in sp_weights
         ]
-        unique_keys, unique_index, counts = ops().sok_ev_unique_keys(keys, N=len(keys))
+        (unique_keys, counts, unique_index, order, segments,
+         row_offsets) = ops().sok_ev_unique_keys(keys,
+                                                 sample_ids,
+                                                 weights,
+                                                 batch_sizes,
+                                                 weighted=weighted)
         for variable in params:
             variable._record_access()  # pylint: disable=protected-access
         if communication.world_size() == 1:
-            unique_values = ops().sok_ev_find_or_insert(
+            return ops().sok_ev_find_or_insert_combine(
                 [v.handle for v in params],
                 unique_keys,
                 counts,
-                embedding_dims=[v.embedding_dim for v in params])
-        else:
-            from sok_ev import distributed  # pylint: disable=import-outside-toplevel
-            unique_values = distributed.find_or_insert(params, unique_keys, counts)
+                unique_index,
+                order,
+                segments,
+                row_offsets,
+                weights,
+                embedding_dims=[v.embedding_dim for v in params],
+                combiners=combiners,
+                weighted=weighted)
+        from sok_ev import distributed  # pylint: disable=import-outside-toplevel
+        unique_values = distributed.find_or_insert(params, unique_keys, counts)
         return ops().sok_ev_combine_forward(unique_values,
                                             unique_index,
-                                            sample_ids,
+                                            order,
+                                            segments,
+                                            row_offsets,
                                             weights,
-                                            batch_sizes,
                                             combiners=combiners,
-                                            weighted=[w is not None for w in sp_weights])
+                                            weighted=weighted)
+
+
+def _combine_backward(op, grads, first):
+    """CombineBackward of the combining op `op` whose per-table inputs
+  order, segments, row_offsets, weights start at input index `first`."""
+    n = op.get_attr("N")
+    grads = [tf.zeros_like(out) if g is None else g for g, out in zip(grads, op.outputs)]
+    pieces = [op.inputs[first + k * n:first + (k + 1) * n] for k in range(4)]
+    return ops().sok_ev_combine_backward(grads,
+                                         *pieces,
+                                         combiners=op.get_attr("combiners"),
+                                         weighted=op.get_attr("weighted"))
+
+
+@tf.RegisterGradient("SokEv>FindOrInsertCombine")
+def _find_or_insert_combine_gradient(op, *grads):
+    """Each table gets IndexedSlices keyed by its unique keys (input N + t),
+  which `sok_ev.optimizers` recognises as distinct."""
+    n = op.get_attr("N")
+    # inputs: resources, unique_keys, counts, unique_index, order, segments,
+    # row_offsets, weights (N each)
+    grad_unique = _combine_backward(op, grads, first=4 * n)
+    keys = op.inputs[n:2 * n]
+    return [embedding_gradients.keyed_gradient(g, k) for g, k in zip(grad_unique, keys)
+           ] + [None] * (7 * n)
 
 
 @tf.RegisterGradient("SokEv>FindOrInsert")
@@ -167,24 +211,19 @@ def _find_or_insert_gradient(op, *grads):
     """Each table's rows get IndexedSlices keyed by the looked-up keys."""
     n = op.get_attr("N")
     keys = op.inputs[n:2 * n]
-    table_grads = [None if g is None else tf.IndexedSlices(g, k) for g, k in zip(grads, keys)]
+    table_grads = [
+        None if g is None else embedding_gradients.keyed_gradient(g, k)
+        for g, k in zip(grads, keys)
+    ]
     return table_grads + [None] * (2 * n)
 
 
 @tf.RegisterGradient("SokEv>CombineForward")
 def _combine_forward_gradient(op, *grads):
     n = op.get_attr("N")
-    unique_values = op.inputs[:n]
-    grads = [tf.zeros_like(out) if g is None else g for g, out in zip(grads, op.outputs)]
-    num_unique = tf.stack([tf.shape(v, out_type=tf.int64)[0] for v in unique_values])
-    grad_unique = ops().sok_ev_combine_backward(grads,
-                                                op.inputs[n:2 * n],
-                                                op.inputs[2 * n:3 * n],
-                                                op.inputs[3 * n:4 * n],
-                                                num_unique,
-                                                combiners=op.get_attr("combiners"),
-                                                weighted=op.get_attr("weighted"))
-    return list(grad_unique) + [None] * (3 * n + 1)
+    # inputs: unique_values, unique_index, order, segments, row_offsets,
+    # weights (N each)
+    return list(_combine_backward(op, grads, first=2 * n)) + [None] * (5 * n)
 
 
 for _op_name in ("SokEv>UniqueKeys", "SokEv>PartitionByOwner", "SokEv>CombineBackward"):

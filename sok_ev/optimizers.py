@@ -24,9 +24,10 @@ import dataclasses
 from typing import Callable, List, Tuple
 
 import tensorflow as tf
+from tensorflow.python.trackable import base as trackable
 from tensorflow.python.training import optimizer as optimizer_module
 
-from sok_ev import distributed
+from sok_ev import embedding_gradients
 from sok_ev._ops import ops
 from sok_ev.embedding_variable import EmbeddingVariable
 
@@ -91,13 +92,78 @@ def _rule_for(optimizer, variable):
                     f"{', '.join(SUPPORTED_OPTIMIZERS)}.")
 
 
-class EmbeddingVariableSlot:
+class EmbeddingVariableSlot(trackable.Trackable):
     """What `optimizer.get_slot(embedding_variable, name)` returns: the slot
-  lives in the variable's table, beside each row, under `table_slot_name`."""
+  lives in the variable's table, beside each row, under `table_slot_name`.
+
+  It is optimizer state like a dense slot variable: `opt.variables()` lists
+  it and `tf.train.Checkpoint(optimizer=opt)` tracks it. Its values are
+  saved and restored with the table (Saver, tf.train.Checkpoint); the
+  optimizer's checkpoint records only which table column it is, and a
+  restore fails if the optimizer now names that column differently (the
+  restored column would otherwise be silently ignored). Model-parallel like
+  its table, so `hvd.broadcast_variables` does not copy it (see
+  sok_ev/broadcast.py).
+  """
 
     def __init__(self, primary, table_slot_name):
         self.primary = primary
         self.table_slot_name = table_slot_name
+
+    # --- What TensorFlow and Horovod expect of optimizer state --------------
+
+    @property
+    def name(self):
+        """`<variable>/<optimizer>/<slot>:0`, e.g. `var_0/Adagrad/accumulator:0`."""
+        return f"{self.primary.name[:-2]}/{self.table_slot_name}:0"
+
+    @property
+    def dtype(self):
+        return tf.float32
+
+    @property
+    def shape(self):
+        """`[embedding_dim]`, as its Embedding Variable."""
+        return self.primary.shape
+
+    @property
+    def device(self):
+        return self.primary.device
+
+    @property
+    def op(self):
+        """Its Embedding Variable's handle op."""
+        return self.primary.op
+
+    @property
+    def graph(self):
+        return self.primary.graph
+
+    @property
+    def trainable(self):
+        return False
+
+    @property
+    def _in_graph_mode(self):
+        return self.primary._in_graph_mode  # pylint: disable=protected-access
+
+    @property
+    def _graph_key(self):
+        return self.primary._graph_key  # pylint: disable=protected-access
+
+    def _serialize_to_tensors(self):
+        with tf.device("/cpu:0"):
+            return {trackable.VARIABLE_VALUE_KEY: tf.constant(self.table_slot_name)}
+
+    def _restore_from_tensors(self, restored_tensors):
+        saved_as = restored_tensors[trackable.VARIABLE_VALUE_KEY]
+        return tf.debugging.Assert(tf.equal(saved_as, self.table_slot_name), [
+            f"slot '{self.table_slot_name}' of Embedding Variable '{self.primary.name}' was "
+            "saved as column", saved_as, "of its table: give the optimizer the name it had "
+            "when the checkpoint was saved"
+        ])
+
+    # --- Reading it ----------------------------------------------------------
 
     def export(self):
         """Every key of the primary and its slot row: `(keys [n], values [n, dim])`.
@@ -123,6 +189,19 @@ class EmbeddingVariableSlot:
                 f"'{self.primary.name}'>")
 
 
+def _keys_are_distinct(indices):
+    """Whether `indices` are, provably, one table's unique keys straight from
+  a lookup (an output of SokEv>UniqueKeys, through Identity ops): the fused
+  apply then skips deduplicating them. Only graphs (Session, tf.function)
+  show a tensor's producer; eagerly the apply deduplicates."""
+    tensor = indices
+    while getattr(tensor, "op", None) is not None and tensor.op.type == "Identity":
+        tensor = tensor.op.inputs[0]
+    op = getattr(tensor, "op", None)
+    return (op is not None and op.type == "SokEv>UniqueKeys" and
+            tensor.value_index < op.get_attr("N"))
+
+
 def _global_step():
     step = _train.get_global_step()
     return tf.constant(0, tf.int64) if step is None else tf.cast(step, tf.int64)
@@ -144,13 +223,6 @@ def apply_to_embedding_variable(optimizer, grad, variable):
     TypeError: unsupported optimizer, or a dense gradient.
   """
     rule = _rule_for(optimizer, variable)
-    if not isinstance(grad, tf.IndexedSlices):
-        raise TypeError(f"The gradient of Embedding Variable '{variable.name}' must be "
-                        "tf.IndexedSlices keyed by raw keys (as sok_ev.lookup_sparse produces), "
-                        f"got {type(grad).__name__}")
-    # With several workers the gradient must come from the lookup's own
-    # exchange, never from a Horovod reduction (which would mix shards).
-    distributed.check_embedding_gradient(grad, variable)
     if rule.op_name == "adam" and optimizer._get_beta_accumulators()[0] is None:
         # Only the patch-free path gets here with no dense variable to carry
         # Adam's beta powers; the hook path creates them in _create_slots.
@@ -161,18 +233,71 @@ def apply_to_embedding_variable(optimizer, grad, variable):
     slots = rule.slots(optimizer)
     for slot_name, _ in slots:
         _slot_of(optimizer, variable, slot_name)  # so get_slot() finds it
-    hyperparameters = tf.stack([tf.cast(h, tf.float32) for h in rule.hyperparameters(optimizer)])
+    return fused_update(variable,
+                        grad,
+                        rule.op_name,
+                        rule.hyperparameters(optimizer),
+                        [(f"{optimizer.get_name()}/{name}", value) for name, value in slots],
+                        _global_step(),
+                        use_nesterov=bool(getattr(optimizer, "_use_nesterov", False)),
+                        centered=bool(getattr(optimizer, "_centered", False)))
+
+
+def check_gradient(grad, variable):
+    """Refuses what the fused update cannot apply.
+
+  Raises:
+    TypeError: `grad` is not tf.IndexedSlices keyed by raw keys.
+    ValueError: with several workers, `grad` went through a Horovod reduction
+      (sok_ev.embedding_gradients.check_before_apply).
+  """
+    if not isinstance(grad, tf.IndexedSlices):
+        raise TypeError(f"The gradient of Embedding Variable '{variable.name}' must be "
+                        "tf.IndexedSlices keyed by raw keys (as sok_ev.lookup_sparse produces), "
+                        f"got {type(grad).__name__}")
+    # With several workers the gradient must come from the lookup's own
+    # exchange, never from a Horovod reduction (which would mix shards).
+    embedding_gradients.check_before_apply(grad, variable)
+
+
+def fused_update(variable,
+                 grad,
+                 op_name,
+                 hyperparameters,
+                 slots,
+                 step,
+                 use_nesterov=False,
+                 centered=False):
+    """One `SokEv>SparseApplyOptimizer` update of `variable`: the one place
+  sok-ev calls the fused op (tf.compat.v1 and Keras optimizers alike).
+
+  Args:
+    variable: the EmbeddingVariable.
+    grad: tf.IndexedSlices keyed by raw keys (duplicates are summed).
+    op_name: 'sgd', 'adagrad', 'adam', 'ftrl', 'momentum' or 'rmsprop'.
+    hyperparameters: scalars in the op's order (sok_ev/cc/ops/optimizer_ops.cc).
+    slots: `(table slot name, initial value)` pairs in the op's slot order.
+    step: int64 scalar, the version written to each updated key.
+
+  Returns:
+    The update op.
+
+  Raises:
+    TypeError, ValueError: see check_gradient.
+  """
+    check_gradient(grad, variable)
     return ops().sok_ev_sparse_apply_optimizer(
         variable.handle,
         tf.cast(grad.indices, variable.key_dtype),
         grad.values,
-        hyperparameters,
-        _global_step(),
-        optimizer=rule.op_name,
-        slot_names=[f"{optimizer.get_name()}/{name}" for name, _ in slots],
+        tf.stack([tf.cast(h, tf.float32) for h in hyperparameters]),
+        tf.cast(step, tf.int64),
+        optimizer=op_name,
+        slot_names=[name for name, _ in slots],
         slot_initial_values=[float(value) for _, value in slots],
-        use_nesterov=bool(getattr(optimizer, "_use_nesterov", False)),
-        centered=bool(getattr(optimizer, "_centered", False)))
+        use_nesterov=use_nesterov,
+        centered=centered,
+        keys_are_unique=_keys_are_distinct(grad.indices))
 
 
 class _EmbeddingVariableProcessor(optimizer_module._OptimizableVariable):  # pylint: disable=protected-access
@@ -258,7 +383,9 @@ class OptimizerWrapper:
     """A stock optimizer that also updates Embedding Variables, patching nothing.
 
   Same methods as the wrapped `tf.compat.v1.train` optimizer; attributes not
-  defined here are the wrapped optimizer's.
+  defined here are the wrapped optimizer's. Its methods are not converted by
+  AutoGraph inside a tf.function (there is no data-dependent Python control
+  flow in them to convert).
 
   Example:
     >>> opt = sok_ev.OptimizerWrapper(tf.compat.v1.train.AdagradOptimizer(0.1))
@@ -274,6 +401,7 @@ class OptimizerWrapper:
     def __getattr__(self, name):
         return getattr(self._optimizer, name)
 
+    @tf.autograph.experimental.do_not_convert
     def compute_gradients(self, loss, var_list=None, **kwargs):
         """As Optimizer.compute_gradients; Embedding Variables get IndexedSlices."""
         if tf.executing_eagerly():
@@ -302,6 +430,7 @@ class OptimizerWrapper:
                 grads[id(v)] = g
         return [(grads[id(v)], v) for v in var_list]
 
+    @tf.autograph.experimental.do_not_convert
     def apply_gradients(self, grads_and_vars, global_step=None, name=None):
         """As Optimizer.apply_gradients. Embedding Variables are updated first;
     dense variables then go through the wrapped optimizer unchanged."""
@@ -324,6 +453,7 @@ class OptimizerWrapper:
         with tf.control_dependencies([finish]):
             return tf.compat.v1.assign_add(global_step, 1, name=name).op
 
+    @tf.autograph.experimental.do_not_convert
     def minimize(self, loss, global_step=None, var_list=None, name=None, **kwargs):
         """compute_gradients then apply_gradients."""
         grads_and_vars = self.compute_gradients(loss, var_list=var_list, **kwargs)

@@ -1,11 +1,55 @@
-"""DeepRec's Embedding Variable options, with DeepRec's names and defaults.
+"""DeepRec's Embedding Variable options, with DeepRec's names, arguments and
+defaults.
 
-Only what sok-ev implements is accepted; any other non-default setting raises
-a ValueError naming the option, so no DeepRec behaviour is dropped silently.
+Every option class can be created exactly as in DeepRec, so a DeepRec script
+gets past its option set-up. What sok-ev does not implement yet (feature
+filters, `L2WeightEvict`, storage other than DRAM, loading from another
+checkpoint) is refused by `check_supported`, which `get_embedding_variable`
+runs: a ValueError naming the feature, before anything is created.
 """
 
 import dataclasses
-from typing import Any, Optional
+import enum
+from typing import Any, List, Optional, Union
+
+import tensorflow as tf
+
+
+class StorageType(enum.IntEnum):
+    """DeepRec's `config_pb2.StorageType`: where a table's rows live (same
+  names and numbers). sok-ev stores every table in DRAM (or the GPU's memory
+  when the table is on a GPU), so only `DRAM` (or no storage type) is
+  accepted by get_embedding_variable."""
+    INVALID = 0
+    DRAM = 1
+    PMEM_MEMKIND = 2
+    PMEM_LIBPMEM = 3
+    SSDHASH = 4
+    LEVELDB = 5
+    DRAM_PMEM = 11
+    DRAM_SSDHASH = 12
+    HBM_DRAM = 13
+    DRAM_LEVELDB = 14
+    DRAM_PMEM_SSDHASH = 101
+    HBM_DRAM_SSDHASH = 102
+
+
+class CacheType(enum.IntEnum):
+    """DeepRec's `config_pb2.CacheType`: the cache policy of multi-tier storage."""
+    LRU = 0
+    LFU = 1
+
+
+class SlotType(enum.IntEnum):
+    """DeepRec's `config_pb2.SlotType` (kept for scripts that name it)."""
+    EMBEDDING_VARIABLE = 0
+    VARIABLE = 1
+
+
+# DeepRec: storage types that keep rows on disk need a storage_path.
+_DISK_STORAGE_TYPES = (StorageType.LEVELDB, StorageType.SSDHASH, StorageType.DRAM_SSDHASH,
+                       StorageType.DRAM_LEVELDB)
+_GIB = 1024 * 1024 * 1024
 
 
 @dataclasses.dataclass
@@ -13,14 +57,19 @@ class InitializerOption:
     """How new keys get their first value.
 
   Args:
-    initializer: overrides `get_embedding_variable`'s `initializer` when set.
+    initializer: overrides `get_embedding_variable`'s `initializer` when set
+      (an initializer instance, or its class, as in DeepRec).
     default_value_dim: DeepRec's rule when set: an `[default_value_dim, dim]`
       matrix is drawn once from the initializer, and a new key takes row
       `key mod default_value_dim` (the non-negative remainder). When None,
       each new key draws its own value from the initializer, reproducibly
       (the draw depends only on the seed and the key).
-    default_value_no_permission: DeepRec's value for keys a filter rejects;
-      sok-ev has no filters, so only the default 0.0 is accepted.
+    default_value_no_permission: DeepRec's value for keys a feature filter
+      has not admitted yet; without a filter no key is refused, so it has no
+      effect (as in DeepRec).
+
+  Raises:
+    ValueError: default_value_dim is not a positive integer.
   """
     initializer: Any = None
     default_value_dim: Optional[int] = None
@@ -31,10 +80,6 @@ class InitializerOption:
                                                    self.default_value_dim <= 0):
             raise ValueError("InitializerOption: default_value_dim must be a positive "
                              f"integer, got {self.default_value_dim!r}")
-        if self.default_value_no_permission != 0.0:
-            raise ValueError("InitializerOption: default_value_no_permission is not "
-                             "supported by sok-ev (it has no feature filters); got "
-                             f"{self.default_value_no_permission!r}")
 
 
 @dataclasses.dataclass
@@ -44,38 +89,178 @@ class GlobalStepEvict:
 
 
 @dataclasses.dataclass
-class EmbeddingVariableOption:
-    """DeepRec's `tf.EmbeddingVariableOption`.
+class L2WeightEvict:
+    """DeepRec's eviction of keys whose row's L2 weight is below
+  `l2_weight_threshold` (at save); -1.0 (the default) disables it. Not
+  implemented by sok-ev yet: get_embedding_variable raises ValueError."""
+    l2_weight_threshold: float = -1.0
+
+
+@dataclasses.dataclass
+class CounterFilter:
+    """DeepRec's counter feature filter: a key is admitted into the table once
+  it has been seen `filter_freq` times. Not implemented by sok-ev yet:
+  get_embedding_variable raises ValueError."""
+    filter_freq: int = 0
+
+
+@dataclasses.dataclass
+class CBFFilter:
+    """DeepRec's counting-Bloom-filter feature filter (same admission rule as
+  CounterFilter, with bounded memory). Not implemented by sok-ev yet:
+  get_embedding_variable raises ValueError.
+
+  Raises:
+    ValueError: DeepRec's argument checks: false_positive_probability must be
+      -1.0 (unset) or positive; max_element_size must be positive when it is
+      set and 0 when it is not.
+  """
+    filter_freq: int = 0
+    max_element_size: int = 0
+    false_positive_probability: float = -1.0
+    counter_type: tf.DType = tf.uint64
+
+    def __post_init__(self):
+        if self.false_positive_probability != -1.0:
+            if self.false_positive_probability <= 0.0:
+                raise ValueError("CBFFilter: false_positive_probability must be larger than "
+                                 f"0, got {self.false_positive_probability!r}")
+            if self.max_element_size <= 0:
+                raise ValueError("CBFFilter: max_element_size must be larger than 0 when "
+                                 "false_positive_probability is set, got "
+                                 f"{self.max_element_size!r}")
+        elif self.max_element_size != 0:
+            raise ValueError("CBFFilter: max_element_size can only be set together with "
+                             f"false_positive_probability, got {self.max_element_size!r}")
+
+
+@dataclasses.dataclass
+class StorageOption:
+    """DeepRec's storage option: which memory tiers hold the rows.
 
   Args:
+    storage_type: None or StorageType.DRAM (what sok-ev does); any other
+      StorageType makes get_embedding_variable raise ValueError.
+    storage_path: the directory of disk tiers (DeepRec creates it; sok-ev
+      has no disk tier and never touches it).
+    storage_size: bytes per tier, padded to four tiers of 1 GiB (DeepRec).
+    cache_strategy: CacheType of multi-tier storage.
+
+  Raises:
+    ValueError: DeepRec's argument checks: storage_size is not a list, a
+      storage_path without a storage_type, or a disk storage type without a
+      storage_path.
+  """
+    storage_type: Optional[Union[StorageType, int]] = None
+    storage_path: Optional[str] = None
+    storage_size: List[int] = dataclasses.field(default_factory=lambda: [_GIB])
+    cache_strategy: Union[CacheType, int] = CacheType.LFU
+
+    def __post_init__(self):
+        if not isinstance(self.storage_size, list):
+            raise ValueError("StorageOption: storage_size must be a list of bytes per tier, "
+                             f"got {self.storage_size!r}")
+        self.storage_size = self.storage_size + [_GIB] * (4 - len(self.storage_size))
+        if self.storage_path is not None and self.storage_type is None:
+            raise ValueError("StorageOption: storage_type must be set when storage_path is "
+                             f"set (storage_path={self.storage_path!r})")
+        if self.storage_path is None and self.storage_type in _DISK_STORAGE_TYPES:
+            raise ValueError("StorageOption: storage_path must be set for storage_type="
+                             f"{StorageType(self.storage_type).name}")
+
+
+@dataclasses.dataclass
+class CheckpointOption:
+    """DeepRec's option to initialise a table from another checkpoint. Not
+  implemented by sok-ev yet: any field set makes get_embedding_variable
+  raise ValueError."""
+    ckpt_to_load_from: Optional[str] = None
+    tensor_name_in_ckpt: Optional[str] = None
+    always_load_from_specific_ckpt: bool = False
+    init_data_source: Any = None
+
+
+@dataclasses.dataclass
+class EmbeddingVariableOption:
+    """DeepRec's `tf.EmbeddingVariableOption`: every option of one table.
+
+  Args:
+    ht_type, ht_partition_num: DeepRec's hash map kind and its number of
+      partitions; only the defaults ("" and 1000) are accepted by
+      get_embedding_variable.
+    evict_option: a `GlobalStepEvict` (same as `steps_to_live`) or an
+      `L2WeightEvict` (not implemented yet).
+    ckpt: a `CheckpointOption` (not implemented yet).
+    filter_option: a `CounterFilter` or `CBFFilter` (not implemented yet).
+    storage_option: a `StorageOption`; DRAM only.
     init_option: an `InitializerOption`.
-    evict_option: a `GlobalStepEvict`; same as `steps_to_live`.
-    ht_type, ht_partition_num, filter_option, storage_option, ckpt: accepted
-      at their DeepRec defaults only; any other value raises ValueError.
+
+  Raises:
+    TypeError: an option of the wrong class (the message names it).
   """
     ht_type: str = ""
     ht_partition_num: int = 1000
-    evict_option: Optional[GlobalStepEvict] = None
-    ckpt: Any = None
-    filter_option: Any = None
-    storage_option: Any = None
-    init_option: Optional[InitializerOption] = None
+    evict_option: Optional[Union[GlobalStepEvict, L2WeightEvict]] = None
+    ckpt: Optional[CheckpointOption] = None
+    filter_option: Optional[Union[CounterFilter, CBFFilter]] = None
+    storage_option: StorageOption = dataclasses.field(default_factory=StorageOption)
+    init_option: InitializerOption = dataclasses.field(default_factory=InitializerOption)
 
     def __post_init__(self):
-        unsupported = {
-            "ht_type": (self.ht_type, ""),
-            "ht_partition_num": (self.ht_partition_num, 1000),
-            "ckpt": (self.ckpt, None),
-            "filter_option": (self.filter_option, None),
-            "storage_option": (self.storage_option, None),
+        expected = {
+            "evict_option": (GlobalStepEvict, L2WeightEvict),
+            "ckpt": (CheckpointOption,),
+            "filter_option": (CounterFilter, CBFFilter),
+            "storage_option": (StorageOption,),
+            "init_option": (InitializerOption,),
         }
-        for option, (value, default) in unsupported.items():
-            if value != default:
-                raise ValueError(f"EmbeddingVariableOption: {option}={value!r} is not "
-                                 f"supported by sok-ev; leave it at {default!r}")
-        if self.evict_option is not None and not isinstance(self.evict_option, GlobalStepEvict):
-            raise ValueError("EmbeddingVariableOption: evict_option must be a "
-                             f"GlobalStepEvict, got {self.evict_option!r}")
-        if self.init_option is not None and not isinstance(self.init_option, InitializerOption):
-            raise ValueError("EmbeddingVariableOption: init_option must be an "
-                             f"InitializerOption, got {self.init_option!r}")
+        for option, classes in expected.items():
+            value = getattr(self, option)
+            if value is not None and not isinstance(value, classes):
+                raise TypeError(f"EmbeddingVariableOption: {option} must be "
+                                f"{' or '.join(c.__name__ for c in classes)}, got {value!r}")
+        # DeepRec accepts None for these and means the defaults.
+        if self.storage_option is None:
+            self.storage_option = StorageOption()
+        if self.init_option is None:
+            self.init_option = InitializerOption()
+
+
+def check_supported(ev_option: EmbeddingVariableOption, where: str) -> None:
+    """Refuses the options sok-ev does not implement yet.
+
+  Args:
+    ev_option: the table's EmbeddingVariableOption.
+    where: names the caller and table in the message, e.g.
+      "get_embedding_variable('emb')".
+
+  Raises:
+    ValueError: naming the option, its value and the feature: a feature
+      filter (CounterFilter, CBFFilter), L2WeightEvict, a storage type other
+      than DRAM, a CheckpointOption with a field set, or a non-default
+      ht_type / ht_partition_num.
+  """
+    refused = []
+    if ev_option.filter_option is not None:
+        refused.append((f"filter_option={ev_option.filter_option!r}",
+                        f"feature filters ({type(ev_option.filter_option).__name__})"))
+    if isinstance(ev_option.evict_option, L2WeightEvict):
+        refused.append((f"evict_option={ev_option.evict_option!r}",
+                        "L2 weight eviction (L2WeightEvict); GlobalStepEvict is supported"))
+    storage_type = ev_option.storage_option.storage_type
+    if storage_type not in (None, StorageType.DRAM):
+        name = StorageType(storage_type).name if storage_type in set(StorageType) else storage_type
+        refused.append((f"storage_option.storage_type={name}",
+                        "multi-tier storage (StorageOption); only DRAM is supported"))
+    if ev_option.ckpt is not None and ev_option.ckpt != CheckpointOption():
+        refused.append(
+            (f"ckpt={ev_option.ckpt!r}", "initialising from another checkpoint (CheckpointOption)"))
+    for option, default in (("ht_type", ""), ("ht_partition_num", 1000)):
+        value = getattr(ev_option, option)
+        if value != default:
+            refused.append((f"{option}={value!r}", f"DeepRec's hash map setting {option} "
+                            f"(leave it at {default!r})"))
+    if refused:
+        setting, feature = refused[0]
+        raise ValueError(f"{where}: ev_option.{setting}: {feature} is not supported by "
+                         "sok-ev yet.")

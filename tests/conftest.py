@@ -8,8 +8,12 @@
 * `unique_name`: EV names that do not collide across tests (eager EVs live
   for the whole process).
 
-Shared reference computations live in tests/sok_ev_reference.py.
+Shared reference computations live in tests/sok_ev_reference.py. The run's
+header names the sok_ev package and op library under test.
 """
+import hashlib
+import importlib.util
+import json
 import os
 import re
 import sys
@@ -24,6 +28,26 @@ if REPO_ROOT not in sys.path:
     sys.path.append(REPO_ROOT)
 
 BASE_SEED = int(os.environ.get("SOK_EV_TEST_SEED", "0"))
+
+
+def pytest_report_header(config):
+    # Which sok_ev these tests run (the checkout or an installed wheel), read
+    # without importing it.
+    spec = importlib.util.find_spec("sok_ev")
+    if spec is None:
+        return "sok_ev under test: none importable"
+    package = os.path.dirname(spec.origin)
+    library = os.path.join(package, "_sok_ev_ops.so")
+    digest = "missing"
+    if os.path.exists(library):
+        with open(library, "rb") as f:
+            digest = "sha256 " + hashlib.sha256(f.read()).hexdigest()[:16]
+    info_path = os.path.join(package, "_build_info.json")
+    info = "no _build_info.json"
+    if os.path.exists(info_path):
+        with open(info_path) as f:
+            info = json.dumps(json.load(f), sort_keys=True)
+    return [f"sok_ev under test: {spec.origin}", f"sok_ev op library: {library} ({digest}) {info}"]
 
 
 @pytest.fixture(scope="session")

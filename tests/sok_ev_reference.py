@@ -242,21 +242,36 @@ def make_adam():
     return V1.AdamOptimizer(**ADAM_HYPERPARAMETERS)
 
 
+def on_reference_device():
+    """Device scope of the dense optimizer references: the CPU.
+
+    TensorFlow has no GPU kernel for ResourceSparseApplyMomentum,
+    ResourceSparseApplyRMSProp or ResourceSparseApplyCenteredRMSProp, so a
+    dense Variable trained by those optimizers cannot live on a GPU. Every
+    dense optimizer reference trains on the CPU, whose kernels are then the
+    reference on every machine; the sok-ev side stays on the default device
+    (GPU:0 where there is one).
+    """
+    return tf.device("/CPU:0")
+
+
 def dense_training_trajectory(make_optimizer, matrix, batches, upstreams, combiner="sum"):
     """Trains a dense Variable(matrix) with a stock optimizer; keys index rows.
 
     Step t minimises sum(lookup(batches[t]) * upstreams[t]). Returns the
-    table after every step: a list of [N, dim] arrays.
+    table after every step: a list of [N, dim] arrays. Runs on the CPU
+    (on_reference_device).
     """
-    table = tf.Variable(matrix)
-    opt = make_optimizer()
-    history = []
-    for batch, upstream in zip(batches, upstreams):
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_sum(dense_lookup_sparse(table, batch, combiner, False) * upstream)
-        grads = tape.gradient(loss, [table])
-        opt.apply_gradients(zip(grads, [table]))
-        history.append(table.numpy().copy())
+    with on_reference_device():
+        table = tf.Variable(matrix)
+        opt = make_optimizer()
+        history = []
+        for batch, upstream in zip(batches, upstreams):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(dense_lookup_sparse(table, batch, combiner, False) * upstream)
+            grads = tape.gradient(loss, [table])
+            opt.apply_gradients(zip(grads, [table]))
+            history.append(table.numpy().copy())
     return history
 
 
@@ -329,6 +344,16 @@ def error_names(error, *fragments):
     """True if the error message contains every fragment (case-insensitive)."""
     message = str(error).lower()
     return all(re.search(re.escape(str(f).lower()), message) for f in fragments)
+
+
+def sok_ev_import_root():
+    """The sys.path entry this process imports sok_ev from.
+
+    Test subprocesses put it first on their path, so they run the same sok_ev
+    as the tests: the checkout in CI, the installed artifact on the device.
+    """
+    import sok_ev  # pylint: disable=import-outside-toplevel
+    return os.path.dirname(os.path.dirname(os.path.abspath(sok_ev.__file__)))
 
 
 # ---------------------------------------------------------------------------

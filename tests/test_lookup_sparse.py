@@ -209,3 +209,40 @@ def test_lookup_in_graph_mode_session_matches_reference(sok, rng, combiner, key_
                                                        batch.dense_shape)
                 })
             np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("combiner", ["mean", "sqrtn"])
+def test_sample_whose_weights_sum_to_zero_combines_and_trains_like_tf(sok, rng, unique_name,
+                                                                      combiner):
+    # Sample 0's weights are all zero (zero for 'mean' and 'sqrtn'), sample 2's
+    # cancel out (zero for 'mean' only). TF 2.21 divides with div_no_nan: those
+    # samples give zeros and a zero gradient, never inf or NaN, and one SGD
+    # step leaves the rows finite.
+    matrix = ref.random_matrix(rng, N_ROWS, DIM)
+    ev = ref.matrix_ev(sok, unique_name(), matrix)
+    batch = ref.SparseBatch(indices=np.array([[0, 0], [0, 1], [1, 0], [2, 0], [2, 1]], np.int64),
+                            keys=np.array([1, 2, 3, 4, 5], np.int64),
+                            weights=np.array([0.0, 0.0, 0.7, 2.0, -2.0], np.float32),
+                            batch_size=3,
+                            max_hotness=2)
+    upstream = rng.normal(size=(3, DIM)).astype(np.float32)
+    uniq, ids = ref.remap_to_unique(batch.keys)
+    dense = tf.Variable(ref.initial_rows(matrix, uniq))
+
+    with tf.GradientTape(persistent=True) as tape:
+        ours = _lookup_one(sok, ev, batch, combiner, use_weights=True)
+        theirs = ref.dense_lookup_sparse(dense, batch, combiner, True, ids)
+        our_loss = tf.reduce_sum(ours * upstream)
+        their_loss = tf.reduce_sum(theirs * upstream)
+    np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=RTOL, atol=ATOL)
+    assert np.all(np.isfinite(ours.numpy()))
+    np.testing.assert_array_equal(ours.numpy()[0], np.zeros(DIM, np.float32))
+
+    opt = tf.compat.v1.train.GradientDescentOptimizer(0.5)
+    our_grad, their_grad = tape.gradient(our_loss, ev), tape.gradient(their_loss, dense)
+    opt.apply_gradients([(our_grad, ev), (their_grad, dense)])
+    keys, rows = ev.export()
+    after = ref.export_to_dict(keys.numpy(), rows.numpy())
+    expected = {int(k): row for k, row in zip(uniq, dense.numpy())}
+    ref.assert_rows_close(after, expected, 1e-5, 1e-6, "rows after one SGD step")
+    assert all(np.all(np.isfinite(row)) for row in after.values())

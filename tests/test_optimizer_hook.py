@@ -4,7 +4,6 @@ and the private TensorFlow names it replaces exist, with the parameters it
 expects, in the installed TensorFlow.
 """
 import inspect
-import os
 import subprocess
 import sys
 import textwrap
@@ -14,9 +13,7 @@ import pytest
 import tensorflow as tf
 from tensorflow.python.training import optimizer as optimizer_module
 
-from sok_ev_reference import graph_session
-
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from sok_ev_reference import graph_session, sok_ev_import_root
 
 # What sok_ev/optimizers.py replaces, and the parameters it relies on.
 HOOKED = {
@@ -61,7 +58,7 @@ def test_importing_sok_ev_installs_no_hook():
     result = subprocess.run([sys.executable, "-c", script],
                             capture_output=True,
                             text=True,
-                            cwd=REPO_ROOT,
+                            cwd=sok_ev_import_root(),
                             timeout=120)
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr
 

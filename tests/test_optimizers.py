@@ -213,13 +213,14 @@ def test_one_minimize_updates_evs_and_dense_variables_together(sok, rng, optimiz
     batches, upstreams = _draw_steps(rng)
 
     # Reference: the same model with the embedding held in a dense Variable.
-    table, weight = tf.Variable(matrix), tf.Variable(weight0)
-    opt = make_optimizer()
-    for batch, up in zip(batches, upstreams):
-        with tf.GradientTape() as tape:
-            out = ref.dense_lookup_sparse(table, batch, "sum", False)
-            loss = tf.reduce_sum(out * up * weight)
-        opt.apply_gradients(zip(tape.gradient(loss, [table, weight]), [table, weight]))
+    with ref.on_reference_device():
+        table, weight = tf.Variable(matrix), tf.Variable(weight0)
+        opt = make_optimizer()
+        for batch, up in zip(batches, upstreams):
+            with tf.GradientTape() as tape:
+                out = ref.dense_lookup_sparse(table, batch, "sum", False)
+                loss = tf.reduce_sum(out * up * weight)
+            opt.apply_gradients(zip(tape.gradient(loss, [table, weight]), [table, weight]))
 
     with ref.graph_session() as sess:
         ev = ref.matrix_ev(sok, "table", matrix)
@@ -242,3 +243,54 @@ def test_one_minimize_updates_evs_and_dense_variables_together(sok, rng, optimiz
     ref.assert_rows_close(ev_rows, {k: dense[k] for k in ev_rows}, RTOL, ATOL, "EV")
     seen = set(np.concatenate([b.unique_keys() for b in batches]).tolist())
     assert set(ev_rows) == seen
+
+
+def _apply_ops(graph):
+    return [op for op in graph.get_operations() if op.type == "SokEv>SparseApplyOptimizer"]
+
+
+def test_the_gradient_of_one_lookup_is_applied_without_deduplicating_again(sok, rng):
+    # A table looked up once: its gradient's keys are that lookup's unique
+    # keys, so the fused apply is told they are distinct.
+    with ref.graph_session() as sess:
+        ev = ref.matrix_ev(sok, "emb", ref.random_matrix(rng, N_ROWS, DIM))
+        batch = ref.random_sparse_batch(rng, BATCH, MAX_HOTNESS,
+                                        ref.key_sampler(rng, "in_range", N_ROWS, np.int64),
+                                        np.int64)
+        loss = tf.reduce_sum(sok.lookup_sparse([ev], [batch.sp_ids()])[0])
+        tf.compat.v1.train.AdagradOptimizer(0.1).minimize(loss)
+        [apply] = _apply_ops(sess.graph)
+        assert apply.get_attr("keys_are_unique")
+
+
+@pytest.mark.parametrize("twice", ["one_call", "two_calls"])
+def test_a_table_looked_up_twice_has_its_duplicate_keys_summed(sok, rng, twice):
+    # TF concatenates the two lookups' gradients, so keys repeat: the apply
+    # must deduplicate, and the result equals SGD on a dense variable.
+    matrix = ref.random_matrix(rng, N_ROWS, DIM)
+    batches, upstreams = _draw_steps(rng, steps=2)
+    with ref.graph_session() as sess:
+        ev = ref.matrix_ev(sok, "emb", matrix)
+        ids = [b.sp_ids() for b in batches]
+        if twice == "one_call":
+            outs = sok.lookup_sparse([ev, ev], ids)
+        else:
+            outs = sok.lookup_sparse([ev], ids[:1]) + sok.lookup_sparse([ev], ids[1:])
+        loss = sum(tf.reduce_sum(out * up) for out, up in zip(outs, upstreams))
+        train_op = tf.compat.v1.train.GradientDescentOptimizer(0.5).minimize(loss)
+        [apply] = _apply_ops(sess.graph)
+        assert not apply.get_attr("keys_are_unique")
+        exported = ev.export()
+        sess.run(tf.compat.v1.global_variables_initializer())
+        sess.run(train_op)
+        rows = ref.export_to_dict(*sess.run(exported))
+
+    dense = tf.Variable(matrix)
+    with tf.GradientTape() as tape:
+        loss = sum(
+            tf.reduce_sum(ref.dense_lookup_sparse(dense, b, "sum", False) * up)
+            for b, up in zip(batches, upstreams))
+    tf.compat.v1.train.GradientDescentOptimizer(0.5).apply_gradients([(tape.gradient(loss, dense),
+                                                                       dense)])
+    expected = {k: dense.numpy()[k] for k in rows}
+    ref.assert_rows_close(rows, expected, RTOL, ATOL, "after one step")

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""T1 (fused forward lookup), T2 (hash table throughput), T3 (full sparse
-step) and T5 (memory per key) of issue 4 on one GPU, each against its
-baseline measured in the same run. Criteo shape by default: batch 65536,
-26 features (one grouped table, SOK style), dim 128, 10M keys filled.
+"""T1 (forward lookup), T2 (hash table throughput), T3 (full sparse step)
+and T5 (memory per key) on one GPU, each against its baseline measured in
+the same run. T1 and T3 run the stages exactly as the TensorFlow kernels do
+(core_step.py). Criteo shape by default: batch 65536, 26 features (one
+grouped table, SOK style), dim 128, 10M keys filled.
 
   python3 benchmarks/gpu/bench_core.py [--only T1,T2,T3,T5] [--rows N]
 """
@@ -13,6 +14,7 @@ import os
 import torch
 
 from common import copy_bandwidth, fmt, time_ms
+from core_step import CoreSparseStep
 import sokev_gpu as sg
 
 
@@ -38,11 +40,14 @@ def make_table(rows, dim, key_gen, max_load=0.75):
 
 
 def bench_t1(args, bw, results, table, keys):
+    """The forward of FindOrInsertCombine's path: unique, find_or_insert,
+    gather + combine from the rows (no unique-values matrix)."""
     dim, batch, feats = args.dim, args.batch, args.features
     rows = keys.numel()
     weight = torch.empty((rows, dim), device="cuda")
     # The same rows as the table: export order is arbitrary, so read them.
     table.find(keys, weight)
+    step = CoreSparseStep([table])
     for hot in (1, 10):
         nnz = batch * feats * hot
         bags = batch * feats
@@ -51,10 +56,9 @@ def bench_t1(args, bw, results, table, keys):
             idx = torch.randint(0, rows, (nnz,), device="cuda")
             sets.append((idx, keys[idx]))
         offsets = torch.arange(0, nnz + 1, hot, device="cuda", dtype=torch.int64)
-        out = torch.empty((bags, dim), device="cuda")
-        ours = time_ms(lambda s: table.lookup_combine(s[1], offsets, out), sets)
+        ours = time_ms(lambda s: step.forward([s[1]], [offsets]), sets)
+        out = step.forward([sets[0][1]], [offsets])[0][0]
         ref = sg.combine_forward(weight, sets[0][0], offsets, torch.empty_like(out))
-        table.lookup_combine(sets[0][1], offsets, out)
         err = (out - ref).abs().max().item()
         bag = time_ms(
             lambda s: torch.nn.functional.embedding_bag(s[0], weight, offsets[:-1], mode="sum"),
@@ -76,10 +80,10 @@ def bench_t1(args, bw, results, table, keys):
                  max_abs_err=err)
         results[f"T1_{hot}hot"] = r
         print(
-            f"T1 {hot}-hot: ours {fmt(ours)}  embedding_bag {fmt(bag)}  "
-            f"embedding+sum {fmt(emb)}  speedup {r['speedup']:.2f}x (target 3x)  "
-            f"floor {floor_ms:.3f} ms -> {100 * r['fraction_of_floor']:.0f}% "
-            f"(target 60%)  err {err:.1e}",
+            f"T1 {hot}-hot (unique + find_or_insert + gather/combine): ours {fmt(ours)}  "
+            f"embedding_bag {fmt(bag)}  embedding+sum {fmt(emb)}  speedup "
+            f"{r['speedup']:.2f}x  floor {floor_ms:.3f} ms -> "
+            f"{100 * r['fraction_of_floor']:.0f}%  err {err:.1e}",
             flush=True)
     del weight
 
@@ -150,7 +154,8 @@ def bench_t2(args, bw, results):
 
 
 def bench_t3(args, bw, results, table, keys):
-    """Full sparse step, forward + backward + Adagrad, 26 features one-hot."""
+    """Full sparse step, forward + backward + Adagrad, 26 features one-hot,
+    as the TensorFlow kernels run it, against torch."""
     dim, batch, feats = args.dim, args.batch, args.features
     rows = keys.numel()
     nnz = batch * feats
@@ -159,63 +164,19 @@ def bench_t3(args, bw, results, table, keys):
     for _ in range(3):
         idx = torch.randint(0, rows, (nnz,), device="cuda")
         sets.append((idx, keys[idx], torch.randn((nnz, dim), device="cuda")))
-    out = torch.empty((nnz, dim), device="cuda")
+    core = CoreSparseStep([table], "adagrad", lr=0.01)
     state = dict(step=0)
 
-    def unfused(s):  # v1: three probes, two sorts, gradients through memory
-        _, k, grad_out = s
-        uniq, inverse, _, num = sg.unique(k, counts=False)
-        u = int(num.item())
-        table.find_or_insert(uniq[:u])
-        table.lookup_combine(k, offsets, out)
-        grad_u = sg.combine_backward(grad_out, inverse, offsets, u,
-                                     torch.empty((u, dim), device="cuda"))
-        ptrs = torch.empty(u, dtype=torch.int64, device="cuda")
+    def ours(s):
         state["step"] += 1
-        table.update_rows(uniq[:u], state["step"], ptrs)
-        sg.apply_optimizer("adagrad", ptrs, grad_u, dim, lr=0.01)
+        core([s[1]], [offsets], [s[2]], state["step"])
 
-    def ours(s):  # v2: one probe, one sort, backward fused with Adagrad
-        _, k, grad_out = s
-        uniq, inverse, order, segments, num = sg.unique_segmented(k)
-        u = int(num.item())
-        row_ids = torch.empty(u, dtype=torch.int64, device="cuda")
-        table.find_or_insert(uniq[:u], row_ids=row_ids)
-        table.lookup_combine_rows(row_ids, inverse, offsets, out)
-        state["step"] += 1
-        table.backward_apply("adagrad",
-                             grad_out,
-                             offsets,
-                             nnz,
-                             order,
-                             segments,
-                             num,
-                             u,
-                             row_ids,
-                             state["step"],
-                             lr=0.01)
-
-    t_unfused = time_ms(unfused, sets, reps=10)
     t_ours = time_ms(ours, sets, reps=10)
-    # Stage breakdown of v2 (each stage timed alone on the same inputs).
-    pre = []
-    for _, k, g in sets:
-        uq, inv, order, segs, num = sg.unique_segmented(k)
-        u = int(num.item())
-        ids = torch.empty(u, dtype=torch.int64, device="cuda")
-        table.find_or_insert(uq[:u], row_ids=ids)
-        pre.append((k, g, uq[:u], inv, order, segs, num, u, ids))
-    stages = dict(unique=time_ms(lambda p: sg.unique_segmented(p[0]), pre, reps=10),
-                  find_or_insert=time_ms(lambda p: table.find_or_insert(p[2], row_ids=p[8]),
-                                         pre,
-                                         reps=10),
-                  forward=time_ms(lambda p: table.lookup_combine_rows(p[8], p[3], offsets, out),
-                                  pre,
-                                  reps=10),
-                  backward_adagrad=time_ms(lambda p: table.backward_apply(
-                      "adagrad", p[1], offsets, nnz, p[4], p[5], p[6], p[7], p[8], 1000, lr=0.01),
-                                           pre,
-                                           reps=10))
+    # Stage breakdown (each stage timed alone on the same inputs).
+    pre = [(k, g, core.forward([k], [offsets])[1]) for _, k, g in sets]
+    stages = dict(forward=time_ms(lambda p: core.forward([p[0]], [offsets]), pre, reps=10),
+                  backward_adagrad=time_ms(
+                      lambda p: core.backward_apply([p[1]], [offsets], p[2], 1000), pre, reps=10))
     print("T3 stages: " + ", ".join(f"{k} {v[0]:.3f} ms" for k, v in stages.items()), flush=True)
     results["T3_stages_ms"] = {k: v[0] for k, v in stages.items()}
     emb = torch.nn.EmbeddingBag(rows, dim, mode="sum", sparse=True).cuda()
@@ -229,16 +190,11 @@ def bench_t3(args, bw, results, table, keys):
         opt.zero_grad(set_to_none=True)
 
     t_torch = time_ms(torch_step, sets, reps=10)
-    r = dict(ours=fmt(t_ours),
-             unfused_v1=fmt(t_unfused),
-             torch=fmt(t_torch),
-             speedup=t_torch[0] / t_ours[0],
-             speedup_v1=t_torch[0] / t_unfused[0])
+    r = dict(ours=fmt(t_ours), torch=fmt(t_torch), speedup=t_torch[0] / t_ours[0])
     results["T3"] = r
     print(
-        f"T3 sparse step: ours {fmt(t_ours)} (v1 unfused {fmt(t_unfused)})  "
-        f"torch EmbeddingBag(sparse)+Adagrad {fmt(t_torch)}  speedup "
-        f"{r['speedup']:.2f}x (v1 {r['speedup_v1']:.2f}x, target 3x)",
+        f"T3 sparse step: ours {fmt(t_ours)}  torch EmbeddingBag(sparse)+Adagrad "
+        f"{fmt(t_torch)}  speedup {r['speedup']:.2f}x (target 3x)",
         flush=True)
     del emb, opt
 

@@ -115,8 +115,14 @@ def combine_returned_rows(back, positions, inverse, u, offsets, grad_out, dim):
     index = slot[inverse]
     out = sg.combine_forward(back, index, offsets,
                              torch.empty((offsets.numel() - 1, dim), device="cuda"))
-    grad_sent = sg.combine_backward(grad_out, index, offsets, u, torch.empty((u, dim),
-                                                                             device="cuda"))
+    # Entries grouped by their returned row, for the per-row gradient sums.
+    order = torch.argsort(index, stable=True)
+    segments = torch.cat([
+        torch.zeros(1, dtype=torch.int64, device="cuda"),
+        torch.bincount(index, minlength=u).cumsum(0)
+    ])
+    grad_sent = sg.combine_backward(grad_out, order, segments, u, offsets,
+                                    torch.empty((u, dim), device="cuda"))
     return out, grad_sent
 
 

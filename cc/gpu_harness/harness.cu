@@ -7,13 +7,13 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "cc/backward_apply_gpu.h"
 #include "cc/combine.h"
 #include "cc/fused_lookup_gpu.h"
 #include "cc/hash_table_gpu.h"
 #include "cc/optimizers.h"
-#include "cc/optimizers_gpu.h"
 #include "cc/partition.h"
 #include "cc/status_gpu.h"
 #include "cc/unique.h"
@@ -215,12 +215,12 @@ int sokev_table_erase(void* handle, uint64_t keys, int64_t n, uint64_t stream,
   });
 }
 
-int sokev_table_update_rows(void* handle, uint64_t keys, int64_t n, int64_t global_step,
-                            uint64_t rows, uint64_t stream) {
+int sokev_table_find_or_insert_rows(void* handle, uint64_t keys, int64_t n, uint64_t count,
+                                    uint64_t row_ids, uint64_t stream) {
   return with_table(handle, [&](auto* t, auto* key_type) {
     using Key = std::remove_pointer_t<decltype(key_type)>;
-    return t->update_rows(context_for(stream), ptr<const Key>(keys), n, global_step,
-                          ptr<float*>(rows));
+    return t->find_or_insert_rows(context_for(stream), ptr<const Key>(keys), n,
+                                  ptr<const int64_t>(count), ptr<int64_t>(row_ids));
   });
 }
 
@@ -237,16 +237,6 @@ int sokev_table_evict(void* handle, int64_t global_step, int64_t steps_to_live, 
                       int64_t* evicted) {
   return with_table(handle, [&](auto* t, auto*) {
     return t->evict_stale(context_for(stream), global_step, steps_to_live, evicted);
-  });
-}
-
-int sokev_lookup_combine(void* handle, uint64_t keys, uint64_t weights, uint64_t row_offsets,
-                         int64_t batch, int combiner, uint64_t out, uint64_t stream) {
-  return with_table(handle, [&](auto* t, auto* key_type) {
-    using Key = std::remove_pointer_t<decltype(key_type)>;
-    return gpu::lookup_combine(context_for(stream), *t, ptr<const Key>(keys),
-                               ptr<const float>(weights), ptr<const int64_t>(row_offsets), batch,
-                               static_cast<Combiner>(combiner), ptr<float>(out));
   });
 }
 
@@ -293,27 +283,46 @@ int sokev_combine_forward(uint64_t unique_values, uint64_t unique_index, uint64_
   return report_pending();
 }
 
-int sokev_combine_backward(uint64_t grad_out, uint64_t unique_index, uint64_t weights,
-                           uint64_t row_offsets, int64_t batch, int64_t dim, int combiner,
-                           int64_t num_unique, uint64_t grad_unique, uint64_t stream) {
-  gpu::combine_backward(context_for(stream), ptr<const float>(grad_out),
-                        ptr<const int64_t>(unique_index), ptr<const float>(weights),
-                        ptr<const int64_t>(row_offsets), batch, dim,
-                        static_cast<Combiner>(combiner), num_unique, ptr<float>(grad_unique));
+int sokev_combine_backward(uint64_t grad_out, uint64_t order, uint64_t segments, int64_t num_unique,
+                           uint64_t weights, uint64_t row_offsets, int64_t batch, int64_t nnz,
+                           int64_t dim, int combiner, uint64_t grad_unique, uint64_t stream) {
+  gpu::combine_backward(context_for(stream), ptr<const float>(grad_out), ptr<const int64_t>(order),
+                        ptr<const int64_t>(segments), num_unique, ptr<const float>(weights),
+                        ptr<const int64_t>(row_offsets), batch, nnz, dim,
+                        static_cast<Combiner>(combiner), ptr<float>(grad_unique));
   return report_pending();
 }
 
-// hyper, flags: as optimizer_spec.
-int sokev_apply_optimizer(int kind, const float* hyper, const int* flags, uint64_t rows,
-                          uint64_t grads, int64_t n, int64_t dim, int reference, uint64_t stream) {
-  const sok_ev::OptimizerSpec spec = optimizer_spec(kind, hyper, flags);
-  if (reference) {
-    gpu::apply_optimizer_reference(context_for(stream), spec, ptr<float* const>(rows),
-                                   ptr<const float>(grads), n, dim);
+// key_offsets: (num_tables + 1,) device.
+int sokev_unique_grouped(int key_bits, uint64_t keys, int64_t n, uint64_t key_offsets,
+                         int num_tables, uint64_t unique_keys, uint64_t counts, uint64_t inverse,
+                         uint64_t order, uint64_t segments, uint64_t unique_offsets,
+                         uint64_t stream) {
+  if (key_bits == 32) {
+    gpu::unique_keys_grouped(context_for(stream), ptr<const int32_t>(keys), n,
+                             ptr<const int64_t>(key_offsets), num_tables, ptr<int32_t>(unique_keys),
+                             ptr<int64_t>(counts), ptr<int64_t>(inverse), ptr<int64_t>(order),
+                             ptr<int64_t>(segments), ptr<int64_t>(unique_offsets));
   } else {
-    gpu::apply_optimizer(context_for(stream), spec, ptr<float* const>(rows),
-                         ptr<const float>(grads), n, dim);
+    gpu::unique_keys_grouped(context_for(stream), ptr<const int64_t>(keys), n,
+                             ptr<const int64_t>(key_offsets), num_tables, ptr<int64_t>(unique_keys),
+                             ptr<int64_t>(counts), ptr<int64_t>(inverse), ptr<int64_t>(order),
+                             ptr<int64_t>(segments), ptr<int64_t>(unique_offsets));
   }
+  return report_pending();
+}
+
+// sample_ids: (num_tables,) host array of device addresses; nnz, batch:
+// (num_tables,) host; first_invalid: (num_tables,) device.
+int sokev_first_invalid_sample_ids(const uint64_t* sample_ids, const int64_t* nnz,
+                                   const int64_t* batch, int num_tables, uint64_t first_invalid,
+                                   uint64_t stream) {
+  std::vector<gpu::SampleIdCheck> checks(num_tables);
+  for (int t = 0; t < num_tables; ++t) {
+    checks[t] = {ptr<const int64_t>(sample_ids[t]), nnz[t], batch[t]};
+  }
+  gpu::first_invalid_sample_ids(context_for(stream), checks.data(), num_tables,
+                                ptr<int64_t>(first_invalid));
   return report_pending();
 }
 
@@ -356,15 +365,15 @@ int sokev_lookup_combine_rows(void* handle, uint64_t row_ids, uint64_t inverse, 
 int sokev_backward_apply(void* handle, int kind, const float* hyper, const int* flags,
                          uint64_t grad_out, uint64_t weights, uint64_t row_offsets, int64_t batch,
                          int64_t nnz, int combiner, uint64_t order, uint64_t segments,
-                         uint64_t num_unique, int64_t max_unique, uint64_t row_ids,
-                         int64_t global_step, uint64_t stream) {
+                         uint64_t num_unique, int64_t max_unique, int64_t max_key_entries,
+                         uint64_t row_ids, int64_t global_step, uint64_t stream) {
   const sok_ev::OptimizerSpec spec = optimizer_spec(kind, hyper, flags);
   return with_table(handle, [&](auto* t, auto*) {
     return gpu::combine_backward_apply(
         context_for(stream), *t, spec, ptr<const float>(grad_out), ptr<const float>(weights),
         ptr<const int64_t>(row_offsets), batch, nnz, static_cast<Combiner>(combiner),
         ptr<const int64_t>(order), ptr<const int64_t>(segments), ptr<const int64_t>(num_unique),
-        max_unique, ptr<const int64_t>(row_ids), global_step);
+        max_unique, max_key_entries, ptr<const int64_t>(row_ids), global_step);
   });
 }
 

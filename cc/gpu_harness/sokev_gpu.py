@@ -26,11 +26,10 @@ def lib():
             ctypes.c_uint64,
             ctypes.POINTER(ctypes.c_void_p)
         ]
-        _lib.sokev_apply_optimizer.argtypes = [
-            ctypes.c_int,
-            ctypes.POINTER(ctypes.c_float),
-            ctypes.POINTER(ctypes.c_int), ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int64,
-            ctypes.c_int64, ctypes.c_int, ctypes.c_uint64
+        _lib.sokev_first_invalid_sample_ids.argtypes = [
+            ctypes.POINTER(ctypes.c_uint64),
+            ctypes.POINTER(ctypes.c_int64),
+            ctypes.POINTER(ctypes.c_int64), ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64
         ]
         _lib.sokev_backward_apply.argtypes = [
             ctypes.c_void_p, ctypes.c_int,
@@ -39,7 +38,7 @@ def lib():
         ] + [ctypes.c_uint64] * 3 + [
             ctypes.c_int64, ctypes.c_int64, ctypes.c_int
         ] + [ctypes.c_uint64] * 3 + [
-            ctypes.c_int64, ctypes.c_uint64, ctypes.c_int64, ctypes.c_uint64
+            ctypes.c_int64, ctypes.c_int64, ctypes.c_uint64, ctypes.c_int64, ctypes.c_uint64
         ]
         _lib.sokev_table_add_slot.argtypes = [
             ctypes.c_void_p, ctypes.c_char_p, ctypes.c_float, ctypes.c_uint64,
@@ -151,10 +150,12 @@ class HashTable:
                                        ctypes.byref(out) if count else None))
         return out.value
 
-    def update_rows(self, keys, global_step, rows):
-        """rows: int64 tensor (n,) receiving row pointers."""
-        _check(lib().sokev_table_update_rows(self.handle, _p(keys), _i(keys.numel()),
-                                             _i(global_step), _p(rows), _stream()))
+    def find_or_insert_rows(self, keys, row_ids, count=None):
+        """Row ids of keys, inserting missing ones, frequencies unchanged;
+        with `count` (a device int64 tensor) only the first count keys."""
+        _check(lib().sokev_table_find_or_insert_rows(self.handle, _p(keys), _i(keys.numel()),
+                                                     _p(count), _p(row_ids), _stream()))
+        return row_ids
 
     def export(self):
         n = self.size()
@@ -170,12 +171,12 @@ class HashTable:
         return keys[:c], rows[:c], freqs[:c], versions[:c]
 
     def rows_for_ids(self, row_ids, global_step, rows):
-        """update_rows for row ids from find_or_insert(row_ids=...)."""
+        """Row pointers (and versions set) for row ids from find_or_insert."""
         _check(lib().sokev_table_rows_for_ids(self.handle, _p(row_ids), _i(row_ids.numel()),
                                               _i(global_step), _p(rows), _stream()))
 
     def lookup_combine_rows(self, row_ids, inverse, row_offsets, out, weights=None, combiner="sum"):
-        """lookup_combine with rows resolved: entry j reads row_ids[inverse[j]]."""
+        """Gather + combine with rows resolved: entry j reads row_ids[inverse[j]]."""
         _check(lib().sokev_lookup_combine_rows(self.handle, _p(row_ids), _p(inverse), _p(weights),
                                                _p(row_offsets), _i(row_offsets.numel() - 1),
                                                COMBINERS[combiner], _p(out), _stream()))
@@ -194,8 +195,10 @@ class HashTable:
                        global_step,
                        weights=None,
                        combiner="sum",
+                       max_key_entries=None,
                        **hyper):
-        """combine_backward + rows_for_ids + apply_optimizer in one kernel."""
+        """combine_backward's per-key sums applied with the optimizer in one kernel
+        (cc/backward_apply_gpu.h)."""
         h, f = _optimizer_args(**hyper)
         _check(lib().sokev_backward_apply(self.handle, OPTIMIZERS[kind], h, f,
                                           _p(grad_out).value,
@@ -205,6 +208,7 @@ class HashTable:
                                           _p(order).value,
                                           _p(segments).value,
                                           _p(num_unique).value, int(max_unique),
+                                          int(nnz if max_key_entries is None else max_key_entries),
                                           _p(row_ids).value, int(global_step),
                                           _stream().value))
 
@@ -213,12 +217,6 @@ class HashTable:
         _check(lib().sokev_table_evict(self.handle, _i(global_step), _i(steps_to_live), _stream(),
                                        ctypes.byref(out)))
         return out.value
-
-    def lookup_combine(self, keys, row_offsets, out, weights=None, combiner="sum"):
-        _check(lib().sokev_lookup_combine(self.handle, _p(keys), _p(weights), _p(row_offsets),
-                                          _i(row_offsets.numel() - 1), COMBINERS[combiner], _p(out),
-                                          _stream()))
-        return out
 
 
 def unique(keys, counts=True):
@@ -273,17 +271,52 @@ def combine_forward(unique_values, unique_index, row_offsets, out, weights=None,
 
 
 def combine_backward(grad_out,
-                     unique_index,
-                     row_offsets,
+                     order,
+                     segments,
                      num_unique,
+                     row_offsets,
                      grad_unique,
                      weights=None,
                      combiner="sum"):
-    _check(lib().sokev_combine_backward(_p(grad_out), _p(unique_index), _p(weights),
-                                        _p(row_offsets), _i(row_offsets.numel() - 1),
-                                        _i(grad_out.shape[1]), COMBINERS[combiner], _i(num_unique),
-                                        _p(grad_unique), _stream()))
+    """Per unique key u: the sum over its entries order[segments[u]:segments[u + 1]]."""
+    _check(lib().sokev_combine_backward(_p(grad_out), _p(order), _p(segments), _i(num_unique),
+                                        _p(weights), _p(row_offsets), _i(row_offsets.numel() - 1),
+                                        _i(order.numel()), _i(grad_out.shape[1]),
+                                        COMBINERS[combiner], _p(grad_unique), _stream()))
     return grad_unique
+
+
+def unique_grouped(keys, key_offsets):
+    """unique_segmented over tables side by side: table t's keys are
+    keys[key_offsets[t]:key_offsets[t + 1]] (key_offsets an int64 device
+    tensor). Returns (uniq, counts, inverse, order, segments,
+    unique_offsets), indices global (see cc/unique_partition_gpu.h)."""
+    n = keys.numel()
+    num_tables = key_offsets.numel() - 1
+    uniq = torch.empty(max(n, 1), dtype=keys.dtype, device=keys.device)
+    counts = torch.empty(max(n, 1), dtype=torch.int64, device=keys.device)
+    inverse = torch.empty(max(n, 1), dtype=torch.int64, device=keys.device)
+    order = torch.empty(max(n, 1), dtype=torch.int64, device=keys.device)
+    segments = torch.empty(n + 1, dtype=torch.int64, device=keys.device)
+    unique_offsets = torch.empty(num_tables + 1, dtype=torch.int64, device=keys.device)
+    _check(lib().sokev_unique_grouped(_bits(keys), _p(keys), _i(n), _p(key_offsets), num_tables,
+                                      _p(uniq), _p(counts), _p(inverse), _p(order), _p(segments),
+                                      _p(unique_offsets), _stream()))
+    return uniq, counts, inverse[:n], order[:n], segments, unique_offsets
+
+
+def first_invalid_sample_ids(sample_ids, batches):
+    """Per table, the first entry whose sample id is out of [0, batch) or out
+    of order, else its nnz (an int64 device tensor)."""
+    count = len(sample_ids)
+    out = torch.empty(max(count, 1), dtype=torch.int64, device="cuda")
+    addresses = (ctypes.c_uint64 * count)(*[t.data_ptr() for t in sample_ids])
+    nnz = (ctypes.c_int64 * count)(*[t.numel() for t in sample_ids])
+    batch = (ctypes.c_int64 * count)(*batches)
+    _check(lib().sokev_first_invalid_sample_ids(addresses, nnz, batch, count,
+                                                _p(out).value,
+                                                _stream().value))
+    return out[:count]
 
 
 def _optimizer_args(lr=0.1,
@@ -306,13 +339,3 @@ def _optimizer_args(lr=0.1,
                                   l2, l2_shrinkage, lr_power, decay)
     flags = (ctypes.c_int * 5)(int(use_nesterov), int(centered), *slot_index)
     return hyper, flags
-
-
-def apply_optimizer(kind, rows, grads, dim, reference=False, **hyperparameters):
-    """gpu::apply_optimizer (or its row-per-thread reference) on `rows`, a
-    tensor of row pointers; hyperparameters as _optimizer_args takes them."""
-    h, f = _optimizer_args(**hyperparameters)
-    _check(lib().sokev_apply_optimizer(OPTIMIZERS[kind], h, f,
-                                       _p(rows).value,
-                                       _p(grads).value, rows.numel(), dim, int(reference),
-                                       _stream().value))

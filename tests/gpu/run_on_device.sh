@@ -1,42 +1,285 @@
 #!/usr/bin/env bash
-# Everything of issue 4 in one device call: build the harness, run the GPU
-# tests, compute-sanitizer on a subset, the single-GPU benchmarks and, when
-# there are 2+ GPUs, the multi-GPU check and weak scaling. Logs under $OUT.
-#   OUT=/tmp/out tests/gpu/run_on_device.sh [stages: build,test,sanitize,bench,multi]
+# The device run: the whole test suite under TensorFlow on a GPU machine,
+# against the shipped artifact that tests/gpu/build_device_artifact.sh built
+# on the CPU machine (never rebuilt here). One device call.
+#
+# Setup, from the project's root on the CPU machine:
+#   bash ../shared/gpu-tf/prepare.sh          # once per machine: .gpu-tf/
+#   bash tests/gpu/build_device_artifact.sh   # per tree: .device/
+# Device calls on a fresh GPU machine (see ../shared/gpu-tf/README.md):
+#   run(kind="nvidia-h200-x2", command="mkdir -p /tmp/gpu-tf && cp .gpu-tf/part-0/* /tmp/gpu-tf/ && ls /tmp/gpu-tf", carry=[".gpu-tf/part-0"])
+#   run(command="cp .gpu-tf/part-1/* /tmp/gpu-tf/ && ls /tmp/gpu-tf", carry=[".gpu-tf/part-1"])
+#   run(command="cp .gpu-tf/part-2/* /tmp/gpu-tf/ && ls /tmp/gpu-tf", carry=[".gpu-tf/part-2"])
+#   run(command="cp .gpu-tf/part-3/* /tmp/gpu-tf/ && ls /tmp/gpu-tf", carry=[".gpu-tf/part-3"])
+#   run(command="cp .gpu-tf/part-4/* /tmp/gpu-tf/ && ls /tmp/gpu-tf", carry=[".gpu-tf/part-4"])
+#   run(command="cp .gpu-tf/part-5/* /tmp/gpu-tf/ && ls /tmp/gpu-tf", carry=[".gpu-tf/part-5"])
+#   run(command="cp .gpu-tf/part-6/* /tmp/gpu-tf/ && ls /tmp/gpu-tf", carry=[".gpu-tf/part-6"])
+#   run(command="bash .gpu-tf/kit/install.sh", carry=[".gpu-tf/kit"])
+#   run(command="bash tests/gpu/run_on_device.sh", carry=[".device"], timeout_s=600)
+#
+# The wheel is installed into a temporary site dir ahead of the kit's
+# TensorFlow and every part runs from outside the checkout, so the in-tree
+# sok_ev/ cannot shadow it; the logs name the sok_ev file and op library that
+# ran, and a TensorFlow part that ran anything else counts as failed.
+#   tf        tests/ on GPU 0, without tests/gpu, tests/multiworker and the two
+#             checks of the build machine (test_formatting, test_gpu_code_compiles)
+#   multi     tests/multiworker/ under horovodrun over NCCL, one GPU per rank
+#             (harness.py's GPU mode; launches of more ranks than GPUs skip)
+#   harness   tests/gpu/: PyTorch + the ctypes harness, without the kit's paths
+#   memcheck  compute-sanitizer memcheck of tests/gpu/tf_memcheck_workload.py
+#             with TF_GPU_ALLOCATOR=cuda_malloc_async (one tensor, one allocation)
+# With 2+ GPUs, tf runs on GPU 0 while harness and then memcheck run on GPU 1;
+# multi follows on all GPUs. Logs in $OUT (6 files); the last line sums up.
+#   bash tests/gpu/run_on_device.sh [PARTS]     PARTS: tf,multi,harness,memcheck
+# Two more parts run only when named, each in a call of its own (time):
+#   harness-sanitizer  compute-sanitizer memcheck and racecheck of a subset of
+#                      tests/gpu/ (the core through the harness)
+#   bench              benchmarks/gpu/ (core, backward probe; with 2+ GPUs the
+#                      2-GPU checks and weak scaling), harness library of .device/
+#   tf-bench           benchmarks/gpu/tf_sparse_step.py on GPU 0 with the
+#                      artifact (its results also land in $OUT)
+# Dry run on a CPU machine (no kit; TensorFlow parts on the CPU, multi over
+# Gloo, harness and memcheck reduced to what runs without a GPU):
+#   SOK_EV_DEVICE_DRY_RUN=1 PYTHON=.venv-cuda/bin/python bash tests/gpu/run_on_device.sh
 set -uo pipefail
-cd "$(dirname "$0")/../.."
-OUT="${OUT:-/tmp/sokev_out}"
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+OUT=${OUT:-/tmp/sokev_out}
 mkdir -p "$OUT"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONUNBUFFERED=1 PATH="/usr/local/cuda/bin:$PATH"
-stages="${1:-build,test,sanitize,bench,multi}"
-has() { [[ ",$stages," == *",$1,"* ]]; }
-gpus=$(nvidia-smi -L | wc -l)
-nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
-if has build; then
-  cc/gpu_harness/build.sh 2>&1 | tee "$OUT/build.log" | tail -3 || exit 1
+parts=${1:-tf,multi,harness,memcheck}
+dry=${SOK_EV_DEVICE_DRY_RUN:-0}
+# A device call may run 600 s; parts are cut to fit what is left.
+deadline=$((SECONDS + ${SOK_EV_DEVICE_BUDGET_S:-570}))
+has() { [[ ",$parts," == *",$1,"* ]]; }
+log() { echo "$*" | tee -a "$OUT/env.log"; }
+: >"$OUT/env.log"
+
+plain_pythonpath=${PYTHONPATH:-} plain_ld_library_path=${LD_LIBRARY_PATH:-}
+if ((dry)); then
+    PY=${PYTHON:-python3}
+    # Parts run from other directories: a relative path must not break.
+    [[ $PY == */* && $PY != /* ]] && PY=$PWD/$PY
+    log "DRY RUN on the CPU with $PY"
+else
+    # shellcheck disable=SC1091
+    source /tmp/gpu-tf/env.sh 2>/dev/null || {
+        echo "no /tmp/gpu-tf/env.sh: install the gpu-tf kit first (see the header of $0)" >&2
+        exit 2
+    }
+    PY=python3
 fi
-if has test; then
-  CUDA_VISIBLE_DEVICES=0 python3 -m pytest -q -x tests/gpu -p no:cacheprovider \
-    2>&1 | tee "$OUT/pytest.log" | tail -15
+export TF_CPP_MIN_LOG_LEVEL=2 PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+# Several processes share each GPU (pytest and the ranks it starts).
+export TF_FORCE_GPU_ALLOW_GROWTH=true
+gpus=0
+command -v nvidia-smi >/dev/null && gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+((gpus)) && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >>"$OUT/env.log"
+status=$(mktemp -d) site="" run=""
+trap 'rm -rf "$status" "$site" "$run"' EXIT
+
+# --- the artifact --------------------------------------------------------------
+shopt -s nullglob
+wheels=("$root"/.device/wheel/*.whl)
+if ((${#wheels[@]} != 1)) || [[ ! -f $root/.device/MANIFEST ]]; then
+    echo "no .device/ artifact: run tests/gpu/build_device_artifact.sh here and carry .device" >&2
+    exit 2
 fi
-if has sanitize; then
-  for tool in memcheck racecheck; do
-    CUDA_VISIBLE_DEVICES=0 PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 200 \
-      compute-sanitizer --tool $tool --target-processes all --print-limit 20 \
-      python3 -m pytest -q tests/gpu -p no:cacheprovider \
-      -k "duplicates or default_value or update_rows or row_offsets or (test_unique and 1000-zipf) or (partition and 2-int64) or (combine_forward and sum-37) or (optimizers and 8-adam) or (fused and mean-7-int64) or (unique_segmented and 1000-int64) or (lookup_combine_rows and sum-7) or (backward_apply and sum-37-adagrad) or (backward_apply and sum-128-adagrad) or (backward_apply and mean-8-ftrl)" \
-      > "$OUT/sanitizer_$tool.log" 2>&1
-    echo "compute-sanitizer $tool: rc=$? $(grep -E 'ERROR SUMMARY|passed|failed' "$OUT/sanitizer_$tool.log" | tr '\n' ' ')"
-  done
+cat "$root/.device/MANIFEST" >>"$OUT/env.log"
+(cd "$root/.device" && grep -E '^[0-9a-f]{64}  (wheel|harness)/' MANIFEST | sha256sum -c --quiet) || {
+    log "artifact does not match its MANIFEST"
+    exit 2
+}
+site=$(mktemp -d /tmp/sokev_site.XXXX)
+run=$(mktemp -d /tmp/sokev_run.XXXX)
+"$PY" -m pip install -q --no-deps --no-index --no-compile --target "$site" "${wheels[0]}" >>"$OUT/env.log" 2>&1 || {
+    log "pip could not install ${wheels[0]}"
+    exit 2
+}
+export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
+(cd "$run" && "$PY" - "$site" <<'EOF') 2>&1 | tee -a "$OUT/env.log" | grep -E '^(sok_ev|ERROR)'
+import hashlib, importlib.metadata as md, sys
+import tensorflow as tf
+import sok_ev, sok_ev._ops as o
+site = sys.argv[1]
+o.ops()
+with open(o.LIBRARY_PATH, "rb") as f:
+    digest = hashlib.sha256(f.read()).hexdigest()[:16]
+print(f"python {sys.version.split()[0]}, tensorflow {tf.__version__} (CUDA build "
+      f"{tf.test.is_built_with_cuda()}), GPUs {len(tf.config.list_physical_devices('GPU'))}")
+for name in ("horovod", "torch", "pytest", "pytest-timeout"):
+    try:
+        print(f"{name} {md.version(name)}")
+    except md.PackageNotFoundError:
+        print(f"{name} not installed")
+print(f"sok_ev {sok_ev.__file__}")
+print(f"sok_ev op library {o.LIBRARY_PATH} sha256 {digest}: {o.describe_build(o.build_info())}")
+if not sok_ev.__file__.startswith(site):
+    print(f"ERROR: sok_ev came from {sok_ev.__file__}, not the artifact in {site}")
+    sys.exit(1)
+EOF
+((${PIPESTATUS[0]} == 0)) || {
+    log "the artifact does not import (see $OUT/env.log)"
+    exit 1
+}
+
+# --- the parts -----------------------------------------------------------------
+limit() { # limit SECONDS: the part's own limit, or what is left of the budget
+    local left=$((deadline - SECONDS - 5))
+    ((left < $1)) && echo "$left" || echo "$1"
+}
+pytest_part() { # pytest_part NAME LIMIT_S PYTEST_ARGS...: runs from $run, logs $OUT/NAME.log
+    local name=$1 seconds
+    seconds=$(limit "$2")
+    shift 2
+    if ((seconds < 30)); then
+        echo "not run: no time left" >"$OUT/$name.log"
+    else
+        (cd "$run" && timeout -k 10 "$seconds" "$PY" -m pytest -p no:cacheprovider --rootdir "$root" -rfEs "$@") \
+            >"$OUT/$name.log" 2>&1
+        echo "$?" >"$status/$name.rc"
+    fi
+    echo "$name: $(tail -1 "$OUT/$name.log")"
+}
+part_tf() {
+    CUDA_VISIBLE_DEVICES=$1 pytest_part tf 330 "$root/tests" --ignore="$root/tests/gpu" \
+        --ignore="$root/tests/multiworker" --ignore="$root/tests/test_formatting.py" \
+        --ignore="$root/tests/test_gpu_code_compiles.py"
+}
+part_harness() {
+    # PyTorch's process gets none of the kit's TensorFlow paths.
+    PYTHONPATH=$plain_pythonpath LD_LIBRARY_PATH=$plain_ld_library_path CUDA_VISIBLE_DEVICES=$1 \
+        SOKEV_GPU_LIB=$root/.device/harness/libsokev_gpu.so pytest_part harness 150 "$root/tests/gpu"
+}
+part_memcheck() {
+    local seconds workload=("$PY" "$root/tests/gpu/tf_memcheck_workload.py")
+    seconds=$(limit 270)
+    ((dry)) && workload+=(--allow-cpu)
+    if ((seconds < 60)); then
+        echo "not run: no time left" >"$OUT/memcheck.log"
+    elif ((dry)); then
+        (cd "$run" && timeout -k 10 "$seconds" "${workload[@]}") >"$OUT/memcheck.log" 2>&1
+        echo "$?" >"$status/memcheck.rc"
+    else
+        # API errors are TensorFlow's own probing; memcheck reports accesses.
+        (cd "$run" && CUDA_VISIBLE_DEVICES=$1 TF_GPU_ALLOCATOR=cuda_malloc_async CUDA_MODULE_LOADING=LAZY \
+            timeout -k 10 "$seconds" compute-sanitizer --tool memcheck --report-api-errors no \
+            --print-limit 30 --error-exitcode 99 "${workload[@]}") >"$OUT/memcheck.log" 2>&1
+        echo "$?" >"$status/memcheck.rc"
+    fi
+    echo "memcheck: $(grep -E 'ERROR SUMMARY|workload done' "$OUT/memcheck.log" | tr '\n' ' ')"
+}
+part_multi() {
+    SOK_EV_MULTIWORKER_GPUS=$gpus pytest_part multi 240 "$root/tests/multiworker"
+}
+torch_env() { # torch_env COMMAND...: PyTorch's process, without the kit's paths
+    PYTHONPATH=$plain_pythonpath LD_LIBRARY_PATH=$plain_ld_library_path \
+        SOKEV_GPU_LIB=$root/.device/harness/libsokev_gpu.so "$@"
+}
+part_harness_sanitizer() {
+    local tool rc=0 subset="duplicates or default_value or update_rows or row_offsets or (test_unique and 1000-zipf) or (partition and 2-int64) or (combine_forward and sum-37) or (optimizers and 8-adam) or (fused and mean-7-int64) or (unique_segmented and 1000-int64) or (lookup_combine_rows and sum-7) or (backward_apply and sum-37-adagrad) or (backward_apply and sum-128-adagrad) or (backward_apply and mean-8-ftrl)"
+    : >"$OUT/harness-sanitizer.log"
+    for tool in memcheck racecheck; do
+        (cd "$run" && torch_env env CUDA_VISIBLE_DEVICES=0 PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
+            timeout -k 10 "$(limit 240)" compute-sanitizer --tool "$tool" --target-processes all \
+            --print-limit 20 --error-exitcode 99 "$PY" -m pytest -q -p no:cacheprovider \
+            "$root/tests/gpu" -k "$subset") >>"$OUT/harness-sanitizer.log" 2>&1 || rc=1
+    done
+    # Tests skipped (no torch, no GPU) would make a clean report meaningless.
+    [[ $(grep -c ' passed' "$OUT/harness-sanitizer.log") == 2 ]] || rc=1
+    echo "$rc" >"$status/harness-sanitizer.rc"
+    echo "harness-sanitizer: $(grep -E 'ERROR SUMMARY' "$OUT/harness-sanitizer.log" | tr '\n' ' ')"
+}
+part_bench() {
+    local rc=0 command exit_code
+    local commands=("bench_core.py" "backward_probe.py")
+    ((gpus >= 2)) && commands+=("sparse_step.py --gpus 2 --check --rows-per-gpu 1000000"
+        "sparse_step.py --gpus 2 --check --overlap --port 29535 --rows-per-gpu 1000000"
+        "sparse_step.py --gpus 2 --scaling"
+        "sparse_step.py --gpus 2 --scaling --overlap --port 29534")
+    : >"$OUT/bench.log"
+    for command in "${commands[@]}"; do
+        echo "=== $command" >>"$OUT/bench.log"
+        # shellcheck disable=SC2086
+        (cd "$root/benchmarks/gpu" && torch_env timeout -k 10 "$(limit 300)" "$PY" $command) \
+            >>"$OUT/bench.log" 2>&1
+        exit_code=$?
+        ((exit_code == 0)) || { rc=1; echo "=== exit $exit_code: $command" >>"$OUT/bench.log"; }
+    done
+    echo "$rc" >"$status/bench.rc"
+    echo "bench: $(grep -cE '^=== exit' "$OUT/bench.log") of ${#commands[@]} commands failed"
+}
+
+other_gpu=0
+((gpus >= 2)) && other_gpu=1
+if has tf && ((other_gpu)); then
+    part_tf 0 &
+    tf_pid=$!
+else
+    has tf && part_tf 0
 fi
-if has bench; then
-  (cd benchmarks/gpu && CUDA_VISIBLE_DEVICES=0 python3 bench_core.py 2>&1 | tee "$OUT/bench_core.log";
-   CUDA_VISIBLE_DEVICES=0 python3 backward_probe.py 2>&1 | tee "$OUT/backward_probe.log")
+has harness && part_harness "$other_gpu"
+has memcheck && part_memcheck "$other_gpu"
+[[ -n ${tf_pid:-} ]] && wait "$tf_pid"
+if has multi; then
+    if ((gpus == 1)); then
+        echo "not run: one GPU, and NCCL needs one per rank" >"$OUT/multi.log"
+    else
+        part_multi
+    fi
 fi
-if has multi && [ "$gpus" -ge 2 ]; then
-  (cd benchmarks/gpu && python3 sparse_step.py --gpus 2 --check --rows-per-gpu 1000000 2>&1 | tee "$OUT/multi_check.log" | grep -E "check|Error|error" ;
-   python3 sparse_step.py --gpus 2 --check --overlap --port 29535 --rows-per-gpu 1000000 2>&1 | tee "$OUT/multi_check_overlap.log" | grep -E "check|Error|error" ;
-   python3 sparse_step.py --gpus 2 --scaling 2>&1 | tee "$OUT/multi_scaling.log" | grep -E "gpus=|T4|Error|error";
-   python3 sparse_step.py --gpus 2 --scaling --overlap --port 29534 2>&1 | tee "$OUT/multi_scaling_overlap.log" | grep -E "gpus=|T4|Error|error")
+has harness-sanitizer && part_harness_sanitizer
+has bench && part_bench
+if has tf-bench; then
+    (cd "$run" && CUDA_VISIBLE_DEVICES=0 SOKEV_GPU_LIB=$root/.device/harness/libsokev_gpu.so \
+        timeout -k 10 "$(limit 560)" "$PY" "$root/benchmarks/gpu/tf_sparse_step.py") \
+        >"$OUT/tf-bench.log" 2>&1
+    echo "$?" >"$status/tf-bench.rc"
+    echo "tf-bench: exit $(cat "$status/tf-bench.rc")"
 fi
+
+# --- summary -------------------------------------------------------------------
+"$PY" - "$OUT" "$status" "$site" "$parts" "$dry" <<'EOF' | tee "$OUT/summary.txt"
+import os, re, sys
+out, status, site, parts, dry = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4].split(","), sys.argv[5] == "1"
+total = {"passed": 0, "failed": 0, "skipped": 0}
+lines = []
+for part in ["tf", "multi", "harness", "memcheck", "harness-sanitizer", "bench", "tf-bench"]:
+    if part not in parts:
+        continue
+    path = os.path.join(out, part + ".log")
+    text = open(path, errors="replace").read() if os.path.exists(path) else "not run"
+    rc_path = os.path.join(status, part + ".rc")
+    rc = int(open(rc_path).read()) if os.path.exists(rc_path) else None
+    count = {"passed": 0, "failed": 0, "skipped": 0}
+    notes = []
+    if part == "memcheck":
+        clean = rc == 0 and "workload done on" in text and (dry or "ERROR SUMMARY: 0 errors" in text)
+        count["passed" if clean else "failed"] = 1
+        if not clean:
+            notes.append(f"exit {rc}")
+    elif part in ("harness-sanitizer", "bench", "tf-bench"):
+        count["passed" if rc == 0 else "failed"] = 1
+    else:
+        summary = [l for l in text.splitlines() if re.match(r"^=+ .* in [\d.]+s", l)]
+        if summary:
+            for n, word in re.findall(r"(\d+) (passed|failed|errors?|skipped)", summary[-1]):
+                count["failed" if word.startswith(("failed", "error")) else word] += int(n)
+        else:
+            count["failed"] += 1
+            notes.append(f"no pytest summary (exit {rc}): {text.strip().splitlines()[-1:]}")
+        if rc not in (0, None) and not count["failed"]:
+            count["failed"] += 1
+            notes.append(f"pytest exit {rc}")
+        if part in ("tf", "multi") and f"sok_ev under test: {site}" not in text:
+            count["failed"] += 1
+            notes.append("the artifact was not the sok_ev under test")
+        if part in ("tf", "harness") and count["skipped"] and not dry:
+            notes.append(f"{count['skipped']} skipped on the GPU machine, counted as failed")
+            count["failed"] += count.pop("skipped")
+            count["skipped"] = 0
+    for k in total:
+        total[k] += count[k]
+    lines.append(f"{part}: {count['passed']} passed, {count['failed']} failed, "
+                 f"{count['skipped']} skipped" + (f" ({'; '.join(notes)})" if notes else ""))
+print("\n".join(lines))
+print(f"{total['passed']} passed, {total['failed']} failed, {total['skipped']} skipped")
+EOF

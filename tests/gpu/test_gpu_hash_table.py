@@ -133,13 +133,15 @@ def test_default_value_matrix_and_slots():
     assert np.all(rows[:, dim:2 * dim] == 0.25) and np.all(rows[:, 2 * dim:] == -1.0)
 
 
-def test_update_rows_versions_and_eviction():
+def test_versions_and_eviction():
     dim = 4
     table = sg.HashTable(dim, torch.int64, init="constant", a=0.0)
     keys = np.arange(100, dtype=np.int64) * 7919
     ptrs = torch.empty(100, dtype=torch.int64, device="cuda")
-    table.update_rows(tensor(keys[:60]), 5, ptrs[:60])
-    table.update_rows(tensor(keys[40:]), 9, ptrs[40:])
+    ids = torch.empty(100, dtype=torch.int64, device="cuda")
+    for lo, hi, step in ((0, 60, 5), (40, 100, 9)):
+        table.find_or_insert_rows(tensor(keys[lo:hi]), ids[lo:hi])
+        table.rows_for_ids(ids[lo:hi], step, ptrs[lo:hi])
     k, _, _, versions = table.export()
     ver = dict(zip(k.cpu().numpy().tolist(), versions.cpu().numpy().tolist()))
     assert all(ver[x] == (5 if i < 40 else 9) for i, x in enumerate(keys.tolist()))

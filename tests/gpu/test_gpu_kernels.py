@@ -1,6 +1,7 @@
-"""unique, partition, row offsets, combine forward/backward, fused lookup and
-optimizers on the GPU vs NumPy / float64 references. Fresh random inputs
-every run; every output is poisoned (NaN / -7) before the call."""
+"""unique (single and grouped over tables), partition, the sample-id check,
+row offsets, combine forward/backward and the optimizers on the GPU vs NumPy /
+float64 references. Fresh random inputs every run; every output is poisoned
+(NaN / -7) before the call."""
 import numpy as np
 import pytest
 
@@ -83,6 +84,13 @@ def ragged(batch, max_hot):
     return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
 
 
+def grouping(index, num_unique):
+    """(order, segments) of entries grouped by unique index, ascending."""
+    order = np.argsort(index, kind="stable").astype(np.int64)
+    segments = np.concatenate([[0], np.cumsum(np.bincount(index, minlength=num_unique))])
+    return order, segments.astype(np.int64)
+
+
 @pytest.mark.parametrize("dim", [1, 3, 8, 37, 128, 200, 1024])
 @pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
 @pytest.mark.parametrize("weighted", [False, True])
@@ -100,37 +108,107 @@ def test_combine_forward_backward(dim, combiner, weighted):
     ref = combine_reference(values, index, weights, offsets, combiner)
     assert rel_err(out.cpu().numpy(), ref) < 1e-5
     grad_out = RNG.standard_normal((batch, dim)).astype(np.float32)
-    grad = sg.combine_backward(tensor(grad_out), tensor(index), tensor(offsets), num_unique,
-                               poison((num_unique, dim), torch.float32),
+    order, segments = grouping(index, num_unique)
+    grad = sg.combine_backward(tensor(grad_out), tensor(order), tensor(segments), num_unique,
+                               tensor(offsets), poison((num_unique, dim), torch.float32),
                                None if weights is None else tensor(weights), combiner)
     ref_g = combine_backward_reference(grad_out, index, weights, offsets, combiner, num_unique)
     assert rel_err(grad.cpu().numpy(), ref_g) < 1e-5
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("dim", [4, 7, 128, 512])
-@pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
-def test_fused_lookup_combine_matches_find_then_combine(dtype, dim, combiner):
-    torch_dtype = torch.int32 if dtype == "int32" else torch.int64
-    table = sg.HashTable(dim,
-                         torch_dtype,
-                         init="uniform",
-                         a=-1,
-                         b=1,
-                         seed=int(RNG.integers(1 << 40)),
-                         capacity=1024)
-    batch = 3000
-    offsets = ragged(batch, 5)
+@pytest.mark.parametrize("dim", [7, 128])
+@pytest.mark.parametrize("combiner", ["sum", "mean"])
+def test_hot_keys_with_thousands_of_entries_sum_like_the_reference(dim, combiner):
+    # Zipf-hot keys are summed in chunks (cc/segment_sum_gpu.h): key 0 has
+    # about 40% of the entries, key 1 10%, the rest spread out.
+    batch = 6000
+    offsets = ragged(batch, 4)
     nnz = int(offsets[-1])
-    keys = keys_for(dtype, nnz, "zipf")
-    present = keys[RNG.random(nnz) < 0.9]  # 10% of entries miss -> zeros
-    table.find_or_insert(tensor(present))
+    num_unique = 500
+    draw = RNG.random(nnz)
+    index = np.where(draw < 0.4, 0, np.where(draw < 0.5, 1, RNG.integers(2, num_unique,
+                                                                         nnz))).astype(np.int64)
     weights = RNG.uniform(0.1, 2.0, nnz).astype(np.float32)
-    out = table.lookup_combine(tensor(keys), tensor(offsets), poison((batch, dim), torch.float32),
+    grad_out = RNG.standard_normal((batch, dim)).astype(np.float32)
+    order, segments = grouping(index, num_unique)
+    assert np.diff(segments).max() > 20 * 128  # chunked for sure
+    grad = sg.combine_backward(tensor(grad_out), tensor(order), tensor(segments), num_unique,
+                               tensor(offsets), poison((num_unique, dim), torch.float32),
                                tensor(weights), combiner)
-    values = table.find(tensor(keys), torch.empty((nnz, dim), device="cuda"))
-    ref = combine_reference(values.cpu().numpy(), np.arange(nnz), weights, offsets, combiner)
-    assert rel_err(out.cpu().numpy(), ref) < 1e-5
+    ref = combine_backward_reference(grad_out, index, weights, offsets, combiner, num_unique)
+    assert rel_err(grad.cpu().numpy(), ref) < 1e-5
+
+
+@pytest.mark.parametrize("combiner", ["mean", "sqrtn"])
+def test_samples_whose_weights_sum_to_zero_give_zeros_and_zero_gradient(combiner):
+    # tf.nn.embedding_lookup_sparse divides with div_no_nan: sample 0's
+    # weights are all zero, sample 1's cancel out ('mean' only).
+    dim, num_unique = 8, 4
+    offsets = np.array([0, 2, 4, 5], np.int64)
+    index = np.array([0, 1, 2, 3, 0], np.int64)
+    weights = np.array([0.0, 0.0, 1.5, -1.5, 0.5], np.float32)
+    values = RNG.standard_normal((num_unique, dim)).astype(np.float32)
+    out = sg.combine_forward(tensor(values), tensor(index), tensor(offsets),
+                             poison((3, dim), torch.float32), tensor(weights),
+                             combiner).cpu().numpy()
+    assert np.array_equal(out[0], np.zeros(dim, np.float32))
+    if combiner == "mean":
+        assert np.array_equal(out[1], np.zeros(dim, np.float32))
+    assert np.all(np.isfinite(out))
+    order, segments = grouping(index, num_unique)
+    grad = sg.combine_backward(tensor(RNG.standard_normal((3, dim)).astype(np.float32)),
+                               tensor(order), tensor(segments), num_unique, tensor(offsets),
+                               poison((num_unique, dim), torch.float32), tensor(weights),
+                               combiner).cpu().numpy()
+    assert np.all(np.isfinite(grad))
+    assert np.array_equal(grad[1], np.zeros(dim, np.float32))  # only in sample 0
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("sizes", ["one", "mixed", "criteo"])
+def test_unique_grouped_deduplicates_each_table_on_its_own(dtype, sizes):
+    counts_of = {
+        "one": [5000],
+        "mixed": [0, 700, 1, 0, 3000, 0],
+        "criteo": list(RNG.integers(0, 4000, 26))
+    }[sizes]
+    # Tables share keys, so a key must stay apart per table.
+    tables = [keys_for(dtype, c, "zipf") for c in counts_of]
+    keys = np.concatenate(tables) if tables else np.zeros(0)
+    key_offsets = np.concatenate([[0], np.cumsum(counts_of)]).astype(np.int64)
+    uniq, counts, inverse, order, segments, unique_offsets = sg.unique_grouped(
+        tensor(keys), tensor(key_offsets))
+    uniq, counts, inverse, order = (t.cpu().numpy() for t in (uniq, counts, inverse, order))
+    segments, unique_offsets = segments.cpu().numpy(), unique_offsets.cpu().numpy()
+    assert unique_offsets[0] == 0
+    for t, table in enumerate(tables):
+        lo, hi = unique_offsets[t], unique_offsets[t + 1]
+        ref_u, ref_c = np.unique(table, return_counts=True)
+        assert np.array_equal(uniq[lo:hi], ref_u)  # ascending, this table's only
+        assert np.array_equal(counts[lo:hi], ref_c)
+        first, last = key_offsets[t], key_offsets[t + 1]
+        local = inverse[first:last] - lo
+        assert np.array_equal(ref_u[local], table)
+        # Entries of table t stay in its range, grouped by key, ascending.
+        assert np.array_equal(np.sort(order[first:last]), np.arange(first, last))
+        seg = segments[lo:hi + 1]
+        assert seg[0] == first and seg[-1] == last
+        seg_of = np.repeat(np.arange(hi - lo), np.diff(seg))
+        assert np.array_equal(keys[order[first:last]], ref_u[seg_of])
+        assert np.all((np.diff(order[first:last]) > 0) | (np.diff(seg_of) > 0))
+
+
+def test_first_invalid_sample_ids_finds_the_first_bad_entry_of_each_table():
+    batch = 50
+    good = np.repeat(np.arange(batch), RNG.integers(0, 4, batch)).astype(np.int64)
+    cases = [good, good.copy(), good.copy(), good.copy(), np.zeros(0, np.int64)]
+    cases[1][len(good) // 2] = batch  # outside the batch
+    cases[2][len(good) // 3] = -1  # negative
+    j = len(good) // 4 + 1  # out of order
+    cases[3][j] = cases[3][j - 1] - 1 if cases[3][j - 1] > 0 else batch + 3
+    expected = [len(good), len(good) // 2, len(good) // 3, j, 0]
+    got = sg.first_invalid_sample_ids([tensor(c) for c in cases], [batch] * len(cases))
+    assert got.cpu().numpy().tolist() == expected
 
 
 def optimizer_reference(kind, row, g, dim, hp):
@@ -172,6 +250,8 @@ def optimizer_reference(kind, row, g, dim, hp):
 @pytest.mark.parametrize("kind", ["sgd", "adagrad", "adam", "ftrl", "momentum", "rmsprop"])
 @pytest.mark.parametrize("dim", [1, 8, 128, 1000])
 def test_optimizers(kind, dim):
+    # Distinct keys, one gradient each: the fused apply on rows set through
+    # insert_or_assign equals the float64 update of every row.
     n = 2000 if dim <= 128 else 300
     width = 4 * dim  # value + 3 slots
     hp = dict(OPTIMIZER_HYPERPARAMETERS,
@@ -181,19 +261,20 @@ def test_optimizers(kind, dim):
     rows[:, dim:] = np.abs(rows[:, dim:]) + 0.1  # accumulators positive
     rows[:, 3 * dim:] *= 0.01  # centered RMSProp: mean grad^2 < rms
     grads = RNG.standard_normal((n, dim)).astype(np.float32)
-    fast = tensor(rows)
-    slow = tensor(rows)
-    g = tensor(grads)
-    base = 4 * width
-    fast_ptrs = torch.arange(n, dtype=torch.int64, device="cuda") * base + fast.data_ptr()
-    slow_ptrs = torch.arange(n, dtype=torch.int64, device="cuda") * base + slow.data_ptr()
-    sg.apply_optimizer(kind, fast_ptrs, g, dim, **hp)
-    sg.apply_optimizer(kind, slow_ptrs, g, dim, reference=True, **hp)
-    out = fast.cpu().numpy()
-    # Same bits as the shared update_row() math.
-    assert np.array_equal(out.view(np.int32), slow.cpu().numpy().view(np.int32))
+    keys = RNG.choice(1 << 40, n, replace=False).astype(np.int64)
+    table = sg.HashTable(dim, torch.int64, capacity=n)
+    for s in range(3):
+        table.add_slot(f"s{s}", 0.0)
+    table.insert_or_assign(tensor(keys), tensor(rows))
+    row_ids = table.find_or_insert_rows(tensor(keys), poison((n,), torch.int64))
+    identity = torch.arange(n + 1, dtype=torch.int64, device="cuda")
+    table.backward_apply(kind, tensor(grads), identity, n, identity, identity, identity[n:], n,
+                         row_ids, 3, **hp)
+    got_keys, got_rows, _, versions = (t.cpu().numpy() for t in table.export())
+    out = got_rows[np.argsort(got_keys)][np.argsort(np.argsort(keys))]
     ref = np.stack([
         optimizer_reference(kind, rows[i].astype(np.float64), grads[i].astype(np.float64), dim, hp)
         for i in range(n)
     ])
     assert rel_err(out, ref) < 1e-5
+    assert np.all(versions == 3)

@@ -1,8 +1,10 @@
-"""The training step's fused stages vs the unfused ones they replace:
-unique_segmented vs NumPy, the forward from resolved row ids vs find +
-combine, and backward_apply (backward + optimizer in one kernel) vs
-combine_backward + update_rows + apply_optimizer, bit for bit. Fresh random
-inputs every run; outputs poisoned before each call."""
+"""The training step's stages as TensorFlow runs them, checked against each
+other and NumPy: unique_segmented vs NumPy, the forward from resolved row ids
+vs find + combine, and backward_apply straight from the per-sample gradient
+(the fully fused step) vs TensorFlow's two steps (combine_backward gives the
+per-key gradient, then the optimizer's apply: backward_apply with one entry
+per key), bit for bit. Fresh random inputs every run; outputs poisoned
+before each call."""
 import numpy as np
 import pytest
 
@@ -114,21 +116,32 @@ def test_backward_apply_matches_unfused(kind, dim, combiner, weighted):
     weights = tensor(RNG.uniform(0.1, 2.0, nnz).astype(np.float32)) if weighted else None
     hp = dict(HP, use_nesterov=bool(RNG.integers(2)), centered=bool(RNG.integers(2)))
     step = 7
-    # Unfused: unique, find_or_insert, combine_backward, update_rows, optimizer.
-    uniq, inverse, _, num = sg.unique(tensor(keys), counts=False)
+    uniq, _, order, segments, num = sg.unique_segmented(tensor(keys))
     u = int(num.item())
+    # TensorFlow's way: the per-key gradient, then the apply of distinct keys.
+    grad_u = sg.combine_backward(grad_out, order, segments[:u + 1], u, tensor(offsets),
+                                 torch.full((u, dim), float("nan"), device="cuda"), weights,
+                                 combiner)
     tables[0].find_or_insert(uniq[:u])
-    grad_u = sg.combine_backward(grad_out, inverse, tensor(offsets), u,
-                                 torch.empty((u, dim), device="cuda"), weights, combiner)
-    ptrs = torch.empty(u, dtype=torch.int64, device="cuda")
-    tables[0].update_rows(uniq[:u], step, ptrs)
-    sg.apply_optimizer(kind, ptrs, grad_u, dim, **hp)
-    # Fused: unique_segmented, find_or_insert(row_ids), backward_apply.
-    uniq2, _, order, segments, num2 = sg.unique_segmented(tensor(keys))
-    u2 = int(num2.item())
-    row_ids = torch.full((u2,), -9, dtype=torch.int64, device="cuda")
-    tables[1].find_or_insert(uniq2[:u2], row_ids=row_ids)
-    tables[1].backward_apply(kind, grad_out, tensor(offsets), nnz, order, segments, num2, nnz,
+    row_ids0 = tables[0].find_or_insert_rows(uniq[:u],
+                                             torch.full((u,), -9, dtype=torch.int64, device="cuda"))
+    identity = torch.arange(u + 1, dtype=torch.int64, device="cuda")
+    tables[0].backward_apply(kind,
+                             grad_u,
+                             identity,
+                             u,
+                             identity,
+                             identity,
+                             identity[u:],
+                             u,
+                             row_ids0,
+                             step,
+                             max_key_entries=1,
+                             **hp)
+    # Fully fused: backward_apply from the per-sample gradient.
+    row_ids = torch.full((u,), -9, dtype=torch.int64, device="cuda")
+    tables[1].find_or_insert(uniq[:u], row_ids=row_ids)
+    tables[1].backward_apply(kind, grad_out, tensor(offsets), nnz, order, segments, num, nnz,
                              row_ids, step, weights, combiner, **hp)
     a, b = export_sorted(tables[0]), export_sorted(tables[1])
     for x, y in zip(a, b):
@@ -136,3 +149,47 @@ def test_backward_apply_matches_unfused(kind, dim, combiner, weighted):
             x.view(np.int32) if x.dtype == np.float32 else x,
             y.view(np.int32) if y.dtype == np.float32 else y)
     assert np.all(np.isfinite(b[1]))
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+def test_apply_of_repeated_keys_sums_them_with_the_count_left_on_the_device(dtype):
+    # The optimizer's apply when keys repeat (several workers' gradients for
+    # one key): unique_segmented, find_or_insert_rows bounded by the unique
+    # count on the device (what lies past it is not keys), backward_apply
+    # with one entry per gradient row. Rows that existed equal SGD with the
+    # gradients summed per key; frequencies do not change; nothing but the
+    # batch's keys is inserted.
+    dim, n = 16, 5000
+    keys = batch_keys(dtype, n)
+    grads = RNG.standard_normal((n, dim)).astype(np.float32)
+    table = filled_table(dtype, dim, int(RNG.integers(1 << 40)), keys[:n // 2], [])
+    old_keys, old_rows, old_freqs, _ = export_sorted(table)
+    uniq, _, order, segments, num = sg.unique_segmented(tensor(keys))
+    uniq[int(num.item()):] = 12345
+    row_ids = table.find_or_insert_rows(uniq,
+                                        torch.full((n,), -9, dtype=torch.int64, device="cuda"),
+                                        count=num)
+    identity = torch.arange(n + 1, dtype=torch.int64, device="cuda")
+    table.backward_apply("sgd",
+                         tensor(grads),
+                         identity,
+                         n,
+                         order,
+                         segments,
+                         num,
+                         n,
+                         row_ids,
+                         4,
+                         lr=0.5)
+    new_keys, new_rows, new_freqs, versions = export_sorted(table)
+    ref_u, inverse = np.unique(keys, return_inverse=True)
+    assert np.array_equal(new_keys, ref_u.astype(new_keys.dtype))
+    assert np.all(versions == 4)
+    summed = np.zeros((len(ref_u), dim))
+    np.add.at(summed, inverse.reshape(-1), grads.astype(np.float64))
+    existed = np.isin(new_keys, old_keys)
+    np.testing.assert_array_equal(new_freqs[existed], old_freqs)
+    np.testing.assert_allclose(new_rows[existed],
+                               old_rows - 0.5 * summed[existed],
+                               rtol=1e-5,
+                               atol=1e-5)

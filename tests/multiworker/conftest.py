@@ -36,6 +36,10 @@ def lookup_run():
         assert result.returncode == 0 and len(result.results) == workers, (
             f"{workers}-worker launch failed (exit {result.returncode}):\n"
             f"{result.tail()}")
+        if harness.GPUS:
+            assert result.nccl_ranks() == set(range(workers)), (
+                f"GPU mode, but NCCL ran on ranks {sorted(result.nccl_ranks())} of "
+                f"{workers}: the exchange did not use the GPUs:\n{result.tail()}")
         return result
 
     return run

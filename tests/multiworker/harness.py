@@ -8,6 +8,13 @@ time even when a rank dies or hangs in a collective. Each rank writes its
 results to `DIR/rank<r>.npz`; `launch` returns them with the exit status and
 the output.
 
+GPU mode, opt-in (tests/gpu/run_on_device.sh): SOK_EV_MULTIWORKER_GPUS=N
+starts each rank through one_gpu_per_rank.sh, which shows it only the GPU of
+its local rank (two ranks on one GPU fail in ncclCommInitRank), so Horovod's
+collectives on the ranks' GPU tensors run over NCCL. NCCL_DEBUG=INFO makes
+NCCL announce itself in each rank's output (Launch.nccl_ranks). A launch of
+more ranks than N is skipped, naming both numbers.
+
 The data shared by worker scripts and the single-process references in the
 tests (batches, initial rows, targets) is generated here from fixed seeds,
 identically in every process. `owner_of` re-implements the documented
@@ -15,7 +22,9 @@ placement function of cc/partition.h in NumPy, so tests check that contract.
 """
 
 import dataclasses
+import importlib.util
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,8 +36,14 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(os.path.dirname(HERE))
 
-# horovodrun is installed next to the Python that runs the tests (.venv/bin).
+# horovodrun is installed next to the Python that runs the tests (.venv/bin),
+# or is on PATH (the GPU machines' kit).
 HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+if not os.path.exists(HOROVODRUN) and shutil.which("horovodrun"):
+    HOROVODRUN = shutil.which("horovodrun")
+# GPUs of GPU mode; 0: CPU ranks (Gloo).
+GPUS = int(os.environ.get("SOK_EV_MULTIWORKER_GPUS", "0"))
+ONE_GPU_PER_RANK = os.path.join(HERE, "one_gpu_per_rank.sh")
 
 
 @dataclasses.dataclass
@@ -42,8 +57,27 @@ class Launch:
     def tail(self, chars=6000):
         return self.output[-chars:]
 
+    def nccl_ranks(self):
+        """Ranks whose output shows NCCL at work (GPU mode sets NCCL_DEBUG)."""
+        return {
+            int(line[1:line.index("]")])
+            for line in self.output.splitlines()
+            if line.startswith("[") and "]" in line and "NCCL INFO" in line and
+            line[1:line.index("]")].isdigit()
+        }
 
-def launch(script, workers, args=(), timeout=240, out_dir=None, pass_out=True):
+
+def _sok_ev_import_root():
+    """Where this process imports sok_ev from, without importing it: the ranks
+    get it first on their path, so they run the sok_ev under test (the
+    checkout in CI, the installed artifact on the device)."""
+    spec = importlib.util.find_spec("sok_ev")
+    if spec is None:
+        return REPO_ROOT
+    return os.path.dirname(os.path.dirname(os.path.abspath(spec.origin)))
+
+
+def launch(script, workers, args=(), timeout=240, out_dir=None, pass_out=True, env=None):
     """Runs `script` on `workers` Horovod/Gloo processes with a hard limit.
 
     Args:
@@ -52,19 +86,29 @@ def launch(script, workers, args=(), timeout=240, out_dir=None, pass_out=True):
       timeout: seconds before the whole process group is killed.
       out_dir: where ranks write rank<r>.npz (a fresh temp dir by default).
       pass_out: False runs `script args` alone (a user script).
+      env: extra environment variables of the ranks.
 
     Returns:
       A Launch. Ranks that wrote no file are absent from `results`.
     """
+    if GPUS and workers > GPUS:
+        import pytest  # pylint: disable=import-outside-toplevel
+        pytest.skip(f"GPU mode: {workers} ranks need {workers} GPUs, one each; "
+                    f"SOK_EV_MULTIWORKER_GPUS={GPUS}")
     out_dir = out_dir or tempfile.mkdtemp(prefix="sok_ev_mw_")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([REPO_ROOT, HERE] +
+    env = dict(os.environ, **(env or {}))
+    env["PYTHONPATH"] = os.pathsep.join([_sok_ev_import_root(), HERE] +
                                         [p for p in [env.get("PYTHONPATH")] if p])
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     env["PYTHONUNBUFFERED"] = "1"
+    rank = [sys.executable]
+    if GPUS:
+        rank = [ONE_GPU_PER_RANK, sys.executable]
+        env["NCCL_DEBUG"] = "INFO"
+        env["NCCL_DEBUG_SUBSYS"] = "INIT"
     command = [
         HOROVODRUN, "--gloo", "-np",
-        str(workers), "-H", f"localhost:{workers}", sys.executable, script,
+        str(workers), "-H", f"localhost:{workers}", *rank, script,
         *(["--out", out_dir] if pass_out else []), *map(str, args)
     ]
     start = time.monotonic()

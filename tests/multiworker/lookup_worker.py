@@ -19,6 +19,9 @@ import tensorflow as tf
 import horovod.tensorflow as hvd
 
 import harness
+# Bound before sok_ev.init(), as a script importing it at the top does.
+from horovod.tensorflow import allreduce as allreduce_bound_before_init
+from horovod.tensorflow.mpi_ops import _allreduce as raw_allreduce_op
 
 hvd.init()
 import sok_ev  # pylint: disable=wrong-import-position
@@ -175,12 +178,15 @@ def record_guards(results):
         results["guard/graph_allreduce"] = _message_of(lambda: hvd.allreduce(ev_grad))
         results["guard/graph_grouped_allreduce"] = _message_of(
             lambda: hvd.grouped_allreduce([g for g, _ in grads_and_vars]))
-        # An allreduce sok_ev could not intercept (bound before sok_ev.init()):
-        # the optimizer-side check finds the Horovod op in the graph.
-        unguarded = sok_ev.communication._guards["allreduce"]  # pylint: disable=protected-access
-        reduced = unguarded(ev_grad)
-        results["guard/graph_unguarded_allreduce"] = _message_of(
-            lambda: sok_ev.distributed.check_embedding_gradient(reduced, tables[0]))
+        # Allreducing only the values, keeping the indices (would double updates).
+        results["guard/graph_values_only"] = _message_of(lambda: hvd.allreduce(ev_grad.values))
+        results["guard/graph_bound_before_init"] = _message_of(
+            lambda: allreduce_bound_before_init(ev_grad))
+        # A Horovod reduction no Python guard sees (the raw op): the fused
+        # apply finds the Horovod op between the gradient and the lookup.
+        reduced = tf.IndexedSlices(raw_allreduce_op(ev_grad.values), ev_grad.indices)
+        results["guard/graph_raw_reduction_at_apply"] = _message_of(
+            lambda: optimizer.apply_gradients([(reduced, tables[0])]))
         # The supported pattern: allreduce only the dense gradients.
         results["guard/graph_dense_only"] = _message_of(lambda: optimizer.apply_gradients(
             [(g if isinstance(v, sok_ev.EmbeddingVariable) else hvd.allreduce(g), v)
@@ -197,6 +203,13 @@ def record_guards(results):
         lambda: tape_gradient(lambda: hvd.DistributedGradientTape(tf.GradientTape())))
     eager_grads = tape_gradient(tf.GradientTape)
     results["guard/eager_allreduce"] = _message_of(lambda: hvd.allreduce(eager_grads[0]))
+    results["guard/eager_values_only"] = _message_of(lambda: hvd.allreduce(eager_grads[0].values))
+    before = [x.numpy() for x in tables[0].export()]
+    results["guard/eager_bound_before_init"] = _message_of(
+        lambda: allreduce_bound_before_init(eager_grads[0]))
+    after = [x.numpy() for x in tables[0].export()]
+    results["guard/eager_shard_unchanged"] = np.array(
+        all(np.array_equal(a, b) for a, b in zip(before, after)))
 
 
 def main():

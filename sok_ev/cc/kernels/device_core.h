@@ -11,10 +11,11 @@
 //   kTableIsThreadSafe    false: the variable serialises calls on its table
 //   Core(OpKernelContext*)
 //   NewTableAllocator()   table-lifetime memory, null when the table needs none
-//   NewTable, Size, AddSlot, FindOrInsert, Find, InsertOrAssign, EvictStale,
-//   ExportAll, ApplyOptimizer            on one table
-//   UniqueKeys, CheckDistinct, PartitionByOwner, RowOffsets,
-//   CheckCombineEntries, CombineForward, CombineBackward   free stages
+//   NewTable, Size, AddSlot, FindOrInsert, FindOrInsertCombine, Find,
+//   InsertOrAssign, InsertOrAssignFromHost, EvictStale, ExportAll,
+//   ExportBatches, ApplyOptimizer          on one table
+//   UniqueKeys (all tables of a lookup at once), CheckDistinct,
+//   PartitionByOwner, CombineForward, CombineBackward         free stages
 //   Copy, SetZero, CopyToHost             device memory
 // Pointers passed to them are device memory (host memory on CPU) unless a
 // comment says host.
@@ -25,7 +26,11 @@
 #error "define EIGEN_USE_GPU before any include in a GOOGLE_CUDA build"
 #endif
 
+#include <string>
+#include <unordered_set>
+
 #include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/lib/core/errors.h"
 
 namespace sok_ev {
 
@@ -34,6 +39,21 @@ using GPUDevice = Eigen::GpuDevice;
 
 template <typename Device>
 class Core;
+
+// CheckDistinct's test and message, the same on both devices.
+//   keys: (n,) host
+template <typename Key>
+absl::Status CheckDistinctOnHost(const Key* keys, int64_t n, const std::string& where) {
+  std::unordered_set<Key> seen;
+  seen.reserve(n);
+  for (int64_t i = 0; i < n; ++i) {
+    if (!seen.insert(keys[i]).second) {
+      return tensorflow::errors::InvalidArgument(where, ": key ", keys[i],
+                                                 " appears more than once");
+    }
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace sok_ev
 

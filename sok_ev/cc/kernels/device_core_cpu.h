@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <memory>
 #include <string>
-#include <unordered_set>
 #include <vector>
 
 #include "cc/combine.h"
@@ -19,6 +18,7 @@
 #include "cc/unique.h"
 #include "sok_ev/cc/kernels/export_buffers.h"
 #include "sok_ev/cc/kernels/tf_status.h"
+#include "sok_ev/cc/kernels/unique_buffers.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/lib/core/errors.h"
 #include "tensorflow/core/platform/threadpool.h"
@@ -65,16 +65,14 @@ class Core<CPUDevice> {
   template <typename Key>
   absl::Status AddSlot(Table<Key>& table, const std::string& name, float initial_value,
                        int* index) {
-    *index = table.add_slot(name, initial_value);
-    return absl::OkStatus();
+    return ToTfStatus(table.add_slot(name, initial_value, index));
   }
 
   //   keys: (n,)  values: (n, dim) out  frequencies: (n,)
   template <typename Key>
   absl::Status FindOrInsert(Table<Key>& table, const Key* keys, int64_t n, float* values,
                             const int64_t* frequencies) {
-    table.find_or_insert(context_, keys, n, values, frequencies);
-    return absl::OkStatus();
+    return ToTfStatus(table.find_or_insert(context_, keys, n, values, frequencies));
   }
 
   // Absent keys read their initial value.
@@ -89,8 +87,15 @@ class Core<CPUDevice> {
   template <typename Key>
   absl::Status InsertOrAssign(Table<Key>& table, const Key* keys, int64_t n, const float* rows,
                               const int64_t* frequencies, const int64_t* versions) {
-    table.insert_or_assign(context_, keys, n, rows, frequencies, versions);
-    return absl::OkStatus();
+    return ToTfStatus(table.insert_or_assign(context_, keys, n, rows, frequencies, versions));
+  }
+
+  // InsertOrAssign with host buffers (the same on CPU).
+  template <typename Key>
+  absl::Status InsertOrAssignFromHost(Table<Key>& table, const Key* keys, int64_t n,
+                                      const float* rows, const int64_t* frequencies,
+                                      const int64_t* versions) {
+    return InsertOrAssign(table, keys, n, rows, frequencies, versions);
   }
 
   // evicted: host.
@@ -101,58 +106,138 @@ class Core<CPUDevice> {
     return absl::OkStatus();
   }
 
-  // A consistent copy of the table into buffers from `allocate`.
+  // A consistent copy of the table into buffers from `allocate`, written
+  // straight from the table (no intermediate copy).
   template <typename Key>
   absl::Status ExportAll(const Table<Key>& table, const ExportAllocator<Key>& allocate) {
-    const auto snapshot = table.export_all();
-    const int64_t n = static_cast<int64_t>(snapshot.keys.size());
-    const int64_t width =
-        n > 0 ? static_cast<int64_t>(snapshot.rows.size()) / n : table.row_width();
     ExportBuffers<Key> out;
-    TF_RETURN_IF_ERROR(allocate(n, width, &out));
-    std::copy(snapshot.keys.begin(), snapshot.keys.end(), out.keys);
-    std::copy(snapshot.rows.begin(), snapshot.rows.end(), out.rows);
-    std::copy(snapshot.frequencies.begin(), snapshot.frequencies.end(), out.frequencies);
-    std::copy(snapshot.versions.begin(), snapshot.versions.end(), out.versions);
-    return absl::OkStatus();
+    int64_t written = 0, width = 0;
+    return ExportBatches<Key>(
+        table, ExportBatchKeys(table.row_width()),
+        [&](int64_t total, int64_t row_width) {
+          width = row_width;
+          return allocate(total, row_width, &out);
+        },
+        [&](const HostExportBatch<Key>& batch) {
+          std::copy(batch.keys, batch.keys + batch.count, out.keys + written);
+          std::copy(batch.rows, batch.rows + batch.count * width, out.rows + written * width);
+          std::copy(batch.frequencies, batch.frequencies + batch.count, out.frequencies + written);
+          std::copy(batch.versions, batch.versions + batch.count, out.versions + written);
+          written += batch.count;
+          return absl::OkStatus();
+        });
+  }
+
+  // The whole table, consistent, in host batches of at most max_batch keys
+  // (see cpu::HashTable::export_batches); no copy of the table is made.
+  template <typename Key>
+  absl::Status ExportBatches(const Table<Key>& table, int64_t max_batch, const ExportBegin& begin,
+                             const ExportEmit<Key>& emit) {
+    absl::Status failed;  // a callback's own error, kept with its code
+    const Status status = table.export_batches(
+        max_batch,
+        [&](int64_t total, int64_t row_width) {
+          failed = begin(total, row_width);
+          return failed.ok() ? Status::Ok() : Status::Internal("export stopped");
+        },
+        [&](const typename Table<Key>::ExportBatch& batch) {
+          failed = emit(HostExportBatch<Key>{batch.keys, batch.rows, batch.frequencies,
+                                             batch.versions, batch.count});
+          return failed.ok() ? Status::Ok() : Status::Internal("export stopped");
+        });
+    if (!failed.ok()) return failed;
+    return ToTfStatus(status);
   }
 
   // One optimizer step on the rows of `keys`, duplicates summed first (a key
-  // can arrive from several workers; TF's sparse apply sums them too), each
-  // key's version set to global_step. spec.slot_index must be set.
+  // can arrive from several workers; TF's sparse apply sums them too) unless
+  // keys_are_unique, each key's version set to global_step. spec.slot_index
+  // must be set.
   //   keys: (n,)  grads: (n, dim)
   template <typename Key>
   absl::Status ApplyOptimizer(Table<Key>& table, const OptimizerSpec& spec, const Key* keys,
-                              int64_t n, const float* grads, int64_t dim, int64_t global_step) {
-    std::vector<Key> unique(n);
-    std::vector<int64_t> inverse(n);
-    int64_t num_unique = 0;
-    cpu::unique_keys(context_, keys, n, unique.data(), inverse.data(), nullptr, &num_unique);
-    std::vector<float> summed(num_unique * dim, 0.0f);
-    for (int64_t i = 0; i < n; ++i) {
-      float* row = summed.data() + inverse[i] * dim;
-      for (int64_t c = 0; c < dim; ++c) row[c] += grads[i * dim + c];
+                              int64_t n, const float* grads, int64_t dim, int64_t global_step,
+                              bool keys_are_unique) {
+    const Key* unique = keys;
+    const float* summed = grads;
+    int64_t num_unique = n;
+    std::vector<Key> unique_storage;
+    std::vector<float> summed_storage;
+    if (!keys_are_unique) {
+      unique_storage.resize(n);
+      std::vector<int64_t> inverse(n);
+      cpu::unique_keys(context_, keys, n, unique_storage.data(), inverse.data(), nullptr,
+                       &num_unique);
+      summed_storage.assign(num_unique * dim, 0.0f);
+      for (int64_t i = 0; i < n; ++i) {
+        float* row = summed_storage.data() + inverse[i] * dim;
+        for (int64_t c = 0; c < dim; ++c) row[c] += grads[i * dim + c];
+      }
+      unique = unique_storage.data();
+      summed = summed_storage.data();
     }
-    table.update_rows(
-        context_, unique.data(), num_unique, global_step,
+    return ToTfStatus(table.update_rows(
+        context_, unique, num_unique, global_step,
         [&](const int64_t* positions, float* const* rows, int64_t count) {
           std::vector<float> shard_grads(count * dim);
           for (int64_t k = 0; k < count; ++k) {
-            std::copy(summed.data() + positions[k] * dim, summed.data() + (positions[k] + 1) * dim,
+            std::copy(summed + positions[k] * dim, summed + (positions[k] + 1) * dim,
                       shard_grads.data() + k * dim);
           }
           // Already inside a per-shard task: no nested pool.
           cpu::apply_optimizer(CpuContext::Serial(), spec, rows, shard_grads.data(), count, dim);
-        });
+        }));
+  }
+
+  // Every table's sample ids are checked first: first_invalid[t] (host) is
+  // the first bad entry of table t, or its nnz, and if any table has one
+  // nothing else happens. Then per table: row offsets, unique keys in
+  // first-occurrence order (buffers from `allocate`), entries grouped by key.
+  template <typename Key>
+  absl::Status UniqueKeys(const std::vector<TableBatch<Key>>& tables,
+                          const UniqueAllocator<Key>& allocate,
+                          std::vector<int64_t>* first_invalid) {
+    bool valid = true;
+    for (size_t t = 0; t < tables.size(); ++t) {
+      const TableBatch<Key>& table = tables[t];
+      (*first_invalid)[t] = cpu::first_invalid_sample_id(table.sample_ids, table.nnz, table.batch);
+      valid = valid && (*first_invalid)[t] == table.nnz;
+    }
+    if (!valid) return absl::OkStatus();
+    std::vector<Key> unique;
+    std::vector<int64_t> counts;
+    for (size_t t = 0; t < tables.size(); ++t) {
+      const TableBatch<Key>& table = tables[t];
+      cpu::row_offsets_from_sample_ids(table.sample_ids, table.nnz, table.batch, table.row_offsets);
+      unique.resize(table.nnz);
+      counts.resize(table.nnz);
+      int64_t num_unique = 0;
+      cpu::unique_keys(context_, table.keys, table.nnz, unique.data(), table.unique_index,
+                       counts.data(), &num_unique);
+      UniqueBuffers<Key> out;
+      TF_RETURN_IF_ERROR(allocate(static_cast<int>(t), num_unique, &out));
+      std::copy(unique.begin(), unique.begin() + num_unique, out.unique_keys);
+      std::copy(counts.begin(), counts.begin() + num_unique, out.counts);
+      cpu::group_entries_by_key(table.unique_index, table.nnz, out.counts, num_unique, table.order,
+                                out.segments);
+    }
     return absl::OkStatus();
   }
 
-  // Unique keys in first-occurrence order.
-  //   keys: (n,)  unique, inverse, counts: (n,) out  num_unique: (1,) out
+  // Finds or inserts the unique keys (their counts added to the
+  // frequencies), then combines each sample's rows.
+  //   unique_keys, counts: (num_unique,)  unique_index: (nnz,)
+  //   weights: (nnz,) or null  row_offsets: (batch + 1,)  out: (batch, dim)
   template <typename Key>
-  absl::Status UniqueKeys(const Key* keys, int64_t n, Key* unique, int64_t* inverse,
-                          int64_t* counts, int64_t* num_unique) {
-    cpu::unique_keys(context_, keys, n, unique, inverse, counts, num_unique);
+  absl::Status FindOrInsertCombine(Table<Key>& table, const Key* unique_keys, const int64_t* counts,
+                                   int64_t num_unique, const int64_t* unique_index,
+                                   const float* weights, const int64_t* row_offsets, int64_t batch,
+                                   Combiner combiner, float* out) {
+    std::vector<float> values(num_unique * table.dim());
+    TF_RETURN_IF_ERROR(
+        ToTfStatus(table.find_or_insert(context_, unique_keys, num_unique, values.data(), counts)));
+    cpu::combine_forward(context_, values.data(), unique_index, weights, row_offsets, batch,
+                         table.dim(), combiner, out);
     return absl::OkStatus();
   }
 
@@ -160,15 +245,7 @@ class Core<CPUDevice> {
   //   keys: (n,)
   template <typename Key>
   absl::Status CheckDistinct(const Key* keys, int64_t n, const std::string& where) {
-    std::unordered_set<Key> seen;
-    seen.reserve(n);
-    for (int64_t i = 0; i < n; ++i) {
-      if (!seen.insert(keys[i]).second) {
-        return tensorflow::errors::InvalidArgument(where, ": key ", keys[i],
-                                                   " appears more than once");
-      }
-    }
-    return absl::OkStatus();
+    return CheckDistinctOnHost(keys, n, where);
   }
 
   //   keys, keys_by_owner, positions: (n,)  counts: (num_workers,) out
@@ -176,37 +253,6 @@ class Core<CPUDevice> {
   absl::Status PartitionByOwner(const Key* keys, int64_t n, int32_t num_workers, Key* keys_by_owner,
                                 int64_t* positions, int64_t* counts) {
     cpu::partition_by_owner(context_, keys, n, num_workers, keys_by_owner, positions, counts);
-    return absl::OkStatus();
-  }
-
-  // Checks table t's combine entries on host: sample ids in [0, batch) and
-  // non-decreasing, unique indices in [0, num_unique).
-  //   sample_ids, unique_index: (nnz,)
-  absl::Status CheckCombineEntries(int t, const int64_t* sample_ids, const int64_t* unique_index,
-                                   int64_t nnz, int64_t batch, int64_t num_unique) {
-    namespace errors = tensorflow::errors;
-    for (int64_t j = 0; j < nnz; ++j) {
-      if (sample_ids[j] < 0 || sample_ids[j] >= batch) {
-        return errors::InvalidArgument("indices[", t, "]: row ", sample_ids[j], " of entry ", j,
-                                       " is outside the batch [0, ", batch, ")");
-      }
-      if (j > 0 && sample_ids[j] < sample_ids[j - 1]) {
-        return errors::InvalidArgument("indices[", t, "]: rows must be in order, but entry ", j,
-                                       " has row ", sample_ids[j], " after row ", sample_ids[j - 1],
-                                       "; reorder the SparseTensor with tf.sparse.reorder");
-      }
-      if (unique_index[j] < 0 || unique_index[j] >= num_unique) {
-        return errors::InvalidArgument("table ", t, ": unique_index ", unique_index[j],
-                                       " of entry ", j, " is outside [0, ", num_unique, ")");
-      }
-    }
-    return absl::OkStatus();
-  }
-
-  //   sample_ids: (nnz,) checked  row_offsets: (batch + 1,) out
-  absl::Status RowOffsets(const int64_t* sample_ids, int64_t nnz, int64_t batch,
-                          int64_t* row_offsets) {
-    cpu::row_offsets_from_sample_ids(sample_ids, nnz, batch, row_offsets);
     return absl::OkStatus();
   }
 
@@ -220,14 +266,15 @@ class Core<CPUDevice> {
     return absl::OkStatus();
   }
 
-  //   grad_out: (batch, dim)  grad_unique: (num_unique, dim) out; the rest as
-  //   CombineForward
-  absl::Status CombineBackward(const float* grad_out, const int64_t* unique_index,
-                               const float* weights, const int64_t* row_offsets, int64_t batch,
-                               int64_t dim, Combiner combiner, int64_t num_unique,
+  //   grad_out: (batch, dim)  order: (nnz,)  segments: (num_unique + 1,)
+  //   weights: (nnz,) or null  row_offsets: (batch + 1,)
+  //   grad_unique: (num_unique, dim) out
+  absl::Status CombineBackward(const float* grad_out, const int64_t* order, const int64_t* segments,
+                               int64_t num_unique, const float* weights, const int64_t* row_offsets,
+                               int64_t batch, int64_t nnz, int64_t dim, Combiner combiner,
                                float* grad_unique) {
-    cpu::combine_backward(context_, grad_out, unique_index, weights, row_offsets, batch, dim,
-                          combiner, num_unique, grad_unique);
+    cpu::combine_backward(context_, grad_out, order, segments, num_unique, weights, row_offsets,
+                          batch, nnz, dim, combiner, grad_unique);
     return absl::OkStatus();
   }
 

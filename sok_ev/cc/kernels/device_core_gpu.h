@@ -1,8 +1,13 @@
 // Core<GPUDevice>: the GPU twin of device_core_cpu.h. Core work is ordered on
 // TF's compute stream for the op's GPU; scratch and table memory come from
 // TF's allocator for that GPU, whose frees are safe for work queued on that
-// one stream (TF's own GPU kernels rely on the same). A data-dependent size
-// (unique count, table size) is read back with one stream sync.
+// one stream (TF's own GPU kernels rely on the same).
+//
+// Host synchronisations, each forced by a size TensorFlow must know: one per
+// lookup in UniqueKeys (the unique counts size its outputs; the sample-id
+// check rides along); Size, ExportAll and EvictStale (table sizes); and a
+// table's growth check when its host-side bounds say it may be full (see
+// cc/hash_table_gpu.h: amortised, not per step). Nothing else waits.
 // Included by device_core.h only, in GOOGLE_CUDA builds.
 #ifndef SOK_EV_CC_KERNELS_DEVICE_CORE_GPU_H_
 #define SOK_EV_CC_KERNELS_DEVICE_CORE_GPU_H_
@@ -11,22 +16,26 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <memory>
-#include <numeric>
 #include <string>
 #include <vector>
 
+#include "cc/backward_apply_gpu.h"
+#include "cc/batched_copy_gpu.h"
 #include "cc/combine.h"
 #include "cc/common.h"
+#include "cc/fused_lookup_gpu.h"
 #include "cc/hash_table_gpu.h"
 #include "cc/initializer.h"
 #include "cc/optimizers.h"
 #include "cc/partition.h"
 #include "cc/status_gpu.h"
-#include "cc/unique.h"
+#include "cc/unique_partition_gpu.h"
 #include "sok_ev/cc/kernels/export_buffers.h"
 #include "sok_ev/cc/kernels/scratch_vector.h"
 #include "sok_ev/cc/kernels/tf_status.h"
+#include "sok_ev/cc/kernels/unique_buffers.h"
 #include "tensorflow/core/framework/allocator.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -116,6 +125,39 @@ class Core<GPUDevice> {
     return ToTfStatus(table.insert_or_assign(context_, keys, n, rows, frequencies, versions));
   }
 
+  // InsertOrAssign with host buffers: copied to device temporaries first.
+  // Syncs the stream.
+  //   keys: (n,) host  rows: (n, row_width) host  frequencies, versions:
+  //   (n,) host or null
+  template <typename Key>
+  absl::Status InsertOrAssignFromHost(Table<Key>& table, const Key* keys, int64_t n,
+                                      const float* rows, const int64_t* frequencies,
+                                      const int64_t* versions) {
+    if (n == 0) return absl::OkStatus();
+    const int64_t width = table.row_width();
+    tensorflow::Tensor device_keys, device_rows, device_frequencies, device_versions;
+    TF_RETURN_IF_ERROR(Temp<Key>(n, &device_keys));
+    TF_RETURN_IF_ERROR(Temp<float>(n * width, &device_rows));
+    TF_RETURN_IF_ERROR(Temp<int64_t>(n, &device_frequencies));
+    TF_RETURN_IF_ERROR(Temp<int64_t>(n, &device_versions));
+    TF_RETURN_IF_ERROR(CopyFromHost(keys, n, VectorData<Key>(device_keys)));
+    TF_RETURN_IF_ERROR(CopyFromHost(rows, n * width, VectorData<float>(device_rows)));
+    int64_t* frequencies_on_device = nullptr;
+    int64_t* versions_on_device = nullptr;
+    if (frequencies != nullptr) {
+      frequencies_on_device = VectorData<int64_t>(device_frequencies);
+      TF_RETURN_IF_ERROR(CopyFromHost(frequencies, n, frequencies_on_device));
+    }
+    if (versions != nullptr) {
+      versions_on_device = VectorData<int64_t>(device_versions);
+      TF_RETURN_IF_ERROR(CopyFromHost(versions, n, versions_on_device));
+    }
+    TF_RETURN_IF_ERROR(InsertOrAssign(table, VectorData<Key>(device_keys), n,
+                                      VectorData<float>(device_rows), frequencies_on_device,
+                                      versions_on_device));
+    return Cuda(cudaStreamSynchronize(stream()), "stream sync after a restore batch");
+  }
+
   // evicted: host; syncs the stream.
   template <typename Key>
   absl::Status EvictStale(Table<Key>& table, int64_t global_step, int64_t steps_to_live,
@@ -140,75 +182,213 @@ class Core<GPUDevice> {
     return absl::OkStatus();
   }
 
-  // As Core<CPUDevice>::ApplyOptimizer. Duplicates are summed by
-  // combine_backward with one entry per sample (row_offsets 0, 1, ..., n)
-  // and weight 1, which adds each key's gradients in entry order, as the CPU
-  // twin does, so both give the same bits.
+  // The whole table in host batches (checkpoints). The GPU table exports in
+  // one piece, so the table is first copied whole into device temporaries
+  // (a second copy on the GPU), then to host one batch at a time.
+  template <typename Key>
+  absl::Status ExportBatches(Table<Key>& table, int64_t max_batch, const ExportBegin& begin,
+                             const ExportEmit<Key>& emit) {
+    int64_t n = 0;
+    TF_RETURN_IF_ERROR(Size(table, &n));
+    const int64_t width = table.row_width();
+    TF_RETURN_IF_ERROR(begin(n, width));
+    if (n == 0) return absl::OkStatus();
+    tensorflow::Tensor keys, rows, frequencies, versions;
+    TF_RETURN_IF_ERROR(Temp<Key>(n, &keys));
+    TF_RETURN_IF_ERROR(Temp<float>(n * width, &rows));
+    TF_RETURN_IF_ERROR(Temp<int64_t>(n, &frequencies));
+    TF_RETURN_IF_ERROR(Temp<int64_t>(n, &versions));
+    int64_t written = 0;
+    TF_RETURN_IF_ERROR(ToTfStatus(table.export_all(
+        context_, VectorData<Key>(keys), VectorData<float>(rows), VectorData<int64_t>(frequencies),
+        VectorData<int64_t>(versions), n, &written)));
+    if (written != n) {
+      return tensorflow::errors::Internal("export wrote ", written, " keys, size was ", n);
+    }
+    const int64_t batch = std::max<int64_t>(1, std::min(max_batch, n));
+    std::vector<Key> host_keys(batch);
+    std::vector<float> host_rows(batch * width);
+    std::vector<int64_t> host_frequencies(batch), host_versions(batch);
+    for (int64_t start = 0; start < n; start += batch) {
+      const int64_t count = std::min(batch, n - start);
+      TF_RETURN_IF_ERROR(CopyToHost(VectorData<Key>(keys) + start, count, host_keys.data()));
+      TF_RETURN_IF_ERROR(
+          CopyToHost(VectorData<float>(rows) + start * width, count * width, host_rows.data()));
+      TF_RETURN_IF_ERROR(
+          CopyToHost(VectorData<int64_t>(frequencies) + start, count, host_frequencies.data()));
+      TF_RETURN_IF_ERROR(
+          CopyToHost(VectorData<int64_t>(versions) + start, count, host_versions.data()));
+      TF_RETURN_IF_ERROR(
+          emit(HostExportBatch<Key>{host_keys.data(), host_rows.data(), host_frequencies.data(),
+                                    host_versions.data(), count}));
+    }
+    return absl::OkStatus();
+  }
+
+  // As Core<CPUDevice>::ApplyOptimizer, fused: gpu::combine_backward_apply
+  // with one entry per key sums duplicates (in entry order, as the CPU twin,
+  // so both give the same bits) and updates each row at once. Distinct keys
+  // skip the sort; otherwise their count stays on the device (no sync).
   //   keys: (n,)  grads: (n, dim)
   template <typename Key>
   absl::Status ApplyOptimizer(Table<Key>& table, const OptimizerSpec& spec, const Key* keys,
-                              int64_t n, const float* grads, int64_t dim, int64_t global_step) {
-    tensorflow::Tensor unique, inverse, num_unique_device, offsets;
-    TF_RETURN_IF_ERROR(Temp<Key>(n, &unique));
-    TF_RETURN_IF_ERROR(Temp<int64_t>(n, &inverse));
-    TF_RETURN_IF_ERROR(Temp<int64_t>(1, &num_unique_device));
-    TF_RETURN_IF_ERROR(Temp<int64_t>(n + 1, &offsets));
-    Key* unique_keys = VectorData<Key>(unique);            // (n,)
-    int64_t* unique_index = VectorData<int64_t>(inverse);  // (n,)
-    int64_t* row_offsets = VectorData<int64_t>(offsets);   // (n + 1,)
-    TF_RETURN_IF_ERROR(UniqueKeys(keys, n, unique_keys, unique_index, /*counts=*/nullptr,
-                                  VectorData<int64_t>(num_unique_device)));
-    // A host iota: cudaMemcpyAsync from pageable memory has consumed it on return.
-    std::vector<int64_t> iota(n + 1);
-    std::iota(iota.begin(), iota.end(), int64_t{0});
-    TF_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(row_offsets, iota.data(), (n + 1) * sizeof(int64_t),
-                                            cudaMemcpyHostToDevice, stream()),
-                            "copy row offsets to the GPU"));
-    int64_t num_unique = 0;
-    TF_RETURN_IF_ERROR(CopyToHost(VectorData<int64_t>(num_unique_device), 1, &num_unique));
-    tensorflow::Tensor summed, rows;
-    TF_RETURN_IF_ERROR(Temp<float>(num_unique * dim, &summed));
-    // Row pointers, kept in an int64 vector of the same width.
-    static_assert(sizeof(float*) == sizeof(int64_t), "row pointers are 64-bit");
-    TF_RETURN_IF_ERROR(Temp<int64_t>(num_unique, &rows));
-    float* summed_grads = VectorData<float>(summed);  // (num_unique, dim)
-    float** row_pointers = VectorData<float*>(rows);  // (num_unique,)
-    TF_RETURN_IF_ERROR(CombineBackward(grads, unique_index, /*weights=*/nullptr, row_offsets, n,
-                                       dim, Combiner::kSum, num_unique, summed_grads));
-    TF_RETURN_IF_ERROR(ToTfStatus(
-        table.update_rows(context_, unique_keys, num_unique, global_step, row_pointers)));
-    gpu::apply_optimizer(context_, spec, row_pointers, summed_grads, num_unique, dim);
+                              int64_t n, const float* grads, int64_t dim, int64_t global_step,
+                              bool keys_are_unique) {
+    if (n <= 0) return absl::OkStatus();
+    tensorflow::Tensor identity_tensor, row_ids_tensor;
+    TF_RETURN_IF_ERROR(Temp<int64_t>(n + 1, &identity_tensor));
+    TF_RETURN_IF_ERROR(Temp<int64_t>(n, &row_ids_tensor));
+    // 0, 1, ..., n: one entry per "sample" (row offsets), and for distinct
+    // keys also the order, the segments and, at [n], their count.
+    int64_t* identity = VectorData<int64_t>(identity_tensor);
+    int64_t* row_ids = VectorData<int64_t>(row_ids_tensor);
+    gpu::fill_iota(context_, identity, n + 1);
+    const Key* unique = keys;
+    const int64_t* order = identity;
+    const int64_t* segments = identity;
+    const int64_t* num_unique = identity + n;
+    tensorflow::Tensor unique_tensor, inverse_tensor, order_tensor, segments_tensor, count_tensor;
+    if (!keys_are_unique) {
+      TF_RETURN_IF_ERROR(Temp<Key>(n, &unique_tensor));
+      TF_RETURN_IF_ERROR(Temp<int64_t>(n, &inverse_tensor));
+      TF_RETURN_IF_ERROR(Temp<int64_t>(n, &order_tensor));
+      TF_RETURN_IF_ERROR(Temp<int64_t>(n + 1, &segments_tensor));
+      TF_RETURN_IF_ERROR(Temp<int64_t>(1, &count_tensor));
+      gpu::unique_keys_segmented(
+          context_, keys, n, VectorData<Key>(unique_tensor), VectorData<int64_t>(inverse_tensor),
+          VectorData<int64_t>(order_tensor), VectorData<int64_t>(segments_tensor),
+          VectorData<int64_t>(count_tensor));
+      unique = VectorData<Key>(unique_tensor);
+      order = VectorData<int64_t>(order_tensor);
+      segments = VectorData<int64_t>(segments_tensor);
+      num_unique = VectorData<int64_t>(count_tensor);
+    }
+    TF_RETURN_IF_ERROR(Pending());
+    TF_RETURN_IF_ERROR(ToTfStatus(table.find_or_insert_rows(
+        context_, unique, n, keys_are_unique ? nullptr : num_unique, row_ids)));
+    TF_RETURN_IF_ERROR(ToTfStatus(gpu::combine_backward_apply(
+        context_, table, spec, grads, /*weights=*/nullptr, /*row_offsets=*/identity, /*batch=*/n,
+        /*nnz=*/n, Combiner::kSum, order, segments, num_unique, /*max_unique=*/n,
+        /*max_key_entries=*/keys_are_unique ? 1 : n, row_ids, global_step)));
     return Pending();
   }
 
-  // Unique keys in ascending order (the GPU twin's order).
-  //   keys: (n,)  unique, inverse: (n,) out  counts: (n,) out or null
-  //   num_unique: (1,) out
+  // Every table's keys deduplicated in one grouped sort; see
+  // Core<CPUDevice>::UniqueKeys for the contract. The one host sync of a
+  // lookup reads back the unique counts and the sample-id check together.
   template <typename Key>
-  absl::Status UniqueKeys(const Key* keys, int64_t n, Key* unique, int64_t* inverse,
-                          int64_t* counts, int64_t* num_unique) {
-    gpu::unique_keys(context_, keys, n, unique, inverse, counts, num_unique);
+  absl::Status UniqueKeys(const std::vector<TableBatch<Key>>& tables,
+                          const UniqueAllocator<Key>& allocate,
+                          std::vector<int64_t>* first_invalid) {
+    const int num_tables = static_cast<int>(tables.size());
+    std::vector<int64_t> key_offsets(num_tables + 1, 0);
+    std::vector<gpu::SampleIdCheck> checks(num_tables);
+    for (int t = 0; t < num_tables; ++t) {
+      key_offsets[t + 1] = key_offsets[t] + tables[t].nnz;
+      checks[t] = {tables[t].sample_ids, tables[t].nnz, tables[t].batch};
+    }
+    const int64_t n = key_offsets[num_tables];
+    // first_invalid (num_tables) then unique_offsets (num_tables + 1).
+    tensorflow::Tensor readback_tensor, offsets_tensor;
+    TF_RETURN_IF_ERROR(Temp<int64_t>(2 * num_tables + 1, &readback_tensor));
+    TF_RETURN_IF_ERROR(Temp<int64_t>(num_tables + 1, &offsets_tensor));
+    int64_t* readback = VectorData<int64_t>(readback_tensor);
+    int64_t* key_offsets_device = VectorData<int64_t>(offsets_tensor);
+    gpu::first_invalid_sample_ids(context_, checks.data(), num_tables, readback);
+    for (const TableBatch<Key>& table : tables) {
+      gpu::row_offsets_from_sample_ids(context_, table.sample_ids, table.nnz, table.batch,
+                                       table.row_offsets);
+    }
+    gpu::upload_values(context_, key_offsets, key_offsets_device);
+    // All tables' keys side by side, then one sort.
+    const int64_t size = std::max<int64_t>(n, 1);
+    tensorflow::Tensor keys_tensor, unique_tensor, counts_tensor, inverse_tensor, order_tensor,
+        segments_tensor;
+    TF_RETURN_IF_ERROR(Temp<Key>(size, &unique_tensor));
+    TF_RETURN_IF_ERROR(Temp<int64_t>(size, &counts_tensor));
+    TF_RETURN_IF_ERROR(Temp<int64_t>(size, &inverse_tensor));
+    TF_RETURN_IF_ERROR(Temp<int64_t>(size, &order_tensor));
+    TF_RETURN_IF_ERROR(Temp<int64_t>(n + 1, &segments_tensor));
+    const Key* keys = num_tables == 1 ? tables[0].keys : nullptr;
+    if (num_tables > 1) {
+      TF_RETURN_IF_ERROR(Temp<Key>(size, &keys_tensor));
+      std::vector<gpu::CopyJob<Key>> gather;
+      for (int t = 0; t < num_tables; ++t) {
+        gather.push_back(
+            {tables[t].keys, VectorData<Key>(keys_tensor) + key_offsets[t], tables[t].nnz, Key{0}});
+      }
+      gpu::batched_copy(context_, gather);
+      keys = VectorData<Key>(keys_tensor);
+    }
+    const Key* unique = VectorData<Key>(unique_tensor);
+    const int64_t* counts = VectorData<int64_t>(counts_tensor);
+    const int64_t* inverse = VectorData<int64_t>(inverse_tensor);
+    const int64_t* order = VectorData<int64_t>(order_tensor);
+    const int64_t* segments = VectorData<int64_t>(segments_tensor);
+    gpu::unique_keys_grouped(context_, keys, n, key_offsets_device, num_tables,
+                             VectorData<Key>(unique_tensor), VectorData<int64_t>(counts_tensor),
+                             VectorData<int64_t>(inverse_tensor), VectorData<int64_t>(order_tensor),
+                             VectorData<int64_t>(segments_tensor), readback + num_tables);
+    TF_RETURN_IF_ERROR(Pending());
+    std::vector<int64_t> host(2 * num_tables + 1);
+    TF_RETURN_IF_ERROR(CopyToHost(readback, 2 * num_tables + 1, host.data()));
+    bool valid = true;
+    for (int t = 0; t < num_tables; ++t) {
+      (*first_invalid)[t] = host[t];
+      valid = valid && host[t] == tables[t].nnz;
+    }
+    if (!valid) return absl::OkStatus();
+    const int64_t* unique_offsets = host.data() + num_tables;
+    // Each table's slice of the grouped outputs into its own tensors, with
+    // indices made the table's own.
+    std::vector<gpu::CopyJob<Key>> key_jobs;
+    std::vector<gpu::CopyJob<int64_t>> index_jobs;
+    for (int t = 0; t < num_tables; ++t) {
+      const int64_t first_unique = unique_offsets[t];
+      const int64_t num_unique = unique_offsets[t + 1] - first_unique;
+      const int64_t first_entry = key_offsets[t];
+      UniqueBuffers<Key> out;
+      TF_RETURN_IF_ERROR(allocate(t, num_unique, &out));
+      key_jobs.push_back({unique + first_unique, out.unique_keys, num_unique, Key{0}});
+      index_jobs.push_back({counts + first_unique, out.counts, num_unique, 0});
+      index_jobs.push_back({segments + first_unique, out.segments, num_unique + 1, first_entry});
+      index_jobs.push_back(
+          {inverse + first_entry, tables[t].unique_index, tables[t].nnz, first_unique});
+      index_jobs.push_back({order + first_entry, tables[t].order, tables[t].nnz, first_entry});
+    }
+    gpu::batched_copy(context_, key_jobs);
+    gpu::batched_copy(context_, index_jobs);
     return Pending();
   }
 
-  // Counts the distinct keys on the GPU and reads back that one number, so
-  // the batch stays on the device; the error therefore names no key.
+  // Finds or inserts the unique keys (their counts added to the
+  // frequencies) and combines each sample's rows straight from the table
+  // (gpu::lookup_combine_rows): no (num_unique, dim) matrix in between.
+  //   unique_keys, counts: (num_unique,)  unique_index: (nnz,)
+  //   weights: (nnz,) or null  row_offsets: (batch + 1,)  out: (batch, dim)
+  template <typename Key>
+  absl::Status FindOrInsertCombine(Table<Key>& table, const Key* unique_keys, const int64_t* counts,
+                                   int64_t num_unique, const int64_t* unique_index,
+                                   const float* weights, const int64_t* row_offsets, int64_t batch,
+                                   Combiner combiner, float* out) {
+    tensorflow::Tensor row_ids;
+    TF_RETURN_IF_ERROR(Temp<int64_t>(std::max<int64_t>(num_unique, 1), &row_ids));
+    TF_RETURN_IF_ERROR(
+        ToTfStatus(table.find_or_insert(context_, unique_keys, num_unique,
+                                        /*values=*/nullptr, counts, VectorData<int64_t>(row_ids))));
+    return ToTfStatus(gpu::lookup_combine_rows(context_, table, VectorData<int64_t>(row_ids),
+                                               unique_index, weights, row_offsets, batch, combiner,
+                                               out));
+  }
+
+  // The keys come from a checkpoint: they are copied to the host, so the
+  // error names the repeated key as on the CPU.
   //   keys: (n,)
   template <typename Key>
   absl::Status CheckDistinct(const Key* keys, int64_t n, const std::string& where) {
-    tensorflow::Tensor unique, inverse, num_unique_device;
-    TF_RETURN_IF_ERROR(Temp<Key>(n, &unique));
-    TF_RETURN_IF_ERROR(Temp<int64_t>(n, &inverse));
-    TF_RETURN_IF_ERROR(Temp<int64_t>(1, &num_unique_device));
-    TF_RETURN_IF_ERROR(UniqueKeys(keys, n, VectorData<Key>(unique), VectorData<int64_t>(inverse),
-                                  /*counts=*/nullptr, VectorData<int64_t>(num_unique_device)));
-    int64_t num_unique = 0;
-    TF_RETURN_IF_ERROR(CopyToHost(VectorData<int64_t>(num_unique_device), 1, &num_unique));
-    if (num_unique != n) {
-      return tensorflow::errors::InvalidArgument(where, ": a key appears more than once (", n,
-                                                 " keys, ", num_unique, " distinct)");
-    }
-    return absl::OkStatus();
+    std::vector<Key> host(n);
+    TF_RETURN_IF_ERROR(CopyToHost(keys, n, host.data()));
+    return CheckDistinctOnHost(host.data(), n, where);
   }
 
   //   keys, keys_by_owner, positions: (n,)  counts: (num_workers,) out
@@ -216,24 +396,6 @@ class Core<GPUDevice> {
   absl::Status PartitionByOwner(const Key* keys, int64_t n, int32_t num_workers, Key* keys_by_owner,
                                 int64_t* positions, int64_t* counts) {
     gpu::partition_by_owner(context_, keys, n, num_workers, keys_by_owner, positions, counts);
-    return Pending();
-  }
-
-  // Not checked on the GPU: the core has no device-side check, and copying
-  // the entries to host would cost a transfer and a sync per table. Sample
-  // ids outside [0, batch) or out of order give wrong row offsets; a unique
-  // index outside [0, num_unique) reads or sums outside the unique rows
-  // (undefined results, possibly a device fault).
-  absl::Status CheckCombineEntries(int /*t*/, const int64_t* /*sample_ids*/,
-                                   const int64_t* /*unique_index*/, int64_t /*nnz*/,
-                                   int64_t /*batch*/, int64_t /*num_unique*/) {
-    return absl::OkStatus();
-  }
-
-  //   sample_ids: (nnz,)  row_offsets: (batch + 1,) out
-  absl::Status RowOffsets(const int64_t* sample_ids, int64_t nnz, int64_t batch,
-                          int64_t* row_offsets) {
-    gpu::row_offsets_from_sample_ids(context_, sample_ids, nnz, batch, row_offsets);
     return Pending();
   }
 
@@ -247,14 +409,15 @@ class Core<GPUDevice> {
     return Pending();
   }
 
-  //   grad_out: (batch, dim)  grad_unique: (num_unique, dim) out; the rest as
-  //   CombineForward. Syncs the stream (the core reads nnz back).
-  absl::Status CombineBackward(const float* grad_out, const int64_t* unique_index,
-                               const float* weights, const int64_t* row_offsets, int64_t batch,
-                               int64_t dim, Combiner combiner, int64_t num_unique,
+  //   grad_out: (batch, dim)  order: (nnz,)  segments: (num_unique + 1,)
+  //   weights: (nnz,) or null  row_offsets: (batch + 1,)
+  //   grad_unique: (num_unique, dim) out
+  absl::Status CombineBackward(const float* grad_out, const int64_t* order, const int64_t* segments,
+                               int64_t num_unique, const float* weights, const int64_t* row_offsets,
+                               int64_t batch, int64_t nnz, int64_t dim, Combiner combiner,
                                float* grad_unique) {
-    gpu::combine_backward(context_, grad_out, unique_index, weights, row_offsets, batch, dim,
-                          combiner, num_unique, grad_unique);
+    gpu::combine_backward(context_, grad_out, order, segments, num_unique, weights, row_offsets,
+                          batch, nnz, dim, combiner, grad_unique);
     return Pending();
   }
 
@@ -282,7 +445,7 @@ class Core<GPUDevice> {
           Cuda(cudaMemcpyAsync(dst, src, count * sizeof(T), cudaMemcpyDeviceToHost, stream()),
                "device-to-host copy"));
     }
-    return Cuda(cudaStreamSynchronize(stream()), "stream sync after a device-to-host copy");
+    return ToTfStatus(gpu::synchronize(stream()));
   }
 
  private:
@@ -294,6 +457,14 @@ class Core<GPUDevice> {
 
   static absl::Status Cuda(cudaError_t error, const char* what) {
     return ToTfStatus(gpu::cuda_status(error, what));
+  }
+
+  //   src: (count,) host  dst: (count,) device
+  template <typename T>
+  absl::Status CopyFromHost(const T* src, int64_t count, T* dst) {
+    if (count == 0) return absl::OkStatus();
+    return Cuda(cudaMemcpyAsync(dst, src, count * sizeof(T), cudaMemcpyHostToDevice, stream()),
+                "host-to-device copy");
   }
 
   // The gpu:: free functions record errors per host thread instead of

@@ -21,6 +21,11 @@
 
 namespace sok_ev {
 
+// The largest embedding_dim a variable may have: a row of 256 KiB. Larger
+// rows are no embedding anyone trains, and their size would only surface as
+// an allocation failure at the first lookup.
+constexpr int64_t kMaxEmbeddingDim = int64_t{1} << 16;
+
 template <typename Device>
 class EmbeddingVariable : public tensorflow::ResourceBase {
  public:
@@ -40,34 +45,57 @@ class EmbeddingVariable : public tensorflow::ResourceBase {
   // variable keeps for the tables it makes later (checkpoint restore).
   absl::Status initialize(tensorflow::OpKernelContext* context, const InitializerSpec& initializer,
                           tensorflow::Tensor default_values) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (table_allocator_ == nullptr) {
-      table_allocator_ = Core<Device>::NewTableAllocator(context);
-    }
-    initializer_ = initializer;
-    default_values_ = std::move(default_values);
-    if (initializer_.kind == InitializerSpec::Kind::kDefaultValueMatrix) {
-      initializer_.default_values = default_values_.flat<float>().data();
-    }
     Core<Device> core(context);
     if (key_dtype_ == tensorflow::DT_INT32) {
-      return core.NewTable(table_allocator_.get(), embedding_dim_, initializer_, &table32_);
+      return initialize_with<int32_t>(context, core, initializer, std::move(default_values));
     }
-    return core.NewTable(table_allocator_.get(), embedding_dim_, initializer_, &table64_);
+    return initialize_with<int64_t>(context, core, initializer, std::move(default_values));
+  }
+
+  // An empty table made with `initializer` (whose default-value matrix, if
+  // any, must stay valid until commit_restored), for a restore to fill
+  // before anything stored changes.
+  template <typename Key>
+  absl::Status new_table(tensorflow::OpKernelContext* context, Core<Device>& core,
+                         const InitializerSpec& initializer, std::shared_ptr<Table<Key>>* table) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return make_table_locked(context, core, initializer, table);
+  }
+
+  // Makes a restored table the variable's, with the initializer it was made
+  // with; stamp identifies the checkpoint (see restore_stamp). Cannot fail,
+  // so a restore of many variables commits all of them or none.
+  template <typename Key>
+  void commit_restored(const InitializerSpec& initializer, tensorflow::Tensor default_values,
+                       std::shared_ptr<Table<Key>> table, uint64_t stamp) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    set_initializer_locked(initializer, std::move(default_values));
+    slot<Key>() = std::move(table);
+    restore_stamp_ = stamp;
   }
 
   // An empty table with this variable's initializer, to be filled and then
-  // swapped in with replace_table (checkpoint restore).
+  // swapped in with replace_table (import_full).
   template <typename Key>
-  absl::Status new_empty_table(Core<Device>& core, std::shared_ptr<Table<Key>>* table) const {
+  absl::Status new_empty_table(tensorflow::OpKernelContext* context, Core<Device>& core,
+                               std::shared_ptr<Table<Key>>* table) {
     std::lock_guard<std::mutex> lock(mutex_);
-    return core.NewTable(table_allocator_.get(), embedding_dim_, initializer_, table);
+    return make_table_locked(context, core, initializer_, table);
   }
 
   template <typename Key>
   void replace_table(std::shared_ptr<Table<Key>> table) {
     std::lock_guard<std::mutex> lock(mutex_);
     slot<Key>() = std::move(table);
+    restore_stamp_ = 0;
+  }
+
+  // Which checkpoint the table was last restored from (a hash of its path),
+  // 0 when it was initialized or replaced since. Workers compare stamps to
+  // find a worker that did not restore what the others did.
+  uint64_t restore_stamp() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return restore_stamp_;
   }
 
   bool is_initialized() const {
@@ -96,6 +124,39 @@ class EmbeddingVariable : public tensorflow::ResourceBase {
 
  private:
   template <typename Key>
+  absl::Status initialize_with(tensorflow::OpKernelContext* context, Core<Device>& core,
+                               const InitializerSpec& initializer,
+                               tensorflow::Tensor default_values) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    set_initializer_locked(initializer, std::move(default_values));
+    restore_stamp_ = 0;
+    return make_table_locked(context, core, initializer_, &slot<Key>());
+  }
+
+  void set_initializer_locked(const InitializerSpec& initializer,
+                              tensorflow::Tensor default_values) {
+    initializer_ = initializer;
+    default_values_ = std::move(default_values);
+    if (initializer_.kind == InitializerSpec::Kind::kDefaultValueMatrix) {
+      initializer_.default_values = default_values_.flat<float>().data();
+    }
+  }
+
+  template <typename Key>
+  absl::Status make_table_locked(tensorflow::OpKernelContext* context, Core<Device>& core,
+                                 const InitializerSpec& initializer,
+                                 std::shared_ptr<Table<Key>>* table) {
+    if (table_allocator_ == nullptr) {
+      table_allocator_ = Core<Device>::NewTableAllocator(context);
+    }
+    TF_RETURN_IF_ERROR(core.NewTable(table_allocator_.get(), embedding_dim_, initializer, table));
+    if constexpr (std::is_same<Device, CPUDevice>::value) {
+      (*table)->set_name(name_);  // named in its out-of-memory errors
+    }
+    return absl::OkStatus();
+  }
+
+  template <typename Key>
   std::shared_ptr<Table<Key>>& slot() {
     static_assert(std::is_same<Key, int32_t>::value || std::is_same<Key, int64_t>::value,
                   "keys are int32 or int64");
@@ -117,6 +178,7 @@ class EmbeddingVariable : public tensorflow::ResourceBase {
   tensorflow::Tensor default_values_;  // backs initializer_.default_values
   std::shared_ptr<Table<int32_t>> table32_;
   std::shared_ptr<Table<int64_t>> table64_;
+  uint64_t restore_stamp_ = 0;
 };
 
 }  // namespace sok_ev

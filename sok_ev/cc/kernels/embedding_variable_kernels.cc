@@ -8,6 +8,7 @@
 
 #include "sok_ev/cc/kernels/device_core.h"
 #include "sok_ev/cc/kernels/embedding_variable.h"
+#include "sok_ev/cc/kernels/embedding_variable_setup.h"
 #include "sok_ev/cc/kernels/kernel_utils.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_mgr.h"
@@ -32,56 +33,24 @@ class InitializeEmbeddingVariableOp : public EmbeddingVariableOpKernel<Device> {
       : EmbeddingVariableOpKernel<Device>(context) {
     OP_REQUIRES_OK(context, context->GetAttr("embedding_dim", &embedding_dim_));
     int kind;
-    OP_REQUIRES_OK(context, context->GetAttr("initializer_kind", &kind));
-    OP_REQUIRES(context,
-                kind >= 0 && kind <= static_cast<int>(InitializerSpec::Kind::kDefaultValueMatrix),
-                errors::InvalidArgument("initializer_kind must be in [0, 4], got ", kind));
-    spec_.kind = static_cast<InitializerSpec::Kind>(kind);
-    OP_REQUIRES_OK(context, context->GetAttr("param_a", &spec_.param_a));
-    OP_REQUIRES_OK(context, context->GetAttr("param_b", &spec_.param_b));
+    float param_a, param_b;
     int64_t seed;
+    OP_REQUIRES_OK(context, context->GetAttr("initializer_kind", &kind));
+    OP_REQUIRES_OK(context, context->GetAttr("param_a", &param_a));
+    OP_REQUIRES_OK(context, context->GetAttr("param_b", &param_b));
     OP_REQUIRES_OK(context, context->GetAttr("seed", &seed));
-    spec_.seed = static_cast<uint64_t>(seed);
+    OP_REQUIRES_OK(context, MakeInitializerSpec(kind, param_a, param_b, seed, &spec_));
   }
 
   void Compute(OpKernelContext* context) override {
-    const tensorflow::DataType key_dtype = this->key_dtype_;
     const tensorflow::ResourceHandle& handle = tensorflow::HandleFromInput(context, 0);
-    const Tensor& default_values = context->input(1);
-    OP_REQUIRES(context, default_values.dims() == 2 && default_values.dim_size(1) == embedding_dim_,
-                errors::InvalidArgument("default_values of Embedding Variable '", handle.name(),
-                                        "' must have shape [N, ", embedding_dim_, "], got ",
-                                        default_values.shape().DebugString()));
     InitializerSpec spec = spec_;
-    // The variable keeps its own copy: the input's buffer may be reused.
     Tensor matrix;
-    if (spec.kind == InitializerSpec::Kind::kDefaultValueMatrix) {
-      OP_REQUIRES(context, default_values.dim_size(0) > 0,
-                  errors::InvalidArgument("default_value_dim of Embedding Variable '",
-                                          handle.name(), "' must be positive, got 0"));
-      OP_REQUIRES_OK(context,
-                     context->allocate_temp(tensorflow::DT_FLOAT, default_values.shape(), &matrix));
-      Core<Device> core(context);
-      OP_REQUIRES_OK(context,
-                     core.Copy(matrix.flat<float>().data(), default_values.flat<float>().data(),
-                               default_values.NumElements()));
-      spec.default_value_dim = default_values.dim_size(0);
-    }
+    OP_REQUIRES_OK(context, CopyDefaultValues<Device>(context, handle.name(), embedding_dim_,
+                                                      context->input(1), &spec, &matrix));
     RefCountPtr<EmbeddingVariable<Device>> variable;
-    OP_REQUIRES_OK(
-        context, tensorflow::LookupOrCreateResource<EmbeddingVariable<Device>>(
-                     context, handle, &variable, [&](EmbeddingVariable<Device>** created) {
-                       *created =
-                           new EmbeddingVariable<Device>(handle.name(), key_dtype, embedding_dim_);
-                       return absl::OkStatus();
-                     }));
-    OP_REQUIRES(context,
-                variable->key_dtype() == key_dtype && variable->embedding_dim() == embedding_dim_,
-                errors::InvalidArgument(
-                    "Embedding Variable '", handle.name(), "' already exists with key_dtype ",
-                    tensorflow::DataTypeString(variable->key_dtype()), " and embedding_dim ",
-                    variable->embedding_dim(), "; cannot initialize it with key_dtype ",
-                    tensorflow::DataTypeString(key_dtype), " and embedding_dim ", embedding_dim_));
+    OP_REQUIRES_OK(context, LookupOrCreateVariable<Device>(context, handle, this->key_dtype_,
+                                                           embedding_dim_, &variable));
     OP_REQUIRES_OK(context, variable->initialize(context, spec, std::move(matrix)));
   }
 
@@ -90,8 +59,10 @@ class InitializeEmbeddingVariableOp : public EmbeddingVariableOpKernel<Device> {
   InitializerSpec spec_;
 };
 
-template <typename Device>
-class EmbeddingVariableIsInitializedOp : public OpKernel {
+// An op reading one scalar of the variable behind input 0, which may not
+// exist yet: Read::Of(variable), or Read::kAbsent.
+template <typename Device, typename Read>
+class VariableScalarOp : public OpKernel {
  public:
   using OpKernel::OpKernel;
   void Compute(OpKernelContext* context) override {
@@ -101,9 +72,32 @@ class EmbeddingVariableIsInitializedOp : public OpKernel {
             .ok();
     Tensor* output;
     OP_REQUIRES_OK(context, context->allocate_output(0, TensorShape({}), &output));
-    output->scalar<bool>()() = found && variable->is_initialized();
+    output->scalar<typename Read::Type>()() = found ? Read::Of(*variable) : Read::kAbsent;
   }
 };
+
+struct IsInitialized {
+  using Type = bool;
+  static constexpr bool kAbsent = false;
+  template <typename Device>
+  static bool Of(const EmbeddingVariable<Device>& variable) {
+    return variable.is_initialized();
+  }
+};
+
+struct RestoreStamp {
+  using Type = int64_t;
+  static constexpr int64_t kAbsent = 0;
+  template <typename Device>
+  static int64_t Of(const EmbeddingVariable<Device>& variable) {
+    return static_cast<int64_t>(variable.restore_stamp());
+  }
+};
+
+template <typename Device>
+using EmbeddingVariableIsInitializedOp = VariableScalarOp<Device, IsInitialized>;
+template <typename Device>
+using EmbeddingVariableRestoreStampOp = VariableScalarOp<Device, RestoreStamp>;
 
 template <typename Device>
 class EmbeddingVariableSizeOp : public OpKernel {
@@ -228,7 +222,7 @@ class EmbeddingVariableImportOp : public EmbeddingVariableOpKernel<Device> {
     const Key* key_data = keys.flat<Key>().data();
     TF_RETURN_IF_ERROR(core.CheckDistinct(key_data, n, where));
     std::shared_ptr<typename EmbeddingVariable<Device>::template Table<Key>> table;
-    TF_RETURN_IF_ERROR(variable->template new_empty_table<Key>(core, &table));
+    TF_RETURN_IF_ERROR(variable->template new_empty_table<Key>(context, core, &table));
     for (int64_t s = 0; s < slot_names.dim_size(0); ++s) {
       int index;
       TF_RETURN_IF_ERROR(core.AddSlot(*table, slot_names.flat<tensorflow::tstring>()(s),
@@ -303,6 +297,7 @@ REGISTER_KERNEL_BUILDER(Name("SokEv>EmbeddingVariableHandle").Device(tensorflow:
                         tensorflow::ResourceHandleOp<EmbeddingVariable<CPUDevice>>);
 SOK_EV_REGISTER_CPU("InitializeEmbeddingVariable", InitializeEmbeddingVariableOp);
 SOK_EV_REGISTER_CPU("EmbeddingVariableIsInitialized", EmbeddingVariableIsInitializedOp);
+SOK_EV_REGISTER_CPU("EmbeddingVariableRestoreStamp", EmbeddingVariableRestoreStampOp);
 SOK_EV_REGISTER_CPU("EmbeddingVariableSize", EmbeddingVariableSizeOp);
 SOK_EV_REGISTER_CPU("EmbeddingVariableExport", EmbeddingVariableExportOp);
 SOK_EV_REGISTER_CPU("EmbeddingVariableImport", EmbeddingVariableImportOp);
@@ -325,6 +320,11 @@ REGISTER_KERNEL_BUILDER(Name("SokEv>EmbeddingVariableIsInitialized")
                             .HostMemory("resource")
                             .HostMemory("is_initialized"),
                         EmbeddingVariableIsInitializedOp<GPUDevice>);
+REGISTER_KERNEL_BUILDER(Name("SokEv>EmbeddingVariableRestoreStamp")
+                            .Device(DEVICE_GPU)
+                            .HostMemory("resource")
+                            .HostMemory("stamp"),
+                        EmbeddingVariableRestoreStampOp<GPUDevice>);
 REGISTER_KERNEL_BUILDER(Name("SokEv>EmbeddingVariableSize")
                             .Device(DEVICE_GPU)
                             .HostMemory("resource")

@@ -2,6 +2,9 @@
 // builds) GPU. Each adapts TF tensors to one core stage (cc/unique.h,
 // cc/partition.h, the hash table, cc/combine.h) through Core<Device>, for
 // every table of the call. Op definitions: sok_ev/cc/ops/lookup_ops.cc.
+//
+// Every check of the user's batch happens in UniqueKeys, the first op of a
+// lookup, so a malformed batch is rejected before any table changes.
 #define EIGEN_USE_THREADS
 #if GOOGLE_CUDA && !defined(EIGEN_USE_GPU)
 #define EIGEN_USE_GPU
@@ -13,6 +16,7 @@
 #include "sok_ev/cc/kernels/device_core.h"
 #include "sok_ev/cc/kernels/embedding_variable.h"
 #include "sok_ev/cc/kernels/kernel_utils.h"
+#include "sok_ev/cc/kernels/unique_buffers.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 
@@ -28,60 +32,163 @@ using tensorflow::TensorShape;
 using tensorflow::core::RefCountPtr;
 namespace errors = tensorflow::errors;
 
-// Every table's unique keys go to scratch first; their counts are read back
-// at once (one stream sync on GPU) to size the outputs, then copied there.
+// The combiner and weighting attributes, and the check that weights match
+// entries, shared by every op that combines.
+class CombineAttributes {
+ public:
+  explicit CombineAttributes(OpKernelConstruction* context) {
+    std::vector<std::string> names;
+    OP_REQUIRES_OK(context, context->GetAttr("weighted", &weighted_));
+    if (!context->HasAttr("combiners")) return;
+    OP_REQUIRES_OK(context, context->GetAttr("combiners", &names));
+    for (size_t t = 0; t < names.size(); ++t) {
+      if (names[t] == "sum") {
+        combiners_.push_back(Combiner::kSum);
+      } else if (names[t] == "mean") {
+        combiners_.push_back(Combiner::kMean);
+      } else if (names[t] == "sqrtn") {
+        combiners_.push_back(Combiner::kSqrtn);
+      } else {
+        context->CtxFailure(errors::InvalidArgument(
+            "combiners[", t, "] must be 'sum', 'mean' or 'sqrtn', got '", names[t], "'"));
+        return;
+      }
+    }
+  }
+
+  Combiner combiner(int t) const { return combiners_[t]; }
+
+  absl::Status CheckWeights(int t, const Tensor& weights, int64_t nnz) const {
+    if (t >= static_cast<int>(weighted_.size())) {
+      return errors::InvalidArgument("weighted has ", weighted_.size(), " entries, table ", t,
+                                     " has none");
+    }
+    if (weighted_[t] && weights.NumElements() != nnz) {
+      return errors::InvalidArgument("sp_weights[", t, "] has ", weights.NumElements(),
+                                     " values, but indices[", t, "] has ", nnz);
+    }
+    return absl::OkStatus();
+  }
+
+  const float* WeightsOrNull(int t, const Tensor& weights) const {
+    return weighted_[t] ? weights.flat<float>().data() : nullptr;
+  }
+
+ private:
+  std::vector<Combiner> combiners_;
+  std::vector<bool> weighted_;
+};
+
+// Checks every table's batch, then deduplicates and indexes it. Tables are
+// grouped by key dtype: one core call (one grouped sort and one host sync on
+// the GPU) per dtype present.
 template <typename Device>
 class UniqueKeysOp : public OpKernel {
  public:
-  using OpKernel::OpKernel;
+  explicit UniqueKeysOp(OpKernelConstruction* context) : OpKernel(context), attributes_(context) {}
 
   void Compute(OpKernelContext* context) override {
-    OpInputList keys;
+    OpInputList keys, sample_ids, weights;
     OP_REQUIRES_OK(context, context->input_list("keys", &keys));
-    OpOutputList unique_keys, unique_index, counts;
-    OP_REQUIRES_OK(context, context->output_list("unique_keys", &unique_keys));
-    OP_REQUIRES_OK(context, context->output_list("unique_index", &unique_index));
-    OP_REQUIRES_OK(context, context->output_list("counts", &counts));
-    Core<Device> core(context);
+    OP_REQUIRES_OK(context, context->input_list("sample_ids", &sample_ids));
+    OP_REQUIRES_OK(context, context->input_list("weights", &weights));
     const int num_tables = keys.size();
-    std::vector<Tensor> found(num_tables), occurrences(num_tables);
-    Tensor num_unique_device;
-    OP_REQUIRES_OK(context, AllocateVector<int64_t>(context, num_tables, &num_unique_device));
-    int64_t* num_unique_of = num_unique_device.flat<int64_t>().data();  // (num_tables,)
+    const Tensor& batch_sizes = context->input(3 * num_tables);  // host
+    OP_REQUIRES(context, batch_sizes.NumElements() == num_tables,
+                errors::InvalidArgument("expected ", num_tables, " batch sizes, got ",
+                                        batch_sizes.NumElements()));
+    OpOutputList unique_keys, counts, unique_index, order, segments, row_offsets;
+    OP_REQUIRES_OK(context, context->output_list("unique_keys", &unique_keys));
+    OP_REQUIRES_OK(context, context->output_list("counts", &counts));
+    OP_REQUIRES_OK(context, context->output_list("unique_index", &unique_index));
+    OP_REQUIRES_OK(context, context->output_list("order", &order));
+    OP_REQUIRES_OK(context, context->output_list("segments", &segments));
+    OP_REQUIRES_OK(context, context->output_list("row_offsets", &row_offsets));
+    const auto batch = batch_sizes.flat<int64_t>();
+    // Shapes first (host), and the outputs sized by the batch.
     for (int t = 0; t < num_tables; ++t) {
-      const Tensor& table_keys = keys[t];
-      OP_REQUIRES(context, table_keys.dims() == 1,
-                  errors::InvalidArgument("keys[", t, "] must be a vector, got shape ",
-                                          table_keys.shape().DebugString()));
-      const int64_t n = table_keys.dim_size(0);
-      Tensor* inverse;
-      OP_REQUIRES_OK(context, unique_index.allocate(t, TensorShape({n}), &inverse));
-      OP_REQUIRES_OK(context, DispatchKeyType(table_keys.dtype(), "keys", [&](auto key) {
-                       using Key = decltype(key);
-                       TF_RETURN_IF_ERROR(AllocateVector<Key>(context, n, &found[t]));
-                       TF_RETURN_IF_ERROR(AllocateVector<int64_t>(context, n, &occurrences[t]));
-                       return core.UniqueKeys(
-                           table_keys.flat<Key>().data(), n, found[t].flat<Key>().data(),
-                           inverse->flat<int64_t>().data(), occurrences[t].flat<int64_t>().data(),
-                           num_unique_of + t);
-                     }));
+      OP_REQUIRES(context, keys[t].dims() == 1,
+                  errors::InvalidArgument("indices[", t, "] values must be a vector, got shape ",
+                                          keys[t].shape().DebugString()));
+      const int64_t nnz = keys[t].dim_size(0);
+      OP_REQUIRES(context, sample_ids[t].NumElements() == nnz,
+                  errors::InvalidArgument("indices[", t, "] has ", sample_ids[t].NumElements(),
+                                          " rows for ", nnz, " values"));
+      OP_REQUIRES(context, batch(t) >= 0,
+                  errors::InvalidArgument("indices[", t, "] has a negative batch size ", batch(t)));
+      OP_REQUIRES_OK(context, attributes_.CheckWeights(t, weights[t], nnz));
+      Tensor* unused;
+      OP_REQUIRES_OK(context, unique_index.allocate(t, TensorShape({nnz}), &unused));
+      OP_REQUIRES_OK(context, order.allocate(t, TensorShape({nnz}), &unused));
+      OP_REQUIRES_OK(context, row_offsets.allocate(t, TensorShape({batch(t) + 1}), &unused));
     }
-    std::vector<int64_t> num_unique(num_tables);
-    OP_REQUIRES_OK(context, core.CopyToHost(num_unique_of, num_tables, num_unique.data()));
-    for (int t = 0; t < num_tables; ++t) {
+    Core<Device> core(context);
+    for (tensorflow::DataType dtype : {tensorflow::DT_INT32, tensorflow::DT_INT64}) {
+      std::vector<int> group;  // the tables of this key dtype
+      for (int t = 0; t < num_tables; ++t) {
+        if (keys[t].dtype() == dtype) group.push_back(t);
+      }
+      if (group.empty()) continue;
       OP_REQUIRES_OK(
-          context, DispatchKeyType(keys[t].dtype(), "keys", [&](auto key) {
+          context, DispatchKeyType(dtype, "keys", [&](auto key) {
             using Key = decltype(key);
-            Tensor *unique_out, *counts_out;
-            TF_RETURN_IF_ERROR(unique_keys.allocate(t, TensorShape({num_unique[t]}), &unique_out));
-            TF_RETURN_IF_ERROR(counts.allocate(t, TensorShape({num_unique[t]}), &counts_out));
-            TF_RETURN_IF_ERROR(core.Copy(unique_out->flat<Key>().data(),
-                                         found[t].flat<Key>().data(), num_unique[t]));
-            return core.Copy(counts_out->flat<int64_t>().data(),
-                             occurrences[t].flat<int64_t>().data(), num_unique[t]);
+            std::vector<TableBatch<Key>> tables;
+            for (int t : group) {
+              TableBatch<Key> table;
+              table.keys = keys[t].flat<Key>().data();
+              table.sample_ids = sample_ids[t].flat<int64_t>().data();
+              table.nnz = keys[t].dim_size(0);
+              table.batch = batch(t);
+              table.unique_index = unique_index[t]->flat<int64_t>().data();
+              table.order = order[t]->flat<int64_t>().data();
+              table.row_offsets = row_offsets[t]->flat<int64_t>().data();
+              tables.push_back(table);
+            }
+            UniqueAllocator<Key> allocate = [&](int g, int64_t num_unique,
+                                                UniqueBuffers<Key>* out) {
+              const int t = group[g];
+              Tensor *unique_out, *counts_out, *segments_out;
+              TF_RETURN_IF_ERROR(unique_keys.allocate(t, TensorShape({num_unique}), &unique_out));
+              TF_RETURN_IF_ERROR(counts.allocate(t, TensorShape({num_unique}), &counts_out));
+              TF_RETURN_IF_ERROR(
+                  segments.allocate(t, TensorShape({num_unique + 1}), &segments_out));
+              out->unique_keys = unique_out->flat<Key>().data();
+              out->counts = counts_out->flat<int64_t>().data();
+              out->segments = segments_out->flat<int64_t>().data();
+              return absl::OkStatus();
+            };
+            std::vector<int64_t> first_invalid(tables.size());
+            TF_RETURN_IF_ERROR(core.UniqueKeys(tables, allocate, &first_invalid));
+            for (size_t g = 0; g < tables.size(); ++g) {
+              if (first_invalid[g] != tables[g].nnz) {
+                return InvalidSampleId(core, group[g], tables[g], first_invalid[g]);
+              }
+            }
+            return absl::OkStatus();
           }));
     }
   }
+
+ private:
+  // The error for table t's first bad entry j, naming its row (and the one
+  // before it), read back from the device.
+  template <typename Key>
+  static absl::Status InvalidSampleId(Core<Device>& core, int t, const TableBatch<Key>& table,
+                                      int64_t j) {
+    int64_t rows[2] = {0, 0};  // entry j - 1's row, entry j's row
+    const int64_t first = j > 0 ? j - 1 : j;
+    TF_RETURN_IF_ERROR(core.CopyToHost(table.sample_ids + first, j - first + 1, rows));
+    const int64_t row = rows[j - first];
+    if (row < 0 || row >= table.batch) {
+      return errors::InvalidArgument("indices[", t, "]: row ", row, " of entry ", j,
+                                     " is outside the batch [0, ", table.batch, ")");
+    }
+    return errors::InvalidArgument("indices[", t, "]: rows must be in order, but entry ", j,
+                                   " has row ", row, " after row ", rows[0],
+                                   "; reorder the SparseTensor with tf.sparse.reorder");
+  }
+
+  CombineAttributes attributes_;
 };
 
 template <typename Device>
@@ -182,142 +289,144 @@ class FindOrInsertOp : public OpKernel {
   std::vector<int64_t> embedding_dims_;
 };
 
-// The four per-table input lists every combine op takes, whose first is
-// named `first`, and the per-table sizes vector (host) after them.
-struct CombineInputs {
-  OpInputList first, unique_index, sample_ids, weights;
-  const Tensor* sizes = nullptr;
-};
-
-// Shared by CombineForward and CombineBackward: the attributes, and the
-// checks that turn a table's SparseTensor pieces into row offsets.
+// One worker's forward for every table: find or insert the unique keys,
+// then combine each sample's rows.
 template <typename Device>
-class CombineOpBase : public OpKernel {
+class FindOrInsertCombineOp : public OpKernel {
  public:
-  explicit CombineOpBase(OpKernelConstruction* context) : OpKernel(context) {
-    std::vector<std::string> names;
-    OP_REQUIRES_OK(context, context->GetAttr("combiners", &names));
-    OP_REQUIRES_OK(context, context->GetAttr("weighted", &weighted_));
-    for (size_t t = 0; t < names.size(); ++t) {
-      if (names[t] == "sum") {
-        combiners_.push_back(Combiner::kSum);
-      } else if (names[t] == "mean") {
-        combiners_.push_back(Combiner::kMean);
-      } else if (names[t] == "sqrtn") {
-        combiners_.push_back(Combiner::kSqrtn);
-      } else {
-        context->CtxFailure(errors::InvalidArgument(
-            "combiners[", t, "] must be 'sum', 'mean' or 'sqrtn', got '", names[t], "'"));
-        return;
-      }
-    }
+  explicit FindOrInsertCombineOp(OpKernelConstruction* context)
+      : OpKernel(context), attributes_(context) {
+    OP_REQUIRES_OK(context, context->GetAttr("embedding_dims", &embedding_dims_));
   }
-
- protected:
-  // Checks table t's entries and fills its row offsets, a (batch + 1,)
-  // vector on the device.
-  absl::Status RowOffsets(OpKernelContext* context, Core<Device>& core, int t,
-                          const Tensor& unique_index, const Tensor& sample_ids,
-                          const Tensor& weights, int64_t num_unique, int64_t batch,
-                          Tensor* offsets) const {
-    const int64_t nnz = sample_ids.NumElements();
-    if (unique_index.NumElements() != nnz) {
-      return errors::InvalidArgument("table ", t, ": unique_index has ", unique_index.NumElements(),
-                                     " entries and sample_ids ", nnz);
-    }
-    if (weighted_[t] && weights.NumElements() != nnz) {
-      return errors::InvalidArgument("sp_weights[", t, "] has ", weights.NumElements(),
-                                     " values, but indices[", t, "] has ", nnz);
-    }
-    const int64_t* ids = sample_ids.flat<int64_t>().data();
-    TF_RETURN_IF_ERROR(core.CheckCombineEntries(t, ids, unique_index.flat<int64_t>().data(), nnz,
-                                                batch, num_unique));
-    TF_RETURN_IF_ERROR(AllocateVector<int64_t>(context, batch + 1, offsets));
-    return core.RowOffsets(ids, nnz, batch, offsets->flat<int64_t>().data());
-  }
-
-  static absl::Status ReadInputs(OpKernelContext* context, const char* first, CombineInputs* in) {
-    TF_RETURN_IF_ERROR(context->input_list(first, &in->first));
-    TF_RETURN_IF_ERROR(context->input_list("unique_index", &in->unique_index));
-    TF_RETURN_IF_ERROR(context->input_list("sample_ids", &in->sample_ids));
-    TF_RETURN_IF_ERROR(context->input_list("weights", &in->weights));
-    in->sizes = &context->input(4 * in->first.size());
-    if (in->sizes->NumElements() != in->first.size()) {
-      return errors::InvalidArgument("expected ", in->first.size(), " per-table sizes, got ",
-                                     in->sizes->NumElements());
-    }
-    return absl::OkStatus();
-  }
-
-  const float* WeightsOrNull(int t, const Tensor& weights) const {
-    return weighted_[t] ? weights.flat<float>().data() : nullptr;
-  }
-
-  std::vector<Combiner> combiners_;
-  std::vector<bool> weighted_;
-};
-
-template <typename Device>
-class CombineForwardOp : public CombineOpBase<Device> {
- public:
-  using CombineOpBase<Device>::CombineOpBase;
 
   void Compute(OpKernelContext* context) override {
-    CombineInputs in;
-    OP_REQUIRES_OK(context, this->ReadInputs(context, "unique_values", &in));
-    const OpInputList& unique_values = in.first;
-    const auto batch_sizes = in.sizes->flat<int64_t>();  // host
+    OpInputList keys, counts, unique_index, row_offsets, weights;
+    OP_REQUIRES_OK(context, context->input_list("unique_keys", &keys));
+    OP_REQUIRES_OK(context, context->input_list("counts", &counts));
+    OP_REQUIRES_OK(context, context->input_list("unique_index", &unique_index));
+    OP_REQUIRES_OK(context, context->input_list("row_offsets", &row_offsets));
+    OP_REQUIRES_OK(context, context->input_list("weights", &weights));
+    OpOutputList embeddings;
+    OP_REQUIRES_OK(context, context->output_list("embeddings", &embeddings));
+    Core<Device> core(context);
+    for (int t = 0; t < keys.size(); ++t) {
+      RefCountPtr<EmbeddingVariable<Device>> variable;
+      OP_REQUIRES_OK(context,
+                     LookupInitializedVariable<Device>(context, t, keys[t].dtype(), &variable));
+      const int64_t dim = variable->embedding_dim();
+      OP_REQUIRES(
+          context, dim == embedding_dims_[t],
+          errors::InvalidArgument("Embedding Variable '", variable->name(), "' has embedding_dim ",
+                                  dim, ", but the lookup expects ", embedding_dims_[t]));
+      const int64_t num_unique = keys[t].NumElements();
+      const int64_t nnz = unique_index[t].NumElements();
+      const int64_t batch = row_offsets[t].NumElements() - 1;
+      OP_REQUIRES(context, counts[t].NumElements() == num_unique && batch >= 0,
+                  errors::InvalidArgument("table ", t, ": ", counts[t].NumElements(),
+                                          " counts for ", num_unique, " keys, ",
+                                          row_offsets[t].NumElements(), " row offsets"));
+      OP_REQUIRES_OK(context, attributes_.CheckWeights(t, weights[t], nnz));
+      Tensor* out;
+      OP_REQUIRES_OK(context, embeddings.allocate(t, TensorShape({batch, dim}), &out));
+      OP_REQUIRES_OK(context, DispatchKeyType(keys[t].dtype(), "keys", [&](auto key) {
+                       using Key = decltype(key);
+                       auto table = variable->template table<Key>();
+                       auto lock = variable->lock_table();
+                       return core.FindOrInsertCombine(
+                           *table, keys[t].flat<Key>().data(), counts[t].flat<int64_t>().data(),
+                           num_unique, unique_index[t].flat<int64_t>().data(),
+                           attributes_.WeightsOrNull(t, weights[t]),
+                           row_offsets[t].flat<int64_t>().data(), batch, attributes_.combiner(t),
+                           out->flat<float>().data());
+                     }));
+    }
+  }
+
+ private:
+  CombineAttributes attributes_;
+  std::vector<int64_t> embedding_dims_;
+};
+
+template <typename Device>
+class CombineForwardOp : public OpKernel {
+ public:
+  explicit CombineForwardOp(OpKernelConstruction* context)
+      : OpKernel(context), attributes_(context) {}
+
+  void Compute(OpKernelContext* context) override {
+    OpInputList unique_values, unique_index, row_offsets, weights;
+    OP_REQUIRES_OK(context, context->input_list("unique_values", &unique_values));
+    OP_REQUIRES_OK(context, context->input_list("unique_index", &unique_index));
+    OP_REQUIRES_OK(context, context->input_list("row_offsets", &row_offsets));
+    OP_REQUIRES_OK(context, context->input_list("weights", &weights));
     OpOutputList embeddings;
     OP_REQUIRES_OK(context, context->output_list("embeddings", &embeddings));
     Core<Device> core(context);
     for (int t = 0; t < unique_values.size(); ++t) {
-      const int64_t num_unique = unique_values[t].dim_size(0);
+      OP_REQUIRES(context, unique_values[t].dims() == 2,
+                  errors::InvalidArgument("unique_values[", t, "] must be a matrix"));
       const int64_t dim = unique_values[t].dim_size(1);
-      Tensor offsets;
+      const int64_t batch = row_offsets[t].NumElements() - 1;
+      OP_REQUIRES(context, batch >= 0,
+                  errors::InvalidArgument("row_offsets[", t, "] must not be empty"));
       OP_REQUIRES_OK(context,
-                     this->RowOffsets(context, core, t, in.unique_index[t], in.sample_ids[t],
-                                      in.weights[t], num_unique, batch_sizes(t), &offsets));
+                     attributes_.CheckWeights(t, weights[t], unique_index[t].NumElements()));
       Tensor* out;
-      OP_REQUIRES_OK(context, embeddings.allocate(t, TensorShape({batch_sizes(t), dim}), &out));
-      OP_REQUIRES_OK(
-          context,
-          core.CombineForward(unique_values[t].flat<float>().data(),
-                              in.unique_index[t].flat<int64_t>().data(),
-                              this->WeightsOrNull(t, in.weights[t]), offsets.flat<int64_t>().data(),
-                              batch_sizes(t), dim, this->combiners_[t], out->flat<float>().data()));
+      OP_REQUIRES_OK(context, embeddings.allocate(t, TensorShape({batch, dim}), &out));
+      OP_REQUIRES_OK(context,
+                     core.CombineForward(unique_values[t].flat<float>().data(),
+                                         unique_index[t].flat<int64_t>().data(),
+                                         attributes_.WeightsOrNull(t, weights[t]),
+                                         row_offsets[t].flat<int64_t>().data(), batch, dim,
+                                         attributes_.combiner(t), out->flat<float>().data()));
     }
   }
+
+ private:
+  CombineAttributes attributes_;
 };
 
 template <typename Device>
-class CombineBackwardOp : public CombineOpBase<Device> {
+class CombineBackwardOp : public OpKernel {
  public:
-  using CombineOpBase<Device>::CombineOpBase;
+  explicit CombineBackwardOp(OpKernelConstruction* context)
+      : OpKernel(context), attributes_(context) {}
 
   void Compute(OpKernelContext* context) override {
-    CombineInputs in;
-    OP_REQUIRES_OK(context, this->ReadInputs(context, "grads", &in));
-    const OpInputList& grads = in.first;
-    const auto num_unique = in.sizes->flat<int64_t>();  // host
+    OpInputList grads, order, segments, row_offsets, weights;
+    OP_REQUIRES_OK(context, context->input_list("grads", &grads));
+    OP_REQUIRES_OK(context, context->input_list("order", &order));
+    OP_REQUIRES_OK(context, context->input_list("segments", &segments));
+    OP_REQUIRES_OK(context, context->input_list("row_offsets", &row_offsets));
+    OP_REQUIRES_OK(context, context->input_list("weights", &weights));
     OpOutputList grad_unique;
     OP_REQUIRES_OK(context, context->output_list("grad_unique", &grad_unique));
     Core<Device> core(context);
     for (int t = 0; t < grads.size(); ++t) {
+      OP_REQUIRES(context, grads[t].dims() == 2,
+                  errors::InvalidArgument("grads[", t, "] must be a matrix"));
       const int64_t batch = grads[t].dim_size(0);
       const int64_t dim = grads[t].dim_size(1);
-      Tensor offsets;
-      OP_REQUIRES_OK(context,
-                     this->RowOffsets(context, core, t, in.unique_index[t], in.sample_ids[t],
-                                      in.weights[t], num_unique(t), batch, &offsets));
+      const int64_t num_unique = segments[t].NumElements() - 1;
+      const int64_t nnz = order[t].NumElements();
+      OP_REQUIRES(context, row_offsets[t].NumElements() == batch + 1 && num_unique >= 0,
+                  errors::InvalidArgument("table ", t, ": ", row_offsets[t].NumElements(),
+                                          " row offsets for ", batch, " samples, ",
+                                          segments[t].NumElements(), " segments"));
+      OP_REQUIRES_OK(context, attributes_.CheckWeights(t, weights[t], nnz));
       Tensor* out;
-      OP_REQUIRES_OK(context, grad_unique.allocate(t, TensorShape({num_unique(t), dim}), &out));
-      OP_REQUIRES_OK(
-          context, core.CombineBackward(
-                       grads[t].flat<float>().data(), in.unique_index[t].flat<int64_t>().data(),
-                       this->WeightsOrNull(t, in.weights[t]), offsets.flat<int64_t>().data(), batch,
-                       dim, this->combiners_[t], num_unique(t), out->flat<float>().data()));
+      OP_REQUIRES_OK(context, grad_unique.allocate(t, TensorShape({num_unique, dim}), &out));
+      OP_REQUIRES_OK(context, core.CombineBackward(
+                                  grads[t].flat<float>().data(), order[t].flat<int64_t>().data(),
+                                  segments[t].flat<int64_t>().data(), num_unique,
+                                  attributes_.WeightsOrNull(t, weights[t]),
+                                  row_offsets[t].flat<int64_t>().data(), batch, nnz, dim,
+                                  attributes_.combiner(t), out->flat<float>().data()));
     }
   }
+
+ private:
+  CombineAttributes attributes_;
 };
 
 #define SOK_EV_REGISTER_CPU(name, kernel) \
@@ -325,22 +434,27 @@ class CombineBackwardOp : public CombineOpBase<Device> {
 SOK_EV_REGISTER_CPU("UniqueKeys", UniqueKeysOp);
 SOK_EV_REGISTER_CPU("PartitionByOwner", PartitionByOwnerOp);
 SOK_EV_REGISTER_CPU("FindOrInsert", FindOrInsertOp);
+SOK_EV_REGISTER_CPU("FindOrInsertCombine", FindOrInsertCombineOp);
 SOK_EV_REGISTER_CPU("CombineForward", CombineForwardOp);
 SOK_EV_REGISTER_CPU("CombineBackward", CombineBackwardOp);
 #undef SOK_EV_REGISTER_CPU
 
 #if GOOGLE_CUDA
 // Key, index and value tensors stay on the GPU; resource handles and the
-// per-table sizes that shape the outputs are host memory.
+// per-table batch sizes that shape the outputs are host memory.
 using tensorflow::DEVICE_GPU;
-REGISTER_KERNEL_BUILDER(Name("SokEv>UniqueKeys").Device(DEVICE_GPU), UniqueKeysOp<GPUDevice>);
+REGISTER_KERNEL_BUILDER(Name("SokEv>UniqueKeys").Device(DEVICE_GPU).HostMemory("batch_sizes"),
+                        UniqueKeysOp<GPUDevice>);
 REGISTER_KERNEL_BUILDER(Name("SokEv>PartitionByOwner").Device(DEVICE_GPU),
                         PartitionByOwnerOp<GPUDevice>);
 REGISTER_KERNEL_BUILDER(Name("SokEv>FindOrInsert").Device(DEVICE_GPU).HostMemory("resources"),
                         FindOrInsertOp<GPUDevice>);
-REGISTER_KERNEL_BUILDER(Name("SokEv>CombineForward").Device(DEVICE_GPU).HostMemory("batch_sizes"),
+REGISTER_KERNEL_BUILDER(
+    Name("SokEv>FindOrInsertCombine").Device(DEVICE_GPU).HostMemory("resources"),
+    FindOrInsertCombineOp<GPUDevice>);
+REGISTER_KERNEL_BUILDER(Name("SokEv>CombineForward").Device(DEVICE_GPU),
                         CombineForwardOp<GPUDevice>);
-REGISTER_KERNEL_BUILDER(Name("SokEv>CombineBackward").Device(DEVICE_GPU).HostMemory("num_unique"),
+REGISTER_KERNEL_BUILDER(Name("SokEv>CombineBackward").Device(DEVICE_GPU),
                         CombineBackwardOp<GPUDevice>);
 #endif  // GOOGLE_CUDA
 

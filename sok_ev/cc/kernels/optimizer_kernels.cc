@@ -1,7 +1,8 @@
 // Kernel of the fused optimizer update on an Embedding Variable, for CPU and
-// (GOOGLE_CUDA builds) GPU: sums the gradients of duplicate keys, then
-// updates each key's row and slots in place with cc/optimizers.h, through
-// Core<Device>::ApplyOptimizer. Op definition: sok_ev/cc/ops/optimizer_ops.cc.
+// (GOOGLE_CUDA builds) GPU: sums the gradients of duplicate keys (unless the
+// keys are known to be distinct), then updates each key's row and slots in
+// place with cc/optimizers.h, through Core<Device>::ApplyOptimizer. Op definition:
+// sok_ev/cc/ops/optimizer_ops.cc.
 #define EIGEN_USE_THREADS
 #if GOOGLE_CUDA && !defined(EIGEN_USE_GPU)
 #define EIGEN_USE_GPU
@@ -87,6 +88,7 @@ class SparseApplyOptimizerOp : public EmbeddingVariableOpKernel<Device> {
     spec_.kind = info_.kind;
     OP_REQUIRES_OK(context, context->GetAttr("use_nesterov", &spec_.use_nesterov));
     OP_REQUIRES_OK(context, context->GetAttr("centered", &spec_.centered));
+    OP_REQUIRES_OK(context, context->GetAttr("keys_are_unique", &keys_are_unique_));
     OP_REQUIRES_OK(context, context->GetAttr("slot_names", &slot_names_));
     OP_REQUIRES_OK(context, context->GetAttr("slot_initial_values", &slot_initial_values_));
     const int expected = num_slots(spec_.kind, spec_.centered);
@@ -134,7 +136,7 @@ class SparseApplyOptimizerOp : public EmbeddingVariableOpKernel<Device> {
                      }
                      return core.ApplyOptimizer(*table, spec, keys.flat<Key>().data(), n,
                                                 grads.flat<float>().data(), dim,
-                                                global_step.flat<int64_t>()(0));
+                                                global_step.flat<int64_t>()(0), keys_are_unique_);
                    }));
   }
 
@@ -143,6 +145,7 @@ class SparseApplyOptimizerOp : public EmbeddingVariableOpKernel<Device> {
   OptimizerSpec spec_;
   std::vector<std::string> slot_names_;
   std::vector<float> slot_initial_values_;
+  bool keys_are_unique_ = false;
 };
 
 REGISTER_KERNEL_BUILDER(Name("SokEv>SparseApplyOptimizer").Device(tensorflow::DEVICE_CPU),

@@ -12,6 +12,9 @@ inline absl::Status ToTfStatus(const Status& status) {
   if (status.code == Status::Code::kInvalidArgument) {
     return tensorflow::errors::InvalidArgument(status.message);
   }
+  if (status.code == Status::Code::kResourceExhausted) {
+    return tensorflow::errors::ResourceExhausted(status.message);
+  }
   return tensorflow::errors::Internal(status.message);
 }
 

@@ -44,6 +44,15 @@ REGISTER_OP("SokEv>EmbeddingVariableIsInitialized")
     .Output("is_initialized: bool")
     .SetShapeFn(tensorflow::shape_inference::ScalarShape);
 
+REGISTER_OP("SokEv>EmbeddingVariableRestoreStamp")
+    .Input("resource: resource")
+    .Output("stamp: int64")
+    .SetIsStateful()
+    .SetShapeFn(tensorflow::shape_inference::ScalarShape)
+    .Doc(
+        "Which checkpoint the variable was last restored from (a hash of its "
+        "path), 0 if it was initialized since, or never created.");
+
 REGISTER_OP("SokEv>EmbeddingVariableSize")
     .Input("resource: resource")
     .Output("size: int64")

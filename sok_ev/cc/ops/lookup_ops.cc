@@ -1,8 +1,13 @@
 // Op definitions of the grouped sparse-lookup pipeline: each op handles
 // every table of one sok_ev.lookup_sparse call at once.
-//   UniqueKeys -> [PartitionByOwner -> all-to-all] -> FindOrInsert
-//   -> [all-to-all back] -> CombineForward
+//   one worker:   UniqueKeys -> FindOrInsertCombine
+//   many workers: UniqueKeys -> PartitionByOwner -> all-to-all
+//                 -> FindOrInsert (owners) -> all-to-all back -> CombineForward
+//   backward:     CombineBackward (per unique key), then the optimizer's
+//                 SparseApplyOptimizer (sok_ev/cc/ops/optimizer_ops.cc)
 // Kernels: sok_ev/cc/kernels/lookup_kernels.cc.
+#include <vector>
+
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -11,24 +16,42 @@ namespace sok_ev {
 
 using tensorflow::shape_inference::InferenceContext;
 
+// weights[t] is empty when weighted[t] is false.
 REGISTER_OP("SokEv>UniqueKeys")
     .Input("keys: Tkeys")
+    .Input("sample_ids: N * int64")
+    .Input("weights: N * float")
+    .Input("batch_sizes: int64")
     .Output("unique_keys: Tkeys")
-    .Output("unique_index: N * int64")
     .Output("counts: N * int64")
+    .Output("unique_index: N * int64")
+    .Output("order: N * int64")
+    .Output("segments: N * int64")
+    .Output("row_offsets: N * int64")
     .Attr("Tkeys: list({int32, int64})")
     .Attr("N: int >= 1")
+    .Attr("weighted: list(bool)")
     .SetShapeFn([](InferenceContext* c) {
-      for (int i = 0; i < c->num_inputs(); ++i) {
-        c->set_output(i, c->Vector(InferenceContext::kUnknownDim));
-        c->set_output(c->num_inputs() + i, c->Vector(c->Dim(c->input(i), 0)));
-        c->set_output(2 * c->num_inputs() + i, c->Vector(InferenceContext::kUnknownDim));
+      int n;
+      TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+      for (int t = 0; t < n; ++t) {
+        const auto nnz = c->Dim(c->input(t), 0);
+        c->set_output(t, c->Vector(InferenceContext::kUnknownDim));          // unique_keys
+        c->set_output(n + t, c->Vector(InferenceContext::kUnknownDim));      // counts
+        c->set_output(2 * n + t, c->Vector(nnz));                            // unique_index
+        c->set_output(3 * n + t, c->Vector(nnz));                            // order
+        c->set_output(4 * n + t, c->Vector(InferenceContext::kUnknownDim));  // segments
+        c->set_output(5 * n + t, c->Vector(InferenceContext::kUnknownDim));  // row_offsets
       }
       return absl::OkStatus();
     })
     .Doc(
-        "Per table: unique_keys[unique_index[j]] == keys[j]; counts are "
-        "each unique key's occurrences.");
+        "Checks each table's entries (sample_ids non-decreasing in [0, "
+        "batch_sizes[t]), one weight per entry when weighted) before anything "
+        "else runs, then, per table: unique_keys[unique_index[j]] == keys[j]; "
+        "counts are each unique key's occurrences; unique key u's entries are "
+        "order[segments[u] .. segments[u + 1]); sample b's entries are "
+        "[row_offsets[b], row_offsets[b + 1]).");
 
 REGISTER_OP("SokEv>PartitionByOwner")
     .Input("unique_keys: Tkeys")
@@ -55,6 +78,36 @@ REGISTER_OP("SokEv>PartitionByOwner")
         "(cc/partition.h) for target -1, worker `target` otherwise. "
         "counts[t, w]: keys of table t sent to worker w; "
         "keys_by_owner[t][j] == unique_keys[t][positions[t][j]].");
+
+// One worker's forward: every table local. order and segments are not read;
+// they are inputs so that the gradient has them.
+REGISTER_OP("SokEv>FindOrInsertCombine")
+    .Input("resources: N * resource")
+    .Input("unique_keys: Tkeys")
+    .Input("counts: N * int64")
+    .Input("unique_index: N * int64")
+    .Input("order: N * int64")
+    .Input("segments: N * int64")
+    .Input("row_offsets: N * int64")
+    .Input("weights: N * float")
+    .Output("embeddings: N * float")
+    .Attr("Tkeys: list({int32, int64})")
+    .Attr("N: int >= 1")
+    .Attr("embedding_dims: list(int)")
+    .Attr("combiners: list(string)")
+    .Attr("weighted: list(bool)")
+    .SetShapeFn([](InferenceContext* c) {
+      std::vector<int64_t> dims;
+      TF_RETURN_IF_ERROR(c->GetAttr("embedding_dims", &dims));
+      for (size_t t = 0; t < dims.size(); ++t) {
+        c->set_output(t, c->Matrix(InferenceContext::kUnknownDim, dims[t]));
+      }
+      return absl::OkStatus();
+    })
+    .Doc(
+        "Finds or inserts each table's unique keys (counts added to their "
+        "frequencies) and combines each sample's rows, as "
+        "tf.nn.embedding_lookup_sparse does; empty samples give zeros.");
 
 REGISTER_OP("SokEv>FindOrInsert")
     .Input("resources: N * resource")
@@ -87,13 +140,15 @@ absl::Status CombineShape(InferenceContext* c) {
   return absl::OkStatus();
 }
 
-// weights[t] is empty when weighted[t] is false.
+// Many workers' forward, once the rows are back. order and segments are not
+// read; they are inputs so that the gradient has them.
 REGISTER_OP("SokEv>CombineForward")
     .Input("unique_values: N * float")
     .Input("unique_index: N * int64")
-    .Input("sample_ids: N * int64")
+    .Input("order: N * int64")
+    .Input("segments: N * int64")
+    .Input("row_offsets: N * int64")
     .Input("weights: N * float")
-    .Input("batch_sizes: int64")
     .Output("embeddings: N * float")
     .Attr("N: int >= 1")
     .Attr("combiners: list(string)")
@@ -105,17 +160,18 @@ REGISTER_OP("SokEv>CombineForward")
 
 REGISTER_OP("SokEv>CombineBackward")
     .Input("grads: N * float")
-    .Input("unique_index: N * int64")
-    .Input("sample_ids: N * int64")
+    .Input("order: N * int64")
+    .Input("segments: N * int64")
+    .Input("row_offsets: N * int64")
     .Input("weights: N * float")
-    .Input("num_unique: int64")
     .Output("grad_unique: N * float")
     .Attr("N: int >= 1")
     .Attr("combiners: list(string)")
     .Attr("weighted: list(bool)")
     .SetShapeFn(CombineShape)
     .Doc(
-        "Gradient of CombineForward with respect to unique_values, "
-        "summed per unique key.");
+        "Gradient of the combine with respect to each unique key's row: unique "
+        "u sums its entries order[segments[u] .. segments[u + 1]) in that "
+        "order.");
 
 }  // namespace sok_ev

@@ -25,10 +25,13 @@ REGISTER_OP("SokEv>SparseApplyOptimizer")
     .Attr("slot_initial_values: list(float) >= 0")
     .Attr("use_nesterov: bool = false")
     .Attr("centered: bool = false")
+    .Attr("keys_are_unique: bool = false")
     .SetShapeFn(tensorflow::shape_inference::NoOutputs)
     .Doc(
         "Applies one optimizer step to the rows of `keys` (duplicates are "
-        "summed first). Slots are created on first use with their initial "
-        "values; each key's version becomes global_step.");
+        "summed first; keys_are_unique promises there are none, as when the "
+        "gradient comes straight from one lookup, and skips that). Slots are "
+        "created on first use with their initial values; each key's version "
+        "becomes global_step.");
 
 }  // namespace sok_ev

@@ -1,0 +1,428 @@
+#!/usr/bin/env python3
+"""The sparse training step inside TensorFlow on one GPU (issue 8's product
+benchmark), against every baseline in the same call, on the same data.
+
+Workload (Criteo shape): 26 tables, batch 65536, one-hot and 10-hot, dim
+128, Zipf(1.1) ids over tables pre-filled with --rows keys in all (10M:
+385K a table), Adagrad (lr 0.01, initial accumulator 0.1), sum combiner,
+loss = sum of every output. Ids are drawn once, in NumPy, from fixed seeds,
+identically in every process.
+
+Three processes in turn (TensorFlow and PyTorch never share one):
+  tf     sok-ev (Embedding Variables + lookup_sparse + the stock Adagrad) in
+         graph mode (Session) and tf.function; the same model on stock TF:
+         dense tf.Variables + tf.nn.embedding_lookup_sparse + Adagrad. Also
+         host syncs per step (SokEv>GpuHostSyncs) and the GPU table memory
+         per key (TF allocator, before/after).
+  core   the harness running the same stages on the same data
+         (core_step.py), and the device-to-device copy bandwidth.
+  torch  torch.nn.EmbeddingBag(sparse=True) + torch.optim.Adagrad, every
+         feature in one table (the fastest torch layout).
+Then it prints the ratios and the bandwidth floor (bytes that must move /
+copy bandwidth) and appends everything to benchmarks/RESULTS.md (and a copy
+to $OUT/tf_sparse_step_results.md).
+
+  source /tmp/gpu-tf/env.sh   # TensorFlow + the installed sok-ev wheel
+  python3 benchmarks/gpu/tf_sparse_step.py [--hotness 1,10] [--steps 20]
+"""
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+TABLES, DIM, LR, ACCUMULATOR = 26, 128, 0.01, 0.1
+MASK63 = np.uint64((1 << 63) - 1)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--part", choices=["all", "tf", "core", "torch"], default="all")
+    parser.add_argument("--batch", type=int, default=65536)
+    parser.add_argument("--rows", type=int, default=10_000_000, help="keys in all tables")
+    parser.add_argument("--hotness", default="1,10")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--dense-steps", type=int, default=8)
+    parser.add_argument("--sets", type=int, default=3, help="batches rotated through")
+    parser.add_argument("--json-dir", default=os.environ.get("OUT", "/tmp"))
+    parser.add_argument("--results", default=os.path.join(ROOT, "benchmarks", "RESULTS.md"))
+    parser.add_argument("--dry-run-on-cpu",
+                        action="store_true",
+                        help="run the tf part on a machine without GPU (checks the script only)")
+    return parser.parse_args(argv)
+
+
+def rows_per_table(args):
+    return args.rows // TABLES
+
+
+def batch_ids(args, hot):
+    """ids[s][t]: (batch * hot,) int64 ids in [0, rows_per_table) of set s,
+    table t: Zipf ranks scattered by a fixed permutation per table."""
+    rows = rows_per_table(args)
+    rng = np.random.default_rng(1000 + hot)
+    perms = [rng.permutation(rows) for _ in range(TABLES)]
+    return [[perms[t][(rng.zipf(1.1, args.batch * hot) - 1) % rows]
+             for t in range(TABLES)]
+            for _ in range(args.sets)]
+
+
+def raw_keys(t, ids):
+    """sok-ev's keys: raw 63-bit ids, a bijection of (table, id)."""
+    with np.errstate(over="ignore"):
+        mixed = np.asarray(ids, np.uint64) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(
+            t) * np.uint64(0x632BE59BD9B4E019)
+    return (mixed & MASK63).astype(np.int64)
+
+
+def floor_bytes(args, hot, ids):
+    """Bytes a step must move at least: each unique row read for the forward
+    and read + written with its Adagrad slot for the update, each output
+    written and each upstream gradient read once, the keys read twice."""
+    unique = sum(len(np.unique(t)) for t in ids[0])
+    nnz = TABLES * args.batch * hot
+    bags = TABLES * args.batch
+    return unique * (4 * DIM + 2 * 8 * DIM) + 2 * bags * 4 * DIM + 2 * nnz * 8, unique
+
+
+def write_json(args, name, data):
+    path = os.path.join(args.json_dir, f"tf_sparse_step_{name}.json")
+    with open(path, "w") as f:
+        json.dump(data, f, indent=1)
+
+
+# --------------------------------------------------------------------------- TensorFlow
+
+
+def part_tf(args):
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    for gpu in tf.config.list_physical_devices("GPU"):
+        tf.config.experimental.set_memory_growth(gpu, True)
+    import sok_ev as sok  # pylint: disable=import-outside-toplevel
+    from sok_ev._ops import ops  # pylint: disable=import-outside-toplevel
+    assert args.dry_run_on_cpu or tf.config.list_physical_devices("GPU"), "TensorFlow sees no GPU"
+    sok.init()
+    rows = rows_per_table(args)
+    results = dict(tf_version=tf.__version__, sok_ev_file=sok.__file__)
+
+    def sparse(values, hot):
+        n = args.batch * hot
+        j = tf.range(n, dtype=tf.int64)
+        return tf.SparseTensor(tf.stack([j // hot, j % hot], axis=1), values, [args.batch, hot])
+
+    def memory():
+        if args.dry_run_on_cpu:
+            return 0
+        return tf.config.experimental.get_memory_info("GPU:0")["current"]
+
+    for hot in [int(h) for h in args.hotness.split(",")]:
+        ids = batch_ids(args, hot)
+        our_values = np.stack([[raw_keys(t, s[t]) for t in range(TABLES)] for s in ids])
+        dense_values = np.stack([np.stack(s) for s in ids]).astype(np.int64)
+        for mode in ("graph", "tf_function"):
+            for model in ("sok_ev", "dense"):
+                key = f"{model}_{mode}_{hot}hot"
+                print(f"[tf] {key}", flush=True)
+                results[key] = run_tf(tf, sok, ops, args, hot, mode, model, rows,
+                                      our_values if model == "sok_ev" else dense_values, sparse,
+                                      memory)
+                print(f"[tf] {key}: {results[key]}", flush=True)
+                write_json(args, "tf", results)
+
+
+def run_tf(tf, sok, ops, args, hot, mode, model, rows, values, sparse, memory):
+    """Times one (model, mode): returns ms per step and, for sok-ev, host
+    syncs per step and table bytes per key."""
+    steps = args.steps if model == "sok_ev" else args.dense_steps
+    out = {}
+
+    def build(values_var, index):
+        if model == "sok_ev":
+            tables = [
+                sok.get_embedding_variable(f"{mode}_{hot}_t{t}",
+                                           embedding_dim=DIM,
+                                           initializer=tf.random_uniform_initializer(-0.05, 0.05))
+                for t in range(TABLES)
+            ]
+        else:
+            tables = [
+                tf.Variable(tf.random.uniform([rows, DIM], -0.05, 0.05), name=f"dense_{t}")
+                for t in range(TABLES)
+            ]
+        batch = values_var[index]
+        ids = [sparse(batch[t], hot) for t in range(TABLES)]
+        return tables, ids
+
+    def lookup(tables, ids):
+        if model == "sok_ev":
+            return sok.lookup_sparse(tables, ids, combiners=["sum"] * TABLES)
+        return [
+            tf.nn.embedding_lookup_sparse(v, i, None, combiner="sum") for v, i in zip(tables, ids)
+        ]
+
+    def prefill_op(tables):
+        ops_ = []
+        for t, ev in enumerate(tables):
+            keys = tf.constant(raw_keys(t, np.arange(rows)))
+            sp = tf.SparseTensor(
+                tf.stack([tf.range(rows, dtype=tf.int64),
+                          tf.zeros([rows], tf.int64)], 1), keys, [rows, 1])
+            ops_.append(sok.lookup_sparse([ev], [sp])[0])
+        return [tf.reduce_sum(o) for o in ops_]
+
+    if mode == "graph":
+        graph = tf.Graph()
+        with graph.as_default():
+            config = tf.compat.v1.ConfigProto()
+            config.gpu_options.allow_growth = True
+            with tf.compat.v1.Session(graph=graph, config=config) as sess:
+                holder = tf.compat.v1.placeholder(tf.int64, values.shape)
+                values_var = tf.Variable(holder, trainable=False, name="batches")
+                index = tf.compat.v1.placeholder(tf.int32, [])
+                tables, ids = build(values_var, index)
+                loss = tf.add_n([tf.reduce_sum(e) for e in lookup(tables, ids)])
+                train = tf.compat.v1.train.AdagradOptimizer(LR, ACCUMULATOR).minimize(loss)
+                fill = prefill_op(tables) if model == "sok_ev" else None
+                syncs = ops().sok_ev_gpu_host_syncs()
+                sess.run(tf.compat.v1.global_variables_initializer(), {holder: values})
+                before = memory()
+                if fill is not None:
+                    sess.run(fill)
+                times = []
+                for s in range(steps + 3):
+                    if s == 3:
+                        syncs_before = sess.run(syncs)
+                    start = time.perf_counter()
+                    sess.run([train, loss], {index: s % args.sets})
+                    times.append(time.perf_counter() - start)
+                out["host_syncs_per_step"] = (sess.run(syncs) - syncs_before) / steps
+                out["table_bytes"] = memory() - before
+    else:
+        values_var = tf.Variable(values, trainable=False)
+        tables, _ = build(values_var, 0)
+        opt = tf.compat.v1.train.AdagradOptimizer(LR, ACCUMULATOR)
+        before = memory()
+        if model == "sok_ev":
+            prefill_op(tables)
+
+        @tf.function
+        def step(i):
+            batch = values_var[i]
+            ids = [sparse(batch[t], hot) for t in range(TABLES)]
+            with tf.GradientTape() as tape:
+                loss = tf.add_n([tf.reduce_sum(e) for e in lookup(tables, ids)])
+            grads = tape.gradient(loss, tables)
+            opt.apply_gradients(zip(grads, tables))
+            return loss
+
+        times = []
+        for s in range(steps + 3):
+            if s == 3:
+                syncs_before = int(ops().sok_ev_gpu_host_syncs())
+            start = time.perf_counter()
+            step(tf.constant(s % args.sets)).numpy()
+            times.append(time.perf_counter() - start)
+        out["host_syncs_per_step"] = (int(ops().sok_ev_gpu_host_syncs()) - syncs_before) / steps
+        out["table_bytes"] = memory() - before
+        del tables, opt, values_var
+    timed = np.array(times[3:]) * 1e3
+    out.update(ms=float(np.median(timed)), ms_min=float(timed.min()), ms_max=float(timed.max()))
+    if model == "sok_ev":
+        raw = 8 + 2 * 4 * DIM  # key + value + Adagrad slot
+        out["bytes_per_key"] = out["table_bytes"] / (TABLES * rows)
+        out["bytes_per_key_ratio"] = out["bytes_per_key"] / raw
+    else:
+        del out["host_syncs_per_step"]
+    return out
+
+
+# --------------------------------------------------------------------------- PyTorch
+
+
+def part_core(args):
+    import torch  # pylint: disable=import-outside-toplevel
+    sys.path.insert(0, HERE)
+    from common import copy_bandwidth, time_ms  # pylint: disable=import-outside-toplevel
+    from core_step import CoreSparseStep  # pylint: disable=import-outside-toplevel
+    import sokev_gpu as sg  # pylint: disable=import-outside-toplevel
+    rows = rows_per_table(args)
+    results = dict(copy_TBps=copy_bandwidth() / 1e12, device=torch.cuda.get_device_name())
+    tables = []
+    for t in range(TABLES):
+        table = sg.HashTable(DIM,
+                             torch.int64,
+                             init="uniform",
+                             a=-0.05,
+                             b=0.05,
+                             seed=t,
+                             capacity=rows)
+        table.find_or_insert(torch.from_numpy(raw_keys(t, np.arange(rows))).cuda())
+        table.add_slot("accumulator", ACCUMULATOR)
+        tables.append(table)
+    step = CoreSparseStep(tables, "adagrad", lr=LR)
+    counter = dict(step=0)
+    for hot in [int(h) for h in args.hotness.split(",")]:
+        ids = batch_ids(args, hot)
+        sets = []
+        offsets = [torch.arange(0, args.batch * hot + 1, hot, dtype=torch.int64, device="cuda")
+                  ] * TABLES
+        for s in ids:
+            keys = [torch.from_numpy(raw_keys(t, s[t])).cuda() for t in range(TABLES)]
+            grads = [torch.ones((args.batch, DIM), device="cuda") for _ in range(TABLES)]
+            sets.append((keys, grads))
+
+        def run(batch):
+            counter["step"] += 1
+            step(batch[0], offsets, batch[1], counter["step"])
+
+        median, low, high = time_ms(run, sets, warmup=3, reps=args.steps)
+        fb, unique = floor_bytes(args, hot, ids)
+        results[f"core_{hot}hot"] = dict(ms=median,
+                                         ms_min=low,
+                                         ms_max=high,
+                                         floor_bytes=fb,
+                                         unique_keys=unique)
+        print(f"[core] {hot}-hot: {median:.3f} ms [{low:.3f}, {high:.3f}]", flush=True)
+    write_json(args, "core", results)
+
+
+def part_torch(args):
+    """Two layouts, the faster one is the baseline: every feature in one
+    EmbeddingBag (fewest launches; torch's sparse gradient coalescing fails
+    past 2^31 values, so 10-hot runs out of it) and one EmbeddingBag per
+    feature."""
+    import torch  # pylint: disable=import-outside-toplevel
+    sys.path.insert(0, HERE)
+    from common import time_ms  # pylint: disable=import-outside-toplevel
+    rows = rows_per_table(args)
+    results = {}
+    for hot in [int(h) for h in args.hotness.split(",")]:
+        ids = batch_ids(args, hot)
+        timings = {}
+        if TABLES * args.batch * hot * DIM < 2**31:
+            emb = torch.nn.EmbeddingBag(TABLES * rows, DIM, mode="sum", sparse=True).cuda()
+            opt = torch.optim.Adagrad(emb.parameters(),
+                                      lr=LR,
+                                      initial_accumulator_value=ACCUMULATOR)
+            offsets = torch.arange(0,
+                                   TABLES * args.batch * hot,
+                                   hot,
+                                   dtype=torch.int64,
+                                   device="cuda")
+            grad = torch.ones((TABLES * args.batch, DIM), device="cuda")
+            sets = [
+                torch.from_numpy(np.concatenate([t * rows + s[t]
+                                                 for t in range(TABLES)])).cuda()
+                for s in ids
+            ]
+
+            def run_one(index):
+                emb(index, offsets).backward(grad)
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+
+            timings["one_table"] = time_ms(run_one, sets, warmup=3, reps=max(args.steps // 2, 5))
+            del emb, opt, sets
+            torch.cuda.empty_cache()
+        bags = [
+            torch.nn.EmbeddingBag(rows, DIM, mode="sum", sparse=True).cuda() for _ in range(TABLES)
+        ]
+        opt = torch.optim.Adagrad([p for b in bags for p in b.parameters()],
+                                  lr=LR,
+                                  initial_accumulator_value=ACCUMULATOR)
+        offsets = torch.arange(0, args.batch * hot, hot, dtype=torch.int64, device="cuda")
+        grad = torch.ones((args.batch, DIM), device="cuda")
+        sets = [[torch.from_numpy(s[t]).cuda() for t in range(TABLES)] for s in ids]
+
+        def run_per_table(indices):
+            for bag, index in zip(bags, indices):
+                bag(index, offsets).backward(grad)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        timings["per_table"] = time_ms(run_per_table, sets, warmup=3, reps=max(args.steps // 2, 5))
+        del bags, opt, sets
+        torch.cuda.empty_cache()
+        layout = min(timings, key=lambda k: timings[k][0])
+        median, low, high = timings[layout]
+        results[f"torch_{hot}hot"] = dict(ms=median,
+                                          ms_min=low,
+                                          ms_max=high,
+                                          layout=layout,
+                                          layouts={
+                                              k: v[0] for k, v in timings.items()
+                                          })
+        print(f"[torch] {hot}-hot: " + ", ".join(f"{k} {v[0]:.3f} ms" for k, v in timings.items()),
+              flush=True)
+    write_json(args, "torch", results)
+
+
+# --------------------------------------------------------------------------- report
+
+
+def report(args):
+    load = lambda name: json.load(open(os.path.join(args.json_dir, f"tf_sparse_step_{name}.json")))
+    tf_r, core, torch_r = load("tf"), load("core"), load("torch")
+    bw = core["copy_TBps"] * 1e12
+    command = "python3 benchmarks/gpu/tf_sparse_step.py " + " ".join(sys.argv[1:])
+    lines = [
+        f"\n## TF sparse step on one GPU, {datetime.date.today()}",
+        "",
+        f"Machine: {core['device']} (device tool), TensorFlow {tf_r['tf_version']}, sok-ev from "
+        f"`{tf_r['sok_ev_file']}`. Command: `{command}`. {TABLES} tables, batch {args.batch}, dim "
+        f"{DIM}, {args.rows} keys pre-filled, Zipf 1.1, Adagrad; median ms per step. Copy "
+        f"bandwidth {bw / 1e12:.2f} TB/s.",
+        "",
+        "| hotness | mode | sok-ev | dense TF | torch EmbeddingBag (faster layout) | core step "
+        "(harness) | "
+        "dense ÷ sok-ev | torch ÷ sok-ev | sok-ev ÷ core | floor | % of floor | host syncs "
+        "/ step | table B/key (÷ raw) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for hot in [int(h) for h in args.hotness.split(",")]:
+        c = core[f"core_{hot}hot"]
+        t = torch_r[f"torch_{hot}hot"]
+        floor_ms = c["floor_bytes"] / bw * 1e3
+        for mode in ("graph", "tf_function"):
+            ours = tf_r[f"sok_ev_{mode}_{hot}hot"]
+            dense = tf_r[f"dense_{mode}_{hot}hot"]
+            lines.append(
+                f"| {hot} | {mode} | {ours['ms']:.2f} | {dense['ms']:.2f} | {t['ms']:.2f} "
+                f"({t['layout']}) | "
+                f"{c['ms']:.2f} | {dense['ms'] / ours['ms']:.1f}× | {t['ms'] / ours['ms']:.2f}× | "
+                f"{ours['ms'] / c['ms']:.2f}× | {floor_ms:.2f} | {100 * floor_ms / ours['ms']:.0f}% "
+                f"| {ours['host_syncs_per_step']:.2f} | {ours['bytes_per_key']:.0f} "
+                f"({ours['bytes_per_key_ratio']:.2f}×) |")
+    text = "\n".join(lines) + "\n"
+    print(text, flush=True)
+    with open(args.results, "a") as f:
+        f.write(text)
+    with open(os.path.join(args.json_dir, "tf_sparse_step_results.md"), "w") as f:
+        f.write(text)
+
+
+def main():
+    args = parse_args()
+    if args.part == "tf":
+        return part_tf(args)
+    if args.part == "core":
+        return part_core(args)
+    if args.part == "torch":
+        return part_torch(args)
+    os.makedirs(args.json_dir, exist_ok=True)
+    for part in ("tf", "core", "torch"):
+        started = time.time()
+        subprocess.run([sys.executable, __file__] + sys.argv[1:] + ["--part", part], check=True)
+        print(f"[{part}] done in {time.time() - started:.0f} s", flush=True)
+    report(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,273 @@
+"""Every worker builds and runs the same lookups, or every worker fails.
+
+A lookup over tables sharded across workers is a collective: every worker
+must take part, with the same tables. Horovod matches collectives by name
+and waits, without limit, for every worker to submit each one; a lookup
+that only some workers build or run (evaluation on worker 0, a table looked
+up by one worker only) would leave every worker waiting forever. sok-ev
+turns that into an error on every worker:
+
+1. At build (graph construction, tf.function trace, the first eager call
+   from a place in the user's code), `check_lookup` runs one small allgather
+   of the lookup's description: its tables (name, embedding_dim, key dtype,
+   target_gpu). Workers that built different lookups at the same point get
+   a ValueError naming the table, the field and both values. Only a lookup
+   new to this worker is checked (new tables, a new place in the code, a new
+   tf.function or tf.Graph), so retracing and eager steps cost nothing.
+2. If the other workers do not join the check within
+   SOK_EV_LOOKUP_CHECK_TIMEOUT seconds (default 30) -- because they did not
+   build this lookup and went on training -- this worker sends every
+   exchange it knows of (the lookups it built, which the others are waiting
+   in) a "stopped" header, so the others fail with an error naming the
+   cause; then it shuts Horovod down (any other waiting collective fails)
+   and raises a ValueError naming the lookup.
+3. At run time every exchange starts with one header row per worker:
+   the lookup's fingerprint (a hash of its tables). A worker that receives a
+   different fingerprint or a "stopped" header raises InvalidArgumentError,
+   before any table changes. Eager exchanges are matched by Horovod by kind,
+   so two workers running different eager lookups meet and fail here.
+
+Not caught: a lookup every worker built but only some run (a graph-mode
+evaluation op fetched on worker 0 only) waits as any Horovod collective
+does; Horovod's HOROVOD_STALL_SHUTDOWN_TIME_SECONDS ends such waits.
+"""
+
+import hashlib
+import itertools
+import json
+import os
+import re
+import sys
+import threading
+import time
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.framework import ops as framework_ops
+
+from sok_ev import communication
+
+TIMEOUT_VARIABLE = "SOK_EV_LOOKUP_CHECK_TIMEOUT"
+DEFAULT_TIMEOUT_SECONDS = 30.0
+# The fingerprint a worker that stopped the job sends (fingerprints are >= 0).
+STOPPED = -1
+# How long a stopping worker waits for the others to receive its header.
+_STOP_GRACE_SECONDS = 3.0
+
+_SOK_EV_DIR = os.path.dirname(os.path.abspath(__file__))
+# Packages whose frames are not the user's code.
+_LIBRARIES = ("tensorflow", "keras", "horovod")
+
+_checked = set()  # lookup keys every worker agreed on
+_exchanges = set()  # names of the first collectives of the lookups built here (None: eager)
+_graph_ordinals = itertools.count()  # numbers the tf.Graphs with lookups, in order
+_lock = threading.Lock()
+
+
+def table_signature(variable):
+    """What every worker must agree on about a table: name, embedding_dim,
+  key dtype and target_gpu."""
+    return {
+        "name": variable.name,
+        "embedding_dim": int(variable.embedding_dim),
+        "key_dtype": variable.key_dtype.name,
+        "target_gpu": int(variable.target_gpu)
+    }
+
+
+def fingerprint(params):
+    """A 62-bit hash of the tables' signatures, the same on every worker."""
+    text = json.dumps([table_signature(v) for v in params], sort_keys=True)
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 2
+
+
+def _timeout():
+    value = os.environ.get(TIMEOUT_VARIABLE)
+    if not value:
+        return DEFAULT_TIMEOUT_SECONDS
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1
+    if seconds <= 0:
+        raise ValueError(f"{TIMEOUT_VARIABLE} must be a positive number of seconds, got {value!r}")
+    return seconds
+
+
+def _call_site():
+    """file:line of the user's code that asked for the lookup."""
+    skip = [_SOK_EV_DIR] + [
+        os.path.dirname(os.path.abspath(sys.modules[m].__file__))
+        for m in _LIBRARIES
+        if getattr(sys.modules.get(m), "__file__", None)
+    ]
+    frame = sys._getframe(1)  # pylint: disable=protected-access
+    while frame is not None:
+        path = os.path.abspath(frame.f_code.co_filename)
+        if not path.startswith(tuple(skip)) and not frame.f_code.co_filename.startswith("<"):
+            return f"{os.path.basename(path)}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "?"
+
+
+def _context():
+    """Where the lookup is built: eagerly or in a tf.Graph (by its order among
+  graphs with lookups), and in which tf.functions being traced, by name."""
+    graph = framework_ops.get_default_graph()
+    functions = []
+    while getattr(graph, "building_function", False):
+        # Without the uid TensorFlow appends to some names (cond_true_41):
+        # a retrace on one worker must not look like a new lookup.
+        functions.append(re.sub(r"_\d+$", "", graph.name))
+        graph = graph.outer_graph
+    with tf.init_scope():
+        eager = tf.executing_eagerly()
+    if eager:
+        where = "eager"
+    else:
+        with _lock:
+            if not hasattr(graph, "_sok_ev_ordinal"):
+                graph._sok_ev_ordinal = next(_graph_ordinals)  # pylint: disable=protected-access
+        where = f"graph{graph._sok_ev_ordinal}"  # pylint: disable=protected-access
+    return "/".join([where] + functions[::-1])
+
+
+def check_lookup(params):
+    """Checks that every worker builds this lookup (see the module docstring).
+
+  Raises:
+    ValueError: a target_gpu out of range; workers disagreeing on the tables
+      (the message names the table, the field and both values); or workers
+      not building this lookup within the timeout.
+  """
+    size = communication.world_size()
+    signatures = [table_signature(v) for v in params]
+    for signature in signatures:
+        if not -1 <= signature["target_gpu"] < size:
+            raise ValueError(f"lookup_sparse: target_gpu of Embedding Variable "
+                             f"'{signature['name']}' must be -1 or in [0, {size}) for {size} "
+                             f"workers, got {signature['target_gpu']}")
+    site, where = _call_site(), _context()
+    key = (where, site, json.dumps(signatures, sort_keys=True))
+    if key in _checked:
+        return
+    description = {"tables": signatures, "site": site, "where": where}
+    timeout = _timeout()
+    try:
+        everyone = communication.allgather_object(description,
+                                                  name="sok_ev_lookup_check",
+                                                  timeout=timeout)
+    except communication.CollectiveTimeoutError:
+        names = [s["name"] for s in signatures]
+        message = (f"lookup_sparse: worker {communication.rank()} built a lookup of {names} "
+                   f"({site}, {where}) that the other workers did not build within "
+                   f"{timeout:g} s: every worker must build and run the same sok-ev lookups in "
+                   "the same order (an evaluation or a table looked up on some workers only "
+                   f"is a rank-dependent lookup). {TIMEOUT_VARIABLE} sets the time limit.")
+        stop_everyone(message)
+        raise ValueError(message) from None
+    _compare(signatures, [e["tables"] for e in everyone], everyone)
+    _checked.add(key)
+
+
+def _compare(signatures, theirs_by_worker, everyone):
+    me = communication.rank()
+    for other, theirs in enumerate(theirs_by_worker):
+        if theirs == signatures:
+            continue
+        if len(theirs) != len(signatures):
+            raise ValueError(f"lookup_sparse: worker {me} looks up {len(signatures)} tables "
+                             f"({[s['name'] for s in signatures]}, {everyone[me]['site']}) but "
+                             f"worker {other} looks up {len(theirs)} "
+                             f"({[s['name'] for s in theirs]}, {everyone[other]['site']}) at "
+                             "the same point; every worker must build the same Embedding "
+                             "Variables and lookups, in the same order")
+        for t, (mine, its) in enumerate(zip(signatures, theirs)):
+            for field in ("name", "embedding_dim", "key_dtype", "target_gpu"):
+                if mine[field] != its[field]:
+                    raise ValueError(f"lookup_sparse: Embedding Variable '{mine['name']}' (table "
+                                     f"{t} of the call) differs across workers: {field} is "
+                                     f"{mine[field]!r} on worker {me} but {its[field]!r} on worker "
+                                     f"{other}; every worker must build the same tables")
+
+
+# --- Run time ------------------------------------------------------------------
+
+
+def exchange_name(params):
+    """The name of a lookup's first collective (keys to owners): unique among
+  the lookups of one graph or function, the same on every worker, and known
+  to `stop_everyone`."""
+    graph = framework_ops.get_default_graph()
+    ordinal = getattr(graph, "_sok_ev_exchanges", 0)
+    graph._sok_ev_exchanges = ordinal + 1  # pylint: disable=protected-access
+    name = f"sok_ev_keys_{ordinal}_{fingerprint(params):016x}"
+    with _lock:
+        _exchanges.add(None if tf.executing_eagerly() else name)
+    return name
+
+
+def header(params, num_workers):
+    """`[num_workers, 2]` int64: the row that opens each worker's block of the
+  first exchange, (fingerprint, number of tables)."""
+    return tf.constant([[fingerprint(params), len(params)]] * num_workers, tf.int64)
+
+
+def check_headers(params, headers):
+    """An op that fails unless every worker sent this lookup's header.
+
+  Args:
+    headers: `[num_workers, 2]` int64, the first row received from each worker.
+
+  Returns:
+    The check op (run it before anything reads the exchange); raises
+    InvalidArgumentError (naming the tables and each worker's fingerprint)
+    eagerly or when run.
+  """
+    expected = fingerprint(params)
+    names = [v.name for v in params]
+    stopped = tf.reduce_any(tf.equal(headers[:, 0], STOPPED))
+    agree = tf.reduce_all(tf.equal(headers, [[expected, len(params)]]))
+    text = tf.where(
+        stopped,
+        tf.constant("sok-ev: another worker stopped this exchange because the workers built "
+                    "or ran different lookups (an evaluation or a table looked up on some "
+                    "workers only); see that worker's error. Every worker must build and run "
+                    "the same sok-ev lookups in the same order."),
+        tf.constant(f"sok-ev: workers ran different lookups at the same time: this worker "
+                    f"looked up {names} (fingerprint {expected}); the fingerprints received "
+                    "from workers 0, 1, ... follow. Every worker must run the same sok-ev "
+                    "lookups in the same order."))
+    return tf.debugging.Assert(agree, [text, headers[:, 0]], summarize=64)
+
+
+def stop_everyone(message):
+    """Makes every worker fail instead of waiting: sends a "stopped" header to
+  every exchange built on this worker (where the others may be waiting), then
+  shuts Horovod down."""
+    print(f"sok-ev (worker {communication.rank()}): {message}", file=sys.stderr, flush=True)
+    size = communication.world_size()
+    me = communication.rank()
+    rows = np.array([[STOPPED, 0]] * (size - 1), np.int64)
+    splits = [0 if w == me else 1 for w in range(size)]
+    with _lock:
+        names = list(_exchanges)
+    senders = []
+    for name in names:
+        thread = threading.Thread(target=_send_quietly,
+                                  args=(rows, splits, name),
+                                  name="sok_ev_stop",
+                                  daemon=True)
+        thread.start()
+        senders.append(thread)
+    deadline = time.monotonic() + _STOP_GRACE_SECONDS
+    for thread in senders:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    communication.shutdown()
+
+
+def _send_quietly(rows, splits, name):
+    try:
+        communication.alltoall_now(rows, splits, name=name)
+    except Exception:  # pylint: disable=broad-except
+        pass  # nobody was waiting in it; Horovod's shutdown ends it

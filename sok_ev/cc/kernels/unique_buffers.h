@@ -1,0 +1,42 @@
+// What the UniqueKeys stage reads and writes per table, device-neutral: the
+// outputs sized by the batch are allocated up front; those sized by the
+// number of unique keys once the core knows it.
+#ifndef SOK_EV_CC_KERNELS_UNIQUE_BUFFERS_H_
+#define SOK_EV_CC_KERNELS_UNIQUE_BUFFERS_H_
+
+#include <cstdint>
+#include <functional>
+
+#include "absl/status/status.h"
+
+namespace sok_ev {
+
+// One table's entries (a SparseTensor's values and row ids) and the outputs
+// indexed by entry or by sample.
+template <typename Key>
+struct TableBatch {
+  const Key* keys = nullptr;            // (nnz,)
+  const int64_t* sample_ids = nullptr;  // (nnz,)
+  int64_t nnz = 0;
+  int64_t batch = 0;
+  int64_t* unique_index = nullptr;  // (nnz,) out: each entry's unique key
+  int64_t* order = nullptr;         // (nnz,) out: entries grouped by unique key
+  int64_t* row_offsets = nullptr;   // (batch + 1,) out: each sample's entries
+};
+
+// One table's outputs indexed by unique key.
+template <typename Key>
+struct UniqueBuffers {
+  Key* unique_keys = nullptr;   // (num_unique,)
+  int64_t* counts = nullptr;    // (num_unique,)
+  int64_t* segments = nullptr;  // (num_unique + 1,)
+};
+
+// Called once per table with its number of unique keys; fills *buffers.
+template <typename Key>
+using UniqueAllocator =
+    std::function<absl::Status(int table, int64_t num_unique, UniqueBuffers<Key>* buffers)>;
+
+}  // namespace sok_ev
+
+#endif  // SOK_EV_CC_KERNELS_UNIQUE_BUFFERS_H_

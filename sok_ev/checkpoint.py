@@ -1,0 +1,428 @@
+"""Checkpoints of Embedding Variables, on one worker or many.
+
+Every table is saved with its keys, values, optimizer slots, frequencies and
+versions, under its own name, and written straight from the table in
+batches (no copy of the table is made); the layout is
+sok_ev/cc/kernels/checkpoint_format.h. Two ways in, both through stock APIs:
+
+* `tf.compat.v1.train.Saver` (and what builds one: MonitoredTrainingSession's
+  Scaffold, SavedModel builders): `install_saver_hook()`, which
+  `sok_ev.init()` runs, makes new Savers save Embedding Variables with
+  `SokEv>SaveEmbeddingVariables` and restore them with
+  `SokEv>RestoreEmbeddingVariables`; every other variable is saved and
+  restored by TensorFlow's own ops, as before. A restore needs no
+  initializer run first.
+* `tf.train.Checkpoint` (and SavedModel): a saver registered with TensorFlow
+  (`tf.saved_model.experimental` registration), at import.
+
+With several workers, each worker holds a shard of each table. Saving:
+every worker saves at the same step; each writes its shard as a part next to
+the checkpoint (a file system all workers share), then, once every part is
+written, worker 0 merges the parts with the dense variables into the
+checkpoint. Until that merge nothing at the checkpoint's path has changed,
+so an interrupted save leaves the previous checkpoint as it was. With a
+Saver every worker passes the same path (worker 0 writes the dense
+variables, the others only their shards); with tf.train.Checkpoint the
+workers other than 0 save to a path of their own (TensorFlow's
+multi-worker convention: their copy of the dense variables is not needed).
+Restoring: every worker restores the same checkpoint, on any number of
+workers; each keeps exactly the keys it owns (`owner_of`, cc/partition.h),
+or the whole table if `target_gpu` names it. Restores read the worker
+topology when they run, so a graph exported on N workers restores on M.
+"""
+
+import collections
+
+import tensorflow as tf
+from tensorflow.python.framework import ops as framework_ops
+from tensorflow.python.ops import gen_io_ops
+from tensorflow.python.saved_model.registration import registration
+from tensorflow.python.training import saver as saver_module
+
+from sok_ev import communication
+from sok_ev._ops import ops
+from sok_ev.embedding_variable import EmbeddingVariable
+from sok_ev.embedding_variable import EmbeddingVariableSaveable
+
+# The name TensorFlow records for tables saved by the registered saver.
+_REGISTERED_PACKAGE = "sok_ev"
+_REGISTERED_NAME = "EmbeddingVariables"
+
+
+def part_prefix(prefix, worker, num_workers):
+    """Where `worker` writes its part of a checkpoint being saved at `prefix`
+  (as checkpoint::PartPrefix in checkpoint_format.h)."""
+    return f"{prefix}_worker_{worker:05d}_of_{num_workers:05d}"
+
+
+# --- The ops, for a group of tables ------------------------------------------
+
+
+def _by_device(tables):
+    """[(name, variable)] grouped by the variable's device, in first-seen order."""
+    groups = collections.OrderedDict()
+    for name, variable in tables:
+        groups.setdefault(variable.device, []).append((name, variable))
+    return list(groups.values())
+
+
+def _evictions(tables):
+    """DeepRec evicts keys older than steps_to_live when saving."""
+    step = tf.compat.v1.train.get_global_step()
+    evictions = []
+    for _, variable in tables:
+        if variable.steps_to_live and step is not None:
+            evictions.append(ops().sok_ev_embedding_variable_evict(
+                variable.handle,
+                tf.cast(step, tf.int64),
+                key_dtype=variable.key_dtype,
+                steps_to_live=variable.steps_to_live))
+    return evictions
+
+
+def _save_tables(prefix, tables, num_workers):
+    """Writes this worker's shard of `tables` ([(name, variable)], one device)
+  at part_prefix(prefix, worker, num_workers); returns that prefix."""
+    return ops().sok_ev_save_embedding_variables(
+        prefix, [v.handle for _, v in tables],
+        table_names=[name for name, _ in tables],
+        key_dtypes=[v.key_dtype for _, v in tables],
+        target_workers=[int(v.target_gpu) for _, v in tables],
+        num_workers=num_workers)
+
+
+def _restore_tables(prefix, tables):
+    """Restores `tables` ([(name, variable)], one device) from the checkpoint
+  at `prefix`; all of them or, on an error, none."""
+    specs = [v.initializer_spec for _, v in tables]
+    return ops().sok_ev_restore_embedding_variables(
+        prefix, [v.handle for _, v in tables], [v.default_values for _, v in tables],
+        table_names=[name for name, _ in tables],
+        key_dtypes=[v.key_dtype for _, v in tables],
+        embedding_dims=[int(v.embedding_dim) for _, v in tables],
+        initializer_kinds=[int(s.kind) for s in specs],
+        initializer_params_a=[float(s.param_a) for s in specs],
+        initializer_params_b=[float(s.param_b) for s in specs],
+        initializer_seeds=[int(s.seed) for s in specs],
+        target_workers=[int(v.target_gpu) for _, v in tables])
+
+
+# Ordering the save across workers. Horovod's ops are not stateful, so
+# Grappler may fold a gather of constants or drop a control dependency on a
+# gather; every step below therefore takes what it waits for as data.
+
+
+def _after(tensor, gate):
+    """`tensor` (a string), computed from `gate` as well: a data dependency."""
+    nothing = tf.strings.substr(tf.strings.as_string(tf.reshape(gate, [-1])[:1]), 0, 0)
+    return tf.strings.join([tensor, tf.strings.reduce_join(nothing)])
+
+
+def _on_worker_zero(build, gate=None):
+    """Runs the ops `build()` makes on worker 0 only, after `gate`; returns a
+  bool tensor to wait on."""
+
+    def run():
+        with tf.control_dependencies(build()):
+            return tf.constant(True)
+
+    worker, _ = ops().sok_ev_worker_topology()
+    first = tf.equal(worker, 0)
+    if gate is not None:
+        first = tf.logical_and(first, tf.greater_equal(tf.size(gate), 0))
+    return tf.cond(first, run, lambda: tf.constant(False))
+
+
+def _barrier(name, after):
+    """The gather of a signal from each of `after` (tensors), which completes
+  on every worker once every worker has computed `after`."""
+    signals = []
+    for item in after:
+        if item.dtype != tf.string:
+            item = tf.strings.as_string(item)
+        signals.append(tf.strings.to_hash_bucket_fast(item, 2**62))
+    return communication.allgather(tf.reshape(tf.stack(signals), [-1]), name=name)
+
+
+def record_worker_topology():
+    """Tells the checkpoint kernels which worker this process is (the
+  communication module's rank and world size)."""
+    worker, num_workers = communication.rank(), communication.world_size()
+    with tf.init_scope():
+        if tf.executing_eagerly():
+            ops().sok_ev_set_worker_topology(worker, num_workers)
+            return
+        with tf.Graph().as_default():
+            op = ops().sok_ev_set_worker_topology(worker, num_workers)
+            with tf.compat.v1.Session() as session:
+                session.run(op)
+
+
+# --- tf.compat.v1.train.Saver ------------------------------------------------
+
+
+def _split(saveables):
+    """([(name, Embedding Variable)], the other saveables)."""
+    tables = [s for s in saveables if isinstance(s, EmbeddingVariableSaveable)]
+    others = [s for s in saveables if not isinstance(s, EmbeddingVariableSaveable)]
+    return [(s.name, s.variable) for s in tables], others
+
+
+def _split_groups(per_device):
+    """_split over TensorFlow's [(device, saveables)]: every table, and the
+  groups of other saveables that are not empty."""
+    tables, dense = [], []
+    for device, saveables in per_device:
+        group_tables, others = _split(saveables)
+        tables.extend(group_tables)
+        if others:
+            dense.append((device, others))
+    return tables, dense
+
+
+class SaverBuilder(saver_module.BulkSaverBuilder):
+    """TensorFlow's Saver builder, with Embedding Variables saved by
+  SaveEmbeddingVariables parts merged into the checkpoint, and restored by
+  RestoreEmbeddingVariables. Savers without Embedding Variables build exactly
+  what TensorFlow's does."""
+
+    def _build_internal(self, names_to_saveables, *args, **kwargs):  # pylint: disable=arguments-differ
+        # Saver({name: variable}) hands variables over as they are; TensorFlow
+        # would read an Embedding Variable as a dense tensor.
+        if isinstance(names_to_saveables, dict):
+            names_to_saveables = {
+                name: (EmbeddingVariableSaveable(value, name) if isinstance(
+                    value, EmbeddingVariable) else value
+                      ) for name, value in names_to_saveables.items()
+            }
+        return super()._build_internal(names_to_saveables, *args, **kwargs)
+
+    def _AddSaveOps(self, filename_tensor, saveables):  # pylint: disable=invalid-name
+        tables, others = _split(saveables)
+        if not tables:
+            return super()._AddSaveOps(filename_tensor, saveables)
+        return self._save_with_tables(filename_tensor, [("", others)] if others else [], tables)
+
+    def _AddShardedSaveOps(self, filename_tensor, per_device):  # pylint: disable=invalid-name
+        tables, dense = _split_groups(per_device)
+        if not tables:
+            return super()._AddShardedSaveOps(filename_tensor, per_device)
+        return self._save_with_tables(filename_tensor, dense, tables)
+
+    def _save_with_tables(self, prefix, dense, tables):
+        """The save graph, identical on every worker (which worker runs it is
+    read at run time): each worker writes its tables' shards as parts;
+    worker 0 writes the dense variables and merges every part into
+    `prefix` once all are written. Returns `prefix`, once the checkpoint is
+    complete on every worker."""
+        workers = communication.world_size()
+        with tf.device("/cpu:0"):
+            # Nothing is written before every worker agreed on the path.
+            checked = _same_prefix_on_every_worker(prefix) if workers > 1 else prefix
+            temp = tf.strings.join([checked, "_temp/"])
+        writes, parts = [], []
+        with tf.control_dependencies(_evictions(tables)):
+            for index, group in enumerate(_by_device(tables)):
+                group_prefix = f"sok_ev_tables_{index}"
+                with tf.device(group[0][1].device):
+                    writes.append(
+                        _save_tables(tf.strings.join([temp, group_prefix]), group, workers))
+                parts.extend(
+                    part_prefix(group_prefix, worker, workers) for worker in range(workers))
+        with tf.device("/cpu:0"):
+            dense_prefixes = [
+                self.sharded_filename(tf.strings.join([temp, "part"]), shard, len(dense))
+                for shard in range(len(dense))
+            ]
+
+        def write_dense():
+            written = []
+            for part, (device, saveables) in zip(dense_prefixes, dense):
+                with tf.device(saver_module.saveable_object_util.set_cpu0(device)):
+                    written.append(
+                        saver_module.BaseSaverBuilder._AddSaveOps(  # pylint: disable=protected-access
+                            self, part, saveables))
+            return written
+
+        if workers == 1:
+            writes.extend(write_dense())
+        elif dense:
+            writes.append(_on_worker_zero(write_dense))
+        with tf.device("/cpu:0"):
+            inputs = dense_prefixes + [tf.strings.join([temp, part]) for part in parts]
+
+            def merge():
+                return [gen_io_ops.merge_v2_checkpoints(inputs, prefix, delete_old_dirs=True)]
+
+            if workers == 1:
+                with tf.control_dependencies(writes):
+                    merged = merge()
+                with tf.control_dependencies(merged):
+                    return tf.identity(prefix)
+            # Worker 0 merges once every part is written; every worker
+            # returns once the checkpoint is complete (then Saver.save
+            # records it as the latest).
+            written = _barrier("sok_ev_checkpoint_parts_written", writes)
+            merged = _on_worker_zero(merge, gate=written)
+            return _after(prefix, _barrier("sok_ev_checkpoint_merged", [merged]))
+
+    def _AddRestoreOps(  # pylint: disable=invalid-name
+            self,
+            filename_tensor,
+            saveables,
+            restore_sequentially,
+            reshape,
+            preferred_shard=-1,
+            name="restore_all"):
+        tables, others = _split(saveables)
+        if not tables:
+            return super()._AddRestoreOps(filename_tensor, saveables, restore_sequentially, reshape,
+                                          preferred_shard, name)
+        restores = []
+        if others:
+            restores.append(super()._AddRestoreOps(filename_tensor, others, restore_sequentially,
+                                                   reshape, preferred_shard, "restore_dense"))
+        for group in _by_device(tables):
+            with tf.device(group[0][1].device):
+                restores.append(_restore_tables(filename_tensor, group))
+        return tf.group(*restores, name=name)
+
+    def _AddShardedRestoreOps(  # pylint: disable=invalid-name
+            self, filename_tensor, per_device, restore_sequentially, reshape):
+        tables, dense = _split_groups(per_device)
+        if not tables:
+            return super()._AddShardedRestoreOps(filename_tensor, per_device, restore_sequentially,
+                                                 reshape)
+        restores = []
+        if dense:
+            restores.append(super()._AddShardedRestoreOps(filename_tensor, dense,
+                                                          restore_sequentially, reshape))
+        for group in _by_device(tables):
+            with tf.device(group[0][1].device):
+                restores.append(_restore_tables(filename_tensor, group))
+        return tf.group(*restores, name="restore_all")
+
+
+def _same_prefix_on_every_worker(prefix):
+    """`prefix`, once every worker checked that all save to the same path;
+  fails on every worker otherwise."""
+    mine = tf.reshape(tf.strings.to_hash_bucket_fast(prefix, 2**62), [1])
+    everyone = communication.allgather(mine, name="sok_ev_checkpoint_paths")
+    check = tf.debugging.assert_equal(
+        everyone,
+        tf.fill(tf.shape(everyone), everyone[0]),
+        message="tf.compat.v1.train.Saver.save was given different paths on different workers: "
+        "with Embedding Variables every worker must save the same checkpoint path, on a file "
+        "system they share (each writes its shards, worker 0 the rest)")
+    with tf.control_dependencies([check]):
+        return _after(prefix, everyone)
+
+
+_original_builder = {}
+
+
+def install_saver_hook():
+    """Makes tf.compat.v1.train.Saver save and restore Embedding Variables
+  (see the module docstring). Affects Savers built afterwards without an
+  explicit builder=; anything that is not an Embedding Variable goes through
+  TensorFlow's code. Idempotent."""
+    if not _original_builder:
+        _original_builder["BulkSaverBuilder"] = saver_module.BulkSaverBuilder
+        saver_module.BulkSaverBuilder = SaverBuilder
+
+
+def uninstall_saver_hook():
+    """Restores TensorFlow's Saver builder."""
+    if _original_builder:
+        saver_module.BulkSaverBuilder = _original_builder.pop("BulkSaverBuilder")
+
+
+def saver_hook_installed():
+    """Whether install_saver_hook() is in effect."""
+    return bool(_original_builder)
+
+
+# --- tf.train.Checkpoint (a saver registered with TensorFlow) ----------------
+
+
+def _sorted_tables(trackables):
+    return sorted(trackables.items(), key=lambda item: item[0])
+
+
+def _in_legacy_graph():
+    """Building a tf.compat.v1 graph (not eager, not a tf.function)."""
+    return (not tf.executing_eagerly() and
+            not isinstance(framework_ops.get_default_graph(), tf.__internal__.FuncGraph))
+
+
+def _registered_save(trackables, file_prefix):
+    """The registered save function: writes this worker's parts and returns
+  the prefixes TensorFlow merges into the checkpoint (every worker's parts,
+  on worker 0)."""
+    tables = _sorted_tables(trackables)
+    workers, worker = communication.world_size(), communication.rank()
+    if not tf.executing_eagerly():
+        if workers > 1:
+            raise ValueError("tf.train.Checkpoint saves Embedding Variables of several workers "
+                             "eagerly only; call save()/write() outside tf.function and graphs")
+        with tf.control_dependencies(_evictions(tables)):
+            return [
+                _save_tables(tf.strings.join([file_prefix, f"_{index}"]), group, workers)
+                for index, group in enumerate(_by_device(tables))
+            ]
+    prefix = file_prefix.numpy().decode()
+    if workers > 1:
+        prefix = _prefix_of_worker_zero(prefix, [name for name, _ in tables])
+    _evictions(tables)  # run now, eagerly
+    parts = []
+    for index, group in enumerate(_by_device(tables)):
+        _save_tables(f"{prefix}_{index}", group, workers)
+        parts.extend(part_prefix(f"{prefix}_{index}", w, workers) for w in range(workers))
+    if workers > 1:
+        # Every part is written before worker 0 merges them.
+        communication.allgather_object("written", name="sok_ev_checkpoint_parts_written")
+    return [tf.constant(part) for part in parts] if worker == 0 else []
+
+
+def _prefix_of_worker_zero(prefix, names):
+    """Where worker 0 saves; checks that the workers save the same tables,
+  and that the others save elsewhere (their dense variables would collide)."""
+    everyone = communication.allgather_object({
+        "prefix": prefix,
+        "tables": names
+    },
+                                              name="sok_ev_checkpoint_prefixes")
+    for other, theirs in enumerate(everyone):
+        if theirs["tables"] != everyone[0]["tables"]:
+            raise ValueError(f"tf.train.Checkpoint: worker {other} saves Embedding Variables "
+                             f"{theirs['tables']} but worker 0 saves {everyone[0]['tables']}; "
+                             "every worker must save the same objects")
+        if other > 0 and theirs["prefix"] == everyone[0]["prefix"]:
+            raise ValueError(f"tf.train.Checkpoint: worker {other} saves to the same path as "
+                             "worker 0. With several workers every worker saves, but workers "
+                             "other than 0 to a path of their own, e.g. "
+                             "tf.train.CheckpointManager(ckpt, directory if hvd.rank() == 0 "
+                             "else f'{directory}/worker-{hvd.rank()}', ...): worker 0 writes "
+                             "the checkpoint, the others add their Embedding Variable shards "
+                             "to it.")
+    return everyone[0]["prefix"]
+
+
+def _registered_restore(trackables, merged_prefix):
+    """The registered restore function: every table, or none."""
+    if _in_legacy_graph():
+        raise ValueError("tf.train.Checkpoint restores Embedding Variables eagerly or in "
+                         "tf.function only; in a tf.compat.v1 graph use "
+                         "tf.compat.v1.train.Saver")
+    restores = []
+    for group in _by_device(_sorted_tables(trackables)):
+        with tf.device(group[0][1].device):
+            restores.append(_restore_tables(merged_prefix, group))
+    return None if tf.executing_eagerly() else tf.group(*restores)
+
+
+registration.register_checkpoint_saver(package=_REGISTERED_PACKAGE,
+                                       name=_REGISTERED_NAME,
+                                       predicate=lambda x: isinstance(x, EmbeddingVariable),
+                                       save_fn=_registered_save,
+                                       restore_fn=_registered_restore)

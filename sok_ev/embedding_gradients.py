@@ -1,0 +1,239 @@
+"""An Embedding Variable's gradient, and the guard that keeps it out of
+Horovod's reductions.
+
+The gradient of a lookup reaches its Embedding Variable as
+`tf.IndexedSlices(rows, keys)`, keyed by raw keys (`keyed_gradient`).
+
+With several workers each worker's Embedding Variable gradient holds only
+the keys it owns, already summed over every worker's batch by the lookup's
+backward exchange; only the owner may apply it. Any Horovod reduction of it
+(allreduce, allgather, broadcast, reducescatter) would apply keys into
+shards that do not own them, or apply them twice. This module owns that
+policy; the transport (`sok_ev.communication`) knows nothing of Embedding
+Variables. The guard has three layers:
+
+1. Marks. `sok_ev.distributed` marks the keys each owner looks up with their
+   Embedding Variable (`mark`); `keyed_gradient` marks the gradient's
+   indices and values the same way.
+2. At the Horovod call (`install_allreduce_guards`, run by sok_ev.init() with
+   Horovod): the functions of `horovod.tensorflow` that reduce, gather or
+   broadcast -- the public ones and the inner ones they call -- refuse a
+   marked tensor or IndexedSlices, in graph and eager mode. The inner ones are
+   wrapped in the module itself, so a public function bound before
+   sok_ev.init() (`from horovod.tensorflow import allreduce`) is refused too,
+   and so is allreducing only the values of a gradient (keeping its indices).
+   `hvd.DistributedOptimizer` and `hvd.DistributedGradientTape` refuse
+   Embedding Variables among their variables.
+3. At the update (`check_before_apply`, graph mode and tf.function): the
+   gradient's indices and values are traced back to the marked tensors; a
+   Horovod reduction on the way is refused.
+Each refusal is a ValueError naming the Embedding Variable and the fix.
+
+Not caught: in eager mode, a gradient that TensorFlow aggregated from
+several lookups of the same table (a new, unmarked tensor) handed to a
+Horovod function bypassing horovod.tensorflow (e.g. mpi_ops directly).
+"""
+
+import functools
+import sys
+
+import tensorflow as tf
+
+from sok_ev import communication
+from sok_ev.embedding_variable import EmbeddingVariable
+
+# Attribute naming the Embedding Variable a key or gradient tensor belongs to.
+_MARK = "_sok_ev_embedding_variable"
+
+# Horovod ops that must never produce an Embedding Variable gradient.
+_REDUCING_OPS = ("HorovodAllreduce", "HorovodGroupedAllreduce", "HorovodAllgather",
+                 "HorovodGroupedAllgather", "HorovodBroadcast", "HorovodReducescatter",
+                 "HorovodGroupedReducescatter")
+
+# horovod.tensorflow functions that reduce, gather or broadcast -> the name
+# the user knows them by. The inner ones (_allreduce...) are what the public
+# ones call, looked up in the module at call time.
+_HOROVOD_FUNCTIONS = {
+    "allreduce": "hvd.allreduce",
+    "grouped_allreduce": "hvd.grouped_allreduce",
+    "reducescatter": "hvd.reducescatter",
+    "grouped_reducescatter": "hvd.grouped_reducescatter",
+    "_allreduce": "hvd.allreduce",
+    "_grouped_allreduce": "hvd.grouped_allreduce",
+    "_reducescatter": "hvd.reducescatter",
+    "_grouped_reducescatter": "hvd.grouped_reducescatter",
+    "allgather": "hvd.allgather",
+    "grouped_allgather": "hvd.grouped_allgather",
+    "broadcast": "hvd.broadcast",
+}
+
+_guards = {}
+
+
+def mark(tensor, variable):
+    """Records that `tensor` holds keys or gradient rows of `variable`."""
+    setattr(tensor, _MARK, variable)
+    return tensor
+
+
+def keyed_gradient(rows, keys):
+    """The gradient of an Embedding Variable: `tf.IndexedSlices(rows, keys)`.
+
+  Args:
+    rows: float32 `[n, dim]`, the gradient of each looked-up key's row.
+    keys: `[n]` the keys (int32/int64), as the lookup saw them.
+
+  Returns:
+    tf.IndexedSlices whose values and indices are new tensors of the
+    backward pass: a GradientTape opened outside the tf.function that did the
+    lookup needs the indices produced by an op of the backward function, not
+    passed through from the forward one. Both carry the keys' mark.
+  """
+    variable = getattr(keys, _MARK, None)
+    rows, keys = tf.identity(rows), tf.identity(keys)
+    if variable is not None:
+        mark(rows, variable)
+        mark(keys, variable)
+    return tf.IndexedSlices(rows, keys)
+
+
+# Ops TensorFlow puts between a lookup's gradient and the optimizer without
+# changing it: gating (Identity) and the sum of several lookups' gradients
+# (ConcatV2 of their IndexedSlices).
+_PASS_THROUGH_OPS = ("Identity", "ConcatV2")
+
+
+def _mark_of(tensor, depth=8):
+    """The mark of `tensor`, or of the marked tensors it passes through."""
+    variable = getattr(tensor, _MARK, None)
+    if variable is not None or depth == 0 or tf.executing_eagerly():
+        return variable
+    op = getattr(tensor, "op", None)
+    if op is None or op.type not in _PASS_THROUGH_OPS:
+        return None
+    return next((v for v in (_mark_of(t, depth - 1) for t in op.inputs) if v is not None), None)
+
+
+def variable_of(value):
+    """The Embedding Variable whose gradient (or part of it) `value` is, or None.
+
+  `value` may be tf.IndexedSlices or a tensor; in graph mode what TensorFlow
+  passes a gradient through unchanged (an Identity, a concatenation of
+  several lookups' gradients) counts.
+  """
+    parts = [value.indices, value.values] if isinstance(value, tf.IndexedSlices) else [value]
+    return next((v for v in map(_mark_of, parts) if v is not None), None)
+
+
+def check_before_apply(grad, variable, max_ops=100000):
+    """Refuses an Embedding Variable gradient that went through a Horovod
+  reduction (graph mode and tf.function; eager tensors have no graph).
+
+  Walks from the gradient's indices and values back to the marked tensors
+  of the lookup's backward pass; any other op (scaling, clipping) is fine.
+
+  Raises:
+    ValueError: naming the variable and the Horovod op.
+  """
+    if communication.world_size() == 1 or not isinstance(grad, tf.IndexedSlices):
+        return
+    pending = [t for t in (grad.indices, grad.values) if hasattr(t, "op")]
+    seen = set()
+    while pending and len(seen) < max_ops:
+        tensor = pending.pop()
+        if getattr(tensor, _MARK, None) is not None:
+            continue
+        op = tensor.op
+        if op.name in seen:
+            continue
+        seen.add(op.name)
+        if op.type in _REDUCING_OPS:
+            raise ValueError(f"The gradient of Embedding Variable '{variable.name}' went through "
+                             f"Horovod op '{op.name}' ({op.type}). Embedding Variables are "
+                             "model-parallel: each worker applies only the keys it owns, with "
+                             "every worker's contributions already summed by the lookup's "
+                             "backward exchange. Allreduce only the dense gradients (see "
+                             "python/examples/deeprec_sok_example.py).")
+        pending.extend(op.inputs)
+
+
+# --- At the Horovod call ------------------------------------------------------
+
+
+def _refuse(variables, where):
+    names = ", ".join(dict.fromkeys(f"'{v.name}'" for v in variables))
+    raise ValueError(f"{where} would reduce the gradient of Embedding Variable(s) {names} "
+                     "across workers. "
+                     "Embedding Variables are model-parallel: each worker's gradient already "
+                     "holds every worker's contributions for the keys it owns, and only the "
+                     "owner may apply it. Leave Embedding Variables out: allreduce only the "
+                     "dense gradients, e.g. [(g if isinstance(v, sok_ev.EmbeddingVariable) "
+                     "else hvd.allreduce(g), v) for g, v in opt.compute_gradients(loss)], or "
+                     "pass var_list=<dense variables> to hvd.DistributedOptimizer (see "
+                     "python/examples/deeprec_sok_example.py).")
+
+
+def _guard_function(original, where):
+
+    @functools.wraps(original)
+    def guarded(tensor, *args, **kwargs):
+        values = tensor if isinstance(tensor, (list, tuple)) else [tensor]
+        variables = [v for v in map(variable_of, values) if v is not None]
+        if variables:
+            _refuse(variables, where)
+        return original(tensor, *args, **kwargs)
+
+    return guarded
+
+
+def _embedding_variables_in(variables):
+    return [v for v in tf.nest.flatten(variables) if isinstance(v, EmbeddingVariable)]
+
+
+def _guard_compute_gradients(original):
+
+    @functools.wraps(original)
+    def compute_gradients(self, *args, **kwargs):
+        var_list = kwargs.get("var_list", args[1] if len(args) > 1 else None)
+        if var_list is None and not tf.executing_eagerly():
+            var_list = tf.compat.v1.trainable_variables()
+        tables = _embedding_variables_in(var_list or [])
+        if tables:
+            _refuse(tables, "hvd.DistributedOptimizer")
+        return original(self, *args, **kwargs)
+
+    return compute_gradients
+
+
+def _guard_tape_gradient(original):
+
+    @functools.wraps(original)
+    def gradient(self, target, sources, *args, **kwargs):
+        tables = _embedding_variables_in(sources)
+        if tables:
+            _refuse(tables, "hvd.DistributedGradientTape.gradient")
+        return original(self, target, sources, *args, **kwargs)
+
+    return gradient
+
+
+def install_allreduce_guards() -> None:
+    """Makes horovod.tensorflow refuse Embedding Variable gradients (layer 2
+  of the module docstring). Idempotent; nothing happens without Horovod."""
+    hvd = sys.modules.get("horovod.tensorflow")
+    if hvd is None or _guards:
+        return
+    for function, where in _HOROVOD_FUNCTIONS.items():
+        original = getattr(hvd, function, None)
+        if original is not None:
+            _guards[function] = original
+            setattr(hvd, function, _guard_function(original, where))
+    for class_name in ("_DistributedOptimizer", "_DistributedAdasumOptimizer"):
+        cls = getattr(hvd, class_name, None)
+        if cls is not None:
+            _guards[class_name] = cls.compute_gradients
+            cls.compute_gradients = _guard_compute_gradients(cls.compute_gradients)
+    tape = getattr(hvd, "_DistributedGradientTape", None)
+    if tape is not None:
+        _guards["_DistributedGradientTape"] = tape.gradient
+        tape.gradient = _guard_tape_gradient(tape.gradient)

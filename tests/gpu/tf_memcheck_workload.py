@@ -1,0 +1,133 @@
+"""A short TensorFlow training run of sok-ev on the GPU, for compute-sanitizer.
+
+tests/gpu/run_on_device.sh runs it under `compute-sanitizer --tool memcheck`
+with TF_GPU_ALLOCATOR=cuda_malloc_async: every tensor is then its own CUDA
+allocation, so an access outside it is reported (TensorFlow's default BFC
+allocator carves tensors out of one large block, which memcheck sees as a
+single allocation). The run covers each stage of the TF GPU path: lookups of
+two tables (int64 keys, 'sum' with weights, dim 128; int32 keys, 'mean',
+dim 4) with duplicated keys, empty rows and new keys in every step, their
+gradients, the fused apply of Adagrad, Adam and Ftrl, and an export; in a
+Session and in a tf.function. It fails unless every SokEv op ran on GPU:0
+(--allow-cpu: the CPU dry run of the device script).
+
+  python tests/gpu/tf_memcheck_workload.py [--allow-cpu]
+"""
+import argparse
+import os
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, TESTS)
+
+import sok_ev_reference as ref  # noqa: E402  pylint: disable=wrong-import-position
+from test_device_placement import executed_ops_by_device  # noqa: E402  pylint: disable=wrong-import-position
+
+import sok_ev  # noqa: E402  pylint: disable=wrong-import-position
+
+TABLES = [
+    dict(dim=128, key_dtype=np.int64, combiner="sum", weighted=True),
+    dict(dim=4, key_dtype=np.int32, combiner="mean", weighted=False)
+]
+BATCH, HOTNESS, STEPS = 64, 8, 3
+OPTIMIZERS = {
+    "adagrad": lambda: tf.compat.v1.train.AdagradOptimizer(0.1),
+    "adam": lambda: tf.compat.v1.train.AdamOptimizer(0.01),
+    "ftrl": lambda: tf.compat.v1.train.FtrlOptimizer(0.1, l1_regularization_strength=0.01),
+}
+
+
+def _batches(rng, step):
+    # Keys from a range that grows every step: each step inserts new keys.
+    return [
+        ref.random_sparse_batch(rng, BATCH, HOTNESS,
+                                ref.key_sampler(rng, "in_range", 200 * (step + 1), t["key_dtype"]),
+                                t["key_dtype"]) for t in TABLES
+    ]
+
+
+def _new_evs(rng, prefix):
+    return [
+        ref.matrix_ev(sok_ev, f"{prefix}_{i}", ref.random_matrix(rng, 16, t["dim"]), t["key_dtype"])
+        for i, t in enumerate(TABLES)
+    ]
+
+
+def _loss(embeddings):
+    return tf.add_n([tf.reduce_sum(e * e) for e in embeddings])
+
+
+def run_session(rng, name, make_optimizer, expected_device):
+    with ref.graph_session() as sess:
+        evs = _new_evs(rng, name)
+        ids = [
+            tf.compat.v1.sparse_placeholder(tf.as_dtype(t["key_dtype"]), shape=[None, None])
+            for t in TABLES
+        ]
+        weights = [
+            tf.compat.v1.sparse_placeholder(tf.float32, shape=[None, None])
+            if t["weighted"] else None for t in TABLES
+        ]
+        embeddings = sok_ev.lookup_sparse(evs, ids, [t["combiner"] for t in TABLES], weights)
+        train = make_optimizer().minimize(_loss(embeddings))
+        sess.run(tf.compat.v1.global_variables_initializer())
+        for step in range(STEPS):
+            feed = {}
+            for t, batch in enumerate(_batches(rng, step)):
+                feed[ids[t]] = batch.ids_value()
+                if weights[t] is not None:
+                    feed[weights[t]] = tf.compat.v1.SparseTensorValue(batch.indices, batch.weights,
+                                                                      batch.dense_shape)
+            if step == STEPS - 1:
+                ran = executed_ops_by_device(sess, [train] + [ev.export() for ev in evs], feed)
+                misplaced = {op: d for op, d in ran.items() if d != {expected_device}}
+                assert ran and not misplaced, f"{name}: not on {expected_device}: {misplaced}"
+            else:
+                sess.run(train, feed)
+        for keys, values in sess.run([ev.export() for ev in evs]):
+            assert len(keys) and np.isfinite(values).all(), name
+    print(f"{name}: {STEPS} steps in a Session, every SokEv op on {expected_device}")
+
+
+def run_tf_function(rng, expected_device):
+    evs = _new_evs(rng, "tf_function")
+    optimizer = OPTIMIZERS["adagrad"]()
+
+    @tf.function(input_signature=[[
+        tf.SparseTensorSpec([None, None], tf.as_dtype(t["key_dtype"])) for t in TABLES
+    ]])
+    def step(ids):
+        with tf.GradientTape() as tape:
+            embeddings = sok_ev.lookup_sparse(evs, ids, [t["combiner"] for t in TABLES])
+            loss = _loss(embeddings)
+        optimizer.apply_gradients(zip(tape.gradient(loss, evs), evs))
+        return embeddings
+
+    for s in range(STEPS):
+        embeddings = step([batch.sp_ids() for batch in _batches(rng, s)])
+    for embedding in embeddings:
+        assert embedding.device.endswith(expected_device[len("/device:"):]), embedding.device
+        assert np.isfinite(embedding.numpy()).all()
+    print(f"tf.function: {STEPS} steps, outputs on {embeddings[0].device}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--allow-cpu", action="store_true", help="run without a GPU")
+    args = parser.parse_args()
+    gpus = tf.config.list_physical_devices("GPU")
+    assert gpus or args.allow_cpu, "no GPU visible to TensorFlow"
+    expected = "/device:GPU:0" if gpus else "/device:CPU:0"
+    sok_ev.init()
+    rng = np.random.default_rng(8)
+    for name, make_optimizer in OPTIMIZERS.items():
+        run_session(rng, name, make_optimizer, expected)
+    run_tf_function(rng, expected)
+    print(f"workload done on {expected}: sok_ev {sok_ev.__file__}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,177 @@
+"""One rank of test_agreement.py: workers that build or run different lookups.
+
+  python agreement_worker.py --out DIR --scenario NAME
+
+Scenarios (rank 0 is the odd one out where there is one):
+  forgot_init       hvd.init() without sok_ev.init(), then a lookup.
+  extra_table       graph mode: every rank trains on table t0; rank 0 also
+                    looks up table t1, in a lookup of its own.
+  eval_on_rank0     graph mode: every rank trains; after two steps rank 0
+                    builds and runs an evaluation lookup of t0.
+  eval_on_rank0_tf2 tf.function training; after two steps rank 0 runs an
+                    eager evaluation lookup of t0.
+  second_lookup     graph mode: after two training steps every rank builds a
+                    second lookup of the same table (in the training graph,
+                    then in a new graph), runs it, and goes on training.
+
+Each rank records "error" (the message of the first exception, "" if none),
+"error_type" and "seconds" (from the point where the ranks diverge to the
+error), plus the scenario's values.
+"""
+import argparse
+import time
+
+import numpy as np
+import tensorflow as tf
+import horovod.tensorflow as hvd
+
+import harness
+
+hvd.init()
+import sok_ev  # pylint: disable=wrong-import-position
+
+RANK, WORKERS = hvd.rank(), hvd.size()
+DIM = 4
+
+
+def batch(step):
+    """This rank's [4, 2] batch of step `step` (keys in [0, 40))."""
+    rng = np.random.default_rng([RANK, step])
+    keys = rng.integers(0, 40, size=8)
+    indices = np.array([[i // 2, i % 2] for i in range(8)], np.int64)
+    return indices, keys
+
+
+def graph_training(steps, after_steps):
+    """Trains t0 in a Session; after `steps` steps calls after_steps(session,
+    feed_of, table, ids) and returns what it returns."""
+    with tf.Graph().as_default():
+        table = sok_ev.get_embedding_variable("t0", embedding_dim=DIM)
+        ids = tf.compat.v1.sparse_placeholder(tf.int64)
+        emb = sok_ev.lookup_sparse([table], [ids])[0]
+        train = tf.compat.v1.train.AdagradOptimizer(0.1).minimize(tf.reduce_sum(emb**2))
+
+        def feed_of(step):
+            indices, keys = batch(step)
+            return {ids: tf.compat.v1.SparseTensorValue(indices, keys, [4, 2])}
+
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            for step in range(steps):
+                session.run(train, feed_of(step))
+            return after_steps(session, feed_of, table, ids, emb, train)
+
+
+def scenario_forgot_init(results):
+    del results
+    table = sok_ev.get_embedding_variable("t0", embedding_dim=DIM)
+    sok_ev.lookup_sparse([table], [tf.SparseTensor([[0, 0]], tf.constant([1], tf.int64), [1, 1])])
+
+
+def scenario_extra_table(results):
+    sok_ev.init()
+
+    def after(session, feed_of, table, ids, emb, train):
+        del table, emb
+        results["diverged_at"] = np.array(time.monotonic())
+        if RANK == 0:
+            extra = sok_ev.get_embedding_variable("t1", embedding_dim=DIM)
+            sok_ev.lookup_sparse([extra], [ids])
+        for step in range(2, 10):
+            session.run(train, feed_of(step))
+
+    graph_training(2, after)
+
+
+def scenario_eval_on_rank0(results):
+    sok_ev.init()
+
+    def after(session, feed_of, table, ids, emb, train):
+        del emb
+        results["diverged_at"] = np.array(time.monotonic())
+        for step in range(2, 10):
+            if RANK == 0:
+                evaluation = sok_ev.lookup_sparse([table], [ids], combiners=["mean"])[0]
+                session.run(evaluation, feed_of(step))
+            session.run(train, feed_of(step))
+
+    graph_training(2, after)
+
+
+def scenario_eval_on_rank0_tf2(results):
+    sok_ev.init()
+    table = sok_ev.get_embedding_variable("t0", embedding_dim=DIM)
+    optimizer = tf.keras.optimizers.Adagrad(0.1)
+
+    @tf.function
+    def train_step(indices, keys):
+        with tf.GradientTape() as tape:
+            emb = sok_ev.lookup_sparse([table], [tf.SparseTensor(indices, keys, [4, 2])])[0]
+            loss = tf.reduce_sum(emb**2)
+        optimizer.apply_gradients(zip(tape.gradient(loss, [table]), [table]))
+
+    for step in range(2):
+        train_step(*batch(step))
+    results["diverged_at"] = np.array(time.monotonic())
+    for step in range(2, 10):
+        if RANK == 0:
+            indices, keys = batch(step)
+            tf.nn.embedding_lookup_sparse(table, tf.SparseTensor(indices, keys, [4, 2]), None)
+        train_step(*batch(step))
+
+
+def scenario_second_lookup(results):
+    sok_ev.init()
+
+    def after(session, feed_of, table, ids, emb, train):
+        second = sok_ev.lookup_sparse([table], [ids])[0]  # same graph, built late
+        feed = feed_of(2)
+        results["second"], results["first"] = session.run([second, emb], feed)
+        for step in range(2, 4):
+            session.run(train, feed_of(step))
+        results["second_after"], results["first_after"] = session.run([second, emb], feed)
+        return session.run(table.export())
+
+    keys, rows = graph_training(2, after)
+    # A new graph over the same table name, built after training (an export
+    # graph): its lookup must work too.
+    with tf.Graph().as_default():
+        table = sok_ev.get_embedding_variable("t0", embedding_dim=DIM)
+        ids = tf.compat.v1.sparse_placeholder(tf.int64)
+        emb = sok_ev.lookup_sparse([table], [ids])[0]
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            indices, batch_keys = batch(5)
+            results["new_graph"] = session.run(
+                emb, {ids: tf.compat.v1.SparseTensorValue(indices, batch_keys, [4, 2])})
+    results["trained_keys"] = keys
+
+
+SCENARIOS = {
+    "forgot_init": scenario_forgot_init,
+    "extra_table": scenario_extra_table,
+    "eval_on_rank0": scenario_eval_on_rank0,
+    "eval_on_rank0_tf2": scenario_eval_on_rank0_tf2,
+    "second_lookup": scenario_second_lookup,
+}
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--scenario", choices=sorted(SCENARIOS), required=True)
+    args = parser.parse_args()
+    results = {"error": "", "error_type": ""}
+    try:
+        SCENARIOS[args.scenario](results)
+    except Exception as error:  # pylint: disable=broad-except
+        results["error"] = str(error)
+        results["error_type"] = type(error).__name__
+        if "diverged_at" in results:
+            results["seconds"] = np.array(time.monotonic() - results.pop("diverged_at"))
+    results.pop("diverged_at", None)
+    harness.save_rank_results(args.out, RANK, results)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""Every worker builds and runs the same lookups, or every worker fails fast.
+
+Pinned down (sok_ev/agreement.py, sok_ev/communication.py), on 2 workers:
+* hvd.init() without sok_ev.init(): the first lookup raises on every worker,
+  naming sok_ev.init() (instead of training unsharded);
+* a table looked up by one worker only, or an evaluation lookup run by
+  worker 0 only (graph mode, and eagerly next to tf.function training):
+  every worker ends in an error naming the cause, within seconds of the
+  time limit (SOK_EV_LOOKUP_CHECK_TIMEOUT, 5 s here), never a hang;
+* a second lookup of the same table built after training started (an
+  evaluation or export graph added later), in the training graph or a new
+  one: works, and reads the rows training left.
+"""
+import os
+
+import numpy as np
+import pytest
+
+import harness
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CHECK_TIMEOUT = 5  # SOK_EV_LOOKUP_CHECK_TIMEOUT of the launches
+# A diverging worker must fail within the check time limit plus this.
+SLACK = 15
+
+
+def _run(scenario):
+    harness.require_horovodrun()
+    result = harness.launch(os.path.join(HERE, "agreement_worker.py"),
+                            2, ["--scenario", scenario],
+                            timeout=150,
+                            env={"SOK_EV_LOOKUP_CHECK_TIMEOUT": str(CHECK_TIMEOUT)})
+    assert not result.timed_out, f"{scenario} hung:\n{result.tail()}"
+    assert result.returncode == 0 and len(result.results) == 2, result.tail()
+    return result.results
+
+
+def test_hvd_init_without_sok_ev_init_fails_at_the_first_lookup_naming_it():
+    for rank, got in _run("forgot_init").items():
+        assert got["error_type"] == "RuntimeError", got
+        message = str(got["error"])
+        assert "sok_ev.init()" in message and "2 workers" in message, message
+
+
+@pytest.mark.parametrize("scenario", ["extra_table", "eval_on_rank0", "eval_on_rank0_tf2"])
+def test_a_lookup_on_some_workers_only_fails_on_every_worker_within_seconds(scenario):
+    results = _run(scenario)
+    # Worker 0 built the lookup the others did not: its error names it.
+    message = str(results[0]["error"])
+    assert results[0]["error_type"] == "ValueError", results[0]
+    assert "worker 0 built a lookup" in message and "did not build" in message, message
+    assert "same sok-ev lookups in the same order" in message, message
+    # Worker 1 was waiting in the training exchange: stopped with the cause.
+    message = str(results[1]["error"])
+    assert results[1]["error_type"] == "InvalidArgumentError", results[1]
+    assert "another worker stopped this exchange" in message, message
+    assert "different lookups" in message, message
+    for rank in range(2):
+        assert float(results[rank]["seconds"]) < CHECK_TIMEOUT + SLACK, results[rank]
+
+
+def test_a_second_lookup_built_after_training_started_works():
+    results = _run("second_lookup")
+    for rank, got in results.items():
+        assert str(got["error"]) == "", got["error"]
+        # The late lookup reads what the training lookup reads, before and after
+        # more training steps.
+        np.testing.assert_array_equal(got["second"], got["first"])
+        np.testing.assert_array_equal(got["second_after"], got["first_after"])
+        assert not np.array_equal(got["first"], got["first_after"])  # trained in between
+        assert got["new_graph"].shape == (4, 4)
+        assert len(got["trained_keys"]) > 0

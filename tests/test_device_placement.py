@@ -1,0 +1,78 @@
+"""sok-ev's ops run on GPU:0 when TensorFlow sees a GPU, and on the CPU otherwise.
+
+TensorFlow quietly runs an op on the CPU when it has no GPU kernel for it, so
+a GPU kernel missing from the op library (a CPU build, an unregistered dtype)
+would only show as a slow run. Here one training step of two tables (int64
+keys with 'sum', int32 keys with 'mean'; lookup, backward, Adagrad) and an
+export run in a Session that records where every node ran, and each SokEv op
+it executed must have run on the expected device: GPU:0 where a GPU is
+visible (the op library must then be a GPU build), the CPU where none is.
+Nothing is skipped: on CPU-only CI this pins the CPU placement, on the device
+the GPU one.
+"""
+import numpy as np
+import tensorflow as tf
+
+import sok_ev_reference as ref
+
+PREFIX = "SokEv>"
+
+
+def _expected_device():
+    if tf.config.list_physical_devices("GPU"):
+        return "/device:GPU:0"
+    return "/device:CPU:0"
+
+
+def executed_ops_by_device(sess, fetches, feed_dict):
+    """{SokEv op type: set of devices it ran on} for one traced run."""
+    options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.SOFTWARE_TRACE)
+    metadata = tf.compat.v1.RunMetadata()
+    sess.run(fetches, feed_dict, options=options, run_metadata=metadata)
+    graph = sess.graph
+    ran = {}
+    for device_stats in metadata.step_stats.dev_stats:
+        for node in device_stats.node_stats:
+            try:
+                op_type = graph.get_operation_by_name(node.node_name).type
+            except (KeyError, ValueError):
+                continue  # _SOURCE and other executor-internal nodes
+            if op_type.startswith(PREFIX):
+                # Stream entries ("/device:GPU:0/stream:...") count as GPU:0.
+                device = "/device:" + device_stats.device.split("/device:")[1].split("/")[0]
+                ran.setdefault(op_type, set()).add(device)
+    return ran
+
+
+def test_every_sok_ev_op_of_a_training_step_runs_on_the_expected_device(sok, rng):
+    expected = _expected_device()
+    if expected.endswith("GPU:0"):
+        assert sok._ops.build_info().get("cuda"), (
+            "a GPU is visible but the op library has no GPU kernels: it was built for "
+            f"{sok._ops.describe_build(sok._ops.build_info())}")
+    matrices = [ref.random_matrix(rng, 16, 8), ref.random_matrix(rng, 8, 4)]
+    key_dtypes = [np.int64, np.int32]
+    with ref.graph_session() as sess:
+        evs = [
+            ref.matrix_ev(sok, f"placement_{t}", m, key_dtype=k)
+            for t, (m, k) in enumerate(zip(matrices, key_dtypes))
+        ]
+        ids = [
+            tf.compat.v1.sparse_placeholder(tf.as_dtype(k), shape=[None, None]) for k in key_dtypes
+        ]
+        embeddings = sok.lookup_sparse(evs, ids, combiners=["sum", "mean"])
+        loss = tf.add_n([tf.reduce_sum(e * e) for e in embeddings])
+        train = tf.compat.v1.train.AdagradOptimizer(0.1).minimize(loss)
+        sess.run(tf.compat.v1.global_variables_initializer())
+        feed = {}
+        for placeholder, key_dtype, matrix in zip(ids, key_dtypes, matrices):
+            batch = ref.random_sparse_batch(
+                rng, 6, 3, ref.key_sampler(rng, "in_range", len(matrix), key_dtype), key_dtype)
+            feed[placeholder] = batch.ids_value()
+        ran = executed_ops_by_device(sess, [train] + [ev.export() for ev in evs], feed)
+
+    # The step must have run the lookup, backward and apply stages natively.
+    assert len(ran) >= 3 and any("Apply" in op for op in ran), sorted(ran)
+    misplaced = {op: sorted(devices) for op, devices in ran.items() if devices != {expected}}
+    assert not misplaced, (f"SokEv ops not (only) on {expected}: {misplaced}; all: "
+                           f"{ {op: sorted(d) for op, d in ran.items()} }")

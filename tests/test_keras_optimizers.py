@@ -1,0 +1,272 @@
+"""Keras 3 optimizers (tf.keras.optimizers) update Embedding Variables.
+
+After sok_ev.init(), `opt.apply_gradients(zip(grads, vars))` of a Keras
+SGD, Adagrad, Adam or Ftrl updates Embedding Variables with the fused kernel
+(sok_ev/keras_optimizers.py), eagerly and in tf.function.
+
+References (each step looks up a random ragged batch with duplicate keys and
+empty samples; rows start at M[k]):
+* SGD, Adagrad: the same Keras optimizer on a dense tf.Variable(M), given
+  the dense gradient (duplicates summed, as the Embedding Variable's are):
+  row for row equal, over several steps.
+* Ftrl: the same, from zero rows (Keras recomputes every row of a dense
+  variable from its `linear` slot, which only coincides with sok-ev's lazy
+  update for rows consistent with it; zero rows are).
+* Adam: DeepRec's lazy Adam in NumPy (Keras's dense Adam also moves rows
+  outside the batch); and on the first step, Keras's dense Adam itself.
+"""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import sok_ev_reference as ref
+
+N_ROWS, DIM, STEPS = 20, 4, 4
+KERAS = tf.keras.optimizers
+
+DENSE_EQUIVALENT = {
+    "sgd":
+        lambda: KERAS.SGD(0.3),
+    "adagrad":
+        lambda: KERAS.Adagrad(0.2),
+    "adagrad_initial_accumulator_epsilon":
+        lambda: KERAS.Adagrad(0.2, initial_accumulator_value=0.5, epsilon=1e-3),
+}
+FTRL = {
+    "ftrl":
+        lambda: KERAS.Ftrl(0.2),
+    "ftrl_l1_l2_beta_power":
+        lambda: KERAS.Ftrl(0.2,
+                           learning_rate_power=-0.7,
+                           initial_accumulator_value=0.2,
+                           l1_regularization_strength=0.01,
+                           l2_regularization_strength=0.02,
+                           beta=0.3),
+}
+ADAM = dict(learning_rate=0.05, beta_1=0.8, beta_2=0.9, epsilon=1e-6)
+
+
+def _batches(rng, steps=STEPS, keys=N_ROWS):
+    return [
+        ref.random_sparse_batch(rng, 6, 3, lambda n: rng.integers(0, keys, size=n), np.int64)
+        for _ in range(steps)
+    ]
+
+
+def _upstreams(rng, batches):
+    return [rng.normal(size=(b.batch_size, DIM)).astype(np.float32) for b in batches]
+
+
+def _train_ev(sok, name, matrix, make_optimizer, batches, upstreams, mode):
+    """Trains an Embedding Variable (key k starts at matrix[k]) with a Keras
+    optimizer through apply_gradients; returns {key: row} after every step."""
+    ev = ref.matrix_ev(sok, name, matrix)
+    opt = make_optimizer()
+
+    def step(indices, keys, shape, upstream):
+        with tf.GradientTape() as tape:
+            out = sok.lookup_sparse([ev], [tf.SparseTensor(indices, keys, shape)])[0]
+            loss = tf.reduce_sum(out * upstream)
+        grads = tape.gradient(loss, [ev])
+        opt.apply_gradients(zip(grads, [ev]))
+
+    if mode == "tf_function":
+        step = tf.function(step)
+    history = []
+    for batch, upstream in zip(batches, upstreams):
+        step(batch.indices, batch.keys, np.array(batch.dense_shape, np.int64), upstream)
+        history.append(ref.export_to_dict(*[t.numpy() for t in ev.export()]))
+    assert int(opt.iterations) == len(batches)
+    return history
+
+
+def _train_dense(matrix, make_optimizer, batches, upstreams):
+    """The same with Keras on a dense tf.Variable, fed the dense gradient."""
+    table = tf.Variable(matrix)
+    opt = make_optimizer()
+    history = []
+    for batch, upstream in zip(batches, upstreams):
+        with tf.GradientTape() as tape:
+            out = ref.dense_lookup_sparse(table, batch, "sum", False)
+            loss = tf.reduce_sum(out * upstream)
+        grad = tf.convert_to_tensor(tape.gradient(loss, table))
+        opt.apply_gradients([(grad, table)])
+        history.append(table.numpy().copy())
+    return history
+
+
+def _assert_trajectories_equal(ev_history, dense_history, batches, rtol, atol):
+    seen = set()
+    for t, (stored, dense, batch) in enumerate(zip(ev_history, dense_history, batches)):
+        seen |= set(int(k) for k in batch.keys)
+        ref.assert_rows_close(stored, {k: dense[k] for k in seen},
+                              rtol=rtol,
+                              atol=atol,
+                              what=f"step {t + 1}")
+
+
+@pytest.mark.parametrize("mode", ["eager", "tf_function"])
+@pytest.mark.parametrize("optimizer", sorted(DENSE_EQUIVALENT))
+def test_keras_optimizer_updates_an_ev_like_a_dense_variable(sok, rng, unique_name, mode,
+                                                             optimizer):
+    matrix = ref.random_matrix(rng, N_ROWS, DIM)
+    batches = _batches(rng)
+    upstreams = _upstreams(rng, batches)
+    make = DENSE_EQUIVALENT[optimizer]
+    got = _train_ev(sok, unique_name(), matrix, make, batches, upstreams, mode)
+    expected = _train_dense(matrix, make, batches, upstreams)
+    _assert_trajectories_equal(got, expected, batches, rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.parametrize("mode", ["eager", "tf_function"])
+@pytest.mark.parametrize("optimizer", sorted(FTRL))
+def test_keras_ftrl_updates_an_ev_like_a_dense_variable_from_zero_rows(
+        sok, rng, unique_name, mode, optimizer):
+    matrix = np.zeros((N_ROWS, DIM), np.float32)
+    batches = _batches(rng)
+    upstreams = _upstreams(rng, batches)
+    got = _train_ev(sok, unique_name(), matrix, FTRL[optimizer], batches, upstreams, mode)
+    expected = _train_dense(matrix, FTRL[optimizer], batches, upstreams)
+    _assert_trajectories_equal(got, expected, batches, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["eager", "tf_function"])
+def test_keras_adam_on_an_ev_is_deeprecs_lazy_adam(sok, rng, unique_name, mode):
+    matrix = ref.random_matrix(rng, N_ROWS, DIM)
+    batches = _batches(rng, steps=5)
+    upstreams = _upstreams(rng, batches)
+    got = _train_ev(sok, unique_name(), matrix, lambda: KERAS.Adam(**ADAM), batches, upstreams,
+                    mode)
+    expected = ref.numpy_lazy_adam_trajectory(matrix,
+                                              batches,
+                                              upstreams,
+                                              learning_rate=ADAM["learning_rate"],
+                                              beta1=ADAM["beta_1"],
+                                              beta2=ADAM["beta_2"],
+                                              epsilon=ADAM["epsilon"])
+    _assert_trajectories_equal(got, expected, batches, rtol=1e-5, atol=1e-6)
+
+
+def test_keras_adam_first_step_equals_keras_on_a_dense_variable(sok, rng, unique_name):
+    # At step 1 every moment is zero, so lazy and dense Adam agree.
+    matrix = ref.random_matrix(rng, N_ROWS, DIM)
+    batches = _batches(rng, steps=1)
+    upstreams = _upstreams(rng, batches)
+    make = lambda: KERAS.Adam(**ADAM)
+    got = _train_ev(sok, unique_name(), matrix, make, batches, upstreams, "eager")
+    expected = _train_dense(matrix, make, batches, upstreams)
+    _assert_trajectories_equal(got, expected, batches, rtol=1e-5, atol=1e-6)
+
+
+def test_keras_optimizer_updates_evs_and_dense_variables_together(sok, rng, unique_name):
+    """One apply_gradients with an Embedding Variable and a dense variable:
+    both updated, the step counted once (Adam's bias correction sees it)."""
+    matrix = ref.random_matrix(rng, N_ROWS, DIM)
+    batches = _batches(rng, steps=3)
+    upstreams = _upstreams(rng, batches)
+    ev = ref.matrix_ev(sok, unique_name(), matrix)
+    scale = tf.Variable(np.ones(DIM, np.float32))
+    scale_ref = tf.Variable(np.ones(DIM, np.float32))
+    table_ref = tf.Variable(matrix)
+    opt, opt_ref = KERAS.Adagrad(0.1), KERAS.Adagrad(0.1)
+    for batch, upstream in zip(batches, upstreams):
+        with tf.GradientTape(persistent=True) as tape:
+            out = sok.lookup_sparse([ev], [batch.sp_ids()])[0] * scale
+            out_ref = ref.dense_lookup_sparse(table_ref, batch, "sum", False) * scale_ref
+            loss = tf.reduce_sum(out * upstream)
+            loss_ref = tf.reduce_sum(out_ref * upstream)
+        opt.apply_gradients(zip(tape.gradient(loss, [ev, scale]), [ev, scale]))
+        grads_ref = [
+            tf.convert_to_tensor(g) for g in tape.gradient(loss_ref, [table_ref, scale_ref])
+        ]
+        opt_ref.apply_gradients(zip(grads_ref, [table_ref, scale_ref]))
+    assert int(opt.iterations) == int(opt_ref.iterations) == len(batches)
+    np.testing.assert_allclose(scale.numpy(), scale_ref.numpy(), rtol=2e-6)
+    stored = ref.export_to_dict(*[t.numpy() for t in ev.export()])
+    dense = table_ref.numpy()
+    ref.assert_rows_close(stored, {k: dense[k] for k in stored}, rtol=2e-6, atol=2e-6)
+
+
+def test_keras_hook_leaves_dense_training_bit_identical(sok, rng):
+    from sok_ev import keras_optimizers  # pylint: disable=import-outside-toplevel
+
+    def train():
+        table = tf.Variable(ref.random_matrix(np.random.default_rng(7), N_ROWS, DIM))
+        opt = KERAS.Adam(0.01)
+        for t in range(3):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(tf.nn.embedding_lookup(table, [t, t + 1, t])**2)
+            opt.apply_gradients(zip(tape.gradient(loss, [table]), [table]))
+        return table.numpy()
+
+    assert keras_optimizers.keras_optimizer_hook_installed()
+    hooked = train()
+    keras_optimizers.uninstall_keras_optimizer_hook()
+    try:
+        original = train()
+    finally:
+        keras_optimizers.install_keras_optimizer_hook()
+    np.testing.assert_array_equal(hooked, original)
+
+
+def test_keras_apply_gradients_without_the_hook(sok, rng, unique_name):
+    """sok_ev.keras_optimizers.apply_gradients(opt, pairs): the patch-free way."""
+    from sok_ev import keras_optimizers  # pylint: disable=import-outside-toplevel
+    matrix = ref.random_matrix(rng, N_ROWS, DIM)
+    batches = _batches(rng, steps=2)
+    upstreams = _upstreams(rng, batches)
+    ev = ref.matrix_ev(sok, unique_name(), matrix)
+    opt = KERAS.SGD(0.3)
+    keras_optimizers.uninstall_keras_optimizer_hook()
+    try:
+        for batch, upstream in zip(batches, upstreams):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(sok.lookup_sparse([ev], [batch.sp_ids()])[0] * upstream)
+            keras_optimizers.apply_gradients(opt, zip(tape.gradient(loss, [ev]), [ev]))
+    finally:
+        keras_optimizers.install_keras_optimizer_hook()
+    expected = _train_dense(matrix, lambda: KERAS.SGD(0.3), batches, upstreams)
+    stored = ref.export_to_dict(*[t.numpy() for t in ev.export()])
+    ref.assert_rows_close(stored, {k: expected[-1][k] for k in stored}, rtol=1e-6, atol=1e-6)
+
+
+# --------------------------------------------------------------------------- refusals
+
+
+def _apply_once(sok, ev, opt):
+    ids = tf.SparseTensor([[0, 0], [1, 0]], tf.constant([3, 4], tf.int64), [2, 1])
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(sok.lookup_sparse([ev], [ids])[0])
+    opt.apply_gradients(zip(tape.gradient(loss, [ev]), [ev]))
+
+
+@pytest.mark.parametrize("optimizer", ["RMSprop", "Nadam", "Adamax", "AdamW", "Adadelta", "Lion"])
+def test_unsupported_keras_optimizer_raises_listing_the_supported_ones(sok, unique_name, optimizer):
+    ev = sok.get_embedding_variable(unique_name(), embedding_dim=DIM)
+    with pytest.raises(TypeError) as error:
+        _apply_once(sok, ev, getattr(KERAS, optimizer)(0.1))
+    assert ref.error_names(error.value, optimizer, ev.name, "tf.keras.optimizers.SGD",
+                           "tf.keras.optimizers.Adagrad", "tf.keras.optimizers.Adam",
+                           "tf.keras.optimizers.Ftrl")
+    assert int(ev.total_count()) == 2  # the lookup inserted; nothing was applied
+
+
+@pytest.mark.parametrize("setting,make", [
+    ("momentum", lambda: KERAS.SGD(0.1, momentum=0.9)),
+    ("amsgrad", lambda: KERAS.Adam(0.1, amsgrad=True)),
+    ("clipnorm", lambda: KERAS.Adagrad(0.1, clipnorm=1.0)),
+    ("clipvalue", lambda: KERAS.SGD(0.1, clipvalue=0.5)),
+    ("global_clipnorm", lambda: KERAS.Adam(0.1, global_clipnorm=1.0)),
+    ("weight_decay", lambda: KERAS.Adam(0.1, weight_decay=0.01)),
+    ("use_ema", lambda: KERAS.Ftrl(0.1, use_ema=True)),
+    ("gradient_accumulation_steps", lambda: KERAS.SGD(0.1, gradient_accumulation_steps=2)),
+])
+def test_keras_setting_without_a_fused_form_raises_naming_it(sok, unique_name, setting, make):
+    ev = sok.get_embedding_variable(unique_name(),
+                                    embedding_dim=DIM,
+                                    initializer=tf.zeros_initializer())
+    with pytest.raises(ValueError) as error:
+        _apply_once(sok, ev, make())
+    assert ref.error_names(error.value, setting, ev.name)
+    keys, rows = ev.export()
+    np.testing.assert_array_equal(rows.numpy(), np.zeros((2, DIM), np.float32))  # unchanged
