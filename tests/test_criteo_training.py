@@ -80,8 +80,10 @@ def test_both_implementations_train_and_report_their_memory(sok, data):
     # Every value looked up (training and both evaluations) is one key.
     expected_keys = sum(distinct_values(files["train"] + files["eval"]))
     assert style.keys_stored(sok_ev) == expected_keys
+    # A record (key, frequency, version: 8 B each; value and Adagrad slot) and
+    # 8 B index slots at the lowest load factor, 3/8 (cc/hash_table_cpu.h).
     assert sok_ev.embeddings.memory_bytes(
-        expected_keys, training.ADAGRAD_SLOTS) == (expected_keys * (4 * DIM * 2 + 16 + 64))
+        expected_keys, training.ADAGRAD_SLOTS) == (expected_keys * (3 * 8 + 4 * DIM * 2 + 22))
     assert baseline.embeddings.memory_bytes(training.ADAGRAD_SLOTS) == sum(buckets) * DIM * 4 * 2
 
 

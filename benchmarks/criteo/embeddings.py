@@ -34,10 +34,11 @@ def _one_hot(ids):
 
 def sok_ev_bytes_per_key(dim: int, num_slots: int) -> int:
     """Bytes one key takes in the CPU Embedding Variable (cc/hash_table_cpu.*):
-  its row (value and optimizer slots, dim floats each), frequency and version
-  (8 B each), and its index entries (key + row id, 16 B) at the index's
-  lowest load factor, 1/4 (it doubles at 1/2): a conservative count."""
-    return _FLOAT_BYTES * dim * (1 + num_slots) + 16 + 4 * 16
+  its record (key, frequency and version, 8 B each, then the row: value and
+  optimizer slots, dim floats each) and its index slots (8 B each) at the
+  index's lowest load factor, 3/8 (it doubles past 3/4): 22 B, a conservative
+  count."""
+    return 3 * 8 + _FLOAT_BYTES * dim * (1 + num_slots) + 22
 
 
 class SokEvEmbeddings:

@@ -39,9 +39,13 @@ import numpy as np
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# benchmarks.criteo, and this checkout's sok_ev (request.sh builds its op library
-# into sok_ev/), ahead of whatever sok_ev the environment has installed.
-sys.path.insert(0, REPO_ROOT)
+# benchmarks.criteo, and this checkout's sok_ev ahead of an installed one where
+# request.sh built its op library into sok_ev/; without it (a copy of the tree
+# on a GPU machine with the GPU wheel installed), the installed sok_ev.
+if os.path.exists(os.path.join(REPO_ROOT, "sok_ev", "_sok_ev_ops.so")):
+    sys.path.insert(0, REPO_ROOT)
+else:
+    sys.path.append(REPO_ROOT)
 
 import tensorflow as tf  # noqa: E402
 
@@ -65,8 +69,8 @@ WARMUP_STEPS = 2  # per implementation, left out of samples/s (tracing, first in
 # 0.1 damps the first updates of every new key, and one pass over the default
 # data then ends 0.015 below the planted AUC instead of 0.002 (RESULTS.md); a
 # 50-step warm-up keeps the first steps' loss from spiking. Dim 32, not 16:
-# Embedding Variables spend about 80 B per key besides the row (frequency,
-# version, index), which at dim 16 weighs as much as half the row.
+# Embedding Variables spend up to 46 B per key besides the row (key,
+# frequency, version, index), which at dim 16 weighs a third of the row.
 PRESETS = {
     "gpu":
         dict(batch=65536,
@@ -278,6 +282,8 @@ def build_implementations(args, cardinalities, hvd):
     """The implementations asked for, in the current graph / eagerly."""
     import sok_ev as sok  # pylint: disable=import-outside-toplevel
     sok.init()
+    if not hvd or hvd.rank() == 0:
+        print(f"sok_ev from {os.path.dirname(sok.__file__)}", flush=True)
 
     def tower():
         if args.model == "dlrm":
