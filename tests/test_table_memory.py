@@ -29,12 +29,20 @@ BENCHMARK = os.path.join(REPO_ROOT, "benchmarks", "cpu_table_memory.py")
 MAX_EMBEDDING_DIM = 1 << 16
 
 
-def _run_python(code, timeout=300):
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([REPO_ROOT] + [p for p in [env.get("PYTHONPATH")] if p])
+def _cpu_child_env():
+    """The environment of a child measuring the CPU table: the sok_ev these
+  tests import (the checkout in CI, the installed wheel on the device), and no
+  GPU, so its tables are host tables wherever the suite runs."""
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in [ref.sok_ev_import_root(), env.get("PYTHONPATH")] if p)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    return env
+
+
+def _run_python(code, timeout=300):
     return subprocess.run([sys.executable, "-c", code],
-                          env=env,
+                          env=_cpu_child_env(),
                           capture_output=True,
                           text=True,
                           timeout=timeout,
@@ -101,9 +109,7 @@ def test_running_out_of_memory_is_an_error_naming_the_table_and_the_size():
 
 
 def _table_memory(keys):
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([REPO_ROOT] + [p for p in [env.get("PYTHONPATH")] if p])
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env = _cpu_child_env()
     out = {}
     for child in ("table", "small"):
         run = subprocess.run([sys.executable, BENCHMARK, "--child", child, "--keys",
