@@ -31,8 +31,10 @@ HOROVOD_VERSION=0.28.1
 # clang-format: Debian 12 pins it at 14, the version tests/test_formatting.py
 # checks the C++ and CUDA sources against.
 APT_PACKAGES=(bazel-bootstrap bazel-rules-java build-essential cmake clang-format)
-# yapf pinned: formatting must not change under a new release.
-PY_PACKAGES=("$TF_PACKAGE" numpy pytest pytest-timeout wheel setuptools yapf==0.43.0)
+# yapf pinned: formatting must not change under a new release. scikit-learn,
+# matplotlib and tqdm: the Criteo benchmark's AUC, plots and progress bar.
+PY_PACKAGES=("$TF_PACKAGE" numpy pytest pytest-timeout wheel setuptools yapf==0.43.0
+    scikit-learn matplotlib tqdm)
 # TensorFlow's INFO/WARNING start-up chatter would drown the step output.
 export TF_CPP_MIN_LOG_LEVEL=2 PIP_DISABLE_PIP_VERSION_CHECK=1
 

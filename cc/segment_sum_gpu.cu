@@ -44,8 +44,8 @@ __global__ void sorted_entries_kernel(const int64_t* order, const int64_t* entry
   }
 }
 
-// counts[u]: key u's chunks, 0 unless it has more than kChunkEntries
-// entries; counts[u] = 0 past the device count too.
+// counts[u]: key u's chunks of chunk_length entries, 0 unless it has more
+// than kChunkEntries entries; counts[u] = 0 past the device count too.
 //   counts: (max_unique + 1,) out
 __global__ void chunk_counts_kernel(const int64_t* segments, const int64_t* num_unique,
                                     int64_t max_unique, int64_t* counts) {
@@ -53,7 +53,8 @@ __global__ void chunk_counts_kernel(const int64_t* segments, const int64_t* num_
   for (int64_t u = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; u <= max_unique;
        u += int64_t(gridDim.x) * blockDim.x) {
     const int64_t length = u < count ? segments[u + 1] - segments[u] : 0;
-    counts[u] = length > kChunkEntries ? (length + kChunkEntries - 1) / kChunkEntries : 0;
+    const int64_t chunk = chunk_length(length);
+    counts[u] = length > kChunkEntries ? (length + chunk - 1) / chunk : 0;
   }
 }
 
@@ -67,9 +68,9 @@ __global__ void chunk_sums_kernel(SegmentGradients s, int64_t max_unique, float*
        chunk += (int64_t(gridDim.x) * blockDim.x) >> 5) {
     // The key owning the chunk: the last u with chunk_offsets[u] <= chunk.
     const int64_t u = lower_bound(s.chunk_offsets, max_unique + 1, chunk + 1) - 1;
-    const int64_t lo = s.segments[u] + (chunk - s.chunk_offsets[u]) * kChunkEntries;
-    const int64_t hi =
-        lo + kChunkEntries < s.segments[u + 1] ? lo + kChunkEntries : s.segments[u + 1];
+    const int64_t length = chunk_length(s.segments[u + 1] - s.segments[u]);
+    const int64_t lo = s.segments[u] + (chunk - s.chunk_offsets[u]) * length;
+    const int64_t hi = lo + length < s.segments[u + 1] ? lo + length : s.segments[u + 1];
     float* destination = partials + chunk * s.dim;
     for (int64_t c0 = 0; c0 < s.dim; c0 += 32 * 8) {
       float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -143,8 +144,9 @@ Status SegmentGradientSums::prepare(const GpuContext& context, const float* grad
   SOK_EV_CUDA_RETURN(
       cub::DeviceScan::ExclusiveSum(scan_temp_->get(), scan_bytes, counts_->as<int64_t>(),
                                     chunk_offsets_->as<int64_t>(), max_unique + 1, stream));
-  // A long key has length > kChunkEntries, so ceil(length / kChunkEntries)
-  // < 2 * length / kChunkEntries: the chunks are fewer than 2 nnz / that.
+  // A long key has length > kChunkEntries and chunks of at least that, so
+  // ceil(length / chunk) < 2 * length / kChunkEntries: the chunks are fewer
+  // than 2 nnz / kChunkEntries.
   const int64_t max_chunks = 2 * nnz / kChunkEntries + 1;
   partials_ = scratch(context, max_chunks * dim * sizeof(float));
   if (!partials_->ok()) return Status::Internal("segment gradients: out of device memory");

@@ -6,10 +6,13 @@
 // Unique u's entries are order[segments[u] .. segments[u + 1]) and are
 // summed in that order. A key with more than kChunkEntries entries (a
 // Zipf-hot key has thousands in a Criteo batch) is summed in two passes:
-// its entries in chunks of kChunkEntries, every chunk of the batch in
-// parallel, then its chunks' partial sums in order. Otherwise one group of
-// lanes walks the hottest key's entries alone while the GPU waits: on the
-// Criteo shape that was 95% of the step (327 ms, H200, 2026-11-22).
+// its entries in chunks of chunk_length(entries), every chunk of the batch
+// in parallel, then its chunks' partial sums in order. Otherwise one group
+// of lanes walks the hottest key's entries alone while the GPU waits: on the
+// Criteo shape that was 95% of the step (327 ms, H200, 2026-11-22). The
+// kernels are latency bound (each group waits on its loads), so the longest
+// walk sets their time: chunks of about sqrt(entries) make the chunk walk
+// and the partials walk equally short.
 // CUDA only.
 #ifndef SOK_EV_CC_SEGMENT_SUM_GPU_H_
 #define SOK_EV_CC_SEGMENT_SUM_GPU_H_
@@ -26,7 +29,16 @@
 namespace sok_ev {
 namespace gpu {
 
-constexpr int64_t kChunkEntries = 128;
+constexpr int64_t kChunkEntries = 32;
+
+// Entries per chunk of a key with `entries` > kChunkEntries: the least
+// kChunkEntries + 16 i whose square reaches `entries` (integer arithmetic,
+// so every kernel splits a key the same way).
+__host__ __device__ __forceinline__ int64_t chunk_length(int64_t entries) {
+  int64_t length = kChunkEntries;
+  while (length * length < entries) length += 16;
+  return length;
+}
 
 // What the kernels read, by value.
 struct SegmentGradients {

@@ -52,6 +52,9 @@ def parse_args(argv=None):
     parser.add_argument("--sets", type=int, default=3, help="batches rotated through")
     parser.add_argument("--json-dir", default=os.environ.get("OUT", "/tmp"))
     parser.add_argument("--results", default=os.path.join(ROOT, "benchmarks", "RESULTS.md"))
+    parser.add_argument("--profile",
+                        action="store_true",
+                        help="core part: print the step's kernels by GPU time (torch.profiler)")
     parser.add_argument("--dry-run-on-cpu",
                         action="store_true",
                         help="run the tf part on a machine without GPU (checks the script only)")
@@ -282,6 +285,8 @@ def part_core(args):
             step(batch[0], offsets, batch[1], counter["step"])
 
         median, low, high = time_ms(run, sets, warmup=3, reps=args.steps)
+        if args.profile:
+            profile_kernels(run, sets, hot, median)
         fb, unique = floor_bytes(args, hot, ids)
         results[f"core_{hot}hot"] = dict(ms=median,
                                          ms_min=low,
@@ -290,6 +295,29 @@ def part_core(args):
                                          unique_keys=unique)
         print(f"[core] {hot}-hot: {median:.3f} ms [{low:.3f}, {high:.3f}]", flush=True)
     write_json(args, "core", results)
+
+
+def profile_kernels(run, sets, hot, step_ms, steps=3):
+    """Prints the kernels of `steps` core steps by total GPU time, and their
+  sum per step beside the step's wall time: a step whose kernels take much
+  less than its wall time is bound by launches and host work, not the GPU."""
+    import torch  # pylint: disable=import-outside-toplevel
+    from torch.profiler import ProfilerActivity, profile  # pylint: disable=import-outside-toplevel
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for s in range(steps):
+            run(sets[s % len(sets)])
+        torch.cuda.synchronize()
+    events = prof.key_averages()
+    print(events.table(sort_by="device_time_total", row_limit=30, max_name_column_width=90),
+          flush=True)
+    on_gpu = [e for e in events if str(getattr(e, "device_type", "")).endswith("CUDA")]
+    kernel_us = sum(e.device_time_total for e in on_gpu)
+    launches = sum(e.count for e in on_gpu)
+    print(
+        f"[core profile] {hot}-hot: kernels {kernel_us / steps / 1000:.3f} ms a step "
+        f"({launches / steps:.0f} kernels and copies) of {step_ms:.3f} ms wall",
+        flush=True)
 
 
 def part_torch(args):

@@ -38,6 +38,10 @@
 #                      2-GPU checks and weak scaling), harness library of .device/
 #   tf-bench           benchmarks/gpu/tf_sparse_step.py on GPU 0 with the
 #                      artifact (its results also land in $OUT)
+#   criteo             benchmarks/criteo/run.py --device gpu (DLRM, batch
+#                      65536, 64 steps a side) on GPU 0, then under horovodrun
+#                      -np 2 over NCCL with 2+ GPUs; out dirs $OUT/criteo_gpu1
+#                      and criteo_gpu2 (results_line.md, run.json to bring back)
 # Dry run on a CPU machine (no kit; TensorFlow parts on the CPU, multi over
 # Gloo, harness and memcheck reduced to what runs without a GPU):
 #   SOK_EV_DEVICE_DRY_RUN=1 PYTHON=.venv-cuda/bin/python bash tests/gpu/run_on_device.sh
@@ -236,13 +240,28 @@ if has tf-bench; then
     echo "tf-bench: exit $(cat "$status/tf-bench.rc")"
 fi
 
+if has criteo; then
+    criteo=("$root/benchmarks/criteo/run.py" --device gpu --no-progress --train-lines 4194304
+        --eval-lines 262144 --evals 2)
+    (cd "$run" && CUDA_VISIBLE_DEVICES=0 timeout -k 10 "$(limit 270)" "$PY" "${criteo[@]}" \
+        --out-dir "$OUT/criteo_gpu1") >"$OUT/criteo.log" 2>&1
+    rc=$?
+    if ((gpus >= 2 && rc == 0)); then
+        (cd "$run" && timeout -k 10 "$(limit 270)" horovodrun --gloo -np 2 -H localhost:2 "$PY" \
+            "${criteo[@]}" --out-dir "$OUT/criteo_gpu2") >>"$OUT/criteo.log" 2>&1
+        rc=$?
+    fi
+    echo "$rc" >"$status/criteo.rc"
+    echo "criteo: exit $rc"
+fi
+
 # --- summary -------------------------------------------------------------------
 "$PY" - "$OUT" "$status" "$site" "$parts" "$dry" <<'EOF' | tee "$OUT/summary.txt"
 import os, re, sys
 out, status, site, parts, dry = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4].split(","), sys.argv[5] == "1"
 total = {"passed": 0, "failed": 0, "skipped": 0}
 lines = []
-for part in ["tf", "multi", "harness", "memcheck", "harness-sanitizer", "bench", "tf-bench"]:
+for part in ["tf", "multi", "harness", "memcheck", "harness-sanitizer", "bench", "tf-bench", "criteo"]:
     if part not in parts:
         continue
     path = os.path.join(out, part + ".log")
@@ -256,7 +275,7 @@ for part in ["tf", "multi", "harness", "memcheck", "harness-sanitizer", "bench",
         count["passed" if clean else "failed"] = 1
         if not clean:
             notes.append(f"exit {rc}")
-    elif part in ("harness-sanitizer", "bench", "tf-bench"):
+    elif part in ("harness-sanitizer", "bench", "tf-bench", "criteo"):
         count["passed" if rc == 0 else "failed"] = 1
     else:
         summary = [l for l in text.splitlines() if re.match(r"^=+ .* in [\d.]+s", l)]

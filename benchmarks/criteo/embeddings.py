@@ -1,0 +1,108 @@
+"""The 26 categorical features of the Criteo models, two ways.
+
+  SokEvEmbeddings         26 sok-ev Embedding Variables (DeepRec's
+                          get_embedding_variable), keyed by
+                          to_hash_bucket_fast(C, 2^63 - 1), looked up in ONE
+                          sok_ev.lookup_sparse call; sharded over the workers.
+  HashBucketEmbeddings    the baseline users have today: 26 dense tf.Variables
+                          of 2 x V_f rows (V_f the feature's true
+                          cardinality), keyed by to_hash_bucket_fast(C, 2 V_f),
+                          26 tf.nn.embedding_lookup_sparse calls; replicated.
+
+Both map a [n, 26] string batch to 26 [n, dim] float32 tensors, start from
+the same truncated-normal distribution, and report their memory.
+"""
+from typing import List, Sequence
+
+import tensorflow as tf
+
+from benchmarks.criteo import reader
+
+# to_hash_bucket_fast(s, 2^63 - 1): a collision-free id in practice, as
+# DeepRec's SOK example feeds its Embedding Variables.
+EV_KEY_SPACE = 2**63 - 1
+_FLOAT_BYTES = 4
+
+
+def _one_hot(ids):
+    """[n, k] int64 ids -> k SparseTensors [n, 1], one id per sample each."""
+    n = tf.shape(ids, out_type=tf.int64)[0]
+    indices = tf.stack([tf.range(n), tf.zeros([n], tf.int64)], axis=1)
+    shape = tf.stack([n, tf.constant(1, tf.int64)])
+    return [tf.SparseTensor(indices, column, shape) for column in tf.unstack(ids, axis=1)]
+
+
+def sok_ev_bytes_per_key(dim: int, num_slots: int) -> int:
+    """Bytes one key takes in the CPU Embedding Variable (cc/hash_table_cpu.*):
+  its record (key, frequency and version, 8 B each, then the row: value and
+  optimizer slots, dim floats each) and its index slots (8 B each) at the
+  index's lowest load factor, 3/8 (it doubles past 3/4): 22 B, a conservative
+  count."""
+    return 3 * 8 + _FLOAT_BYTES * dim * (1 + num_slots) + 22
+
+
+class SokEvEmbeddings:
+    """26 Embedding Variables looked up with one sok_ev.lookup_sparse call."""
+
+    name = "sok_ev"
+
+    def __init__(self, sok, dim: int, stddev: float, seed: int, target_gpu: int = -1):
+        """`sok`: the initialised sok_ev module; stddev: of the truncated normal
+    initial rows (a key's row depends only on the seed and the key)."""
+        self._sok = sok
+        self.dim = dim
+        self.variables = []
+        for f in range(reader.NUM_CATEGORICAL):
+            initializer = tf.compat.v1.truncated_normal_initializer(stddev=stddev, seed=seed + f)
+            variable = sok.get_embedding_variable(f"sok_ev_C{f + 1}",
+                                                  embedding_dim=dim,
+                                                  key_dtype=tf.int64,
+                                                  initializer=initializer)
+            variable.target_gpu = target_gpu
+            self.variables.append(variable)
+
+    def __call__(self, categorical: tf.Tensor) -> List[tf.Tensor]:
+        keys = tf.strings.to_hash_bucket_fast(categorical, EV_KEY_SPACE)
+        return self._sok.lookup_sparse(self.variables, _one_hot(keys), combiners="sum")
+
+    def keys_stored(self) -> List[tf.Tensor]:
+        """This worker's number of keys per table (int64 scalars)."""
+        return [v.total_count() for v in self.variables]
+
+    def memory_bytes(self, keys_stored: int, num_slots: int) -> int:
+        """keys stored x bytes per key (sok_ev_bytes_per_key)."""
+        return keys_stored * sok_ev_bytes_per_key(self.dim, num_slots)
+
+
+class HashBucketEmbeddings:
+    """The stock-TensorFlow baseline: hash buckets into dense tf.Variables."""
+
+    name = "baseline"
+
+    def __init__(self, dim: int, buckets: Sequence[int], stddev: float, seed: int):
+        """buckets: rows of each table (2 x the true cardinality)."""
+        self.dim = dim
+        self.buckets = list(buckets)
+        if len(self.buckets) != reader.NUM_CATEGORICAL:
+            raise ValueError(f"HashBucketEmbeddings: buckets needs {reader.NUM_CATEGORICAL} "
+                             f"entries, got {len(self.buckets)}")
+        self.variables = [
+            tf.Variable(lambda b=b, f=f: tf.random.stateless_truncated_normal(
+                [b, dim], seed=[seed, f], stddev=stddev),
+                        name=f"baseline_C{f + 1}") for f, b in enumerate(self.buckets)
+        ]
+
+    def __call__(self, categorical: tf.Tensor) -> List[tf.Tensor]:
+        ids = tf.stack([
+            tf.strings.to_hash_bucket_fast(categorical[:, f], buckets)
+            for f, buckets in enumerate(self.buckets)
+        ],
+                       axis=1)
+        return [
+            tf.nn.embedding_lookup_sparse(table, sparse, None, combiner="sum")
+            for table, sparse in zip(self.variables, _one_hot(ids))
+        ]
+
+    def memory_bytes(self, num_slots: int) -> int:
+        """The allocated tables and their optimizer slots."""
+        return sum(self.buckets) * self.dim * _FLOAT_BYTES * (1 + num_slots)

@@ -1,0 +1,182 @@
+"""What a Criteo run reports: plots, a RESULTS.md line, runs.jsonl.
+
+  plot_curves        training loss (smoothed) and eval AUC against samples
+                     seen, both implementations on one figure
+  plot_throughput    samples/s by worker count, from runs.jsonl rows with
+                     the same model, style, device, batch and data
+  results_line       one markdown line: date, machine, command, numbers, ratios
+"""
+import datetime
+import json
+import os
+import platform
+import textwrap
+from typing import Dict, List
+
+import numpy as np
+
+COLORS = {"sok_ev": "tab:blue", "baseline": "tab:orange"}
+LABELS = {"sok_ev": "sok-ev (Embedding Variables)", "baseline": "TF hash buckets (baseline)"}
+
+
+def machine() -> str:
+    """CPU model and core count, GPU names if any, TensorFlow and Python versions."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    cpu = platform.processor() or "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    gpus = tf.config.list_physical_devices("GPU")
+    gpu = ""
+    if gpus:
+        details = tf.config.experimental.get_device_details(gpus[0])
+        gpu = f", {len(gpus)}x {details.get('device_name', 'GPU')}"
+    return (f"{platform.machine()}, {os.cpu_count()} cores ({cpu}){gpu}, "
+            f"TensorFlow {tf.__version__}, Python {platform.python_version()}")
+
+
+def title(record: Dict, workers: bool = True) -> str:
+    """A plot title naming the run's configuration (wrapped)."""
+    who = f"{record['workers']} worker(s), " if workers else ""
+    return textwrap.fill(
+        f"Criteo {record['model']}, {record['style']}, {who}global batch "
+        f"{record['global_batch']}, dim {record['dim']}; {record['data']}", 100)
+
+
+def _smooth(values: List[float], window: int) -> np.ndarray:
+    values = np.asarray(values, np.float64)
+    if len(values) < 2 or window < 2:
+        return values
+    window = min(window, len(values))
+    kernel = np.ones(window) / window
+    head = np.cumsum(values[:window - 1]) / np.arange(1, window)
+    return np.concatenate([head, np.convolve(values, kernel, mode="valid")])
+
+
+def _pyplot():
+    """matplotlib.pyplot drawing to files, or None if matplotlib is missing."""
+    try:
+        import matplotlib  # pylint: disable=import-outside-toplevel
+    except ImportError:
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+    return plt
+
+
+def plot_curves(path: str, curves: Dict, planted_auc, title: str) -> bool:
+    """Loss and AUC against samples seen, one line per implementation; False
+  (and no file) without matplotlib.
+
+  curves: {name: {'samples', 'loss', 'eval_samples', 'eval_auc'}} (lists), as
+  a run record's results[name]['curve'] holds them.
+  """
+    plt = _pyplot()
+    if plt is None:
+        return False
+    fig, (ax_loss, ax_auc) = plt.subplots(1, 2, figsize=(11, 4))
+    for name, c in curves.items():
+        window = max(1, len(c["loss"]) // 20)
+        ax_loss.plot(c["samples"],
+                     _smooth(c["loss"], window),
+                     color=COLORS.get(name),
+                     label=LABELS.get(name, name))
+        ax_auc.plot(c["eval_samples"],
+                    c["eval_auc"],
+                    "o-",
+                    color=COLORS.get(name),
+                    label=LABELS.get(name, name))
+    if planted_auc is not None:
+        ax_auc.axhline(planted_auc, color="gray", ls="--", label=f"planted model {planted_auc:.4f}")
+    ax_loss.set(xlabel="samples seen", ylabel="training log loss (moving average)")
+    ax_auc.set(xlabel="samples seen", ylabel="eval AUC")
+    for ax in (ax_loss, ax_auc):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def plot_throughput(path: str, runs: List[Dict], title: str) -> bool:
+    """Bars of samples/s by worker count for each implementation (the last run
+  of each worker count); False (and no file) without matplotlib."""
+    plt = _pyplot()
+    if plt is None:
+        return False
+    latest = {}
+    for run in runs:
+        latest[run["workers"]] = run
+    workers = sorted(latest)
+    names = sorted({n for r in latest.values() for n in r["results"]}, reverse=True)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    width = 0.8 / max(1, len(names))
+    for i, name in enumerate(names):
+        values = [latest[w]["results"].get(name, {}).get("samples_per_second", 0) for w in workers]
+        positions = np.arange(len(workers)) + (i - (len(names) - 1) / 2) * width
+        ax.bar(positions, values, width, color=COLORS.get(name), label=LABELS.get(name, name))
+        for x, v in zip(positions, values):
+            ax.annotate(f"{v:,.0f}", (x, v), ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(np.arange(len(workers)), [str(w) for w in workers])
+    ax.set(xlabel="workers", ylabel="training samples/s (step time)")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend()
+    ax.set_title(title, fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def read_runs(path: str) -> List[Dict]:
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def append_run(path: str, record: Dict) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(record, sort_keys=True) + "\n")
+
+
+def _megabytes(n):
+    return f"{n / 2**20:,.1f} MB"
+
+
+def results_line(record: Dict) -> str:
+    """One self-contained markdown line for benchmarks/RESULTS.md."""
+    r = record["results"]
+    parts = [
+        f"- **Criteo {record['model']}** {record['date']} | {record['machine']}, load average "
+        f"{record['load_average']:.1f} | "
+        f"`{record['command']}` | {record['style']}, {record['workers']} worker(s), "
+        f"global batch {record['global_batch']}, dim {record['dim']}, {record['steps']} steps, "
+        f"{record['data']}"
+    ]
+    if record.get("planted_auc") is not None:
+        parts.append(f"planted AUC {record['planted_auc']:.4f}")
+    for name in ("sok_ev", "baseline"):
+        if name in r:
+            x = r[name]
+            parts.append(f"{name}: AUC {x['auc']:.4f}, logloss {x['logloss']:.4f}, "
+                         f"{x['samples_per_second']:,.0f} samples/s, embeddings "
+                         f"{_megabytes(x['embedding_bytes'])}")
+    if "sok_ev" in r and "baseline" in r:
+        s, b = r["sok_ev"], r["baseline"]
+        parts.append(
+            f"sok_ev/baseline: speed {s['samples_per_second'] / b['samples_per_second']:.2f}x"
+            f", memory {s['embedding_bytes'] / b['embedding_bytes']:.3f}x, "
+            f"AUC {s['auc'] - b['auc']:+.4f}")
+    return " | ".join(parts)
+
+
+def now() -> str:
+    return datetime.datetime.now().strftime("%Y-%m-%d %H:%M")

@@ -1,0 +1,525 @@
+"""The Criteo benchmark: a CTR model trained with sok-ev and with stock TensorFlow, in one run.
+
+Both implementations train the same model (DLRM or DCNv2, Adagrad) on the same
+batches, one step each per batch, and are evaluated on the same held-out
+split:
+  sok_ev    26 Embedding Variables in one sok_ev.lookup_sparse call, sharded
+            over the workers; only dense gradients are allreduced;
+  baseline  26 hash-bucketed tf.Variables (2x the true cardinality),
+            tf.nn.embedding_lookup_sparse, replicated (all gradients reduced).
+
+Prints eval AUC and logloss (sklearn), training samples/s (global batch /
+step time), embedding memory, and the targets of issue 10; writes curves.png,
+throughput.png, run.json and results_line.md into --out-dir; appends one line
+to benchmarks/RESULTS.md and one record to benchmarks/criteo/runs.jsonl.
+
+Data: with --train-files/--eval-files, real Criteo files (Kaggle's train.txt
+split in two, e.g. its first 39,291,958 lines, six of its seven days, and the
+rest; or Terabyte day_N files, plain or .gz). Otherwise a synthetic data set
+with a planted model (benchmarks/criteo/synthetic.py), generated once into
+--data-dir; the planted model's AUC on the eval split is printed with the rest.
+
+  python benchmarks/criteo/run.py                       # CPU defaults, a few minutes on 2 cores
+  python benchmarks/criteo/run.py --model dcnv2 --style session
+  horovodrun --gloo -np 2 -H localhost:2 python benchmarks/criteo/run.py
+  python benchmarks/criteo/run.py --device gpu          # GPU defaults: batch 65536, dim 128
+  python benchmarks/criteo/run.py --train-files kaggle_days_1-6.txt --eval-files kaggle_day_7.txt
+  # Terabyte: the baseline's tables at twice its cardinalities fit no machine; sok-ev alone:
+  python benchmarks/criteo/run.py --impl sok_ev --train-files day_{0..22}.gz --eval-files day_23.gz
+"""
+import argparse
+import fcntl
+import json
+import os
+import resource
+import shlex
+import sys
+
+import numpy as np
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# benchmarks.criteo, and this checkout's sok_ev ahead of an installed one where
+# request.sh built its op library into sok_ev/; without it (a copy of the tree
+# on a GPU machine with the GPU wheel installed), the installed sok_ev.
+if os.path.exists(os.path.join(REPO_ROOT, "sok_ev", "_sok_ev_ops.so")):
+    sys.path.insert(0, REPO_ROOT)
+else:
+    sys.path.append(REPO_ROOT)
+
+import tensorflow as tf  # noqa: E402
+
+from benchmarks.criteo import embeddings as embeddings_lib  # noqa: E402
+from benchmarks.criteo import metrics  # noqa: E402
+from benchmarks.criteo import models  # noqa: E402
+from benchmarks.criteo import reader  # noqa: E402
+from benchmarks.criteo import report  # noqa: E402
+from benchmarks.criteo import synthetic  # noqa: E402
+from benchmarks.criteo import training  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RESULTS = os.path.join(REPO_ROOT, "benchmarks", "RESULTS.md")
+RUNS = os.path.join(HERE, "runs.jsonl")
+WARMUP_STEPS = 2  # per implementation, left out of samples/s (tracing, first inserts)
+
+# Defaults by device. GPU: DeepRec's SOK example (global batch 65536, Adagrad
+# 0.01 with TensorFlow's initial accumulator, MLP [1024, 512, 256, 1]; dim 128
+# for DLRM, 64 for DCNv2). CPU: a model and data set for a few minutes on 2
+# cores. There Adagrad's initial accumulator is near PyTorch's 0: TensorFlow's
+# 0.1 damps the first updates of every new key, and one pass over the default
+# data then ends 0.015 below the planted AUC instead of 0.002 (RESULTS.md); a
+# 50-step warm-up keeps the first steps' loss from spiking. Dim 32, not 16:
+# Embedding Variables spend up to 46 B per key besides the row (key,
+# frequency, version, index), which at dim 16 weighs a third of the row.
+PRESETS = {
+    "gpu":
+        dict(batch=65536,
+             learning_rate={
+                 "dlrm": 0.01,
+                 "dcnv2": 0.01
+             },
+             initial_accumulator=0.1,
+             dim={
+                 "dlrm": 128,
+                 "dcnv2": 64
+             },
+             bottom=[512, 256],
+             top=[1024, 512, 256, 1],
+             deep=[1024, 512, 256],
+             cross_layers=3,
+             cross_rank=512,
+             warmup_steps=0,
+             train_lines=8_000_000,
+             eval_lines=500_000),
+    "cpu":
+        dict(batch=1024,
+             learning_rate={
+                 "dlrm": 0.05,
+                 "dcnv2": 0.01
+             },
+             initial_accumulator=1e-6,
+             dim={
+                 "dlrm": 32,
+                 "dcnv2": 32
+             },
+             bottom=[64],
+             top=[256, 128, 1],
+             deep=[256, 128],
+             cross_layers=3,
+             cross_rank=64,
+             warmup_steps=50,
+             train_lines=2_000_000,
+             eval_lines=100_000),
+}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n", 2)[2])
+    g = p.add_argument_group("run")
+    g.add_argument("--model", choices=["dlrm", "dcnv2"], default="dlrm")
+    g.add_argument("--style",
+                   choices=["function", "session"],
+                   default="function",
+                   help="TF2 tf.function, or TF1 graph + tf.compat.v1.Session (DeepRec habit)")
+    g.add_argument("--impl", choices=["both", "sok_ev", "baseline"], default="both")
+    g.add_argument("--device",
+                   choices=["auto", "cpu", "gpu"],
+                   default="auto",
+                   help="picks the defaults below (auto: gpu if TensorFlow sees one)")
+    g.add_argument("--threads",
+                   type=int,
+                   default=None,
+                   help="TensorFlow threads per worker (default: cores / local workers)")
+    g.add_argument("--evals", type=int, default=4, help="evaluations, evenly spaced, last at end")
+    g.add_argument("--eval-batch",
+                   type=int,
+                   help="lines per evaluation step (default: the larger of --batch and 16384)")
+    g.add_argument("--seed", type=int, default=0, help="initial weights")
+    g.add_argument("--out-dir", default=os.path.join(HERE, "out"))
+    g.add_argument("--no-append",
+                   action="store_true",
+                   help="write neither RESULTS.md nor runs.jsonl")
+    g.add_argument("--no-progress", action="store_true")
+    m = p.add_argument_group("model (defaults: see PRESETS in this file)")
+    m.add_argument("--batch", type=int, help="global batch, split evenly over the workers")
+    m.add_argument("--dim", type=int, help="embedding width")
+    m.add_argument("--learning-rate", type=float)
+    m.add_argument("--bottom", type=int, nargs="+", help="DLRM bottom MLP (dim is appended)")
+    m.add_argument("--top", type=int, nargs="+", help="DLRM top MLP (ends at 1)")
+    m.add_argument("--deep", type=int, nargs="+", help="DCNv2 deep MLP")
+    m.add_argument("--cross-layers", type=int)
+    m.add_argument("--cross-rank", type=int, help="DCNv2 low rank; 0 = full rank")
+    m.add_argument("--initial-accumulator",
+                   type=float,
+                   help="Adagrad's initial accumulator (TensorFlow's default: 0.1)")
+    m.add_argument("--warmup-steps", type=int, help="linear learning-rate warm-up steps")
+    m.add_argument("--embedding-stddev",
+                   type=float,
+                   default=0.05,
+                   help="truncated-normal stddev of initial embedding rows")
+    d = p.add_argument_group("data")
+    d.add_argument("--train-files", nargs="+", help="real Criteo files to train on")
+    d.add_argument("--eval-files", nargs="+", help="real Criteo files to evaluate on")
+    d.add_argument("--cardinalities",
+                   default="kaggle",
+                   help="real data: distinct values per feature for the baseline's buckets "
+                   "(x2): 'kaggle', one number for all, or 26 comma-separated numbers")
+    d.add_argument("--max-train-lines", type=int)
+    d.add_argument("--max-eval-lines", type=int)
+    d.add_argument("--on-malformed", choices=reader.ON_MALFORMED, default="skip")
+    d.add_argument("--data-dir",
+                   default=os.path.join(HERE, "data"),
+                   help="where synthetic data sets are generated (one folder each)")
+    d.add_argument("--train-lines", type=int, help="synthetic training lines")
+    d.add_argument("--eval-lines", type=int, help="synthetic eval lines")
+    d.add_argument("--cardinality-scale",
+                   type=float,
+                   help="synthetic: Kaggle's cardinalities times this "
+                   "(default: Kaggle's keys per line)")
+    d.add_argument("--zipf", type=float, default=1.1, help="synthetic: Zipf exponent")
+    d.add_argument("--data-seed", type=int, default=0, help="synthetic: data set seed")
+    args = p.parse_args(argv)
+    if bool(args.train_files) != bool(args.eval_files):
+        p.error("--train-files and --eval-files go together")
+    return args
+
+
+def apply_preset(args, device):
+    preset = PRESETS[device]
+    for key in ("batch", "initial_accumulator", "warmup_steps", "bottom", "top", "deep",
+                "cross_layers", "cross_rank", "train_lines", "eval_lines"):
+        if getattr(args, key) is None:
+            setattr(args, key, preset[key])
+    for key in ("dim", "learning_rate"):
+        if getattr(args, key) is None:
+            setattr(args, key, preset[key][args.model])
+
+
+def horovod_or_none():
+    """horovod.tensorflow, initialised, when launched by horovodrun; else None."""
+    if "HOROVOD_RANK" not in os.environ:
+        return None
+    import horovod.tensorflow as hvd  # pylint: disable=import-outside-toplevel
+    hvd.init()
+    return hvd
+
+
+def configure_devices(args, hvd):
+    """Threads, and one GPU per worker (HOROVOD_LOCAL_RANK) with memory growth.
+  Returns the tf.compat.v1.ConfigProto the Session style uses."""
+    local_size = hvd.local_size() if hvd else 1
+    local_rank = hvd.local_rank() if hvd else 0
+    if args.threads is None:
+        args.threads = max(1, (os.cpu_count() or 1) // local_size)
+    config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=args.threads,
+                                      inter_op_parallelism_threads=args.threads,
+                                      allow_soft_placement=True)
+    gpus = tf.config.list_physical_devices("GPU")
+    if args.device == "cpu":
+        tf.config.set_visible_devices([], "GPU")
+        config.device_count["GPU"] = 0
+    elif gpus:
+        gpu = gpus[local_rank % len(gpus)]
+        if args.style == "function":
+            tf.config.set_visible_devices(gpu, "GPU")
+            tf.config.experimental.set_memory_growth(gpu, True)
+        config.gpu_options.visible_device_list = str(local_rank % len(gpus))
+        config.gpu_options.allow_growth = True
+    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+    tf.config.threading.set_inter_op_parallelism_threads(args.threads)
+    tf.config.set_soft_device_placement(True)
+    return config
+
+
+def prepare_data(args, rank):
+    """(train files, eval files, true cardinalities, metadata or None, description)."""
+    if args.train_files:
+        if args.cardinalities == "kaggle":
+            cardinalities = list(synthetic.KAGGLE_CARDINALITIES)
+        else:
+            values = [int(v) for v in args.cardinalities.split(",")]
+            cardinalities = values * reader.NUM_CATEGORICAL if len(values) == 1 else values
+        if len(cardinalities) != reader.NUM_CATEGORICAL:
+            sys.exit(f"--cardinalities needs 1 or {reader.NUM_CATEGORICAL} numbers, got "
+                     f"{len(cardinalities)}")
+        return (args.train_files, args.eval_files, cardinalities, None,
+                f"files {' '.join(args.train_files)} / {' '.join(args.eval_files)}")
+    scale = args.cardinality_scale
+    if scale is None:
+        scale = synthetic.default_cardinality_scale(args.train_lines + args.eval_lines)
+    name = (f"synthetic_s{args.data_seed}_{args.train_lines}_{args.eval_lines}_"
+            f"c{scale:.6g}_z{args.zipf:g}")
+    directory = os.path.join(args.data_dir, name)
+    os.makedirs(directory, exist_ok=True)
+    # Every worker calls generate under one lock: the first writes, the rest reuse.
+    with open(os.path.join(directory, ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        bar = training.progress_bar(total=args.train_lines + args.eval_lines,
+                                    unit="line",
+                                    disable=rank != 0 or args.no_progress,
+                                    unit_scale=True,
+                                    desc="generating")
+        meta = synthetic.generate(directory,
+                                  args.train_lines,
+                                  args.eval_lines,
+                                  seed=args.data_seed,
+                                  cardinality_scale=scale,
+                                  zipf=args.zipf,
+                                  processes=min(8,
+                                                os.cpu_count() or 1),
+                                  progress=bar.update)
+        bar.close()
+    description = (f"synthetic seed {args.data_seed}: {args.train_lines:,} train + "
+                   f"{args.eval_lines:,} eval lines, cardinality scale {scale:.4g}, "
+                   f"Zipf {args.zipf:g}")
+    return ([meta["files"]["train"]], [meta["files"]["eval"]], meta["vocabulary"], meta,
+            description)
+
+
+def build_implementations(args, cardinalities, hvd):
+    """The implementations asked for, in the current graph / eagerly."""
+    import sok_ev as sok  # pylint: disable=import-outside-toplevel
+    sok.init()
+    if not hvd or hvd.rank() == 0:
+        print(f"sok_ev from {os.path.dirname(sok.__file__)}", flush=True)
+
+    def tower():
+        if args.model == "dlrm":
+            return models.DLRM(args.dim, args.bottom + [args.dim], args.top, seed=2 * args.seed)
+        return models.DCNv2(args.dim,
+                            args.cross_layers,
+                            args.cross_rank,
+                            args.deep,
+                            seed=2 * args.seed)
+
+    emb_seed = 1000 * (2 * args.seed + 1)
+    out = []
+    if args.impl in ("both", "sok_ev"):
+        out.append(
+            training.Implementation(
+                embeddings_lib.SokEvEmbeddings(sok, args.dim, args.embedding_stddev, emb_seed),
+                tower(), args.learning_rate, args.batch, hvd, args.initial_accumulator,
+                args.warmup_steps))
+    if args.impl in ("both", "baseline"):
+        out.append(
+            training.Implementation(
+                embeddings_lib.HashBucketEmbeddings(args.dim, [2 * c for c in cardinalities],
+                                                    args.embedding_stddev, emb_seed), tower(),
+                args.learning_rate, args.batch, hvd, args.initial_accumulator, args.warmup_steps))
+    return out
+
+
+def datasets(args, train_files, eval_files, hvd):
+    workers, rank = (hvd.size(), hvd.rank()) if hvd else (1, 0)
+    options = tf.data.Options()
+    options.threading.private_threadpool_size = args.threads
+    train = reader.criteo_dataset(train_files,
+                                  args.batch,
+                                  num_workers=workers,
+                                  worker_index=rank,
+                                  on_malformed=args.on_malformed,
+                                  drop_remainder=True,
+                                  max_lines=args.max_train_lines).with_options(options)
+    # Every worker evaluates every eval line (sok-ev lookups are collective).
+    evaluation = reader.criteo_dataset(eval_files,
+                                       args.eval_batch or max(args.batch, 16384),
+                                       on_malformed=args.on_malformed,
+                                       max_lines=args.max_eval_lines).cache().with_options(options)
+    return train, evaluation
+
+
+def command_line(argv, workers):
+    cmd = "python " + " ".join([os.path.relpath(os.path.abspath(sys.argv[0]), REPO_ROOT)] +
+                               [shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)])
+    return cmd if workers == 1 else f"horovodrun -np {workers} {cmd}"
+
+
+def end_to_end(result, batch):
+    """Samples/s of the whole loop (every implementation, input, staging), the
+  warm-up steps and the evaluations left out."""
+    ends = result["step_end_seconds"]
+    if len(ends) <= WARMUP_STEPS:
+        return len(ends) * batch / ends[-1]
+    return (len(ends) - WARMUP_STEPS) * batch / (ends[-1] - ends[WARMUP_STEPS - 1])
+
+
+def thin(values, points=200):
+    """At most `points` values: means of consecutive groups (curves in runs.jsonl)."""
+    groups = np.array_split(np.asarray(values, np.float64), min(points, len(values)))
+    return [float(g.mean()) for g in groups]
+
+
+def summarize(args, result, style, hvd):
+    """{name: numbers} of each implementation."""
+    workers = hvd.size() if hvd else 1
+    out = {}
+    for impl in style.implementations:
+        c = result["curves"][impl.name]
+        timed = c.seconds[WARMUP_STEPS:] or c.seconds
+        x = dict(auc=c.eval_auc[-1],
+                 logloss=c.eval_logloss[-1],
+                 samples_per_second=len(timed) * args.batch / sum(timed),
+                 step_ms_median=1e3 * float(np.median(timed)),
+                 final_train_loss=float(np.mean(c.loss[-max(1,
+                                                            len(c.loss) // 10):])),
+                 first_step_seconds=c.seconds[0],
+                 curve=dict(samples=thin(c.samples),
+                            loss=thin(c.loss),
+                            eval_samples=c.eval_samples,
+                            eval_auc=c.eval_auc))
+        if impl.name == "sok_ev":
+            keys = style.keys_stored(impl)
+            x.update(keys_stored=keys,
+                     bytes_per_key=embeddings_lib.sok_ev_bytes_per_key(
+                         args.dim, training.ADAGRAD_SLOTS),
+                     embedding_bytes=impl.embeddings.memory_bytes(keys, training.ADAGRAD_SLOTS))
+        else:
+            x.update(rows_allocated=sum(impl.embeddings.buckets) * workers,
+                     embedding_bytes=impl.embeddings.memory_bytes(training.ADAGRAD_SLOTS) * workers)
+        out[impl.name] = x
+    return out
+
+
+def print_summary(record, meta, previous_runs):
+    r = record["results"]
+    planted = record.get("planted_auc")
+    print(f"\nCriteo {record['model']}, {record['style']}, {record['workers']} worker(s), "
+          f"global batch {record['global_batch']}, dim {record['dim']}, {record['steps']} steps; "
+          f"{record['data']}")
+    if record["malformed"]:
+        print(f"malformed lines skipped: {record['malformed']}")
+    print(f"{'':10} {'AUC':>8} {'logloss':>8} {'samples/s':>12} {'step ms':>8} "
+          f"{'embedding memory':>18}")
+    if planted is not None:
+        print(f"{'planted':10} {planted:8.4f} {meta['planted']['eval']['logloss']:8.4f}")
+    for name, x in r.items():
+        memory = f"{x['embedding_bytes'] / 2**20:,.1f} MB"
+        if name == "sok_ev":
+            memory += f" ({x['keys_stored']:,} keys x {x['bytes_per_key']} B)"
+        else:
+            memory += f" ({x['rows_allocated']:,} rows)"
+        print(f"{name:10} {x['auc']:8.4f} {x['logloss']:8.4f} {x['samples_per_second']:12,.0f} "
+              f"{x['step_ms_median']:8.1f} {memory}")
+    checks = []
+    if "sok_ev" in r:
+        s = r["sok_ev"]
+        if planted is not None:
+            gap = s["auc"] - planted
+            checks.append(("AUC within 0.002 of the planted model", abs(gap)
+                           <= 0.002, f"{gap:+.4f}"))
+        if "baseline" in r:
+            b = r["baseline"]
+            checks.append(("AUC >= the baseline's", s["auc"]
+                           >= b["auc"], f"{s['auc'] - b['auc']:+.4f}"))
+            speed = s["samples_per_second"] / b["samples_per_second"]
+            checks.append(("samples/s >= the baseline's", speed >= 1.0, f"{speed:.2f}x"))
+            memory = s["embedding_bytes"] / b["embedding_bytes"]
+            checks.append(("embedding memory <= 1/3 of the baseline's", memory
+                           <= 1 / 3, f"{memory:.3f}x"))
+        single = [
+            p for p in previous_runs if p["workers"] == 1 and p["workers"] != record["workers"]
+        ]
+        if single:
+            gap = s["auc"] - single[-1]["results"]["sok_ev"]["auc"]
+            checks.append(
+                (f"AUC equals the 1-worker run's ({single[-1]['date']}) to 0.002", abs(gap)
+                 <= 0.002, f"{gap:+.4f}"))
+    for what, met, value in checks:
+        print(f"  target: {what}: {value} -> {'met' if met else 'MISSED'}")
+    record["targets"] = [dict(target=w, met=bool(m), value=v) for w, m, v in checks]
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    hvd = horovod_or_none()
+    rank, workers = (hvd.rank(), hvd.size()) if hvd else (0, 1)
+    device = args.device
+    if device == "auto":
+        device = "gpu" if tf.config.list_physical_devices("GPU") else "cpu"
+    apply_preset(args, device)
+    if args.batch % workers:
+        sys.exit(f"--batch {args.batch} must split evenly over {workers} workers")
+    # Before TensorFlow's runtime starts: the generator forks worker processes.
+    train_files, eval_files, cardinalities, meta, description = prepare_data(args, rank)
+    config = configure_devices(args, hvd)
+    files = {"train": train_files, "eval": eval_files}
+    lines = args.max_train_lines or (None if meta is None else meta["train_lines"])
+    total_steps = None if lines is None else lines // args.batch
+    eval_at = ([] if total_steps is None else
+               [round(total_steps * k / args.evals) for k in range(1, args.evals)])
+
+    if args.style == "session":
+        tf.compat.v1.disable_v2_behavior()
+        train_data, eval_data = datasets(args, train_files, eval_files, hvd)
+        style = training.SessionStyle(lambda: build_implementations(args, cardinalities, hvd),
+                                      train_data, eval_data, files, config)
+    else:
+        train_data, eval_data = datasets(args, train_files, eval_files, hvd)
+        style = training.FunctionStyle(build_implementations(args, cardinalities, hvd), train_data,
+                                       eval_data, files)
+    result = training.train_and_evaluate(style,
+                                         args.batch,
+                                         eval_at,
+                                         metrics.auc_and_logloss,
+                                         total_steps=total_steps,
+                                         progress=rank == 0 and not args.no_progress)
+    results = summarize(args, result, style, hvd)
+    if rank != 0:
+        return
+    record = dict(date=report.now(),
+                  machine=report.machine(),
+                  load_average=os.getloadavg()[0],
+                  command=command_line(argv, workers),
+                  model=args.model,
+                  style=args.style,
+                  device=device,
+                  workers=workers,
+                  threads=args.threads,
+                  global_batch=args.batch,
+                  dim=args.dim,
+                  learning_rate=args.learning_rate,
+                  steps=result["steps"],
+                  malformed=result["malformed"],
+                  data=description,
+                  planted_auc=None if meta is None else meta["planted"]["eval"]["auc"],
+                  train_seconds=result["step_end_seconds"][-1],
+                  eval_seconds=result["eval_seconds"],
+                  input_seconds=result["input_seconds"],
+                  end_to_end_samples_per_second=end_to_end(result, args.batch),
+                  peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                  results=results)
+    same = lambda r: all(  # noqa: E731
+        r.get(k) == record[k] for k in ("model", "style", "device", "global_batch", "dim", "data"))
+    previous = [r for r in report.read_runs(RUNS) if same(r)]
+    print_summary(record, meta, previous)
+    print(f"end to end (every implementation and the input; no warm-up, no eval): "
+          f"{record['end_to_end_samples_per_second']:,.0f} samples/s (waiting for input "
+          f"{record['input_seconds']:.1f} s); eval "
+          f"{record['eval_seconds']:.1f} s; peak RSS {record['peak_rss_bytes'] / 2**20:,.0f} MB; "
+          f"load average {record['load_average']:.1f}")
+    os.makedirs(args.out_dir, exist_ok=True)
+    title = report.title(record)
+    curves_png = os.path.join(args.out_dir, "curves.png")
+    curves = {name: x["curve"] for name, x in results.items()}
+    throughput_png = os.path.join(args.out_dir, "throughput.png")
+    if (report.plot_curves(curves_png, curves, record["planted_auc"], title) and
+            report.plot_throughput(throughput_png, previous + [record],
+                                   report.title(record, workers=False))):
+        print(f"plots: {os.path.relpath(curves_png)}, {os.path.relpath(throughput_png)}")
+    else:
+        print("no plots: matplotlib is not installed (bash request.sh installs it)")
+    with open(os.path.join(args.out_dir, "run.json"), "w") as f:
+        json.dump(record, f, indent=1)
+    with open(os.path.join(args.out_dir, "results_line.md"), "w") as f:
+        f.write(report.results_line(record) + "\n")  # for runs whose tree is thrown away
+    if not args.no_append:
+        report.append_run(RUNS, record)
+        with open(RESULTS, "a") as f:
+            f.write(report.results_line(record) + "\n")
+        print(f"appended to {os.path.relpath(RESULTS)} and {os.path.relpath(RUNS)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""The Criteo benchmark trains: a tiny end-to-end run of both implementations.
+
+In process (TF2 tf.function style): the loss goes down, the eval AUC beats
+chance, sok-ev stores exactly the distinct (feature, value) pairs the run
+looked up (counted in plain Python from the files), and the baseline's
+memory is its allocated tables. As a user runs it (a subprocess of
+benchmarks/criteo/run.py, TF1 Session style): it finishes, prints both
+implementations, and writes its plots and run record.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from benchmarks.criteo import embeddings
+from benchmarks.criteo import metrics
+from benchmarks.criteo import models
+from benchmarks.criteo import reader
+from benchmarks.criteo import report
+from benchmarks.criteo import synthetic
+from benchmarks.criteo import training
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DIM, BATCH = 8, 256
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return synthetic.generate(str(tmp_path_factory.mktemp("tiny")),
+                              6144,
+                              2048,
+                              seed=11,
+                              cardinality_scale=1e-4)
+
+
+def distinct_values(paths):
+    """Distinct C values per feature in the files ('' included: it is a key too)."""
+    seen = [set() for _ in range(reader.NUM_CATEGORICAL)]
+    for path in paths:
+        with open(path) as f:
+            for line in f:
+                for f_index, value in enumerate(line.rstrip("\n").split("\t")[14:]):
+                    seen[f_index].add(value)
+    return [len(s) for s in seen]
+
+
+def test_both_implementations_train_and_report_their_memory(sok, data):
+    files = {split: [data["files"][split]] for split in ("train", "eval")}
+
+    def implementation(table):
+        tower = models.DLRM(DIM, [16, DIM], [32, 1], seed=0)
+        return training.Implementation(table,
+                                       tower,
+                                       0.05,
+                                       BATCH,
+                                       initial_accumulator=1e-6,
+                                       warmup_steps=4)
+
+    sok_ev = implementation(embeddings.SokEvEmbeddings(sok, DIM, 0.05, seed=1))
+    buckets = [2 * v for v in data["vocabulary"]]
+    baseline = implementation(embeddings.HashBucketEmbeddings(DIM, buckets, 0.05, seed=1))
+    style = training.FunctionStyle([sok_ev, baseline],
+                                   reader.criteo_dataset(files["train"], BATCH,
+                                                         drop_remainder=True),
+                                   reader.criteo_dataset(files["eval"], 1024), files)
+    result = training.train_and_evaluate(style,
+                                         BATCH, [12],
+                                         metrics.auc_and_logloss,
+                                         progress=False)
+
+    assert result["steps"] == 6144 // BATCH and result["malformed"] == 0
+    for name in ("sok_ev", "baseline"):
+        curves = result["curves"][name]
+        assert np.mean(curves.loss[-4:]) < np.mean(curves.loss[:4]) - 0.02, curves.loss
+        assert curves.eval_samples == [12 * BATCH, 24 * BATCH]
+        assert curves.eval_auc[-1] > 0.6, curves.eval_auc
+    # Every value looked up (training and both evaluations) is one key.
+    expected_keys = sum(distinct_values(files["train"] + files["eval"]))
+    assert style.keys_stored(sok_ev) == expected_keys
+    # A record (key, frequency, version: 8 B each; value and Adagrad slot) and
+    # 8 B index slots at the lowest load factor, 3/8 (cc/hash_table_cpu.h).
+    assert sok_ev.embeddings.memory_bytes(
+        expected_keys, training.ADAGRAD_SLOTS) == (expected_keys * (3 * 8 + 4 * DIM * 2 + 22))
+    assert baseline.embeddings.memory_bytes(training.ADAGRAD_SLOTS) == sum(buckets) * DIM * 4 * 2
+
+
+@pytest.mark.timeout(300)
+def test_run_py_in_session_style_writes_numbers_and_plots(tmp_path):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    out = tmp_path / "out"
+    command = [
+        sys.executable, "benchmarks/criteo/run.py", "--style", "session", "--device", "cpu",
+        "--train-lines", "4096", "--eval-lines", "1024", "--batch", "512", "--dim", "8", "--bottom",
+        "16", "--top", "32", "1", "--evals", "2", "--no-append", "--no-progress", "--data-dir",
+        str(tmp_path / "data"), "--out-dir",
+        str(out)
+    ]
+    result = subprocess.run(command,
+                            cwd=REPO_ROOT,
+                            env=env,
+                            capture_output=True,
+                            text=True,
+                            timeout=280)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for name in ("planted", "sok_ev", "baseline"):
+        assert f"\n{name} " in result.stdout, result.stdout
+    record = json.load(open(out / "run.json"))
+    assert record["style"] == "session" and record["steps"] == 8
+    for name in ("sok_ev", "baseline"):
+        numbers = record["results"][name]
+        assert 0.5 < numbers["auc"] <= 1 and numbers["samples_per_second"] > 0
+        assert len(numbers["curve"]["eval_auc"]) == 2
+    assert record["results"]["sok_ev"]["keys_stored"] > 0
+    assert (out / "curves.png").stat().st_size > 10000
+    assert (out / "throughput.png").stat().st_size > 10000
+    line = report.results_line(record)
+    assert record["command"] in line and record["date"] in line and "\n" not in line
