@@ -58,6 +58,15 @@ void combine_backward(const CpuContext& context, const float* grad_out, const in
                       const int64_t* row_offsets, int64_t batch, int64_t nnz, int64_t dim,
                       Combiner combiner, float* grad_unique);
 
+// The same result, bit for bit, on the calling thread: one pass over the
+// entries in sample order adds each one into its key's row, so grad_out is
+// read front to back instead of gathered in key order. Each key still sums
+// its entries in ascending order.
+void combine_backward_serial(const float* grad_out, const int64_t* order, const int64_t* segments,
+                             int64_t num_unique, const float* weights, const int64_t* row_offsets,
+                             int64_t batch, int64_t nnz, int64_t dim, Combiner combiner,
+                             float* grad_unique);
+
 }  // namespace cpu
 
 namespace gpu {

@@ -96,5 +96,30 @@ void combine_backward(const CpuContext& context, const float* grad_out, const in
   });
 }
 
+void combine_backward_serial(const float* grad_out, const int64_t* order, const int64_t* segments,
+                             int64_t num_unique, const float* weights, const int64_t* row_offsets,
+                             int64_t batch, int64_t nnz, int64_t dim, Combiner combiner,
+                             float* grad_unique) {
+  std::vector<int64_t> entry_key(nnz);
+  for (int64_t u = 0; u < num_unique; ++u) {
+    for (int64_t k = segments[u]; k < segments[u + 1]; ++k) entry_key[order[k]] = u;
+  }
+  std::fill(grad_unique, grad_unique + num_unique * dim, 0.0f);
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t begin = row_offsets[b], end = row_offsets[b + 1];
+    const float* __restrict__ g = grad_out + b * dim;
+    const float d = combine_denominator(combiner, weights, begin, end);
+    for (int64_t j = begin; j < end; ++j) {
+      const float w = weights ? weights[j] : 1.0f;
+      float* __restrict__ row = grad_unique + entry_key[j] * dim;
+      if (combiner == Combiner::kSum) {
+        for (int64_t c = 0; c < dim; ++c) row[c] += w * g[c];
+      } else {
+        for (int64_t c = 0; c < dim; ++c) row[c] += w * div_no_nan(g[c], d);
+      }
+    }
+  }
+}
+
 }  // namespace cpu
 }  // namespace sok_ev

@@ -20,6 +20,9 @@ namespace {
 // memory goes back to the system when freed (malloc would keep it).
 constexpr size_t kMapBytes = size_t{64} << 10;
 constexpr int kShardBits = 6;
+// Keys ahead whose index lines a lookup loop prefetches (their misses then
+// overlap instead of coming one after another).
+constexpr int64_t kPrefetchDistance = 8;
 // An index entry: the row id + 1 in the low 32 bits (0 = empty slot), the
 // high 32 bits of the key's hash above, which also give its home slot.
 constexpr uint64_t kEmptyEntry = 0;
@@ -134,6 +137,20 @@ struct HashTable<Key>::Shard {
     }
     *found = false;
     return i;
+  }
+
+  // Asks for the index line `key`'s probe starts on, ahead of probing it.
+  void prefetch(Key key) const {
+    if (count == 0) return;
+    __builtin_prefetch(entries() + (tag_of(bucket_hash(key)) & (capacity - 1)));
+  }
+
+  // Asks for row `id`'s record: its header and first `floats` floats.
+  void prefetch_row(int64_t id, int64_t floats) const {
+    const char* r = records.data() + id * record_bytes;
+    const int64_t bytes = static_cast<int64_t>(sizeof(Header)) + floats * 4;
+    for (int64_t c = 0; c < bytes; c += 64) __builtin_prefetch(r + c);
+    __builtin_prefetch(r + bytes - 1);
   }
 
   // Row id of `key`, or -1.
@@ -383,15 +400,25 @@ Status HashTable<Key>::find_or_insert(const CpuContext& context, const Key* keys
         std::vector<int64_t> missing;
         {
           std::shared_lock<std::shared_mutex> lock(shard.mutex);
+          // Probe every key first (asking for its record as it is found),
+          // then copy: the records' misses overlap instead of following each
+          // probe.
+          std::vector<int64_t> ids(count);
+          for (int64_t k = 0; k < count; ++k) {
+            if (k + kPrefetchDistance < count) {
+              shard.prefetch(keys[positions[k + kPrefetchDistance]]);
+            }
+            ids[k] = shard.find_row(keys[positions[k]]);
+            if (ids[k] >= 0) shard.prefetch_row(ids[k], dim_);
+          }
           for (int64_t k = 0; k < count; ++k) {
             const int64_t i = positions[k];
-            const int64_t id = shard.find_row(keys[i]);
-            if (id < 0) {
+            if (ids[k] < 0) {
               missing.push_back(i);
               continue;
             }
-            std::memcpy(values + i * dim_, shard.row(id), dim_ * sizeof(float));
-            atomic_add(&shard.header(id)->frequency, frequencies ? frequencies[i] : 1);
+            std::memcpy(values + i * dim_, shard.row(ids[k]), dim_ * sizeof(float));
+            atomic_add(&shard.header(ids[k])->frequency, frequencies ? frequencies[i] : 1);
           }
         }
         if (missing.empty()) return Status::Ok();
@@ -421,6 +448,9 @@ void HashTable<Key>::find(const CpuContext& context, const Key* keys, int64_t n,
                  [&](Shard& shard, const int64_t* positions, int64_t count) -> Status {
                    std::shared_lock<std::shared_mutex> lock(shard.mutex);
                    for (int64_t k = 0; k < count; ++k) {
+                     if (k + kPrefetchDistance < count) {
+                       shard.prefetch(keys[positions[k + kPrefetchDistance]]);
+                     }
                      const int64_t i = positions[k];
                      const int64_t id = shard.find_row(keys[i]);
                      if (found) found[i] = id >= 0;
@@ -483,6 +513,9 @@ Status HashTable<Key>::update_rows(const CpuContext& context, const Key* keys, i
                           // Inserts first: they may move the records, so row pointers come after.
                           std::vector<int64_t> ids(count);
                           for (int64_t k = 0; k < count; ++k) {
+                            if (k + kPrefetchDistance < count) {
+                              shard.prefetch(keys[positions[k + kPrefetchDistance]]);
+                            }
                             const Key key = keys[positions[k]];
                             ids[k] = shard.find_row(key);
                             if (ids[k] < 0) {
@@ -495,6 +528,9 @@ Status HashTable<Key>::update_rows(const CpuContext& context, const Key* keys, i
                           }
                           std::vector<float*> rows(count);
                           for (int64_t k = 0; k < count; ++k) {
+                            if (k + kPrefetchDistance < count) {
+                              shard.prefetch_row(ids[k + kPrefetchDistance], shard.width);
+                            }
                             shard.header(ids[k])->version = global_step;
                             rows[k] = shard.row(ids[k]);
                           }

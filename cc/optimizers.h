@@ -191,11 +191,13 @@ SOK_EV_HOST_DEVICE void update_row(const OptimizerSpec& spec, float* row, const 
 }
 
 namespace cpu {
-// Updates n rows in place.
-//   rows:  (n,) pointers to full rows of the table, host memory, distinct
-//   grads: (n, dim) row i's gradient at grads + i * dim
+// Updates n rows in place, reading each row's gradient where it lies (no
+// gathered copy).
+//   rows:      (n,) pointers to full rows of the table, host memory, distinct
+//   grads:     row i's gradient is the dim floats at grads + grad_rows[i] * dim
+//   grad_rows: (n,), or null for grads + i * dim
 void apply_optimizer(const CpuContext& context, const OptimizerSpec& spec, float* const* rows,
-                     const float* grads, int64_t n, int64_t dim);
+                     const float* grads, const int64_t* grad_rows, int64_t n, int64_t dim);
 }  // namespace cpu
 
 // The GPU applies the same arithmetic inside the fused backward + optimizer

@@ -18,7 +18,8 @@
 //   PartitionByOwner, CombineForward, CombineBackward         free stages
 //   Copy, SetZero, CopyToHost             device memory
 // Pointers passed to them are device memory (host memory on CPU) unless a
-// comment says host.
+// comment says host. ForEachTable (below) runs a multi-table op's per-table
+// stages.
 #ifndef SOK_EV_CC_KERNELS_DEVICE_CORE_H_
 #define SOK_EV_CC_KERNELS_DEVICE_CORE_H_
 
@@ -51,6 +52,21 @@ absl::Status CheckDistinctOnHost(const Key* keys, int64_t n, const std::string& 
       return tensorflow::errors::InvalidArgument(where, ": key ", keys[i],
                                                  " appears more than once");
     }
+  }
+  return absl::OkStatus();
+}
+
+// Runs work(t, table_core) for every table t < n of a multi-table op and
+// returns the first failure; table_core is the Core that table t's stages
+// run on. This definition runs the tables one after another on `core`;
+// device_core_cpu.h overloads it for the CPU, where tables run side by side.
+// work must touch only table t's buffers, whatever the order.
+//   costs: (n,) host, each table's share of the work (e.g. its entries)
+template <typename Device, typename Work>
+absl::Status ForEachTable(Core<Device>& core, int n, const int64_t* costs, const Work& work) {
+  for (int t = 0; t < n; ++t) {
+    absl::Status status = work(t, core);
+    if (!status.ok()) return status;
   }
   return absl::OkStatus();
 }

@@ -5,6 +5,7 @@
 #define SOK_EV_CC_KERNELS_DEVICE_CORE_CPU_H_
 
 #include <algorithm>
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
@@ -36,10 +37,49 @@ class Core<CPUDevice> {
   explicit Core(tensorflow::OpKernelContext* context) {
     tensorflow::thread::ThreadPool* pool =
         context->device()->tensorflow_cpu_worker_threads()->workers;
+    num_threads_ = pool->NumThreads();
     context_.parallel_for = [pool](int64_t total, int64_t cost_per_unit,
                                    const CpuContext::Work& work) {
       pool->ParallelFor(total, cost_per_unit, work);
     };
+  }
+
+  // Tables side by side when there are enough of them: each table's stages
+  // then run whole on one thread, on a Core without a pool (one task per
+  // table instead of a pool round trip per stage and table), the largest
+  // tables first. With fewer tables than threads, or one table holding more
+  // than a thread's share of the work, or little work in all, the tables run
+  // one after another with each stage spread over the pool.
+  //   costs: (n,) host
+  template <typename Work>
+  absl::Status ForEachTable(int n, const int64_t* costs, const Work& work) {
+    int64_t total = 0, largest = 0;
+    for (int t = 0; t < n; ++t) {
+      total += costs[t];
+      largest = std::max(largest, costs[t]);
+    }
+    if (total < kMinEntriesToSpread || n < num_threads_ || num_threads_ < 2 ||
+        largest * num_threads_ > total) {
+      Core serial = serial_core();
+      Core& core = total < kMinEntriesToSpread ? serial : *this;
+      for (int t = 0; t < n; ++t) TF_RETURN_IF_ERROR(work(t, core));
+      return absl::OkStatus();
+    }
+    std::vector<int> order(n);
+    for (int t = 0; t < n; ++t) order[t] = t;
+    std::stable_sort(order.begin(), order.end(),
+                     [costs](int a, int b) { return costs[a] > costs[b]; });
+    std::vector<absl::Status> statuses(n);
+    std::atomic<int> next{0};
+    // One unit per thread, each taking the next table until none is left.
+    context_.parallel_for(num_threads_, total, [&](int64_t first, int64_t last) {
+      Core core = serial_core();
+      for (int64_t lane = first; lane < last; ++lane) {
+        for (int i = next++; i < n; i = next++) statuses[order[i]] = work(order[i], core);
+      }
+    });
+    for (const absl::Status& status : statuses) TF_RETURN_IF_ERROR(status);
+    return absl::OkStatus();
   }
 
   // The CPU table allocates its own rows.
@@ -154,6 +194,8 @@ class Core<CPUDevice> {
   // keys_are_unique, each key's version set to global_step. spec.slot_index
   // must be set.
   //   keys: (n,)  grads: (n, dim)
+  // Small updates stay on the calling thread: the per-variable update ops of
+  // one step already run side by side on TF's inter-op threads.
   template <typename Key>
   absl::Status ApplyOptimizer(Table<Key>& table, const OptimizerSpec& spec, const Key* keys,
                               int64_t n, const float* grads, int64_t dim, int64_t global_step,
@@ -176,52 +218,54 @@ class Core<CPUDevice> {
       unique = unique_storage.data();
       summed = summed_storage.data();
     }
+    const bool spread = num_unique * table.row_width() >= kMinFloatsToSpread;
     return ToTfStatus(table.update_rows(
-        context_, unique, num_unique, global_step,
+        spread ? context_ : serial_, unique, num_unique, global_step,
         [&](const int64_t* positions, float* const* rows, int64_t count) {
-          std::vector<float> shard_grads(count * dim);
-          for (int64_t k = 0; k < count; ++k) {
-            std::copy(summed + positions[k] * dim, summed + (positions[k] + 1) * dim,
-                      shard_grads.data() + k * dim);
-          }
           // Already inside a per-shard task: no nested pool.
-          cpu::apply_optimizer(CpuContext::Serial(), spec, rows, shard_grads.data(), count, dim);
+          cpu::apply_optimizer(serial_, spec, rows, summed, positions, count, dim);
         }));
   }
 
   // Every table's sample ids are checked first: first_invalid[t] (host) is
   // the first bad entry of table t, or its nnz, and if any table has one
-  // nothing else happens. Then per table: row offsets, unique keys in
+  // nothing is allocated. Then per table: row offsets, unique keys in
   // first-occurrence order (buffers from `allocate`), entries grouped by key.
+  // Tables run side by side (ForEachTable), so each one's passes stay on one
+  // thread; only the allocations are serial.
   template <typename Key>
   absl::Status UniqueKeys(const std::vector<TableBatch<Key>>& tables,
                           const UniqueAllocator<Key>& allocate,
                           std::vector<int64_t>* first_invalid) {
-    bool valid = true;
-    for (size_t t = 0; t < tables.size(); ++t) {
+    const int n = static_cast<int>(tables.size());
+    std::vector<int64_t> costs(n);
+    for (int t = 0; t < n; ++t) costs[t] = tables[t].nnz;
+    std::vector<std::vector<Key>> unique(n);
+    std::vector<std::vector<int64_t>> counts(n);
+    std::vector<int64_t> num_unique(n, 0);
+    TF_RETURN_IF_ERROR(ForEachTable(n, costs.data(), [&](int t, Core& core) {
       const TableBatch<Key>& table = tables[t];
       (*first_invalid)[t] = cpu::first_invalid_sample_id(table.sample_ids, table.nnz, table.batch);
-      valid = valid && (*first_invalid)[t] == table.nnz;
-    }
-    if (!valid) return absl::OkStatus();
-    std::vector<Key> unique;
-    std::vector<int64_t> counts;
-    for (size_t t = 0; t < tables.size(); ++t) {
-      const TableBatch<Key>& table = tables[t];
+      if ((*first_invalid)[t] != table.nnz) return absl::OkStatus();
       cpu::row_offsets_from_sample_ids(table.sample_ids, table.nnz, table.batch, table.row_offsets);
-      unique.resize(table.nnz);
-      counts.resize(table.nnz);
-      int64_t num_unique = 0;
-      cpu::unique_keys(context_, table.keys, table.nnz, unique.data(), table.unique_index,
-                       counts.data(), &num_unique);
-      UniqueBuffers<Key> out;
-      TF_RETURN_IF_ERROR(allocate(static_cast<int>(t), num_unique, &out));
-      std::copy(unique.begin(), unique.begin() + num_unique, out.unique_keys);
-      std::copy(counts.begin(), counts.begin() + num_unique, out.counts);
-      cpu::group_entries_by_key(table.unique_index, table.nnz, out.counts, num_unique, table.order,
-                                out.segments);
+      unique[t].resize(table.nnz);
+      counts[t].resize(table.nnz);
+      cpu::unique_keys(core.context_, table.keys, table.nnz, unique[t].data(), table.unique_index,
+                       counts[t].data(), &num_unique[t]);
+      return absl::OkStatus();
+    }));
+    for (int t = 0; t < n; ++t) {
+      if ((*first_invalid)[t] != tables[t].nnz) return absl::OkStatus();
     }
-    return absl::OkStatus();
+    std::vector<UniqueBuffers<Key>> out(n);
+    for (int t = 0; t < n; ++t) TF_RETURN_IF_ERROR(allocate(t, num_unique[t], &out[t]));
+    return ForEachTable(n, costs.data(), [&](int t, Core&) {
+      std::copy(unique[t].begin(), unique[t].begin() + num_unique[t], out[t].unique_keys);
+      std::copy(counts[t].begin(), counts[t].begin() + num_unique[t], out[t].counts);
+      cpu::group_entries_by_key(tables[t].unique_index, tables[t].nnz, out[t].counts, num_unique[t],
+                                tables[t].order, out[t].segments);
+      return absl::OkStatus();
+    });
   }
 
   // Finds or inserts the unique keys (their counts added to the
@@ -233,10 +277,11 @@ class Core<CPUDevice> {
                                    int64_t num_unique, const int64_t* unique_index,
                                    const float* weights, const int64_t* row_offsets, int64_t batch,
                                    Combiner combiner, float* out) {
-    std::vector<float> values(num_unique * table.dim());
+    // Every element is written by find_or_insert: no zero fill.
+    std::unique_ptr<float[]> values(new float[num_unique * table.dim()]);
     TF_RETURN_IF_ERROR(
-        ToTfStatus(table.find_or_insert(context_, unique_keys, num_unique, values.data(), counts)));
-    cpu::combine_forward(context_, values.data(), unique_index, weights, row_offsets, batch,
+        ToTfStatus(table.find_or_insert(context_, unique_keys, num_unique, values.get(), counts)));
+    cpu::combine_forward(context_, values.get(), unique_index, weights, row_offsets, batch,
                          table.dim(), combiner, out);
     return absl::OkStatus();
   }
@@ -273,8 +318,14 @@ class Core<CPUDevice> {
                                int64_t num_unique, const float* weights, const int64_t* row_offsets,
                                int64_t batch, int64_t nnz, int64_t dim, Combiner combiner,
                                float* grad_unique) {
-    cpu::combine_backward(context_, grad_out, order, segments, num_unique, weights, row_offsets,
-                          batch, nnz, dim, combiner, grad_unique);
+    // On one thread (a table of ForEachTable) entries go in sample order.
+    if (num_threads_ == 1) {
+      cpu::combine_backward_serial(grad_out, order, segments, num_unique, weights, row_offsets,
+                                   batch, nnz, dim, combiner, grad_unique);
+    } else {
+      cpu::combine_backward(context_, grad_out, order, segments, num_unique, weights, row_offsets,
+                            batch, nnz, dim, combiner, grad_unique);
+    }
     return absl::OkStatus();
   }
 
@@ -299,8 +350,24 @@ class Core<CPUDevice> {
   }
 
  private:
+  // Below this many entries in all, a multi-table stage is not worth a pool
+  // round trip; below this many floats, neither is one optimizer update.
+  static constexpr int64_t kMinEntriesToSpread = 4096;
+  static constexpr int64_t kMinFloatsToSpread = int64_t{1} << 20;
+
+  Core() { context_ = serial_; }
+  Core serial_core() const { return Core(); }
+
+  const CpuContext serial_ = CpuContext::Serial();
   CpuContext context_;
+  int num_threads_ = 1;
 };
+
+// Tables side by side; see Core<CPUDevice>::ForEachTable.
+template <typename Work>
+absl::Status ForEachTable(Core<CPUDevice>& core, int n, const int64_t* costs, const Work& work) {
+  return core.ForEachTable(n, costs, work);
+}
 
 }  // namespace sok_ev
 

@@ -259,30 +259,38 @@ class FindOrInsertOp : public OpKernel {
     OP_REQUIRES_OK(context, context->input_list("counts", &counts));
     OpOutputList values;
     OP_REQUIRES_OK(context, context->output_list("values", &values));
-    Core<Device> core(context);
-    for (int t = 0; t < keys.size(); ++t) {
-      RefCountPtr<EmbeddingVariable<Device>> variable;
+    const int num_tables = keys.size();
+    // Every check and allocation first, so that a bad table changes none.
+    std::vector<RefCountPtr<EmbeddingVariable<Device>>> variables(num_tables);
+    std::vector<Tensor*> outputs(num_tables);
+    std::vector<int64_t> costs(num_tables);
+    for (int t = 0; t < num_tables; ++t) {
       OP_REQUIRES_OK(context,
-                     LookupInitializedVariable<Device>(context, t, keys[t].dtype(), &variable));
-      OP_REQUIRES(context, variable->embedding_dim() == embedding_dims_[t],
-                  errors::InvalidArgument("Embedding Variable '", variable->name(),
-                                          "' has embedding_dim ", variable->embedding_dim(),
+                     LookupInitializedVariable<Device>(context, t, keys[t].dtype(), &variables[t]));
+      OP_REQUIRES(context, variables[t]->embedding_dim() == embedding_dims_[t],
+                  errors::InvalidArgument("Embedding Variable '", variables[t]->name(),
+                                          "' has embedding_dim ", variables[t]->embedding_dim(),
                                           ", but the lookup expects ", embedding_dims_[t]));
       const int64_t n = keys[t].NumElements();
       OP_REQUIRES(context, counts[t].NumElements() == n,
                   errors::InvalidArgument("counts[", t, "] has ", counts[t].NumElements(),
                                           " entries for ", n, " keys"));
-      Tensor* out;
-      OP_REQUIRES_OK(context, values.allocate(t, TensorShape({n, embedding_dims_[t]}), &out));
-      OP_REQUIRES_OK(context, DispatchKeyType(keys[t].dtype(), "keys", [&](auto key) {
-                       using Key = decltype(key);
-                       auto table = variable->template table<Key>();
-                       auto lock = variable->lock_table();
-                       return core.FindOrInsert(*table, keys[t].flat<Key>().data(), n,
-                                                out->flat<float>().data(),
-                                                counts[t].flat<int64_t>().data());
-                     }));
+      OP_REQUIRES_OK(context,
+                     values.allocate(t, TensorShape({n, embedding_dims_[t]}), &outputs[t]));
+      costs[t] = n;
     }
+    Core<Device> core(context);
+    OP_REQUIRES_OK(
+        context, ForEachTable(core, num_tables, costs.data(), [&](int t, Core<Device>& table_core) {
+          return DispatchKeyType(keys[t].dtype(), "keys", [&](auto key) {
+            using Key = decltype(key);
+            auto table = variables[t]->template table<Key>();
+            auto lock = variables[t]->lock_table();
+            return table_core.FindOrInsert(*table, keys[t].flat<Key>().data(), costs[t],
+                                           outputs[t]->flat<float>().data(),
+                                           counts[t].flat<int64_t>().data());
+          });
+        }));
   }
 
  private:
@@ -308,16 +316,19 @@ class FindOrInsertCombineOp : public OpKernel {
     OP_REQUIRES_OK(context, context->input_list("weights", &weights));
     OpOutputList embeddings;
     OP_REQUIRES_OK(context, context->output_list("embeddings", &embeddings));
-    Core<Device> core(context);
-    for (int t = 0; t < keys.size(); ++t) {
-      RefCountPtr<EmbeddingVariable<Device>> variable;
+    const int num_tables = keys.size();
+    // Every check and allocation first, so that a bad table changes none.
+    std::vector<RefCountPtr<EmbeddingVariable<Device>>> variables(num_tables);
+    std::vector<Tensor*> outputs(num_tables);
+    std::vector<int64_t> costs(num_tables);
+    for (int t = 0; t < num_tables; ++t) {
       OP_REQUIRES_OK(context,
-                     LookupInitializedVariable<Device>(context, t, keys[t].dtype(), &variable));
-      const int64_t dim = variable->embedding_dim();
-      OP_REQUIRES(
-          context, dim == embedding_dims_[t],
-          errors::InvalidArgument("Embedding Variable '", variable->name(), "' has embedding_dim ",
-                                  dim, ", but the lookup expects ", embedding_dims_[t]));
+                     LookupInitializedVariable<Device>(context, t, keys[t].dtype(), &variables[t]));
+      const int64_t dim = variables[t]->embedding_dim();
+      OP_REQUIRES(context, dim == embedding_dims_[t],
+                  errors::InvalidArgument("Embedding Variable '", variables[t]->name(),
+                                          "' has embedding_dim ", dim, ", but the lookup expects ",
+                                          embedding_dims_[t]));
       const int64_t num_unique = keys[t].NumElements();
       const int64_t nnz = unique_index[t].NumElements();
       const int64_t batch = row_offsets[t].NumElements() - 1;
@@ -326,20 +337,24 @@ class FindOrInsertCombineOp : public OpKernel {
                                           " counts for ", num_unique, " keys, ",
                                           row_offsets[t].NumElements(), " row offsets"));
       OP_REQUIRES_OK(context, attributes_.CheckWeights(t, weights[t], nnz));
-      Tensor* out;
-      OP_REQUIRES_OK(context, embeddings.allocate(t, TensorShape({batch, dim}), &out));
-      OP_REQUIRES_OK(context, DispatchKeyType(keys[t].dtype(), "keys", [&](auto key) {
-                       using Key = decltype(key);
-                       auto table = variable->template table<Key>();
-                       auto lock = variable->lock_table();
-                       return core.FindOrInsertCombine(
-                           *table, keys[t].flat<Key>().data(), counts[t].flat<int64_t>().data(),
-                           num_unique, unique_index[t].flat<int64_t>().data(),
-                           attributes_.WeightsOrNull(t, weights[t]),
-                           row_offsets[t].flat<int64_t>().data(), batch, attributes_.combiner(t),
-                           out->flat<float>().data());
-                     }));
+      OP_REQUIRES_OK(context, embeddings.allocate(t, TensorShape({batch, dim}), &outputs[t]));
+      costs[t] = nnz + num_unique;
     }
+    Core<Device> core(context);
+    OP_REQUIRES_OK(
+        context, ForEachTable(core, num_tables, costs.data(), [&](int t, Core<Device>& table_core) {
+          return DispatchKeyType(keys[t].dtype(), "keys", [&](auto key) {
+            using Key = decltype(key);
+            auto table = variables[t]->template table<Key>();
+            auto lock = variables[t]->lock_table();
+            return table_core.FindOrInsertCombine(
+                *table, keys[t].flat<Key>().data(), counts[t].flat<int64_t>().data(),
+                keys[t].NumElements(), unique_index[t].flat<int64_t>().data(),
+                attributes_.WeightsOrNull(t, weights[t]), row_offsets[t].flat<int64_t>().data(),
+                row_offsets[t].NumElements() - 1, attributes_.combiner(t),
+                outputs[t]->flat<float>().data());
+          });
+        }));
   }
 
  private:
@@ -361,8 +376,10 @@ class CombineForwardOp : public OpKernel {
     OP_REQUIRES_OK(context, context->input_list("weights", &weights));
     OpOutputList embeddings;
     OP_REQUIRES_OK(context, context->output_list("embeddings", &embeddings));
-    Core<Device> core(context);
-    for (int t = 0; t < unique_values.size(); ++t) {
+    const int num_tables = unique_values.size();
+    std::vector<Tensor*> outputs(num_tables);
+    std::vector<int64_t> costs(num_tables);
+    for (int t = 0; t < num_tables; ++t) {
       OP_REQUIRES(context, unique_values[t].dims() == 2,
                   errors::InvalidArgument("unique_values[", t, "] must be a matrix"));
       const int64_t dim = unique_values[t].dim_size(1);
@@ -371,15 +388,18 @@ class CombineForwardOp : public OpKernel {
                   errors::InvalidArgument("row_offsets[", t, "] must not be empty"));
       OP_REQUIRES_OK(context,
                      attributes_.CheckWeights(t, weights[t], unique_index[t].NumElements()));
-      Tensor* out;
-      OP_REQUIRES_OK(context, embeddings.allocate(t, TensorShape({batch, dim}), &out));
-      OP_REQUIRES_OK(context,
-                     core.CombineForward(unique_values[t].flat<float>().data(),
-                                         unique_index[t].flat<int64_t>().data(),
-                                         attributes_.WeightsOrNull(t, weights[t]),
-                                         row_offsets[t].flat<int64_t>().data(), batch, dim,
-                                         attributes_.combiner(t), out->flat<float>().data()));
+      OP_REQUIRES_OK(context, embeddings.allocate(t, TensorShape({batch, dim}), &outputs[t]));
+      costs[t] = unique_index[t].NumElements() + batch;
     }
+    Core<Device> core(context);
+    OP_REQUIRES_OK(
+        context, ForEachTable(core, num_tables, costs.data(), [&](int t, Core<Device>& table_core) {
+          return table_core.CombineForward(
+              unique_values[t].flat<float>().data(), unique_index[t].flat<int64_t>().data(),
+              attributes_.WeightsOrNull(t, weights[t]), row_offsets[t].flat<int64_t>().data(),
+              row_offsets[t].NumElements() - 1, unique_values[t].dim_size(1),
+              attributes_.combiner(t), outputs[t]->flat<float>().data());
+        }));
   }
 
  private:
@@ -401,8 +421,10 @@ class CombineBackwardOp : public OpKernel {
     OP_REQUIRES_OK(context, context->input_list("weights", &weights));
     OpOutputList grad_unique;
     OP_REQUIRES_OK(context, context->output_list("grad_unique", &grad_unique));
-    Core<Device> core(context);
-    for (int t = 0; t < grads.size(); ++t) {
+    const int num_tables = grads.size();
+    std::vector<Tensor*> outputs(num_tables);
+    std::vector<int64_t> costs(num_tables);
+    for (int t = 0; t < num_tables; ++t) {
       OP_REQUIRES(context, grads[t].dims() == 2,
                   errors::InvalidArgument("grads[", t, "] must be a matrix"));
       const int64_t batch = grads[t].dim_size(0);
@@ -414,15 +436,19 @@ class CombineBackwardOp : public OpKernel {
                                           " row offsets for ", batch, " samples, ",
                                           segments[t].NumElements(), " segments"));
       OP_REQUIRES_OK(context, attributes_.CheckWeights(t, weights[t], nnz));
-      Tensor* out;
-      OP_REQUIRES_OK(context, grad_unique.allocate(t, TensorShape({num_unique, dim}), &out));
-      OP_REQUIRES_OK(context, core.CombineBackward(
-                                  grads[t].flat<float>().data(), order[t].flat<int64_t>().data(),
-                                  segments[t].flat<int64_t>().data(), num_unique,
-                                  attributes_.WeightsOrNull(t, weights[t]),
-                                  row_offsets[t].flat<int64_t>().data(), batch, nnz, dim,
-                                  attributes_.combiner(t), out->flat<float>().data()));
+      OP_REQUIRES_OK(context, grad_unique.allocate(t, TensorShape({num_unique, dim}), &outputs[t]));
+      costs[t] = nnz + batch;
     }
+    Core<Device> core(context);
+    OP_REQUIRES_OK(
+        context, ForEachTable(core, num_tables, costs.data(), [&](int t, Core<Device>& table_core) {
+          return table_core.CombineBackward(
+              grads[t].flat<float>().data(), order[t].flat<int64_t>().data(),
+              segments[t].flat<int64_t>().data(), segments[t].NumElements() - 1,
+              attributes_.WeightsOrNull(t, weights[t]), row_offsets[t].flat<int64_t>().data(),
+              grads[t].dim_size(0), order[t].NumElements(), grads[t].dim_size(1),
+              attributes_.combiner(t), outputs[t]->flat<float>().data());
+        }));
   }
 
  private:

@@ -1,0 +1,101 @@
+"""Batches large enough that the CPU kernels spread their work over threads.
+
+The multi-table ops schedule by size: many tables run side by side, each
+table's stages on one thread (its backward then walks entries in sample
+order); a few big tables run one after another with each stage spread over
+the pool (the backward then sums per key). The small batches of the other
+tests take neither route. Pinned down here: both routes equal TensorFlow's
+dense lookup, gradient and Adagrad step, and one table's output, gradient
+and updated rows are bit-identical whichever route it took.
+"""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import sok_ev_reference as ref
+
+RTOL, ATOL = 1e-5, 1e-5
+N_ROWS, DIM, MAX_HOTNESS = 4000, 16, 8
+# 1500 samples of mean hotness 4.5: 6750 entries, above the 4096 below
+# which a multi-table op stays on the calling thread.
+BATCH = 1500
+GROUP = 6  # tables looked up together: each holds 1/6 of the work
+
+
+def _batch(rng):
+    return ref.random_sparse_batch(rng, BATCH, MAX_HOTNESS,
+                                   ref.key_sampler(rng, "in_range", N_ROWS, np.int64), np.int64)
+
+
+def _lookup_grad_step(sok, evs, batches, combiners, weighted, upstreams):
+    """One Adagrad step of sum(lookup * upstream) on `evs` (one call);
+  returns (outputs, gradients as {key: row}, rows after the step)."""
+    opt = tf.compat.v1.train.AdagradOptimizer(0.1)
+    with tf.GradientTape() as tape:
+        outs = sok.lookup_sparse(
+            evs, [b.sp_ids() for b in batches],
+            combiners=combiners,
+            sp_weights=[b.sp_weights() if w else None for b, w in zip(batches, weighted)])
+        loss = tf.add_n([tf.reduce_sum(o * u) for o, u in zip(outs, upstreams)])
+    grads = tape.gradient(loss, evs)
+    opt.apply_gradients(zip(grads, evs))
+    rows = []
+    for ev in evs:
+        keys, values = ev.export()[:2]
+        rows.append(ref.export_to_dict(keys.numpy(), values.numpy()))
+    return ([o.numpy() for o in outs],
+            [ref.indexed_slices_to_dict(g.indices.numpy(), g.values.numpy()) for g in grads], rows)
+
+
+def _dense_adagrad_step(matrix, batch, combiner, weighted, upstream):
+    """{key: row} after one Adagrad step on a dense Variable of the batch's rows."""
+    uniq, ids = ref.remap_to_unique(batch.keys)
+    table = tf.Variable(ref.initial_rows(matrix, uniq))
+    opt = tf.compat.v1.train.AdagradOptimizer(0.1)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(
+            ref.dense_lookup_sparse(table, batch, combiner, weighted, ids) * upstream)
+    opt.apply_gradients(zip(tape.gradient(loss, [table]), [table]))
+    return {int(k): row for k, row in zip(uniq, table.numpy())}
+
+
+@pytest.mark.parametrize("tables", [1, GROUP], ids=["one_big_table", "tables_side_by_side"])
+def test_large_batches_match_tf_lookup_gradient_and_adagrad(sok, rng, unique_name, tables):
+    combiners = [ref.COMBINERS[t % len(ref.COMBINERS)] for t in range(tables)]
+    weighted = [t % 2 == 1 for t in range(tables)]
+    matrices = [ref.random_matrix(rng, N_ROWS, DIM) for _ in range(tables)]
+    evs = [ref.matrix_ev(sok, unique_name(), m) for m in matrices]
+    batches = [_batch(rng) for _ in range(tables)]
+    upstreams = [rng.normal(size=(BATCH, DIM)).astype(np.float32) for _ in range(tables)]
+
+    outs, grads, rows = _lookup_grad_step(sok, evs, batches, combiners, weighted, upstreams)
+
+    for t in range(tables):
+        args = (matrices[t], batches[t], combiners[t], weighted[t])
+        np.testing.assert_allclose(outs[t], ref.reference_lookup(*args), rtol=RTOL, atol=ATOL)
+        ref.assert_rows_close(grads[t], ref.reference_gradient(*args, upstreams[t]), RTOL, ATOL,
+                              f"gradient of table {t}")
+        ref.assert_rows_close(rows[t], _dense_adagrad_step(*args, upstreams[t]), RTOL, ATOL,
+                              f"rows of table {t} after Adagrad")
+
+
+@pytest.mark.parametrize("combiner", ref.COMBINERS)
+def test_a_table_gives_the_same_bits_alone_and_among_many(sok, rng, unique_name, combiner):
+    matrix = ref.random_matrix(rng, N_ROWS, DIM)
+    batch = _batch(rng)
+    upstream = rng.normal(size=(BATCH, DIM)).astype(np.float32)
+    others = [_batch(rng) for _ in range(GROUP - 1)]
+    other_upstreams = [rng.normal(size=(BATCH, DIM)).astype(np.float32) for _ in others]
+
+    alone = _lookup_grad_step(sok, [ref.matrix_ev(sok, unique_name(), matrix)], [batch], [combiner],
+                              [True], [upstream])
+    among = _lookup_grad_step(sok, [ref.matrix_ev(sok, unique_name(), matrix)] +
+                              [ref.matrix_ev(sok, unique_name(), matrix) for _ in others],
+                              [batch] + others, [combiner] * GROUP, [True] * GROUP,
+                              [upstream] + other_upstreams)
+
+    np.testing.assert_array_equal(alone[0][0], among[0][0])
+    for what, a, b in (("gradient", alone[1][0], among[1][0]), ("rows", alone[2][0], among[2][0])):
+        assert sorted(a) == sorted(b), what
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key], err_msg=f"{what} of key {key}")
