@@ -10,6 +10,7 @@
 #define EIGEN_USE_GPU
 #endif
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,7 @@
 #include "sok_ev/cc/kernels/embedding_variable.h"
 #include "sok_ev/cc/kernels/kernel_utils.h"
 #include "sok_ev/cc/kernels/unique_buffers.h"
+#include "sok_ev/cc/kernels/variable_lookup.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 
@@ -274,14 +276,22 @@ class FindOrInsertOp : public OpKernel {
                                           " entries for ", n, " keys"));
       Tensor* out;
       OP_REQUIRES_OK(context, values.allocate(t, TensorShape({n, embedding_dims_[t]}), &out));
-      OP_REQUIRES_OK(context, DispatchKeyType(keys[t].dtype(), "keys", [&](auto key) {
-                       using Key = decltype(key);
-                       auto table = variable->template table<Key>();
-                       auto lock = variable->lock_table();
-                       return core.FindOrInsert(*table, keys[t].flat<Key>().data(), n,
-                                                out->flat<float>().data(),
-                                                counts[t].flat<int64_t>().data());
-                     }));
+      OP_REQUIRES_OK(
+          context, DispatchKeyType(keys[t].dtype(), "keys", [&](auto key) {
+            using Key = decltype(key);
+            auto table = variable->template table<Key>();
+            auto lock = variable->lock_table();
+            const Key* table_keys = keys[t].flat<Key>().data();
+            const int64_t* table_counts = counts[t].flat<int64_t>().data();
+            float* values = out->flat<float>().data();
+            if (variable->is_plain()) {
+              TF_RETURN_IF_ERROR(core.FindOrInsert(*table, table_keys, n, values, table_counts));
+            } else {
+              TF_RETURN_IF_ERROR(LookupRows<Device, Key>(context, core, *variable, *table,
+                                                         table_keys, table_counts, n, values));
+            }
+            return RecordChangedKeys(core, *variable, table_keys, n);
+          }));
     }
   }
 
@@ -328,17 +338,34 @@ class FindOrInsertCombineOp : public OpKernel {
       OP_REQUIRES_OK(context, attributes_.CheckWeights(t, weights[t], nnz));
       Tensor* out;
       OP_REQUIRES_OK(context, embeddings.allocate(t, TensorShape({batch, dim}), &out));
-      OP_REQUIRES_OK(context, DispatchKeyType(keys[t].dtype(), "keys", [&](auto key) {
-                       using Key = decltype(key);
-                       auto table = variable->template table<Key>();
-                       auto lock = variable->lock_table();
-                       return core.FindOrInsertCombine(
-                           *table, keys[t].flat<Key>().data(), counts[t].flat<int64_t>().data(),
-                           num_unique, unique_index[t].flat<int64_t>().data(),
-                           attributes_.WeightsOrNull(t, weights[t]),
-                           row_offsets[t].flat<int64_t>().data(), batch, attributes_.combiner(t),
-                           out->flat<float>().data());
-                     }));
+      OP_REQUIRES_OK(
+          context, DispatchKeyType(keys[t].dtype(), "keys", [&](auto key) {
+            using Key = decltype(key);
+            auto table = variable->template table<Key>();
+            auto lock = variable->lock_table();
+            const Key* table_keys = keys[t].flat<Key>().data();
+            const int64_t* table_counts = counts[t].flat<int64_t>().data();
+            const int64_t* index = unique_index[t].flat<int64_t>().data();
+            const float* sample_weights = attributes_.WeightsOrNull(t, weights[t]);
+            const int64_t* offsets = row_offsets[t].flat<int64_t>().data();
+            float* embeddings = out->flat<float>().data();
+            if (variable->is_plain()) {
+              TF_RETURN_IF_ERROR(core.FindOrInsertCombine(
+                  *table, table_keys, table_counts, num_unique, index, sample_weights, offsets,
+                  batch, attributes_.combiner(t), embeddings));
+            } else {
+              // The rows first (serving or admission decide them), then the combine.
+              Tensor rows;
+              TF_RETURN_IF_ERROR(
+                  AllocateVector<float>(context, std::max<int64_t>(1, num_unique * dim), &rows));
+              float* values = VectorData<float>(rows);
+              TF_RETURN_IF_ERROR(LookupRows<Device, Key>(
+                  context, core, *variable, *table, table_keys, table_counts, num_unique, values));
+              TF_RETURN_IF_ERROR(core.CombineForward(values, index, sample_weights, offsets, batch,
+                                                     dim, attributes_.combiner(t), embeddings));
+            }
+            return RecordChangedKeys(core, *variable, table_keys, num_unique);
+          }));
     }
   }
 
