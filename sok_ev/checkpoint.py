@@ -95,6 +95,7 @@ def _restore_tables(prefix, tables):
     """Restores `tables` ([(name, variable)], one device) from the checkpoint
   at `prefix`; all of them or, on an error, none."""
     specs = [v.initializer_spec for _, v in tables]
+    filters = [v.filter_attributes for _, v in tables]
     return ops().sok_ev_restore_embedding_variables(
         prefix, [v.handle for _, v in tables], [v.default_values for _, v in tables],
         table_names=[name for name, _ in tables],
@@ -104,7 +105,13 @@ def _restore_tables(prefix, tables):
         initializer_params_a=[float(s.param_a) for s in specs],
         initializer_params_b=[float(s.param_b) for s in specs],
         initializer_seeds=[int(s.seed) for s in specs],
-        target_workers=[int(v.target_gpu) for _, v in tables])
+        target_workers=[int(v.target_gpu) for _, v in tables],
+        filter_specs=[
+            int(f[name])
+            for f in filters
+            for name in ("filter_freq", "filter_counters", "filter_hashes", "filter_counter_bytes")
+        ],
+        no_permission_values=[float(f["no_permission_value"]) for f in filters])
 
 
 # Ordering the save across workers. Horovod's ops are not stateful, so

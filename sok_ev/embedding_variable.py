@@ -59,8 +59,16 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
     # tapes watch and what colocation uses), without its dense read paths.
     _should_act_as_resource_variable = True
 
-    def __init__(self, name, embedding_dim, key_dtype, initializer, default_value_dim, trainable,
-                 steps_to_live, target_gpu):
+    def __init__(self,
+                 name,
+                 embedding_dim,
+                 key_dtype,
+                 initializer,
+                 default_value_dim,
+                 trainable,
+                 steps_to_live,
+                 target_gpu,
+                 filter_attributes=None):
         # Variable.__init__ only documents arguments; state is set here.
         # pylint: disable=super-init-not-called
         self._embedding_dim = embedding_dim
@@ -98,7 +106,11 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
                         initializer_kind=spec.kind,
                         param_a=spec.param_a,
                         param_b=spec.param_b,
-                        seed=spec.seed)
+                        seed=spec.seed,
+                        **(filter_attributes or {}))
+                self._filter_attributes = options_lib.filter_attributes(
+                    options_lib.EmbeddingVariableOption(), name)
+                self._filter_attributes.update(filter_attributes or {})
                 # A restore into a session that never ran the initializer
                 # creates the table with these.
                 self._initializer_spec = spec
@@ -132,6 +144,9 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
         variable._unique_id = op.name
         variable._graph_key = op.graph._graph_key  # pylint: disable=protected-access
         variable._initializer_op = initializer_op
+        variable._filter_attributes = {
+            name: initializer_op.get_attr(name) for name in options_lib.FILTER_ATTRIBUTE_NAMES
+        }
         variable._default_values = initializer_op.inputs[1]
         variable._initializer_spec = initializers.InitializerSpec(
             kind=initializer_op.get_attr("initializer_kind"),
@@ -140,6 +155,13 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
             seed=initializer_op.get_attr("seed"),
             default_value_dim=initializer_op.inputs[1].shape[0] or 0)
         return variable
+
+    @property
+    def filter_attributes(self):
+        """The feature filter the table was made with: the filter attributes of
+    its initializer op (sok_ev.options.filter_attributes); filter_freq 0
+    when it has none."""
+        return dict(self._filter_attributes)
 
     # --- What makes it an Embedding Variable --------------------------------
 
@@ -524,7 +546,8 @@ def get_embedding_variable(name: str,
       `ev_option.evict_option = GlobalStepEvict(steps_to_live)`.
     ev_option: an EmbeddingVariableOption; its `init_option` may set
       `default_value_dim` (DeepRec's key-mod-N rule) and an initializer.
-      Options sok-ev does not implement yet (filters, L2WeightEvict, storage
+      `filter_option` admits keys as DeepRec's CounterFilter / CBFFilter do.
+      Options sok-ev does not implement yet (L2WeightEvict, storage
       other than DRAM, CheckpointOption) raise ValueError naming the feature
       (sok_ev.options.check_supported).
     target_gpu: -1 (default) shards the table over all workers; k places it
@@ -580,6 +603,8 @@ def get_embedding_variable(name: str,
         raise TypeError(f"get_embedding_variable('{name}'): ev_option must be a "
                         f"sok_ev.EmbeddingVariableOption, got {ev_option!r}")
     options_lib.check_supported(ev_option, f"get_embedding_variable('{name}')")
+    filter_attributes = options_lib.filter_attributes(ev_option,
+                                                      f"get_embedding_variable('{name}')")
     if ev_option.evict_option is not None and ev_option.evict_option.steps_to_live:
         if steps_to_live not in (None, ev_option.evict_option.steps_to_live):
             raise ValueError(f"get_embedding_variable('{name}'): steps_to_live="
@@ -600,7 +625,7 @@ def get_embedding_variable(name: str,
     def create(full_name):
         return EmbeddingVariable(full_name, embedding_dim, key_dtype, initializer,
                                  init_option.default_value_dim, trainable, steps_to_live,
-                                 target_gpu)
+                                 target_gpu, filter_attributes)
 
     if context.executing_eagerly():
         return create(name)
