@@ -67,10 +67,16 @@ def _by_device(tables):
 
 
 def _evictions(tables):
-    """DeepRec evicts keys older than steps_to_live when saving."""
+    """DeepRec evicts keys older than steps_to_live, and keys of an L2 weight
+  below l2_weight_threshold, when saving."""
     step = tf.compat.v1.train.get_global_step()
     evictions = []
     for _, variable in tables:
+        if variable.l2_weight_threshold is not None:
+            evictions.append(ops().sok_ev_embedding_variable_evict_by_l2_weight(
+                variable.handle,
+                key_dtype=variable.key_dtype,
+                l2_weight_threshold=variable.l2_weight_threshold))
         if variable.steps_to_live and step is not None:
             evictions.append(ops().sok_ev_embedding_variable_evict(
                 variable.handle,

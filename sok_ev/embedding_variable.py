@@ -68,13 +68,15 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
                  trainable,
                  steps_to_live,
                  target_gpu,
-                 filter_attributes=None):
+                 filter_attributes=None,
+                 l2_weight_threshold=None):
         # Variable.__init__ only documents arguments; state is set here.
         # pylint: disable=super-init-not-called
         self._embedding_dim = embedding_dim
         self._key_dtype = tf.as_dtype(key_dtype)
         self._trainable = trainable
         self._steps_to_live = steps_to_live
+        self._l2_weight_threshold = l2_weight_threshold
         self.target_gpu = target_gpu
         self._in_graph_mode = not context.executing_eagerly()
         self._save_slice_info = None
@@ -125,7 +127,13 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
                 self._unique_id = self._handle_name
 
     @classmethod
-    def _from_graph(cls, handle, initializer_op, trainable, steps_to_live, target_gpu):
+    def _from_graph(cls,
+                    handle,
+                    initializer_op,
+                    trainable,
+                    steps_to_live,
+                    target_gpu,
+                    l2_weight_threshold=None):
         """The variable whose handle and initializer ops are already in the
     graph (an imported meta graph)."""
         variable = cls.__new__(cls)
@@ -134,6 +142,7 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
         variable._key_dtype = tf.as_dtype(op.get_attr("key_dtype"))
         variable._trainable = trainable
         variable._steps_to_live = steps_to_live
+        variable._l2_weight_threshold = l2_weight_threshold
         variable.target_gpu = target_gpu
         variable._in_graph_mode = True
         variable._save_slice_info = None
@@ -179,6 +188,12 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
     def steps_to_live(self):
         """Keys not updated for this many global steps are evicted at save."""
         return self._steps_to_live
+
+    @property
+    def l2_weight_threshold(self):
+        """Keys whose value v has 0.5 * sum(v * v) below this are evicted at save
+    (DeepRec's L2WeightEvict); None: no L2 eviction."""
+        return self._l2_weight_threshold
 
     def total_count(self):
         """Number of keys stored, as an int64 scalar tensor."""
@@ -411,6 +426,8 @@ def _to_meta_graph_record(variable, export_scope=None):
     record.attr["trainable"].b = variable.trainable
     record.attr["steps_to_live"].i = variable.steps_to_live or 0
     record.attr["target_gpu"].i = variable.target_gpu
+    if variable.l2_weight_threshold is not None:
+        record.attr["l2_weight_threshold"].f = variable.l2_weight_threshold
     return record
 
 
@@ -424,7 +441,9 @@ def _from_meta_graph_record(record, import_scope=None):
         initializer,
         trainable=record.attr["trainable"].b,
         steps_to_live=record.attr["steps_to_live"].i or None,
-        target_gpu=record.attr["target_gpu"].i)
+        target_gpu=record.attr["target_gpu"].i,
+        l2_weight_threshold=(record.attr["l2_weight_threshold"].f
+                             if "l2_weight_threshold" in record.attr else None))
     _graph_registry()[variable._handle_name] = variable  # pylint: disable=protected-access
     collections = [tf.compat.v1.GraphKeys.GLOBAL_VARIABLES]
     if variable.trainable:
@@ -546,8 +565,9 @@ def get_embedding_variable(name: str,
       `ev_option.evict_option = GlobalStepEvict(steps_to_live)`.
     ev_option: an EmbeddingVariableOption; its `init_option` may set
       `default_value_dim` (DeepRec's key-mod-N rule) and an initializer.
-      `filter_option` admits keys as DeepRec's CounterFilter / CBFFilter do.
-      Options sok-ev does not implement yet (L2WeightEvict, storage
+      `filter_option` admits keys as DeepRec's CounterFilter / CBFFilter do;
+      `evict_option=L2WeightEvict(t)` evicts keys of L2 weight below t at
+      save. Options sok-ev does not implement yet (storage
       other than DRAM, CheckpointOption) raise ValueError naming the feature
       (sok_ev.options.check_supported).
     target_gpu: -1 (default) shards the table over all workers; k places it
@@ -605,7 +625,16 @@ def get_embedding_variable(name: str,
     options_lib.check_supported(ev_option, f"get_embedding_variable('{name}')")
     filter_attributes = options_lib.filter_attributes(ev_option,
                                                       f"get_embedding_variable('{name}')")
-    if ev_option.evict_option is not None and ev_option.evict_option.steps_to_live:
+    l2_weight_threshold = None
+    if isinstance(ev_option.evict_option, options_lib.L2WeightEvict):
+        threshold = ev_option.evict_option.l2_weight_threshold
+        if not isinstance(threshold, numbers.Real) or isinstance(threshold, bool):
+            raise ValueError(f"get_embedding_variable('{name}'): evict_option.l2_weight_threshold "
+                             f"must be a number, got {threshold!r}")
+        # DeepRec: a threshold <= 0 disables the eviction.
+        l2_weight_threshold = float(threshold) if threshold > 0 else None
+    if (isinstance(ev_option.evict_option, options_lib.GlobalStepEvict) and
+            ev_option.evict_option.steps_to_live):
         if steps_to_live not in (None, ev_option.evict_option.steps_to_live):
             raise ValueError(f"get_embedding_variable('{name}'): steps_to_live="
                              f"{steps_to_live} disagrees with evict_option."
@@ -625,7 +654,7 @@ def get_embedding_variable(name: str,
     def create(full_name):
         return EmbeddingVariable(full_name, embedding_dim, key_dtype, initializer,
                                  init_option.default_value_dim, trainable, steps_to_live,
-                                 target_gpu, filter_attributes)
+                                 target_gpu, filter_attributes, l2_weight_threshold)
 
     if context.executing_eagerly():
         return create(name)

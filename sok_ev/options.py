@@ -3,7 +3,7 @@ defaults.
 
 Every option class can be created exactly as in DeepRec, so a DeepRec script
 gets past its option set-up. What sok-ev does not implement yet
-(`L2WeightEvict`, storage other than DRAM, loading from another checkpoint) is
+(storage other than DRAM, loading from another checkpoint) is
 refused by `check_supported`, which `get_embedding_variable` runs: a
 ValueError naming the feature, before anything is created. Feature filters
 become the attributes of the table's initializer op (`filter_attributes`).
@@ -92,9 +92,9 @@ class GlobalStepEvict:
 
 @dataclasses.dataclass
 class L2WeightEvict:
-    """DeepRec's eviction of keys whose row's L2 weight is below
-  `l2_weight_threshold` (at save); -1.0 (the default) disables it. Not
-  implemented by sok-ev yet: get_embedding_variable raises ValueError."""
+    """DeepRec's eviction of keys whose value v has an L2 weight
+  0.5 * sum(v * v) below `l2_weight_threshold`, run when the table is saved;
+  a threshold <= 0 (the default -1.0) disables it."""
     l2_weight_threshold: float = -1.0
 
 
@@ -195,7 +195,7 @@ class EmbeddingVariableOption:
       partitions; only the defaults ("" and 1000) are accepted by
       get_embedding_variable.
     evict_option: a `GlobalStepEvict` (same as `steps_to_live`) or an
-      `L2WeightEvict` (not implemented yet).
+      `L2WeightEvict`.
     ckpt: a `CheckpointOption` (not implemented yet).
     filter_option: a `CounterFilter` or `CBFFilter`.
     storage_option: a `StorageOption`; DRAM only.
@@ -305,13 +305,10 @@ def check_supported(ev_option: EmbeddingVariableOption, where: str) -> None:
 
   Raises:
     ValueError: naming the option, its value and the feature: a feature
-      L2WeightEvict, a storage type other than DRAM, a CheckpointOption with a field set, or a non-default
+      a storage type other than DRAM, a CheckpointOption with a field set, or a non-default
       ht_type / ht_partition_num.
   """
     refused = []
-    if isinstance(ev_option.evict_option, L2WeightEvict):
-        refused.append((f"evict_option={ev_option.evict_option!r}",
-                        "L2 weight eviction (L2WeightEvict); GlobalStepEvict is supported"))
     storage_type = ev_option.storage_option.storage_type
     if storage_type not in (None, StorageType.DRAM):
         name = StorageType(storage_type).name if storage_type in set(StorageType) else storage_type
