@@ -20,6 +20,7 @@ from sok_ev import optimizers
 from sok_ev.deeprec_api import install_deeprec_api
 from sok_ev.embedding_variable import EmbeddingVariable
 from sok_ev.embedding_variable import get_embedding_variable
+from sok_ev.incremental_saver import Saver
 from sok_ev.lookup import lookup_sparse
 from sok_ev.optimizers import EmbeddingVariableSlot
 from sok_ev.optimizers import OptimizerWrapper
@@ -101,6 +102,7 @@ __all__ = [
     "GlobalStepEvict",
     "InitializerOption",
     "L2WeightEvict",
+    "Saver",
     "StorageOption",
     "StorageType",
     "OptimizerWrapper",
