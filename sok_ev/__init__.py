@@ -34,6 +34,7 @@ from sok_ev.options import InitializerOption
 from sok_ev.options import L2WeightEvict
 from sok_ev.options import StorageOption
 from sok_ev.options import StorageType
+from sok_ev.serving import serving_export
 
 __version__ = "0.1.0"
 
@@ -112,5 +113,6 @@ __all__ = [
     "install_deeprec_api",
     "lookup_sparse",
     "rank",
+    "serving_export",
     "world_size",
 ]

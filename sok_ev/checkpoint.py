@@ -40,6 +40,7 @@ from tensorflow.python.saved_model.registration import registration
 from tensorflow.python.training import saver as saver_module
 
 from sok_ev import communication
+from sok_ev import serving
 from sok_ev._ops import ops
 from sok_ev.embedding_variable import EmbeddingVariable
 from sok_ev.embedding_variable import EmbeddingVariableSaveable
@@ -271,7 +272,7 @@ class SaverBuilder(saver_module.BulkSaverBuilder):
                 with tf.device(group[0][1].device):
                     writes.append(
                         _save_tables(tf.strings.join([temp, group_prefix]), group, workers,
-                                     self._kind, self._record_changes))
+                                     serving.save_kind(self._kind), self._record_changes))
                 parts.extend(
                     part_prefix(group_prefix, worker, workers) for worker in range(workers))
         with tf.device("/cpu:0"):
@@ -420,8 +421,8 @@ def _registered_save(trackables, file_prefix):
                              "eagerly only; call save()/write() outside tf.function and graphs")
         with tf.control_dependencies(_evictions(tables)):
             return [
-                _save_tables(tf.strings.join([file_prefix, f"_{index}"]), group, workers)
-                for index, group in enumerate(_by_device(tables))
+                _save_tables(tf.strings.join([file_prefix, f"_{index}"]), group, workers,
+                             serving.save_kind()) for index, group in enumerate(_by_device(tables))
             ]
     prefix = file_prefix.numpy().decode()
     if workers > 1:
@@ -429,7 +430,7 @@ def _registered_save(trackables, file_prefix):
     _evictions(tables)  # run now, eagerly
     parts = []
     for index, group in enumerate(_by_device(tables)):
-        _save_tables(f"{prefix}_{index}", group, workers)
+        _save_tables(f"{prefix}_{index}", group, workers, serving.save_kind())
         parts.extend(part_prefix(f"{prefix}_{index}", w, workers) for w in range(workers))
     if workers > 1:
         # Every part is written before worker 0 merges them.
@@ -471,7 +472,9 @@ def _registered_restore(trackables, merged_prefix):
     for group in _by_device(_sorted_tables(trackables)):
         with tf.device(group[0][1].device):
             restores.append(_restore_tables(merged_prefix, group))
-    return None if tf.executing_eagerly() else tf.group(*restores)
+    # In a tf.function (a SavedModel's restore function) the stateful restore
+    # ops run by automatic control dependencies; it must return no op.
+    return None
 
 
 registration.register_checkpoint_saver(package=_REGISTERED_PACKAGE,

@@ -18,6 +18,7 @@ from tensorflow.python.eager import context
 from tensorflow.python.framework import ops as framework_ops
 from tensorflow.python.ops import resource_variable_ops
 from tensorflow.python.ops import variables
+from tensorflow.python.saved_model.registration import registration
 from tensorflow.python.training.saving import saveable_object
 from tensorflow.python.trackable import base as trackable
 from tensorflow.python.types import core
@@ -371,6 +372,86 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
     unless the initializer draws a matrix)."""
         return self._default_values
 
+    # --- SavedModel: tf.saved_model.save and tf.saved_model.load -----------
+    #
+    # The variable is a registered serializable: its record (what
+    # get_embedding_variable made it with) goes into the SavedModel, and
+    # loading recreates it, empty, before the registered saver of
+    # sok_ev/checkpoint.py restores its table.
+
+    def _export_to_saved_model_graph(self,
+                                     object_map=None,
+                                     tensor_map=None,
+                                     options=None,
+                                     **kwargs):
+        del options, kwargs
+        copy = EmbeddingVariable.__new__(EmbeddingVariable)
+        copy.__dict__.update(self.__dict__)
+        copy.__dict__.pop("_handle_deleter", None)  # the copy owns no table
+        copy._handle = ops().sok_ev_embedding_variable_handle(  # pylint: disable=protected-access
+            shared_name=self._handle_name,
+            key_dtype=self._key_dtype,
+            embedding_dim=self._embedding_dim)
+        copy._default_values = tf.constant(  # pylint: disable=protected-access
+            tf.get_static_value(self._default_values), tf.float32)
+        object_map[self] = copy
+        tensor_map[self._handle] = copy._handle  # pylint: disable=protected-access
+        # The registered saver's functions are traced with the copy.
+        for tensor in (copy._handle, copy._default_values):  # pylint: disable=protected-access
+            tensor_map[tensor] = tensor
+        return [self._handle]
+
+    def _write_object_proto(self, proto, options):
+        del options
+        proto.user_object.identifier = "sok_ev.EmbeddingVariable"
+        proto.user_object.version.producer = 1
+        proto.user_object.version.min_consumer = 1
+
+    def _serialize_to_proto(self, object_proto=None, **kwargs):
+        del object_proto, kwargs
+        record = attr_value_pb2.NameAttrList(name=self._handle_name)
+        spec = self._initializer_spec
+        for name, value in (("embedding_dim", self._embedding_dim), ("initializer_kind", spec.kind),
+                            ("seed", spec.seed), ("default_value_dim", spec.default_value_dim),
+                            ("steps_to_live", self._steps_to_live or
+                             0), ("target_gpu", int(self.target_gpu))):
+            record.attr[name].i = int(value)
+        record.attr["key_dtype"].type = self._key_dtype.as_datatype_enum
+        record.attr["trainable"].b = self._trainable
+        record.attr["param_a"].f = spec.param_a
+        record.attr["param_b"].f = spec.param_b
+        if self._l2_weight_threshold is not None:
+            record.attr["l2_weight_threshold"].f = self._l2_weight_threshold
+        record.attr["default_values"].tensor.CopyFrom(
+            tf.make_tensor_proto(tf.get_static_value(self._default_values)))
+        for name, value in self._filter_attributes.items():
+            if isinstance(value, float):
+                record.attr[name].f = value
+            else:
+                record.attr[name].i = int(value)
+        return record
+
+    @classmethod
+    def _deserialize_from_proto(cls, proto=None, **kwargs):
+        del kwargs
+        record = attr_value_pb2.NameAttrList()
+        proto.Unpack(record)
+        attr = record.attr
+        spec = initializers.InitializerSpec(kind=attr["initializer_kind"].i,
+                                            param_a=attr["param_a"].f,
+                                            param_b=attr["param_b"].f,
+                                            seed=attr["seed"].i,
+                                            default_value_dim=attr["default_value_dim"].i)
+        filter_attributes = {
+            name: (attr[name].f if name == "no_permission_value" else attr[name].i)
+            for name in options_lib.FILTER_ATTRIBUTE_NAMES
+        }
+        return cls(record.name, attr["embedding_dim"].i, tf.as_dtype(attr["key_dtype"].type),
+                   initializers.Drawn(spec, tf.make_ndarray(attr["default_values"].tensor)),
+                   spec.default_value_dim or None, attr["trainable"].b, attr["steps_to_live"].i or
+                   None, attr["target_gpu"].i, filter_attributes,
+                   attr["l2_weight_threshold"].f if "l2_weight_threshold" in attr else None)
+
     def _gather_saveables_for_checkpoint(self):
         # What tf.compat.v1.train.Saver asks for; named after the variable.
         return {
@@ -453,6 +534,8 @@ def _from_meta_graph_record(record, import_scope=None):
             graph.add_to_collection(collection, variable)
     return variable
 
+
+registration.register_serializable(package="sok_ev", name="EmbeddingVariable")(EmbeddingVariable)
 
 framework_ops.register_proto_function(EMBEDDING_VARIABLES,
                                       proto_type=attr_value_pb2.NameAttrList,

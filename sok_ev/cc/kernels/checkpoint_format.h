@@ -37,8 +37,11 @@
 //                 filtered tensors for the keys the filter counts, and
 //                   .../deleted_keys  [d]  keys gone since the base
 //                 The Bloom filter's counters are saved whole.
-// A SavedModel export for serving is a full checkpoint without optimizer
-// slots or filter state.
+//   kServingInitializer, kServingZeros
+//                 an export for serving (sok_ev.serving_export): every key's
+//                 value, without optimizer slots or filter state. A restore
+//                 loads it for serving: lookups insert nothing, and a key
+//                 the table lacks reads its initial value, or zeros.
 //
 // Version 1 (header [W, target_gpu, 1]) is a full checkpoint without
 // filters; version 2 reads it.
@@ -62,6 +65,8 @@ constexpr int kHeaderSizeV1 = 3;
 
 constexpr int64_t kFull = 0;
 constexpr int64_t kIncremental = 1;
+constexpr int64_t kServingInitializer = 2;
+constexpr int64_t kServingZeros = 3;
 
 inline std::string HeaderKey(const std::string& table) { return table + "/sok_ev/header"; }
 inline std::string BaseKey(const std::string& table) { return table + "/sok_ev/base"; }

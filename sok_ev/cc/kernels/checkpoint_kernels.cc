@@ -171,7 +171,7 @@ DataType CounterDtype(int64_t bytes) {
 // What a save writes: every key (full), the keys changed since the base
 // (incremental), or every key's value without slots or filter state (an
 // export for serving).
-enum class SaveKind { kFull, kIncremental, kServing };
+enum class SaveKind { kFull, kIncremental, kServing, kServingZeros };
 
 template <typename Device>
 class SaveEmbeddingVariablesOp : public OpKernel {
@@ -184,9 +184,10 @@ class SaveEmbeddingVariablesOp : public OpKernel {
     OP_REQUIRES_OK(context, context->GetAttr("record_changes", &record_changes_));
     std::string kind;
     OP_REQUIRES_OK(context, context->GetAttr("kind", &kind));
-    kind_ = kind == "incremental" ? SaveKind::kIncremental
-            : kind == "serving"   ? SaveKind::kServing
-                                  : SaveKind::kFull;
+    kind_ = kind == "incremental"     ? SaveKind::kIncremental
+            : kind == "serving"       ? SaveKind::kServing
+            : kind == "serving_zeros" ? SaveKind::kServingZeros
+                                      : SaveKind::kFull;
     const size_t n = table_names_.size();
     OP_REQUIRES(context,
                 n == key_dtypes_.size() && n == target_workers_.size() &&
@@ -240,8 +241,7 @@ class SaveEmbeddingVariablesOp : public OpKernel {
         h(checkpoint::kHeaderWorkers) = topology.num_workers;
         h(checkpoint::kHeaderTarget) = target_workers_[t];
         h(checkpoint::kHeaderVersion) = checkpoint::kFormatVersion;
-        h(checkpoint::kHeaderKind) =
-            kind_ == SaveKind::kIncremental ? checkpoint::kIncremental : checkpoint::kFull;
+        h(checkpoint::kHeaderKind) = HeaderKind();
         OP_REQUIRES_OK(context, writer.Add(checkpoint::HeaderKey(table_names_[t]), header));
         if (kind_ == SaveKind::kIncremental) {
           Tensor base_tensor(tensorflow::DT_STRING, TensorShape({}));
@@ -257,6 +257,20 @@ class SaveEmbeddingVariablesOp : public OpKernel {
   }
 
  private:
+  // What the header says this checkpoint is.
+  int64_t HeaderKind() const {
+    switch (kind_) {
+      case SaveKind::kIncremental:
+        return checkpoint::kIncremental;
+      case SaveKind::kServing:
+        return checkpoint::kServingInitializer;
+      case SaveKind::kServingZeros:
+        return checkpoint::kServingZeros;
+      default:
+        return checkpoint::kFull;
+    }
+  }
+
   // changed: the keys changed since the base (incremental saves).
   template <typename Key>
   absl::Status WriteShard(OpKernelContext* context, EmbeddingVariable<Device>* variable,
@@ -266,7 +280,7 @@ class SaveEmbeddingVariablesOp : public OpKernel {
     auto table = variable->template table<Key>();
     auto lock = variable->lock_table();
     Core<Device> core(context);
-    const bool serving = kind_ == SaveKind::kServing;
+    const bool serving = kind_ == SaveKind::kServing || kind_ == SaveKind::kServingZeros;
     std::vector<std::string> slot_names = table->slot_names();
     std::vector<float> slot_values = table->slot_initial_values();
     const int64_t columns = 1 + static_cast<int64_t>(slot_names.size());
@@ -575,10 +589,23 @@ class RestoreEmbeddingVariablesOp : public OpKernel {
     if (saved_workers < 1) {
       return errors::InvalidArgument(where, " says it was saved by ", saved_workers, " workers");
     }
-    if (kind != checkpoint::kFull && kind != checkpoint::kIncremental) {
+    if (kind < checkpoint::kFull || kind > checkpoint::kServingZeros) {
       return errors::InvalidArgument(where, " has an unknown kind ", kind);
     }
     const bool incremental = kind == checkpoint::kIncremental;
+    if (kind == checkpoint::kServingInitializer || kind == checkpoint::kServingZeros) {
+      if (depth > 0) {
+        return errors::InvalidArgument(where,
+                                       " is an export for serving; no incremental "
+                                       "checkpoint builds on one");
+      }
+      // An export for serving loads for serving unless the op says otherwise.
+      if (serving_modes_.empty()) {
+        s.mode = kind == checkpoint::kServingZeros ? TableMode::kServingZeros
+                                                   : TableMode::kServingInitializer;
+      }
+      if (s.mode != TableMode::kTraining) s.filter_spec = FeatureFilterSpec();
+    }
     Core<Device> core(context);
     auto& table = s.template table<Key>();
     auto& filter = s.template filter<Key>();

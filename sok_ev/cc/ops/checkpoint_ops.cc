@@ -19,7 +19,7 @@ REGISTER_OP("SokEv>SaveEmbeddingVariables")
     .Attr("key_dtypes: list({int32, int64})")
     .Attr("target_workers: list(int)")
     .Attr("num_workers: int >= 1")
-    .Attr("kind: {'full', 'incremental', 'serving'} = 'full'")
+    .Attr("kind: {'full', 'incremental', 'serving', 'serving_zeros'} = 'full'")
     .Attr("record_changes: bool = false")
     .SetIsStateful()
     .SetShapeFn(tensorflow::shape_inference::ScalarShape)
@@ -30,7 +30,9 @@ REGISTER_OP("SokEv>SaveEmbeddingVariables")
         "workers). Merging the parts of all workers gives the checkpoint. "
         "kind: every key ('full'); the keys changed since the table's last "
         "committed checkpoint ('incremental'); values without slots or filter "
-        "state ('serving', a SavedModel export). record_changes: the saver "
+        "state ('serving', 'serving_zeros': an export for serving, restored "
+        "for serving, where a key the table lacks reads its initial value, "
+        "or zeros). record_changes: the saver "
         "also saves incrementally, so the tables record changes from now on "
         "(SokEv>MarkEmbeddingVariablesSaved makes this checkpoint their "
         "base).");
@@ -65,7 +67,8 @@ REGISTER_OP("SokEv>RestoreEmbeddingVariables")
         "table, as SokEv>InitializeEmbeddingVariable takes it; filter_specs: "
         "[filter_freq, filter_counters, filter_hashes, filter_counter_bytes] "
         "per table, or empty for no filters). serving_modes per table (empty: "
-        "all 0): 0 trains; 1 and 2 serve (values only, lookups insert "
+        "0, or what an export for serving says): 0 trains; 1 and 2 serve (values only, lookups "
+        "insert "
         "nothing; a missing key reads its initial value, or zeros). "
         "record_changes: the restored checkpoint is the base of the next "
         "incremental save. Every table is read and checked before any "
