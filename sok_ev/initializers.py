@@ -111,7 +111,9 @@ def spec_for(initializer, default_value_dim):
         if value is not None:
             return InitializerSpec(CONSTANT, value)
     elif name in ("RandomUniform",):
-        return InitializerSpec(RANDOM_UNIFORM, float(initializer.minval), float(initializer.maxval),
+        # tf.compat.v1's maxval=None means 1 for floats, as TensorFlow draws it.
+        maxval = 1.0 if initializer.maxval is None else float(initializer.maxval)
+        return InitializerSpec(RANDOM_UNIFORM, float(initializer.minval), maxval,
                                _seed(initializer))
     elif name in ("RandomNormal",):
         return InitializerSpec(RANDOM_NORMAL, float(initializer.mean), float(initializer.stddev),
