@@ -15,7 +15,7 @@ import numpy as np
 
 import harness
 
-WORKER = __file__.replace("test_incremental_checkpoints.py", "incremental_worker.py")
+WORKER = __file__.replace("test_incremental_chain.py", "incremental_worker.py")
 
 
 def _assert_restores_equal(result, workers):
