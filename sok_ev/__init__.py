@@ -20,6 +20,7 @@ from sok_ev import optimizers
 from sok_ev.deeprec_api import install_deeprec_api
 from sok_ev.embedding_variable import EmbeddingVariable
 from sok_ev.embedding_variable import get_embedding_variable
+from sok_ev.incremental_saver import Saver
 from sok_ev.lookup import lookup_sparse
 from sok_ev.optimizers import EmbeddingVariableSlot
 from sok_ev.optimizers import OptimizerWrapper
@@ -33,6 +34,7 @@ from sok_ev.options import InitializerOption
 from sok_ev.options import L2WeightEvict
 from sok_ev.options import StorageOption
 from sok_ev.options import StorageType
+from sok_ev.serving import serving_export
 
 __version__ = "0.1.0"
 
@@ -101,6 +103,7 @@ __all__ = [
     "GlobalStepEvict",
     "InitializerOption",
     "L2WeightEvict",
+    "Saver",
     "StorageOption",
     "StorageType",
     "OptimizerWrapper",
@@ -110,5 +113,6 @@ __all__ = [
     "install_deeprec_api",
     "lookup_sparse",
     "rank",
+    "serving_export",
     "world_size",
 ]

@@ -40,6 +40,7 @@ from tensorflow.python.saved_model.registration import registration
 from tensorflow.python.training import saver as saver_module
 
 from sok_ev import communication
+from sok_ev import serving
 from sok_ev._ops import ops
 from sok_ev.embedding_variable import EmbeddingVariable
 from sok_ev.embedding_variable import EmbeddingVariableSaveable
@@ -67,10 +68,16 @@ def _by_device(tables):
 
 
 def _evictions(tables):
-    """DeepRec evicts keys older than steps_to_live when saving."""
+    """DeepRec evicts keys older than steps_to_live, and keys of an L2 weight
+  below l2_weight_threshold, when saving."""
     step = tf.compat.v1.train.get_global_step()
     evictions = []
     for _, variable in tables:
+        if variable.l2_weight_threshold is not None:
+            evictions.append(ops().sok_ev_embedding_variable_evict_by_l2_weight(
+                variable.handle,
+                key_dtype=variable.key_dtype,
+                l2_weight_threshold=variable.l2_weight_threshold))
         if variable.steps_to_live and step is not None:
             evictions.append(ops().sok_ev_embedding_variable_evict(
                 variable.handle,
@@ -80,21 +87,40 @@ def _evictions(tables):
     return evictions
 
 
-def _save_tables(prefix, tables, num_workers):
+def _save_tables(prefix, tables, num_workers, kind="full", record_changes=False):
     """Writes this worker's shard of `tables` ([(name, variable)], one device)
-  at part_prefix(prefix, worker, num_workers); returns that prefix."""
+  at part_prefix(prefix, worker, num_workers); returns that prefix. kind:
+  'full', or 'incremental' (the keys changed since the tables' last
+  committed checkpoint); record_changes: the tables record their changes
+  for incremental saves from then on (checkpoint_format.h)."""
     return ops().sok_ev_save_embedding_variables(
         prefix, [v.handle for _, v in tables],
         table_names=[name for name, _ in tables],
         key_dtypes=[v.key_dtype for _, v in tables],
         target_workers=[int(v.target_gpu) for _, v in tables],
-        num_workers=num_workers)
+        num_workers=num_workers,
+        kind=kind,
+        record_changes=record_changes)
 
 
-def _restore_tables(prefix, tables):
+def _mark_saved(prefix, tables):
+    """Makes the complete checkpoint at `prefix` the base of the tables' next
+  incremental save (every device group)."""
+    marks = []
+    for group in _by_device(tables):
+        with tf.device(group[0][1].device):
+            marks.append(ops().sok_ev_mark_embedding_variables_saved(prefix,
+                                                                     [v.handle for _, v in group]))
+    return marks
+
+
+def _restore_tables(prefix, tables, record_changes=False):
     """Restores `tables` ([(name, variable)], one device) from the checkpoint
-  at `prefix`; all of them or, on an error, none."""
+  at `prefix` (a full or an incremental one, with the chain it builds on);
+  all of them or, on an error, none. record_changes: the checkpoint is the
+  base of the tables' next incremental save."""
     specs = [v.initializer_spec for _, v in tables]
+    filters = [v.filter_attributes for _, v in tables]
     return ops().sok_ev_restore_embedding_variables(
         prefix, [v.handle for _, v in tables], [v.default_values for _, v in tables],
         table_names=[name for name, _ in tables],
@@ -104,7 +130,14 @@ def _restore_tables(prefix, tables):
         initializer_params_a=[float(s.param_a) for s in specs],
         initializer_params_b=[float(s.param_b) for s in specs],
         initializer_seeds=[int(s.seed) for s in specs],
-        target_workers=[int(v.target_gpu) for _, v in tables])
+        target_workers=[int(v.target_gpu) for _, v in tables],
+        filter_specs=[
+            int(f[name])
+            for f in filters
+            for name in ("filter_freq", "filter_counters", "filter_hashes", "filter_counter_bytes")
+        ],
+        no_permission_values=[float(f["no_permission_value"]) for f in filters],
+        record_changes=record_changes)
 
 
 # Ordering the save across workers. Horovod's ops are not stateful, so
@@ -184,7 +217,19 @@ class SaverBuilder(saver_module.BulkSaverBuilder):
     """TensorFlow's Saver builder, with Embedding Variables saved by
   SaveEmbeddingVariables parts merged into the checkpoint, and restored by
   RestoreEmbeddingVariables. Savers without Embedding Variables build exactly
-  what TensorFlow's does."""
+  what TensorFlow's does.
+
+  Args (sok_ev.Saver's incremental checkpoints; the defaults are the hook's):
+    kind: 'full' saves every key; 'incremental' the keys changed since the
+      tables' last checkpoint saved or restored with record_changes.
+    record_changes: saves and restores make their checkpoint the base of the
+      next incremental save.
+  """
+
+    def __init__(self, *args, kind="full", record_changes=False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._kind = kind
+        self._record_changes = record_changes
 
     def _build_internal(self, names_to_saveables, *args, **kwargs):  # pylint: disable=arguments-differ
         # Saver({name: variable}) hands variables over as they are; TensorFlow
@@ -226,7 +271,8 @@ class SaverBuilder(saver_module.BulkSaverBuilder):
                 group_prefix = f"sok_ev_tables_{index}"
                 with tf.device(group[0][1].device):
                     writes.append(
-                        _save_tables(tf.strings.join([temp, group_prefix]), group, workers))
+                        _save_tables(tf.strings.join([temp, group_prefix]), group, workers,
+                                     serving.save_kind(self._kind), self._record_changes))
                 parts.extend(
                     part_prefix(group_prefix, worker, workers) for worker in range(workers))
         with tf.device("/cpu:0"):
@@ -258,13 +304,21 @@ class SaverBuilder(saver_module.BulkSaverBuilder):
                 with tf.control_dependencies(writes):
                     merged = merge()
                 with tf.control_dependencies(merged):
+                    if not self._record_changes:
+                        return tf.identity(prefix)
+                    marks = _mark_saved(prefix, tables)
+                with tf.control_dependencies(marks):
                     return tf.identity(prefix)
             # Worker 0 merges once every part is written; every worker
             # returns once the checkpoint is complete (then Saver.save
             # records it as the latest).
             written = _barrier("sok_ev_checkpoint_parts_written", writes)
             merged = _on_worker_zero(merge, gate=written)
-            return _after(prefix, _barrier("sok_ev_checkpoint_merged", [merged]))
+            complete = _after(prefix, _barrier("sok_ev_checkpoint_merged", [merged]))
+            if not self._record_changes:
+                return complete
+            with tf.control_dependencies(_mark_saved(complete, tables)):
+                return tf.identity(complete)
 
     def _AddRestoreOps(  # pylint: disable=invalid-name
             self,
@@ -284,7 +338,7 @@ class SaverBuilder(saver_module.BulkSaverBuilder):
                                                    reshape, preferred_shard, "restore_dense"))
         for group in _by_device(tables):
             with tf.device(group[0][1].device):
-                restores.append(_restore_tables(filename_tensor, group))
+                restores.append(_restore_tables(filename_tensor, group, self._record_changes))
         return tf.group(*restores, name=name)
 
     def _AddShardedRestoreOps(  # pylint: disable=invalid-name
@@ -299,7 +353,7 @@ class SaverBuilder(saver_module.BulkSaverBuilder):
                                                           restore_sequentially, reshape))
         for group in _by_device(tables):
             with tf.device(group[0][1].device):
-                restores.append(_restore_tables(filename_tensor, group))
+                restores.append(_restore_tables(filename_tensor, group, self._record_changes))
         return tf.group(*restores, name="restore_all")
 
 
@@ -367,8 +421,8 @@ def _registered_save(trackables, file_prefix):
                              "eagerly only; call save()/write() outside tf.function and graphs")
         with tf.control_dependencies(_evictions(tables)):
             return [
-                _save_tables(tf.strings.join([file_prefix, f"_{index}"]), group, workers)
-                for index, group in enumerate(_by_device(tables))
+                _save_tables(tf.strings.join([file_prefix, f"_{index}"]), group, workers,
+                             serving.save_kind()) for index, group in enumerate(_by_device(tables))
             ]
     prefix = file_prefix.numpy().decode()
     if workers > 1:
@@ -376,7 +430,7 @@ def _registered_save(trackables, file_prefix):
     _evictions(tables)  # run now, eagerly
     parts = []
     for index, group in enumerate(_by_device(tables)):
-        _save_tables(f"{prefix}_{index}", group, workers)
+        _save_tables(f"{prefix}_{index}", group, workers, serving.save_kind())
         parts.extend(part_prefix(f"{prefix}_{index}", w, workers) for w in range(workers))
     if workers > 1:
         # Every part is written before worker 0 merges them.
@@ -418,7 +472,9 @@ def _registered_restore(trackables, merged_prefix):
     for group in _by_device(_sorted_tables(trackables)):
         with tf.device(group[0][1].device):
             restores.append(_restore_tables(merged_prefix, group))
-    return None if tf.executing_eagerly() else tf.group(*restores)
+    # In a tf.function (a SavedModel's restore function) the stateful restore
+    # ops run by automatic control dependencies; it must return no op.
+    return None
 
 
 registration.register_checkpoint_saver(package=_REGISTERED_PACKAGE,

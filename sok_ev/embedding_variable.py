@@ -18,6 +18,7 @@ from tensorflow.python.eager import context
 from tensorflow.python.framework import ops as framework_ops
 from tensorflow.python.ops import resource_variable_ops
 from tensorflow.python.ops import variables
+from tensorflow.python.saved_model.registration import registration
 from tensorflow.python.training.saving import saveable_object
 from tensorflow.python.trackable import base as trackable
 from tensorflow.python.types import core
@@ -59,14 +60,24 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
     # tapes watch and what colocation uses), without its dense read paths.
     _should_act_as_resource_variable = True
 
-    def __init__(self, name, embedding_dim, key_dtype, initializer, default_value_dim, trainable,
-                 steps_to_live, target_gpu):
+    def __init__(self,
+                 name,
+                 embedding_dim,
+                 key_dtype,
+                 initializer,
+                 default_value_dim,
+                 trainable,
+                 steps_to_live,
+                 target_gpu,
+                 filter_attributes=None,
+                 l2_weight_threshold=None):
         # Variable.__init__ only documents arguments; state is set here.
         # pylint: disable=super-init-not-called
         self._embedding_dim = embedding_dim
         self._key_dtype = tf.as_dtype(key_dtype)
         self._trainable = trainable
         self._steps_to_live = steps_to_live
+        self._l2_weight_threshold = l2_weight_threshold
         self.target_gpu = target_gpu
         self._in_graph_mode = not context.executing_eagerly()
         self._save_slice_info = None
@@ -98,7 +109,11 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
                         initializer_kind=spec.kind,
                         param_a=spec.param_a,
                         param_b=spec.param_b,
-                        seed=spec.seed)
+                        seed=spec.seed,
+                        **(filter_attributes or {}))
+                self._filter_attributes = options_lib.filter_attributes(
+                    options_lib.EmbeddingVariableOption(), name)
+                self._filter_attributes.update(filter_attributes or {})
                 # A restore into a session that never ran the initializer
                 # creates the table with these.
                 self._initializer_spec = spec
@@ -113,7 +128,13 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
                 self._unique_id = self._handle_name
 
     @classmethod
-    def _from_graph(cls, handle, initializer_op, trainable, steps_to_live, target_gpu):
+    def _from_graph(cls,
+                    handle,
+                    initializer_op,
+                    trainable,
+                    steps_to_live,
+                    target_gpu,
+                    l2_weight_threshold=None):
         """The variable whose handle and initializer ops are already in the
     graph (an imported meta graph)."""
         variable = cls.__new__(cls)
@@ -122,6 +143,7 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
         variable._key_dtype = tf.as_dtype(op.get_attr("key_dtype"))
         variable._trainable = trainable
         variable._steps_to_live = steps_to_live
+        variable._l2_weight_threshold = l2_weight_threshold
         variable.target_gpu = target_gpu
         variable._in_graph_mode = True
         variable._save_slice_info = None
@@ -132,6 +154,9 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
         variable._unique_id = op.name
         variable._graph_key = op.graph._graph_key  # pylint: disable=protected-access
         variable._initializer_op = initializer_op
+        variable._filter_attributes = {
+            name: initializer_op.get_attr(name) for name in options_lib.FILTER_ATTRIBUTE_NAMES
+        }
         variable._default_values = initializer_op.inputs[1]
         variable._initializer_spec = initializers.InitializerSpec(
             kind=initializer_op.get_attr("initializer_kind"),
@@ -140,6 +165,13 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
             seed=initializer_op.get_attr("seed"),
             default_value_dim=initializer_op.inputs[1].shape[0] or 0)
         return variable
+
+    @property
+    def filter_attributes(self):
+        """The feature filter the table was made with: the filter attributes of
+    its initializer op (sok_ev.options.filter_attributes); filter_freq 0
+    when it has none."""
+        return dict(self._filter_attributes)
 
     # --- What makes it an Embedding Variable --------------------------------
 
@@ -157,6 +189,12 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
     def steps_to_live(self):
         """Keys not updated for this many global steps are evicted at save."""
         return self._steps_to_live
+
+    @property
+    def l2_weight_threshold(self):
+        """Keys whose value v has 0.5 * sum(v * v) below this are evicted at save
+    (DeepRec's L2WeightEvict); None: no L2 eviction."""
+        return self._l2_weight_threshold
 
     def total_count(self):
         """Number of keys stored, as an int64 scalar tensor."""
@@ -334,6 +372,86 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
     unless the initializer draws a matrix)."""
         return self._default_values
 
+    # --- SavedModel: tf.saved_model.save and tf.saved_model.load -----------
+    #
+    # The variable is a registered serializable: its record (what
+    # get_embedding_variable made it with) goes into the SavedModel, and
+    # loading recreates it, empty, before the registered saver of
+    # sok_ev/checkpoint.py restores its table.
+
+    def _export_to_saved_model_graph(self,
+                                     object_map=None,
+                                     tensor_map=None,
+                                     options=None,
+                                     **kwargs):
+        del options, kwargs
+        copy = EmbeddingVariable.__new__(EmbeddingVariable)
+        copy.__dict__.update(self.__dict__)
+        copy.__dict__.pop("_handle_deleter", None)  # the copy owns no table
+        copy._handle = ops().sok_ev_embedding_variable_handle(  # pylint: disable=protected-access
+            shared_name=self._handle_name,
+            key_dtype=self._key_dtype,
+            embedding_dim=self._embedding_dim)
+        copy._default_values = tf.constant(  # pylint: disable=protected-access
+            tf.get_static_value(self._default_values), tf.float32)
+        object_map[self] = copy
+        tensor_map[self._handle] = copy._handle  # pylint: disable=protected-access
+        # The registered saver's functions are traced with the copy.
+        for tensor in (copy._handle, copy._default_values):  # pylint: disable=protected-access
+            tensor_map[tensor] = tensor
+        return [self._handle]
+
+    def _write_object_proto(self, proto, options):
+        del options
+        proto.user_object.identifier = "sok_ev.EmbeddingVariable"
+        proto.user_object.version.producer = 1
+        proto.user_object.version.min_consumer = 1
+
+    def _serialize_to_proto(self, object_proto=None, **kwargs):
+        del object_proto, kwargs
+        record = attr_value_pb2.NameAttrList(name=self._handle_name)
+        spec = self._initializer_spec
+        for name, value in (("embedding_dim", self._embedding_dim), ("initializer_kind", spec.kind),
+                            ("seed", spec.seed), ("default_value_dim", spec.default_value_dim),
+                            ("steps_to_live", self._steps_to_live or
+                             0), ("target_gpu", int(self.target_gpu))):
+            record.attr[name].i = int(value)
+        record.attr["key_dtype"].type = self._key_dtype.as_datatype_enum
+        record.attr["trainable"].b = self._trainable
+        record.attr["param_a"].f = spec.param_a
+        record.attr["param_b"].f = spec.param_b
+        if self._l2_weight_threshold is not None:
+            record.attr["l2_weight_threshold"].f = self._l2_weight_threshold
+        record.attr["default_values"].tensor.CopyFrom(
+            tf.make_tensor_proto(tf.get_static_value(self._default_values)))
+        for name, value in self._filter_attributes.items():
+            if isinstance(value, float):
+                record.attr[name].f = value
+            else:
+                record.attr[name].i = int(value)
+        return record
+
+    @classmethod
+    def _deserialize_from_proto(cls, proto=None, **kwargs):
+        del kwargs
+        record = attr_value_pb2.NameAttrList()
+        proto.Unpack(record)
+        attr = record.attr
+        spec = initializers.InitializerSpec(kind=attr["initializer_kind"].i,
+                                            param_a=attr["param_a"].f,
+                                            param_b=attr["param_b"].f,
+                                            seed=attr["seed"].i,
+                                            default_value_dim=attr["default_value_dim"].i)
+        filter_attributes = {
+            name: (attr[name].f if name == "no_permission_value" else attr[name].i)
+            for name in options_lib.FILTER_ATTRIBUTE_NAMES
+        }
+        return cls(record.name, attr["embedding_dim"].i, tf.as_dtype(attr["key_dtype"].type),
+                   initializers.Drawn(spec, tf.make_ndarray(attr["default_values"].tensor)),
+                   spec.default_value_dim or None, attr["trainable"].b, attr["steps_to_live"].i or
+                   None, attr["target_gpu"].i, filter_attributes,
+                   attr["l2_weight_threshold"].f if "l2_weight_threshold" in attr else None)
+
     def _gather_saveables_for_checkpoint(self):
         # What tf.compat.v1.train.Saver asks for; named after the variable.
         return {
@@ -389,6 +507,8 @@ def _to_meta_graph_record(variable, export_scope=None):
     record.attr["trainable"].b = variable.trainable
     record.attr["steps_to_live"].i = variable.steps_to_live or 0
     record.attr["target_gpu"].i = variable.target_gpu
+    if variable.l2_weight_threshold is not None:
+        record.attr["l2_weight_threshold"].f = variable.l2_weight_threshold
     return record
 
 
@@ -402,7 +522,9 @@ def _from_meta_graph_record(record, import_scope=None):
         initializer,
         trainable=record.attr["trainable"].b,
         steps_to_live=record.attr["steps_to_live"].i or None,
-        target_gpu=record.attr["target_gpu"].i)
+        target_gpu=record.attr["target_gpu"].i,
+        l2_weight_threshold=(record.attr["l2_weight_threshold"].f
+                             if "l2_weight_threshold" in record.attr else None))
     _graph_registry()[variable._handle_name] = variable  # pylint: disable=protected-access
     collections = [tf.compat.v1.GraphKeys.GLOBAL_VARIABLES]
     if variable.trainable:
@@ -412,6 +534,8 @@ def _from_meta_graph_record(record, import_scope=None):
             graph.add_to_collection(collection, variable)
     return variable
 
+
+registration.register_serializable(package="sok_ev", name="EmbeddingVariable")(EmbeddingVariable)
 
 framework_ops.register_proto_function(EMBEDDING_VARIABLES,
                                       proto_type=attr_value_pb2.NameAttrList,
@@ -524,7 +648,9 @@ def get_embedding_variable(name: str,
       `ev_option.evict_option = GlobalStepEvict(steps_to_live)`.
     ev_option: an EmbeddingVariableOption; its `init_option` may set
       `default_value_dim` (DeepRec's key-mod-N rule) and an initializer.
-      Options sok-ev does not implement yet (filters, L2WeightEvict, storage
+      `filter_option` admits keys as DeepRec's CounterFilter / CBFFilter do;
+      `evict_option=L2WeightEvict(t)` evicts keys of L2 weight below t at
+      save. Options sok-ev does not implement yet (storage
       other than DRAM, CheckpointOption) raise ValueError naming the feature
       (sok_ev.options.check_supported).
     target_gpu: -1 (default) shards the table over all workers; k places it
@@ -580,7 +706,18 @@ def get_embedding_variable(name: str,
         raise TypeError(f"get_embedding_variable('{name}'): ev_option must be a "
                         f"sok_ev.EmbeddingVariableOption, got {ev_option!r}")
     options_lib.check_supported(ev_option, f"get_embedding_variable('{name}')")
-    if ev_option.evict_option is not None and ev_option.evict_option.steps_to_live:
+    filter_attributes = options_lib.filter_attributes(ev_option,
+                                                      f"get_embedding_variable('{name}')")
+    l2_weight_threshold = None
+    if isinstance(ev_option.evict_option, options_lib.L2WeightEvict):
+        threshold = ev_option.evict_option.l2_weight_threshold
+        if not isinstance(threshold, numbers.Real) or isinstance(threshold, bool):
+            raise ValueError(f"get_embedding_variable('{name}'): evict_option.l2_weight_threshold "
+                             f"must be a number, got {threshold!r}")
+        # DeepRec: a threshold <= 0 disables the eviction.
+        l2_weight_threshold = float(threshold) if threshold > 0 else None
+    if (isinstance(ev_option.evict_option, options_lib.GlobalStepEvict) and
+            ev_option.evict_option.steps_to_live):
         if steps_to_live not in (None, ev_option.evict_option.steps_to_live):
             raise ValueError(f"get_embedding_variable('{name}'): steps_to_live="
                              f"{steps_to_live} disagrees with evict_option."
@@ -600,7 +737,7 @@ def get_embedding_variable(name: str,
     def create(full_name):
         return EmbeddingVariable(full_name, embedding_dim, key_dtype, initializer,
                                  init_option.default_value_dim, trainable, steps_to_live,
-                                 target_gpu)
+                                 target_gpu, filter_attributes, l2_weight_threshold)
 
     if context.executing_eagerly():
         return create(name)

@@ -35,6 +35,15 @@ class InitializerSpec:
     default_value_dim: int = 0  # rows of the matrix; 0 unless the matrix kind
 
 
+@dataclasses.dataclass
+class Drawn:
+    """An initializer already turned into its spec (and, for the matrix kind,
+  its `[N, dim]` matrix, as a NumPy array): how a loaded SavedModel
+  recreates an Embedding Variable exactly as it was made."""
+    spec: InitializerSpec
+    matrix: np.ndarray
+
+
 def as_instance(initializer, where):
     """The initializer object to draw from: DeepRec (like tf.compat.v1's
   get_variable) accepts an initializer class and instantiates it with its
@@ -88,6 +97,8 @@ def spec_for(initializer, default_value_dim):
     An InitializerSpec; for DEFAULT_VALUE_MATRIX the caller draws the matrix
     with `initializer([default_value_dim, dim])`.
   """
+    if isinstance(initializer, Drawn):
+        return initializer.spec
     if default_value_dim is not None:
         return InitializerSpec(DEFAULT_VALUE_MATRIX, default_value_dim=default_value_dim)
     name = type(initializer).__name__
@@ -100,7 +111,9 @@ def spec_for(initializer, default_value_dim):
         if value is not None:
             return InitializerSpec(CONSTANT, value)
     elif name in ("RandomUniform",):
-        return InitializerSpec(RANDOM_UNIFORM, float(initializer.minval), float(initializer.maxval),
+        # tf.compat.v1's maxval=None means 1 for floats, as TensorFlow draws it.
+        maxval = 1.0 if initializer.maxval is None else float(initializer.maxval)
+        return InitializerSpec(RANDOM_UNIFORM, float(initializer.minval), maxval,
                                _seed(initializer))
     elif name in ("RandomNormal",):
         return InitializerSpec(RANDOM_NORMAL, float(initializer.mean), float(initializer.stddev),
@@ -121,6 +134,8 @@ def default_values(initializer, spec, embedding_dim):
   """
     if spec.kind != DEFAULT_VALUE_MATRIX:
         return tf.zeros([0, embedding_dim], tf.float32)
+    if isinstance(initializer, Drawn):
+        return tf.constant(initializer.matrix, tf.float32)
     try:
         matrix = initializer([spec.default_value_dim, embedding_dim], dtype=tf.float32)
     except (TypeError, ValueError) as error:

@@ -2,14 +2,16 @@
 defaults.
 
 Every option class can be created exactly as in DeepRec, so a DeepRec script
-gets past its option set-up. What sok-ev does not implement yet (feature
-filters, `L2WeightEvict`, storage other than DRAM, loading from another
-checkpoint) is refused by `check_supported`, which `get_embedding_variable`
-runs: a ValueError naming the feature, before anything is created.
+gets past its option set-up. What sok-ev does not implement yet
+(storage other than DRAM, loading from another checkpoint) is
+refused by `check_supported`, which `get_embedding_variable` runs: a
+ValueError naming the feature, before anything is created. Feature filters
+become the attributes of the table's initializer op (`filter_attributes`).
 """
 
 import dataclasses
 import enum
+import math
 from typing import Any, List, Optional, Union
 
 import tensorflow as tf
@@ -64,9 +66,9 @@ class InitializerOption:
       `key mod default_value_dim` (the non-negative remainder). When None,
       each new key draws its own value from the initializer, reproducibly
       (the draw depends only on the seed and the key).
-    default_value_no_permission: DeepRec's value for keys a feature filter
-      has not admitted yet; without a filter no key is refused, so it has no
-      effect (as in DeepRec).
+    default_value_no_permission: what a lookup of a key a feature filter has
+      not admitted yet reads (every element); without a filter no key is
+      refused, so it has no effect (as in DeepRec).
 
   Raises:
     ValueError: default_value_dim is not a positive integer.
@@ -90,25 +92,29 @@ class GlobalStepEvict:
 
 @dataclasses.dataclass
 class L2WeightEvict:
-    """DeepRec's eviction of keys whose row's L2 weight is below
-  `l2_weight_threshold` (at save); -1.0 (the default) disables it. Not
-  implemented by sok-ev yet: get_embedding_variable raises ValueError."""
+    """DeepRec's eviction of keys whose value v has an L2 weight
+  0.5 * sum(v * v) below `l2_weight_threshold`, run when the table is saved;
+  a threshold <= 0 (the default -1.0) disables it."""
     l2_weight_threshold: float = -1.0
 
 
 @dataclasses.dataclass
 class CounterFilter:
     """DeepRec's counter feature filter: a key is admitted into the table once
-  it has been seen `filter_freq` times. Not implemented by sok-ev yet:
-  get_embedding_variable raises ValueError."""
+  it has been seen `filter_freq` times (0: every key is). Until then it has
+  no row: lookups read `InitializerOption.default_value_no_permission` and
+  its gradients are dropped; its exact count and the global step of its last
+  dropped update are kept (and checkpointed as `keys_filtered`)."""
     filter_freq: int = 0
 
 
 @dataclasses.dataclass
 class CBFFilter:
-    """DeepRec's counting-Bloom-filter feature filter (same admission rule as
-  CounterFilter, with bounded memory). Not implemented by sok-ev yet:
-  get_embedding_variable raises ValueError.
+    """DeepRec's counting-Bloom-filter feature filter: CounterFilter's
+  admission rule, counted in a counting Bloom filter of bounded memory sized
+  for `max_element_size` keys at `false_positive_probability` (counters of
+  `counter_type`, saturating at filter_freq). Without
+  false_positive_probability the counts are exact, as CounterFilter's.
 
   Raises:
     ValueError: DeepRec's argument checks: false_positive_probability must be
@@ -189,9 +195,9 @@ class EmbeddingVariableOption:
       partitions; only the defaults ("" and 1000) are accepted by
       get_embedding_variable.
     evict_option: a `GlobalStepEvict` (same as `steps_to_live`) or an
-      `L2WeightEvict` (not implemented yet).
+      `L2WeightEvict`.
     ckpt: a `CheckpointOption` (not implemented yet).
-    filter_option: a `CounterFilter` or `CBFFilter` (not implemented yet).
+    filter_option: a `CounterFilter` or `CBFFilter`.
     storage_option: a `StorageOption`; DRAM only.
     init_option: an `InitializerOption`.
 
@@ -226,6 +232,69 @@ class EmbeddingVariableOption:
             self.init_option = InitializerOption()
 
 
+# Bytes of a Bloom filter counter, per counter_type (DeepRec takes unsigned
+# types; its documentation's example passes tf.int64).
+_COUNTER_BYTES = {
+    tf.uint8: 1,
+    tf.uint16: 2,
+    tf.uint32: 4,
+    tf.uint64: 8,
+    tf.int8: 1,
+    tf.int16: 2,
+    tf.int32: 4,
+    tf.int64: 8,
+}
+
+FILTER_ATTRIBUTE_NAMES = ("filter_freq", "filter_counters", "filter_hashes", "filter_counter_bytes",
+                          "no_permission_value")
+
+
+def filter_attributes(ev_option: EmbeddingVariableOption, where: str) -> dict:
+    """The feature-filter attributes of SokEv>InitializeEmbeddingVariable for a
+  table's options: filter_freq (0: no filter), filter_counters and
+  filter_hashes (0: exact counts; else a counting Bloom filter of
+  m = ceil(-n ln p / ln(2)^2) counters and k = max(1, round(m / n ln 2))
+  hashes for n = max_element_size, p = false_positive_probability),
+  filter_counter_bytes and no_permission_value.
+
+  Raises:
+    ValueError: filter_freq is not a non-negative integer, or counter_type
+      is not an integer dtype (naming the option and its value).
+  """
+    option = ev_option.filter_option
+    no_permission = float((ev_option.init_option or
+                           InitializerOption()).default_value_no_permission)
+    attributes = {
+        "filter_freq": 0,
+        "filter_counters": 0,
+        "filter_hashes": 0,
+        "filter_counter_bytes": 8,
+        "no_permission_value": no_permission,
+    }
+    if option is None:
+        return attributes
+    freq = option.filter_freq
+    if not isinstance(freq, int) or isinstance(freq, bool) or freq < 0:
+        raise ValueError(f"{where}: ev_option.filter_option.filter_freq must be an integer >= 0, "
+                         f"got {freq!r}")
+    attributes["filter_freq"] = freq
+    if isinstance(option, CBFFilter):
+        try:
+            counter_type = tf.as_dtype(option.counter_type)
+        except TypeError:
+            counter_type = option.counter_type
+        if counter_type not in _COUNTER_BYTES:
+            raise ValueError(f"{where}: ev_option.filter_option.counter_type must be tf.uint8, "
+                             f"tf.uint16, tf.uint32 or tf.uint64, got {option.counter_type!r}")
+        attributes["filter_counter_bytes"] = _COUNTER_BYTES[counter_type]
+        if option.false_positive_probability != -1.0:
+            n, p = option.max_element_size, option.false_positive_probability
+            counters = max(1, math.ceil(-n * math.log(p) / math.log(2)**2))
+            attributes["filter_counters"] = counters
+            attributes["filter_hashes"] = max(1, round(counters / n * math.log(2)))
+    return attributes
+
+
 def check_supported(ev_option: EmbeddingVariableOption, where: str) -> None:
     """Refuses the options sok-ev does not implement yet.
 
@@ -236,17 +305,10 @@ def check_supported(ev_option: EmbeddingVariableOption, where: str) -> None:
 
   Raises:
     ValueError: naming the option, its value and the feature: a feature
-      filter (CounterFilter, CBFFilter), L2WeightEvict, a storage type other
-      than DRAM, a CheckpointOption with a field set, or a non-default
+      a storage type other than DRAM, a CheckpointOption with a field set, or a non-default
       ht_type / ht_partition_num.
   """
     refused = []
-    if ev_option.filter_option is not None:
-        refused.append((f"filter_option={ev_option.filter_option!r}",
-                        f"feature filters ({type(ev_option.filter_option).__name__})"))
-    if isinstance(ev_option.evict_option, L2WeightEvict):
-        refused.append((f"evict_option={ev_option.evict_option!r}",
-                        "L2 weight eviction (L2WeightEvict); GlobalStepEvict is supported"))
     storage_type = ev_option.storage_option.storage_type
     if storage_type not in (None, StorageType.DRAM):
         name = StorageType(storage_type).name if storage_type in set(StorageType) else storage_type

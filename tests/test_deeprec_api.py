@@ -4,6 +4,7 @@ Pinned down:
 * every name DeepRec scripts touch exists on tf and tf.compat.v1 (options,
   filters, eviction, storage, GraphKeys, config_pb2), with DeepRec's
   constructor arguments, defaults and argument checks;
+* feature filters and L2WeightEvict are accepted;
 * options sok-ev does not implement yet can be created, and
   get_embedding_variable refuses them with a ValueError naming the feature,
   before anything is created;
@@ -110,13 +111,6 @@ def test_an_option_of_the_wrong_class_is_refused(deeprec):
 # --------------------------------------------------------------------------- unsupported features
 
 UNSUPPORTED = {
-    "counter_filter": (lambda d: d.EmbeddingVariableOption(filter_option=d.CounterFilter(3)),
-                       ["filter_option", "CounterFilter", "feature filter"]),
-    "cbf_filter":
-        (lambda d: d.EmbeddingVariableOption(filter_option=d.CBFFilter(3, 2**30, 0.01, tf.int64)),
-         ["CBFFilter", "feature filter"]),
-    "l2_weight_evict": (lambda d: d.EmbeddingVariableOption(evict_option=d.L2WeightEvict(0.5)),
-                        ["evict_option", "L2WeightEvict"]),
     "ssd_storage": (lambda d: d.EmbeddingVariableOption(storage_option=d.StorageOption(
         d.StorageType.DRAM_SSDHASH, "/tmp/sok_ev_unused")), ["storage_type", "DRAM_SSDHASH"]),
     "hbm_storage": (
@@ -139,6 +133,30 @@ def test_unsupported_deeprec_option_raises_value_error_naming_it(deeprec, featur
         assert not tf.compat.v1.global_variables()  # nothing was created
         assert not tf.compat.v1.get_collection(deeprec.GraphKeys.EMBEDDING_VARIABLES)
     assert ref.error_names(error.value, "emb", "not supported", *fragments)
+
+
+@pytest.mark.parametrize("build", [
+    lambda d: d.CounterFilter(3),
+    lambda d: d.CBFFilter(3, 2**30, 0.01, tf.int64),
+])
+def test_deeprec_feature_filter_options_are_accepted(deeprec, unique_name, build):
+    """DeepRec's documented filter options (tests/test_feature_filters.py
+  pins down what they do)."""
+    option = deeprec.EmbeddingVariableOption(filter_option=build(deeprec))
+    with ref.graph_session():
+        ev = deeprec.get_embedding_variable(unique_name(), embedding_dim=DIM, ev_option=option)
+        assert ev.filter_attributes["filter_freq"] == 3
+
+
+@pytest.mark.parametrize("threshold, expected", [(0.5, 0.5), (-1.0, None), (0.0, None)])
+def test_deeprec_l2_weight_evict_option_is_accepted(deeprec, unique_name, threshold, expected):
+    """DeepRec: a threshold <= 0 disables the eviction
+  (tests/test_l2_weight_evict.py pins down what it does)."""
+    option = deeprec.EmbeddingVariableOption(evict_option=deeprec.L2WeightEvict(threshold))
+    with ref.graph_session():
+        ev = deeprec.get_embedding_variable(unique_name(), embedding_dim=DIM, ev_option=option)
+        assert ev.l2_weight_threshold == expected
+        assert ev.steps_to_live is None
 
 
 @pytest.mark.parametrize("storage_type", [None, "DRAM"])

@@ -272,6 +272,18 @@ def test_constant_initializer_fills_every_new_key(sok, rng, unique_name):
     np.testing.assert_array_equal(_rows(sok, ev, keys).numpy(), np.full((20, 5), -2.5, np.float32))
 
 
+def test_v1_random_uniform_initializer_with_its_defaults_draws_from_0_to_1(sok, rng, unique_name):
+    """tf.compat.v1.random_uniform_initializer() has maxval=None, which
+  TensorFlow draws as 1 for floats."""
+    ev = sok.get_embedding_variable(unique_name(),
+                                    embedding_dim=8,
+                                    initializer=tf.compat.v1.random_uniform_initializer(seed=3))
+    values = _rows(sok, ev, rng.choice(10**9, size=500, replace=False)).numpy()
+    reference = tf.compat.v1.random_uniform_initializer(seed=3)([500, 8]).numpy()
+    assert values.min() >= 0.0 and values.max() < 1.0
+    assert abs(values.mean() - reference.mean()) < 0.03  # both 0.5 +- 0.013 (4000 draws)
+
+
 # --------------------------------------------------------------------------- key values
 
 INT64, INT32 = np.iinfo(np.int64), np.iinfo(np.int32)

@@ -4,7 +4,9 @@
 //
 // Both stream: a save writes each table batch by batch straight from the
 // table into the bundle, a restore reads one stored slice at a time, so
-// neither holds a second copy of a table in host memory.
+// neither holds a second copy of a table in host memory. An incremental
+// save holds the rows of the changed keys only; an incremental restore
+// restores its base first, then replaces the keys that changed.
 #define EIGEN_USE_THREADS
 #if GOOGLE_CUDA && !defined(EIGEN_USE_GPU)
 #define EIGEN_USE_GPU
@@ -15,9 +17,12 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
+#include "cc/feature_filter.h"
 #include "cc/partition.h"
 #include "sok_ev/cc/kernels/checkpoint_format.h"
 #include "sok_ev/cc/kernels/device_core.h"
@@ -59,6 +64,115 @@ std::string ColumnField(int64_t column) {
   return column == 0 ? "values" : checkpoint::SlotField(column - 1);
 }
 
+// Writes one shard of one table: the rows of its keys as checkpoint_format.h
+// lays them out, fed batch by batch (Begin once, then Emit).
+template <typename Key>
+class ShardWriter {
+ public:
+  // columns: the table's row width / dim (value and slots); written: how
+  // many of them are saved (1 for a serving export: values only).
+  ShardWriter(BundleWriter* writer, std::function<std::string(const std::string&)> key,
+              std::string table, int64_t dim, int64_t columns, int64_t written)
+      : writer_(writer),
+        key_(std::move(key)),
+        table_(std::move(table)),
+        dim_(dim),
+        columns_(columns),
+        written_(written) {}
+
+  absl::Status Begin(int64_t total, int64_t row_width) {
+    if (row_width != columns_ * dim_) {
+      return errors::Aborted("the slots of Embedding Variable '", table_,
+                             "' changed while it was being saved; save again");
+    }
+    total_ = total;
+    if (total > 0) return absl::OkStatus();
+    // An empty shard: whole empty tensors, so the shapes still say the dim.
+    const DataType key_dtype = tensorflow::DataTypeToEnum<Key>::value;
+    TF_RETURN_IF_ERROR(writer_->Add(key_("keys"), Tensor(key_dtype, TensorShape({0}))));
+    TF_RETURN_IF_ERROR(
+        writer_->Add(key_("frequencies"), Tensor(tensorflow::DT_INT64, TensorShape({0}))));
+    TF_RETURN_IF_ERROR(
+        writer_->Add(key_("versions"), Tensor(tensorflow::DT_INT64, TensorShape({0}))));
+    for (int64_t c = 0; c < written_; ++c) {
+      TF_RETURN_IF_ERROR(
+          writer_->Add(key_(ColumnField(c)), Tensor(tensorflow::DT_FLOAT, TensorShape({0, dim_}))));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Emit(const HostExportBatch<Key>& batch) {
+    const int64_t count = batch.count;
+    const DataType key_dtype = tensorflow::DataTypeToEnum<Key>::value;
+    const TensorSlice rows({{done_, count}});
+    const TensorSlice matrix({{done_, count}, {0, dim_}});
+    Tensor keys(key_dtype, TensorShape({count}));
+    std::copy(batch.keys, batch.keys + count, keys.flat<Key>().data());
+    TF_RETURN_IF_ERROR(writer_->AddSlice(key_("keys"), TensorShape({total_}), rows, keys));
+    Tensor counters(tensorflow::DT_INT64, TensorShape({count}));
+    std::copy(batch.frequencies, batch.frequencies + count, counters.flat<int64_t>().data());
+    TF_RETURN_IF_ERROR(
+        writer_->AddSlice(key_("frequencies"), TensorShape({total_}), rows, counters));
+    std::copy(batch.versions, batch.versions + count, counters.flat<int64_t>().data());
+    TF_RETURN_IF_ERROR(writer_->AddSlice(key_("versions"), TensorShape({total_}), rows, counters));
+    Tensor column(tensorflow::DT_FLOAT, TensorShape({count, dim_}));
+    float* out = column.flat<float>().data();
+    for (int64_t c = 0; c < written_; ++c) {
+      for (int64_t i = 0; i < count; ++i) {
+        std::memcpy(out + i * dim_, batch.rows + (i * columns_ + c) * dim_, dim_ * sizeof(float));
+      }
+      TF_RETURN_IF_ERROR(
+          writer_->AddSlice(key_(ColumnField(c)), TensorShape({total_, dim_}), matrix, column));
+    }
+    done_ += count;
+    return absl::OkStatus();
+  }
+
+  // Every key announced by Begin was emitted.
+  absl::Status Finish() const {
+    if (done_ != total_) {
+      return errors::Internal("saving Embedding Variable '", table_, "' wrote ", done_, " of its ",
+                              total_, " keys");
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  BundleWriter* writer_;
+  std::function<std::string(const std::string&)> key_;
+  std::string table_;
+  int64_t dim_, columns_, written_;
+  int64_t total_ = 0, done_ = 0;
+};
+
+// A vector as a tensor of its length.
+template <typename T>
+Tensor VectorTensor(const std::vector<T>& values) {
+  Tensor tensor(tensorflow::DataTypeToEnum<T>::value,
+                TensorShape({static_cast<int64_t>(values.size())}));
+  std::copy(values.begin(), values.end(), tensor.flat<T>().data());
+  return tensor;
+}
+
+// The dtype the checkpoint stores Bloom filter counters of `bytes` in.
+DataType CounterDtype(int64_t bytes) {
+  switch (bytes) {
+    case 1:
+      return tensorflow::DT_UINT8;
+    case 2:
+      return tensorflow::DT_UINT16;
+    case 4:
+      return tensorflow::DT_UINT32;
+    default:
+      return tensorflow::DT_UINT64;
+  }
+}
+
+// What a save writes: every key (full), the keys changed since the base
+// (incremental), or every key's value without slots or filter state (an
+// export for serving).
+enum class SaveKind { kFull, kIncremental, kServing, kServingZeros };
+
 template <typename Device>
 class SaveEmbeddingVariablesOp : public OpKernel {
  public:
@@ -67,6 +181,13 @@ class SaveEmbeddingVariablesOp : public OpKernel {
     OP_REQUIRES_OK(context, context->GetAttr("key_dtypes", &key_dtypes_));
     OP_REQUIRES_OK(context, context->GetAttr("target_workers", &target_workers_));
     OP_REQUIRES_OK(context, context->GetAttr("num_workers", &num_workers_));
+    OP_REQUIRES_OK(context, context->GetAttr("record_changes", &record_changes_));
+    std::string kind;
+    OP_REQUIRES_OK(context, context->GetAttr("kind", &kind));
+    kind_ = kind == "incremental"     ? SaveKind::kIncremental
+            : kind == "serving"       ? SaveKind::kServing
+            : kind == "serving_zeros" ? SaveKind::kServingZeros
+                                      : SaveKind::kFull;
     const size_t n = table_names_.size();
     OP_REQUIRES(context,
                 n == key_dtypes_.size() && n == target_workers_.size() &&
@@ -83,15 +204,36 @@ class SaveEmbeddingVariablesOp : public OpKernel {
                                            "; build the Saver after sok_ev.init() in this job"));
     const std::string prefix(context->input(0).scalar<tensorflow::tstring>()());
     const std::string part = checkpoint::PartPrefix(prefix, topology.worker, topology.num_workers);
+    const int n = static_cast<int>(table_names_.size());
+    std::vector<RefCountPtr<EmbeddingVariable<Device>>> variables(n);
+    for (int t = 0; t < n; ++t) {
+      OP_REQUIRES_OK(context, LookupInitializedVariable<Device>(context, 1 + t, key_dtypes_[t],
+                                                                &variables[t]));
+      // Incremental to what? Checked for every table before anything is written.
+      OP_REQUIRES(
+          context, kind_ != SaveKind::kIncremental || !variables[t]->change_log().base().empty(),
+          errors::FailedPrecondition(
+              "cannot save an incremental checkpoint of Embedding Variable '", table_names_[t],
+              "': no checkpoint of it was saved or restored by a saver "
+              "with incremental_save_restore=True since it was initialized; save a full "
+              "checkpoint first"));
+    }
     BundleWriter writer(context->env(), part);
     OP_REQUIRES_OK(context, writer.status());
-    for (size_t t = 0; t < table_names_.size(); ++t) {
-      RefCountPtr<EmbeddingVariable<Device>> variable;
-      OP_REQUIRES_OK(context, LookupInitializedVariable<Device>(context, 1 + static_cast<int>(t),
-                                                                key_dtypes_[t], &variable));
+    for (int t = 0; t < n; ++t) {
+      EmbeddingVariable<Device>* variable = variables[t].get();
+      std::string base;
+      std::vector<int64_t> changed;
+      if (kind_ == SaveKind::kIncremental || record_changes_ || variable->change_log().active()) {
+        // Taken before the table is read: a change racing this save is
+        // written again by the next one, never lost.
+        if (!variable->change_log().active()) variable->change_log().Activate("");
+        base = variable->change_log().base();
+        changed = variable->change_log().TakeForSave();
+      }
       OP_REQUIRES_OK(context, DispatchKeyType(key_dtypes_[t], "key_dtype", [&](auto key) {
-                       return WriteShard<decltype(key)>(context, variable.get(), table_names_[t],
-                                                        topology, &writer);
+                       return WriteShard<decltype(key)>(context, variable, table_names_[t],
+                                                        topology, changed, &writer);
                      }));
       if (topology.worker == 0) {
         Tensor header(tensorflow::DT_INT64, TensorShape({checkpoint::kHeaderSize}));
@@ -99,7 +241,13 @@ class SaveEmbeddingVariablesOp : public OpKernel {
         h(checkpoint::kHeaderWorkers) = topology.num_workers;
         h(checkpoint::kHeaderTarget) = target_workers_[t];
         h(checkpoint::kHeaderVersion) = checkpoint::kFormatVersion;
+        h(checkpoint::kHeaderKind) = HeaderKind();
         OP_REQUIRES_OK(context, writer.Add(checkpoint::HeaderKey(table_names_[t]), header));
+        if (kind_ == SaveKind::kIncremental) {
+          Tensor base_tensor(tensorflow::DT_STRING, TensorShape({}));
+          base_tensor.scalar<tensorflow::tstring>()() = base;
+          OP_REQUIRES_OK(context, writer.Add(checkpoint::BaseKey(table_names_[t]), base_tensor));
+        }
       }
     }
     OP_REQUIRES_OK(context, writer.Finish());
@@ -109,87 +257,160 @@ class SaveEmbeddingVariablesOp : public OpKernel {
   }
 
  private:
+  // What the header says this checkpoint is.
+  int64_t HeaderKind() const {
+    switch (kind_) {
+      case SaveKind::kIncremental:
+        return checkpoint::kIncremental;
+      case SaveKind::kServing:
+        return checkpoint::kServingInitializer;
+      case SaveKind::kServingZeros:
+        return checkpoint::kServingZeros;
+      default:
+        return checkpoint::kFull;
+    }
+  }
+
+  // changed: the keys changed since the base (incremental saves).
   template <typename Key>
   absl::Status WriteShard(OpKernelContext* context, EmbeddingVariable<Device>* variable,
-                          const std::string& name, WorkerTopology topology, BundleWriter* writer) {
-    const DataType key_dtype = tensorflow::DataTypeToEnum<Key>::value;
+                          const std::string& name, WorkerTopology topology,
+                          const std::vector<int64_t>& changed, BundleWriter* writer) {
     const int64_t dim = variable->embedding_dim();
     auto table = variable->template table<Key>();
     auto lock = variable->lock_table();
     Core<Device> core(context);
-    const std::vector<std::string> slot_names = table->slot_names();
-    const std::vector<float> slot_values = table->slot_initial_values();
+    const bool serving = kind_ == SaveKind::kServing || kind_ == SaveKind::kServingZeros;
+    std::vector<std::string> slot_names = table->slot_names();
+    std::vector<float> slot_values = table->slot_initial_values();
     const int64_t columns = 1 + static_cast<int64_t>(slot_names.size());
-    auto key = [&](const std::string& field) {
+    if (serving) {
+      slot_names.clear();
+      slot_values.clear();
+    }
+    auto key = [name, topology](const std::string& field) {
       return checkpoint::ShardKey(name, topology.worker, topology.num_workers, field);
     };
-    Tensor names(tensorflow::DT_STRING, TensorShape({columns - 1}));
-    Tensor values(tensorflow::DT_FLOAT, TensorShape({columns - 1}));
-    for (int64_t s = 0; s + 1 < columns; ++s) {
-      names.flat<tensorflow::tstring>()(s) = slot_names[s];
-      values.flat<float>()(s) = slot_values[s];
+    TF_RETURN_IF_ERROR(writer->Add(key("slot_names"), VectorTensor(std::vector<tensorflow::tstring>(
+                                                          slot_names.begin(), slot_names.end()))));
+    TF_RETURN_IF_ERROR(writer->Add(key("slot_initial_values"), VectorTensor(slot_values)));
+    ShardWriter<Key> rows(writer, key, variable->name(), dim, columns, serving ? 1 : columns);
+    const int64_t batch_keys = ExportBatchKeys(columns * dim);
+    auto begin = [&](int64_t total, int64_t width) { return rows.Begin(total, width); };
+    // Keys changed since the base that the table no longer holds.
+    std::unordered_set<Key> absent;
+    if (kind_ != SaveKind::kIncremental) {
+      TF_RETURN_IF_ERROR(core.template ExportBatches<Key>(
+          *table, batch_keys, begin, [&](const HostExportBatch<Key>& b) { return rows.Emit(b); }));
+    } else {
+      // Only the changed keys' rows, gathered from one pass over the table.
+      for (int64_t k : changed) absent.insert(static_cast<Key>(k));
+      std::vector<Key> keys;
+      std::vector<float> values;
+      std::vector<int64_t> frequencies, versions;
+      int64_t width = 0;
+      TF_RETURN_IF_ERROR(core.template ExportBatches<Key>(
+          *table, batch_keys,
+          [&](int64_t, int64_t row_width) {
+            width = row_width;
+            return absl::OkStatus();
+          },
+          [&](const HostExportBatch<Key>& b) {
+            for (int64_t i = 0; i < b.count; ++i) {
+              if (absent.erase(b.keys[i]) == 0) continue;
+              keys.push_back(b.keys[i]);
+              values.insert(values.end(), b.rows + i * width, b.rows + (i + 1) * width);
+              frequencies.push_back(b.frequencies[i]);
+              versions.push_back(b.versions[i]);
+            }
+            return absl::OkStatus();
+          }));
+      const int64_t count = static_cast<int64_t>(keys.size());
+      TF_RETURN_IF_ERROR(rows.Begin(count, width));
+      if (count > 0) {
+        TF_RETURN_IF_ERROR(rows.Emit(HostExportBatch<Key>{
+            keys.data(), values.data(), frequencies.data(), versions.data(), count}));
+      }
     }
-    TF_RETURN_IF_ERROR(writer->Add(key("slot_names"), names));
-    TF_RETURN_IF_ERROR(writer->Add(key("slot_initial_values"), values));
-
-    int64_t total = 0, written = 0;
-    auto begin = [&](int64_t n, int64_t row_width) -> absl::Status {
-      if (row_width != columns * dim) {
-        return errors::Aborted("the slots of Embedding Variable '", variable->name(),
-                               "' changed while it was being saved; save again");
-      }
-      total = n;
-      if (n > 0) return absl::OkStatus();
-      // An empty shard: whole empty tensors, so the shapes still say the dim.
-      TF_RETURN_IF_ERROR(writer->Add(key("keys"), Tensor(key_dtype, TensorShape({0}))));
-      TF_RETURN_IF_ERROR(
-          writer->Add(key("frequencies"), Tensor(tensorflow::DT_INT64, TensorShape({0}))));
-      TF_RETURN_IF_ERROR(
-          writer->Add(key("versions"), Tensor(tensorflow::DT_INT64, TensorShape({0}))));
-      for (int64_t c = 0; c < columns; ++c) {
-        TF_RETURN_IF_ERROR(
-            writer->Add(key(ColumnField(c)), Tensor(tensorflow::DT_FLOAT, TensorShape({0, dim}))));
-      }
-      return absl::OkStatus();
-    };
-    auto emit = [&](const HostExportBatch<Key>& batch) -> absl::Status {
-      const int64_t count = batch.count;
-      const TensorSlice rows({{written, count}});
-      const TensorSlice matrix({{written, count}, {0, dim}});
-      Tensor keys(key_dtype, TensorShape({count}));
-      std::copy(batch.keys, batch.keys + count, keys.flat<Key>().data());
-      TF_RETURN_IF_ERROR(writer->AddSlice(key("keys"), TensorShape({total}), rows, keys));
-      Tensor counters(tensorflow::DT_INT64, TensorShape({count}));
-      std::copy(batch.frequencies, batch.frequencies + count, counters.flat<int64_t>().data());
-      TF_RETURN_IF_ERROR(
-          writer->AddSlice(key("frequencies"), TensorShape({total}), rows, counters));
-      std::copy(batch.versions, batch.versions + count, counters.flat<int64_t>().data());
-      TF_RETURN_IF_ERROR(writer->AddSlice(key("versions"), TensorShape({total}), rows, counters));
-      Tensor column(tensorflow::DT_FLOAT, TensorShape({count, dim}));
-      float* out = column.flat<float>().data();
-      for (int64_t c = 0; c < columns; ++c) {
-        for (int64_t i = 0; i < count; ++i) {
-          std::memcpy(out + i * dim, batch.rows + (i * columns + c) * dim, dim * sizeof(float));
-        }
-        TF_RETURN_IF_ERROR(
-            writer->AddSlice(key(ColumnField(c)), TensorShape({total, dim}), matrix, column));
-      }
-      written += count;
-      return absl::OkStatus();
-    };
-    TF_RETURN_IF_ERROR(
-        core.template ExportBatches<Key>(*table, ExportBatchKeys(columns * dim), begin, emit));
-    if (written != total) {
-      return errors::Internal("saving Embedding Variable '", variable->name(), "' wrote ", written,
-                              " of its ", total, " keys");
+    TF_RETURN_IF_ERROR(rows.Finish());
+    if (!serving) TF_RETURN_IF_ERROR(WriteFilter<Key>(variable, key, &absent, writer));
+    if (kind_ == SaveKind::kIncremental) {
+      std::vector<Key> deleted(absent.begin(), absent.end());
+      TF_RETURN_IF_ERROR(writer->Add(key("deleted_keys"), VectorTensor(deleted)));
     }
     return absl::OkStatus();
+  }
+
+  // What the variable's filter counted: every key not admitted yet (full), or
+  // those among `absent` (incremental: they leave `absent`, which keeps the
+  // keys gone altogether).
+  template <typename Key>
+  absl::Status WriteFilter(EmbeddingVariable<Device>* variable,
+                           const std::function<std::string(const std::string&)>& key,
+                           std::unordered_set<Key>* absent, BundleWriter* writer) {
+    auto filter = variable->template filter<Key>();
+    if (filter == nullptr) return absl::OkStatus();
+    std::lock_guard<std::mutex> lock(filter->mutex());
+    const FeatureFilterSpec& spec = filter->spec();
+    if (spec.bloom()) {
+      const std::vector<uint8_t>& bytes = filter->counters();
+      Tensor counters(CounterDtype(spec.counter_bytes), TensorShape({spec.num_counters}));
+      std::memcpy(counters.data(), bytes.data(), bytes.size());
+      TF_RETURN_IF_ERROR(writer->Add(key("bloom_counters"), counters));
+      Tensor hashes(tensorflow::DT_INT64, TensorShape({}));
+      hashes.scalar<int64_t>()() = spec.num_hashes;
+      return writer->Add(key("bloom_hashes"), hashes);
+    }
+    std::vector<Key> keys;
+    std::vector<int64_t> frequencies, versions;
+    auto add = [&](Key k, const typename FeatureFilter<Key>::Entry& entry) {
+      keys.push_back(k);
+      frequencies.push_back(entry.frequency);
+      versions.push_back(entry.version);
+    };
+    if (kind_ == SaveKind::kIncremental) {
+      for (auto it = absent->begin(); it != absent->end();) {
+        auto entry = filter->entries().find(*it);
+        if (entry == filter->entries().end()) {
+          ++it;
+          continue;
+        }
+        add(entry->first, entry->second);
+        it = absent->erase(it);
+      }
+    } else {
+      for (const auto& [k, entry] : filter->entries()) add(k, entry);
+    }
+    TF_RETURN_IF_ERROR(writer->Add(key("keys_filtered"), VectorTensor(keys)));
+    TF_RETURN_IF_ERROR(writer->Add(key("frequencies_filtered"), VectorTensor(frequencies)));
+    return writer->Add(key("versions_filtered"), VectorTensor(versions));
   }
 
   std::vector<std::string> table_names_;
   std::vector<DataType> key_dtypes_;
   std::vector<int64_t> target_workers_;
   int64_t num_workers_;
+  SaveKind kind_ = SaveKind::kFull;
+  bool record_changes_ = false;
+};
+
+// After a save by a saver that also saves incrementally: the checkpoint at
+// `prefix` is complete on every worker and becomes the base of the next
+// incremental save.
+template <typename Device>
+class MarkEmbeddingVariablesSavedOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+
+  void Compute(OpKernelContext* context) override {
+    const std::string prefix(context->input(0).scalar<tensorflow::tstring>()());
+    for (int i = 1; i < context->num_inputs(); ++i) {
+      RefCountPtr<EmbeddingVariable<Device>> variable;
+      OP_REQUIRES_OK(context, tensorflow::LookupResource(
+                                  context, tensorflow::HandleFromInput(context, i), &variable));
+      variable->change_log().CommitSave(prefix);
+    }
+  }
 };
 
 // One table of a restore: what it is restored into, built before any
@@ -199,9 +420,45 @@ struct StagedTable {
   RefCountPtr<EmbeddingVariable<Device>> variable;
   InitializerSpec spec;
   Tensor default_values;
+  FeatureFilterSpec filter_spec;
+  TableMode mode = TableMode::kTraining;
   std::shared_ptr<typename Core<Device>::template Table<int32_t>> table32;
   std::shared_ptr<typename Core<Device>::template Table<int64_t>> table64;
+  std::shared_ptr<FeatureFilter<int32_t>> filter32;
+  std::shared_ptr<FeatureFilter<int64_t>> filter64;
+
+  template <typename Key>
+  std::shared_ptr<typename Core<Device>::template Table<Key>>& table() {
+    if constexpr (std::is_same<Key, int32_t>::value) {
+      return table32;
+    } else {
+      return table64;
+    }
+  }
+  template <typename Key>
+  std::shared_ptr<FeatureFilter<Key>>& filter() {
+    if constexpr (std::is_same<Key, int32_t>::value) {
+      return filter32;
+    } else {
+      return filter64;
+    }
+  }
 };
+
+// An incremental checkpoint names its base as it was written; a chain moved
+// elsewhere still restores when the base lies next to it.
+std::string ResolveBase(tensorflow::Env* env, const std::string& base, const std::string& prefix) {
+  if (env->FileExists(base + ".index").ok()) return base;
+  const size_t slash = prefix.rfind('/');
+  const std::string directory = slash == std::string::npos ? "" : prefix.substr(0, slash + 1);
+  const size_t base_slash = base.rfind('/');
+  const std::string beside =
+      directory + (base_slash == std::string::npos ? base : base.substr(base_slash + 1));
+  return env->FileExists(beside + ".index").ok() ? beside : base;
+}
+
+// Longest chain of incremental checkpoints a restore follows.
+constexpr int kMaxIncrementalChain = 10000;
 
 template <typename Device>
 class RestoreEmbeddingVariablesOp : public OpKernel {
@@ -215,12 +472,27 @@ class RestoreEmbeddingVariablesOp : public OpKernel {
     OP_REQUIRES_OK(context, context->GetAttr("initializer_params_b", &params_b_));
     OP_REQUIRES_OK(context, context->GetAttr("initializer_seeds", &seeds_));
     OP_REQUIRES_OK(context, context->GetAttr("target_workers", &target_workers_));
+    OP_REQUIRES_OK(context, context->GetAttr("filter_specs", &filter_specs_));
+    OP_REQUIRES_OK(context, context->GetAttr("no_permission_values", &no_permission_values_));
+    OP_REQUIRES_OK(context, context->GetAttr("serving_modes", &serving_modes_));
+    OP_REQUIRES_OK(context, context->GetAttr("record_changes", &record_changes_));
     const size_t n = table_names_.size();
     OP_REQUIRES(context,
                 n == key_dtypes_.size() && n == dims_.size() && n == kinds_.size() &&
                     n == params_a_.size() && n == params_b_.size() && n == seeds_.size() &&
                     n == target_workers_.size(),
                 errors::InvalidArgument("every per-table attribute needs one entry per table"));
+    // Attributes added after version 1 may be empty: no filter, training.
+    OP_REQUIRES(context,
+                (filter_specs_.empty() || filter_specs_.size() == 4 * n) &&
+                    (no_permission_values_.empty() || no_permission_values_.size() == n) &&
+                    (serving_modes_.empty() || serving_modes_.size() == n),
+                errors::InvalidArgument("filter_specs needs 4 entries per table, "
+                                        "no_permission_values and serving_modes one"));
+    for (int64_t mode : serving_modes_) {
+      OP_REQUIRES(context, mode >= 0 && mode <= 2,
+                  errors::InvalidArgument("serving_modes must be 0, 1 or 2, got ", mode));
+    }
   }
 
   void Compute(OpKernelContext* context) override {
@@ -238,63 +510,127 @@ class RestoreEmbeddingVariablesOp : public OpKernel {
       const tensorflow::ResourceHandle& handle = tensorflow::HandleFromInput(context, 1 + t);
       OP_REQUIRES_OK(
           context, MakeInitializerSpec(kinds_[t], params_a_[t], params_b_[t], seeds_[t], &s.spec));
+      if (!filter_specs_.empty()) {
+        OP_REQUIRES_OK(context, MakeFeatureFilterSpec(
+                                    filter_specs_[4 * t], filter_specs_[4 * t + 1],
+                                    filter_specs_[4 * t + 2], filter_specs_[4 * t + 3],
+                                    no_permission_values_.empty() ? 0.0f : no_permission_values_[t],
+                                    &s.filter_spec));
+      }
+      if (!serving_modes_.empty()) s.mode = static_cast<TableMode>(serving_modes_[t]);
+      // A table loaded for serving keeps values only and filters nothing.
+      if (s.mode != TableMode::kTraining) s.filter_spec = FeatureFilterSpec();
       OP_REQUIRES_OK(context, CopyDefaultValues<Device>(context, handle.name(), dims_[t],
                                                         context->input(1 + n + t), &s.spec,
                                                         &s.default_values));
       OP_REQUIRES_OK(context, LookupOrCreateVariable<Device>(context, handle, key_dtypes_[t],
                                                              dims_[t], &s.variable));
-      OP_REQUIRES_OK(
-          context, DispatchKeyType(key_dtypes_[t], "key_dtype", [&](auto key) {
-            using Key = decltype(key);
-            std::shared_ptr<typename Core<Device>::template Table<Key>> table;
-            TF_RETURN_IF_ERROR(ReadTable<Key>(context, &reader, prefix, t, topology, s, &table));
-            if constexpr (std::is_same<Key, int32_t>::value) {
-              s.table32 = std::move(table);
-            } else {
-              s.table64 = std::move(table);
-            }
-            return absl::OkStatus();
-          }));
+      OP_REQUIRES_OK(context, DispatchKeyType(key_dtypes_[t], "key_dtype", [&](auto key) {
+                       return ReadTable<decltype(key)>(context, &reader, prefix, t, topology, s,
+                                                       /*depth=*/0);
+                     }));
     }
     const uint64_t stamp = PathStamp(prefix);
     for (StagedTable<Device>& s : staged) {
       if (s.table32 != nullptr) {
         s.variable->template commit_restored<int32_t>(s.spec, s.default_values,
-                                                      std::move(s.table32), stamp);
+                                                      std::move(s.table32), s.filter_spec,
+                                                      std::move(s.filter32), s.mode, stamp);
       } else {
         s.variable->template commit_restored<int64_t>(s.spec, s.default_values,
-                                                      std::move(s.table64), stamp);
+                                                      std::move(s.table64), s.filter_spec,
+                                                      std::move(s.filter64), s.mode, stamp);
+      }
+      if (record_changes_ && s.mode == TableMode::kTraining) {
+        s.variable->change_log().Activate(prefix);
+      } else {
+        s.variable->change_log().Deactivate();
       }
     }
   }
 
  private:
-  // The keys of table t this worker owns, from every shard that may hold some.
+  // The keys of table t this worker owns, from every shard that may hold
+  // some, into s's staged table and filter; an incremental checkpoint
+  // restores its base first (depth: how many incremental checkpoints led
+  // here).
   template <typename Key>
   absl::Status ReadTable(OpKernelContext* context, BundleReader* reader, const std::string& prefix,
-                         int t, WorkerTopology topology, StagedTable<Device>& staged,
-                         std::shared_ptr<typename Core<Device>::template Table<Key>>* table) {
+                         int t, WorkerTopology topology, StagedTable<Device>& s, int depth) {
     const std::string& name = table_names_[t];
     const std::string where = "Embedding Variable '" + name + "' in checkpoint '" + prefix + "'";
     if (!reader->Contains(checkpoint::HeaderKey(name))) {
       return errors::NotFound("Embedding Variable '", name, "' is not in checkpoint '", prefix,
                               "' (saved under another name or variable scope?)");
     }
+    DataType header_dtype;
+    TensorShape header_shape;
+    TF_RETURN_IF_ERROR(
+        LookupShape(reader, checkpoint::HeaderKey(name), where, &header_dtype, &header_shape));
+    const int64_t header_size =
+        header_shape.dims() == 1 ? header_shape.dim_size(0) : checkpoint::kHeaderSize;
     Tensor header;
-    TF_RETURN_IF_ERROR(ReadWhole(reader, checkpoint::HeaderKey(name), tensorflow::DT_INT64,
-                                 TensorShape({checkpoint::kHeaderSize}), where, &header));
+    TF_RETURN_IF_ERROR(
+        ReadWhole(reader, checkpoint::HeaderKey(name), tensorflow::DT_INT64,
+                  TensorShape({header_size == checkpoint::kHeaderSizeV1 ? checkpoint::kHeaderSizeV1
+                                                                        : checkpoint::kHeaderSize}),
+                  where, &header));
     const auto h = header.flat<int64_t>();
-    if (h(checkpoint::kHeaderVersion) != checkpoint::kFormatVersion) {
-      return errors::InvalidArgument(where, " has format version ", h(checkpoint::kHeaderVersion),
-                                     "; this sok_ev reads version ", checkpoint::kFormatVersion);
+    const int64_t version = h(checkpoint::kHeaderVersion);
+    if (!((version == 1 && header_size == checkpoint::kHeaderSizeV1) ||
+          (version == checkpoint::kFormatVersion && header_size == checkpoint::kHeaderSize))) {
+      return errors::InvalidArgument(where, " has format version ", version,
+                                     "; this sok_ev reads versions 1 and ",
+                                     checkpoint::kFormatVersion);
     }
+    const int64_t kind = version == 1 ? checkpoint::kFull : h(checkpoint::kHeaderKind);
     const int64_t saved_workers = h(checkpoint::kHeaderWorkers);
     const int64_t saved_target = h(checkpoint::kHeaderTarget);
     if (saved_workers < 1) {
       return errors::InvalidArgument(where, " says it was saved by ", saved_workers, " workers");
     }
+    if (kind < checkpoint::kFull || kind > checkpoint::kServingZeros) {
+      return errors::InvalidArgument(where, " has an unknown kind ", kind);
+    }
+    const bool incremental = kind == checkpoint::kIncremental;
+    if (kind == checkpoint::kServingInitializer || kind == checkpoint::kServingZeros) {
+      if (depth > 0) {
+        return errors::InvalidArgument(where,
+                                       " is an export for serving; no incremental "
+                                       "checkpoint builds on one");
+      }
+      // An export for serving loads for serving unless the op says otherwise.
+      if (serving_modes_.empty()) {
+        s.mode = kind == checkpoint::kServingZeros ? TableMode::kServingZeros
+                                                   : TableMode::kServingInitializer;
+      }
+      if (s.mode != TableMode::kTraining) s.filter_spec = FeatureFilterSpec();
+    }
     Core<Device> core(context);
-    TF_RETURN_IF_ERROR(staged.variable->template new_table<Key>(context, core, staged.spec, table));
+    auto& table = s.template table<Key>();
+    auto& filter = s.template filter<Key>();
+    if (incremental) {
+      if (depth >= kMaxIncrementalChain) {
+        return errors::InvalidArgument(where, " ends a chain of more than ", kMaxIncrementalChain,
+                                       " incremental checkpoints; the chain loops");
+      }
+      Tensor base_tensor;
+      TF_RETURN_IF_ERROR(ReadWhole(reader, checkpoint::BaseKey(name), tensorflow::DT_STRING,
+                                   TensorShape({}), where, &base_tensor));
+      const std::string base =
+          ResolveBase(context->env(), base_tensor.scalar<tensorflow::tstring>()(), prefix);
+      BundleReader base_reader(context->env(), base);
+      if (!base_reader.status().ok()) {
+        return errors::NotFound(where, " is incremental to checkpoint '", base,
+                                "', which cannot be read: ", base_reader.status().message());
+      }
+      TF_RETURN_IF_ERROR(ReadTable<Key>(context, &base_reader, base, t, topology, s, depth + 1));
+    } else {
+      TF_RETURN_IF_ERROR(s.variable->template new_table<Key>(context, core, s.spec, &table));
+      TF_RETURN_IF_ERROR(
+          EmbeddingVariable<Device>::template NewFilter<Key>(s.filter_spec, &filter));
+    }
+    const bool values_only = s.mode != TableMode::kTraining;
     const int64_t target = target_workers_[t];
     // Sharded the same way on as many workers: shard w holds exactly the
     // keys worker w owns, so the other shards need not be read.
@@ -306,23 +642,40 @@ class RestoreEmbeddingVariablesOp : public OpKernel {
     std::vector<ShardLayout> layouts(saved_workers);
     for (int64_t shard = 0; shard < saved_workers; ++shard) {
       TF_RETURN_IF_ERROR(CheckShard(reader, where, t, shard, saved_workers, &layouts[shard]));
+      if (values_only) continue;
       const Tensor& names = layouts[shard].slot_names;
       const Tensor& values = layouts[shard].slot_values;
-      for (int64_t s = 0; s < names.NumElements(); ++s) {
+      for (int64_t i = 0; i < names.NumElements(); ++i) {
         int index;
-        TF_RETURN_IF_ERROR(core.AddSlot(**table, names.flat<tensorflow::tstring>()(s),
-                                        values.flat<float>()(s), &index));
+        TF_RETURN_IF_ERROR(core.AddSlot(*table, names.flat<tensorflow::tstring>()(i),
+                                        values.flat<float>()(i), &index));
       }
+    }
+    // An incremental checkpoint saves the Bloom filter whole.
+    if (incremental && filter != nullptr && filter->spec().bloom()) {
+      TF_RETURN_IF_ERROR(
+          EmbeddingVariable<Device>::template NewFilter<Key>(s.filter_spec, &filter));
     }
     int64_t kept = 0;
     for (int64_t shard = 0; shard < saved_workers; ++shard) {
       if (same_sharding && shard != topology.worker) continue;
       if (target >= 0 && target != topology.worker) continue;
-      TF_RETURN_IF_ERROR(LoadShard<Key>(reader, core, layouts[shard], t, topology, same_sharding,
-                                        table->get(), &kept));
+      const ShardLayout& layout = layouts[shard];
+      auto owned = [&](Key k) {
+        return target >= 0 || owner_of(k, topology.num_workers) == topology.worker;
+      };
+      if (incremental) {
+        TF_RETURN_IF_ERROR(
+            ForgetChangedKeys<Key>(reader, core, layout, owned, table.get(), filter.get()));
+      }
+      TF_RETURN_IF_ERROR(LoadShard<Key>(reader, core, layout, t, topology, same_sharding,
+                                        values_only, table.get(), &kept));
+      if (filter != nullptr)
+        TF_RETURN_IF_ERROR(LoadFilter<Key>(reader, layout, owned, filter.get()));
     }
+    if (incremental) return absl::OkStatus();
     int64_t size = 0;
-    TF_RETURN_IF_ERROR(core.Size(**table, &size));
+    TF_RETURN_IF_ERROR(core.Size(*table, &size));
     if (size != kept) {
       return errors::InvalidArgument(where, " holds ", kept - size,
                                      " key(s) more than once; the checkpoint is corrupt");
@@ -395,10 +748,110 @@ class RestoreEmbeddingVariablesOp : public OpKernel {
     return absl::OkStatus();
   }
 
-  // Inserts the shard's keys this worker owns into `table`.
+  // The keys of an optional vector tensor of the shard (empty when absent).
+  template <typename T>
+  static absl::Status ReadOptionalVector(BundleReader* reader, const ShardLayout& layout,
+                                         const std::string& field, std::vector<T>* out) {
+    out->clear();
+    if (!reader->Contains(layout.key(field))) return absl::OkStatus();
+    DataType dtype;
+    TensorShape shape;
+    TF_RETURN_IF_ERROR(LookupShape(reader, layout.key(field), layout.where, &dtype, &shape));
+    if (shape.dims() != 1) {
+      return errors::InvalidArgument(layout.where, ": ", field, " must be a vector, got ",
+                                     shape.DebugString());
+    }
+    Tensor tensor;
+    TF_RETURN_IF_ERROR(ReadWhole(reader, layout.key(field), tensorflow::DataTypeToEnum<T>::value,
+                                 shape, layout.where, &tensor));
+    out->assign(tensor.flat<T>().data(), tensor.flat<T>().data() + shape.dim_size(0));
+    return absl::OkStatus();
+  }
+
+  // Before an incremental shard's rows: every key it names leaves the
+  // table and the filter, so each ends where the shard puts it (a row, a
+  // filter count, or nowhere).
+  template <typename Key, typename Owned>
+  absl::Status ForgetChangedKeys(BundleReader* reader, Core<Device>& core,
+                                 const ShardLayout& layout, const Owned& owned,
+                                 typename Core<Device>::template Table<Key>* table,
+                                 FeatureFilter<Key>* filter) {
+    std::vector<Key> changed;
+    for (const char* field : {"keys", "keys_filtered", "deleted_keys"}) {
+      std::vector<Key> keys;
+      TF_RETURN_IF_ERROR(ReadOptionalVector(reader, layout, field, &keys));
+      for (Key k : keys) {
+        if (owned(k)) changed.push_back(k);
+      }
+    }
+    int64_t erased = 0;
+    TF_RETURN_IF_ERROR(
+        core.Erase(*table, changed.data(), static_cast<int64_t>(changed.size()), &erased));
+    if (filter != nullptr) {
+      for (Key k : changed) filter->forget(k);
+    }
+    return absl::OkStatus();
+  }
+
+  // What the shard's filter counted, for the keys this worker owns: exact
+  // counts go to an exact filter (or are added to a Bloom filter's);
+  // Bloom counters are added to a Bloom filter's (the shards of several
+  // workers sum to the counts of every key). A filter of another kind than
+  // the saved one starts from what can be carried over.
+  template <typename Key, typename Owned>
+  absl::Status LoadFilter(BundleReader* reader, const ShardLayout& layout, const Owned& owned,
+                          FeatureFilter<Key>* filter) {
+    std::vector<Key> keys;
+    std::vector<int64_t> frequencies, versions;
+    TF_RETURN_IF_ERROR(ReadOptionalVector(reader, layout, "keys_filtered", &keys));
+    TF_RETURN_IF_ERROR(ReadOptionalVector(reader, layout, "frequencies_filtered", &frequencies));
+    TF_RETURN_IF_ERROR(ReadOptionalVector(reader, layout, "versions_filtered", &versions));
+    if (frequencies.size() != keys.size() || versions.size() != keys.size()) {
+      return errors::InvalidArgument(layout.where,
+                                     ": keys_filtered, frequencies_filtered and "
+                                     "versions_filtered must have one length, got ",
+                                     keys.size(), ", ", frequencies.size(), " and ",
+                                     versions.size());
+    }
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (!owned(keys[i])) continue;
+      if (filter->spec().bloom()) {
+        filter->add(keys[i], frequencies[i]);
+      } else {
+        filter->set_entry(keys[i], frequencies[i], versions[i]);
+      }
+    }
+    if (!filter->spec().bloom() || !reader->Contains(layout.key("bloom_counters"))) {
+      return absl::OkStatus();
+    }
+    DataType dtype;
+    TensorShape shape;
+    TF_RETURN_IF_ERROR(
+        LookupShape(reader, layout.key("bloom_counters"), layout.where, &dtype, &shape));
+    int64_t bytes = 0;
+    for (int64_t b : {1, 2, 4, 8}) {
+      if (dtype == CounterDtype(b)) bytes = b;
+    }
+    if (bytes == 0 || shape.dims() != 1) {
+      return errors::InvalidArgument(layout.where,
+                                     ": bloom_counters must be a vector of "
+                                     "unsigned integers, got ",
+                                     tensorflow::DataTypeString(dtype), " ", shape.DebugString());
+    }
+    Tensor counters, hashes;
+    TF_RETURN_IF_ERROR(
+        ReadWhole(reader, layout.key("bloom_counters"), dtype, shape, layout.where, &counters));
+    TF_RETURN_IF_ERROR(ReadWhole(reader, layout.key("bloom_hashes"), tensorflow::DT_INT64,
+                                 TensorShape({}), layout.where, &hashes));
+    return ToTfStatus(filter->merge_counters(counters.data(), shape.dim_size(0), bytes,
+                                             hashes.scalar<int64_t>()()));
+  }
+
+  // Inserts the shard's keys this worker owns into `table` (values_only:
+  // without their slots, as a table loaded for serving keeps them).
   template <typename Key>
   absl::Status LoadShard(BundleReader* reader, Core<Device>& core, const ShardLayout& layout, int t,
-                         WorkerTopology topology, bool same_sharding,
+                         WorkerTopology topology, bool same_sharding, bool values_only,
                          typename Core<Device>::template Table<Key>* table, int64_t* kept) {
     const int64_t dim = dims_[t];
     const int64_t target = target_workers_[t];
@@ -406,7 +859,7 @@ class RestoreEmbeddingVariablesOp : public OpKernel {
     const std::string& shard_where = layout.where;
     const auto& key = layout.key;
     const int64_t n = layout.rows;
-    const int64_t num_slots = layout.slot_names.NumElements();
+    const int64_t num_slots = values_only ? 0 : layout.slot_names.NumElements();
     const int64_t columns = 1 + num_slots;
     const Tensor& slot_names = layout.slot_names;
     const Tensor& slot_values = layout.slot_values;
@@ -543,12 +996,18 @@ class RestoreEmbeddingVariablesOp : public OpKernel {
   std::vector<float> params_b_;
   std::vector<int64_t> seeds_;
   std::vector<int64_t> target_workers_;
+  std::vector<int64_t> filter_specs_;
+  std::vector<float> no_permission_values_;
+  std::vector<int64_t> serving_modes_;
+  bool record_changes_ = false;
 };
 
 REGISTER_KERNEL_BUILDER(Name("SokEv>SaveEmbeddingVariables").Device(tensorflow::DEVICE_CPU),
                         SaveEmbeddingVariablesOp<CPUDevice>);
 REGISTER_KERNEL_BUILDER(Name("SokEv>RestoreEmbeddingVariables").Device(tensorflow::DEVICE_CPU),
                         RestoreEmbeddingVariablesOp<CPUDevice>);
+REGISTER_KERNEL_BUILDER(Name("SokEv>MarkEmbeddingVariablesSaved").Device(tensorflow::DEVICE_CPU),
+                        MarkEmbeddingVariablesSavedOp<CPUDevice>);
 
 #if GOOGLE_CUDA
 // The bundle is read and written on host; the tables' data crosses in
@@ -565,6 +1024,11 @@ REGISTER_KERNEL_BUILDER(Name("SokEv>RestoreEmbeddingVariables")
                             .HostMemory("prefix")
                             .HostMemory("resources"),
                         RestoreEmbeddingVariablesOp<GPUDevice>);
+REGISTER_KERNEL_BUILDER(Name("SokEv>MarkEmbeddingVariablesSaved")
+                            .Device(DEVICE_GPU)
+                            .HostMemory("prefix")
+                            .HostMemory("resources"),
+                        MarkEmbeddingVariablesSavedOp<GPUDevice>);
 #endif  // GOOGLE_CUDA
 
 }  // namespace

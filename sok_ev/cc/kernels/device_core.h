@@ -12,11 +12,11 @@
 //   Core(OpKernelContext*)
 //   NewTableAllocator()   table-lifetime memory, null when the table needs none
 //   NewTable, Size, AddSlot, FindOrInsert, FindOrInsertCombine, Find,
-//   InsertOrAssign, InsertOrAssignFromHost, EvictStale, ExportAll,
-//   ExportBatches, ApplyOptimizer          on one table
+//   FindPresent, InsertOrAssign, InsertOrAssignFromHost, Erase, EvictStale,
+//   ExportAll, ExportBatches, ApplyOptimizer          on one table
 //   UniqueKeys (all tables of a lookup at once), CheckDistinct,
 //   PartitionByOwner, CombineForward, CombineBackward         free stages
-//   Copy, SetZero, CopyToHost             device memory
+//   Copy, SetZero, CopyToHost, CopyFromHost          device memory
 // Pointers passed to them are device memory (host memory on CPU) unless a
 // comment says host. ForEachTable (below) runs a multi-table op's per-table
 // stages.

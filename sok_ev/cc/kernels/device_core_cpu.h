@@ -123,6 +123,24 @@ class Core<CPUDevice> {
     return absl::OkStatus();
   }
 
+  // Values of present keys; an absent key reads its initial value
+  // (initial_for_missing) or zeros, and found[i] = false.
+  //   keys: (n,)  values: (n, dim) out  found: (n,) host out, or null
+  template <typename Key>
+  absl::Status FindPresent(const Table<Key>& table, const Key* keys, int64_t n, float* values,
+                           bool* found, bool initial_for_missing) {
+    table.find(context_, keys, n, values, found, initial_for_missing);
+    return absl::OkStatus();
+  }
+
+  // Removes keys; *erased (host) gets how many were present.
+  //   keys: (n,) host
+  template <typename Key>
+  absl::Status Erase(Table<Key>& table, const Key* keys, int64_t n, int64_t* erased) {
+    *erased = n > 0 ? table.erase(context_, keys, n) : 0;
+    return absl::OkStatus();
+  }
+
   //   keys: (n,) distinct  rows: (n, row_width)  frequencies, versions: (n,)
   template <typename Key>
   absl::Status InsertOrAssign(Table<Key>& table, const Key* keys, int64_t n, const float* rows,
@@ -346,6 +364,12 @@ class Core<CPUDevice> {
   //   src: (count,)  dst: (count,) host
   template <typename T>
   absl::Status CopyToHost(const T* src, int64_t count, T* dst) {
+    return Copy(dst, src, count);
+  }
+
+  //   src: (count,) host  dst: (count,)
+  template <typename T>
+  absl::Status CopyFromHost(const T* src, int64_t count, T* dst) {
     return Copy(dst, src, count);
   }
 

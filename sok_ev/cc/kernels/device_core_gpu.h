@@ -118,6 +118,39 @@ class Core<GPUDevice> {
         table.find(context_, keys, n, values, /*found=*/nullptr, /*initial_for_missing=*/true));
   }
 
+  // Values of present keys; an absent key reads its initial value
+  // (initial_for_missing) or zeros, and found[i] = false. Syncs the stream
+  // when `found` is wanted.
+  //   keys: (n,)  values: (n, dim) out  found: (n,) host out, or null
+  template <typename Key>
+  absl::Status FindPresent(const Table<Key>& table, const Key* keys, int64_t n, float* values,
+                           bool* found, bool initial_for_missing) {
+    if (n == 0) return absl::OkStatus();
+    tensorflow::Tensor found_tensor;
+    bool* found_on_device = nullptr;
+    if (found != nullptr) {
+      TF_RETURN_IF_ERROR(Temp<bool>(n, &found_tensor));
+      found_on_device = VectorData<bool>(found_tensor);
+    }
+    TF_RETURN_IF_ERROR(
+        ToTfStatus(table.find(context_, keys, n, values, found_on_device, initial_for_missing)));
+    if (found == nullptr) return Pending();
+    return CopyToHost(found_on_device, n, found);
+  }
+
+  // Removes keys; *erased (host) gets how many were present. Syncs the
+  // stream.
+  //   keys: (n,) host
+  template <typename Key>
+  absl::Status Erase(Table<Key>& table, const Key* keys, int64_t n, int64_t* erased) {
+    *erased = 0;
+    if (n == 0) return absl::OkStatus();
+    tensorflow::Tensor device_keys;
+    TF_RETURN_IF_ERROR(Temp<Key>(n, &device_keys));
+    TF_RETURN_IF_ERROR(CopyFromHost(keys, n, VectorData<Key>(device_keys)));
+    return ToTfStatus(table.erase(context_, VectorData<Key>(device_keys), n, erased));
+  }
+
   //   keys: (n,) distinct  rows: (n, row_width)  frequencies, versions: (n,)
   template <typename Key>
   absl::Status InsertOrAssign(Table<Key>& table, const Key* keys, int64_t n, const float* rows,
@@ -436,6 +469,16 @@ class Core<GPUDevice> {
     return Cuda(cudaMemsetAsync(dst, 0, count * sizeof(T), stream()), "zero fill");
   }
 
+  // Queued on the stream: the host buffer must stay valid until the stream
+  // reaches the copy (a later CopyToHost or sync).
+  //   src: (count,) host  dst: (count,) device
+  template <typename T>
+  absl::Status CopyFromHost(const T* src, int64_t count, T* dst) {
+    if (count == 0) return absl::OkStatus();
+    return Cuda(cudaMemcpyAsync(dst, src, count * sizeof(T), cudaMemcpyHostToDevice, stream()),
+                "host-to-device copy");
+  }
+
   // Syncs the stream, which also surfaces faults of work queued before.
   //   src: (count,) device  dst: (count,) host
   template <typename T>
@@ -457,14 +500,6 @@ class Core<GPUDevice> {
 
   static absl::Status Cuda(cudaError_t error, const char* what) {
     return ToTfStatus(gpu::cuda_status(error, what));
-  }
-
-  //   src: (count,) host  dst: (count,) device
-  template <typename T>
-  absl::Status CopyFromHost(const T* src, int64_t count, T* dst) {
-    if (count == 0) return absl::OkStatus();
-    return Cuda(cudaMemcpyAsync(dst, src, count * sizeof(T), cudaMemcpyHostToDevice, stream()),
-                "host-to-device copy");
   }
 
   // The gpu:: free functions record errors per host thread instead of

@@ -1,8 +1,11 @@
 // The TensorFlow resource behind an Embedding Variable: a thin owner of one
 // core hash table of the variable's key dtype on one device
-// (cc/hash_table_cpu.h or cc/hash_table_gpu.h, through Core<Device>). A
-// variable lives in the resource manager of the device its handle op ran on;
-// the CPU and GPU kinds are distinct resource types.
+// (cc/hash_table_cpu.h or cc/hash_table_gpu.h, through Core<Device>), with
+// what decides how lookups treat it: its feature filter (cc/feature_filter.h,
+// host memory), whether it was loaded for serving, and the log of changed
+// keys for incremental checkpoints (change_log.h). A variable lives in the
+// resource manager of the device its handle op ran on; the CPU and GPU kinds
+// are distinct resource types.
 #ifndef SOK_EV_CC_KERNELS_EMBEDDING_VARIABLE_H_
 #define SOK_EV_CC_KERNELS_EMBEDDING_VARIABLE_H_
 
@@ -13,8 +16,11 @@
 #include <type_traits>
 
 #include "cc/common.h"
+#include "cc/feature_filter.h"
 #include "cc/initializer.h"
+#include "sok_ev/cc/kernels/change_log.h"
 #include "sok_ev/cc/kernels/device_core.h"
+#include "sok_ev/cc/kernels/tf_status.h"
 #include "tensorflow/core/framework/resource_base.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/types.h"
@@ -25,6 +31,15 @@ namespace sok_ev {
 // rows are no embedding anyone trains, and their size would only surface as
 // an allocation failure at the first lookup.
 constexpr int64_t kMaxEmbeddingDim = int64_t{1} << 16;
+
+// How lookups treat a variable. A variable restored from a SavedModel export
+// serves: lookups insert nothing and count nothing, and a key the table
+// lacks reads its initial value or zeros.
+enum class TableMode : int32_t {
+  kTraining = 0,
+  kServingInitializer = 1,
+  kServingZeros = 2,
+};
 
 template <typename Device>
 class EmbeddingVariable : public tensorflow::ResourceBase {
@@ -40,16 +55,33 @@ class EmbeddingVariable : public tensorflow::ResourceBase {
   int64_t embedding_dim() const { return embedding_dim_; }
 
   // Replaces the table with an empty one (TF semantics of re-running a
-  // variable's initializer). Running ops keep the table they started with.
-  // default_values: (default_value_dim, dim) on the device, a copy this
-  // variable keeps for the tables it makes later (checkpoint restore).
+  // variable's initializer), and its filter with one that has counted
+  // nothing; the variable trains and records no changes. Running ops keep
+  // the table they started with. default_values: (default_value_dim, dim) on
+  // the device, a copy this variable keeps for the tables it makes later
+  // (checkpoint restore).
   absl::Status initialize(tensorflow::OpKernelContext* context, const InitializerSpec& initializer,
-                          tensorflow::Tensor default_values) {
+                          tensorflow::Tensor default_values, const FeatureFilterSpec& filter) {
     Core<Device> core(context);
+    change_log_.Deactivate();
     if (key_dtype_ == tensorflow::DT_INT32) {
-      return initialize_with<int32_t>(context, core, initializer, std::move(default_values));
+      return initialize_with<int32_t>(context, core, initializer, std::move(default_values),
+                                      filter);
     }
-    return initialize_with<int64_t>(context, core, initializer, std::move(default_values));
+    return initialize_with<int64_t>(context, core, initializer, std::move(default_values), filter);
+  }
+
+  // A filter that has counted nothing, or null when `spec` filters nothing.
+  template <typename Key>
+  static absl::Status NewFilter(const FeatureFilterSpec& spec,
+                                std::shared_ptr<FeatureFilter<Key>>* filter) {
+    filter->reset();
+    if (!spec.enabled()) return absl::OkStatus();
+    TF_RETURN_IF_ERROR(ToTfStatus(CheckFeatureFilterSpec(spec)));
+    FeatureFilter<Key>* created = nullptr;
+    TF_RETURN_IF_ERROR(ToTfStatus(FeatureFilter<Key>::Create(spec, &created)));
+    filter->reset(created);
+    return absl::OkStatus();
   }
 
   // An empty table made with `initializer` (whose default-value matrix, if
@@ -62,15 +94,20 @@ class EmbeddingVariable : public tensorflow::ResourceBase {
     return make_table_locked(context, core, initializer, table);
   }
 
-  // Makes a restored table the variable's, with the initializer it was made
-  // with; stamp identifies the checkpoint (see restore_stamp). Cannot fail,
-  // so a restore of many variables commits all of them or none.
+  // Makes a restored table and filter the variable's, with the initializer
+  // and filter spec they were made with, in `mode`; stamp identifies the
+  // checkpoint (see restore_stamp). Cannot fail, so a restore of many
+  // variables commits all of them or none.
   template <typename Key>
   void commit_restored(const InitializerSpec& initializer, tensorflow::Tensor default_values,
-                       std::shared_ptr<Table<Key>> table, uint64_t stamp) {
+                       std::shared_ptr<Table<Key>> table, const FeatureFilterSpec& filter_spec,
+                       std::shared_ptr<FeatureFilter<Key>> filter, TableMode mode, uint64_t stamp) {
     std::lock_guard<std::mutex> lock(mutex_);
     set_initializer_locked(initializer, std::move(default_values));
     slot<Key>() = std::move(table);
+    filter_slot<Key>() = std::move(filter);
+    filter_spec_ = filter_spec;
+    mode_ = mode;
     restore_stamp_ = stamp;
   }
 
@@ -83,11 +120,14 @@ class EmbeddingVariable : public tensorflow::ResourceBase {
     return make_table_locked(context, core, initializer_, table);
   }
 
+  // The filter keeps what it counted; no checkpoint holds the new table, so
+  // changes are no longer recorded.
   template <typename Key>
   void replace_table(std::shared_ptr<Table<Key>> table) {
     std::lock_guard<std::mutex> lock(mutex_);
     slot<Key>() = std::move(table);
     restore_stamp_ = 0;
+    change_log_.Deactivate();
   }
 
   // Which checkpoint the table was last restored from (a hash of its path),
@@ -110,6 +150,31 @@ class EmbeddingVariable : public tensorflow::ResourceBase {
     return const_cast<EmbeddingVariable*>(this)->slot<Key>();
   }
 
+  // The feature filter for keys of type Key; null without one.
+  template <typename Key>
+  std::shared_ptr<FeatureFilter<Key>> filter() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return const_cast<EmbeddingVariable*>(this)->filter_slot<Key>();
+  }
+
+  FeatureFilterSpec filter_spec() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return filter_spec_;
+  }
+
+  TableMode mode() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return mode_;
+  }
+
+  // A plain trainable table: lookups find or insert every key.
+  bool is_plain() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return mode_ == TableMode::kTraining && !filter_spec_.enabled();
+  }
+
+  ChangeLog& change_log() { return change_log_; }
+
   // Held around every use of a table whose methods must not overlap (the
   // GPU table); an unlocked lock for the CPU table, which locks itself.
   std::unique_lock<std::mutex> lock_table() const {
@@ -126,10 +191,16 @@ class EmbeddingVariable : public tensorflow::ResourceBase {
   template <typename Key>
   absl::Status initialize_with(tensorflow::OpKernelContext* context, Core<Device>& core,
                                const InitializerSpec& initializer,
-                               tensorflow::Tensor default_values) {
+                               tensorflow::Tensor default_values,
+                               const FeatureFilterSpec& filter_spec) {
+    std::shared_ptr<FeatureFilter<Key>> filter;
+    TF_RETURN_IF_ERROR(NewFilter<Key>(filter_spec, &filter));
     std::lock_guard<std::mutex> lock(mutex_);
     set_initializer_locked(initializer, std::move(default_values));
     restore_stamp_ = 0;
+    filter_spec_ = filter_spec;
+    filter_slot<Key>() = std::move(filter);
+    mode_ = TableMode::kTraining;
     return make_table_locked(context, core, initializer_, &slot<Key>());
   }
 
@@ -167,6 +238,15 @@ class EmbeddingVariable : public tensorflow::ResourceBase {
     }
   }
 
+  template <typename Key>
+  std::shared_ptr<FeatureFilter<Key>>& filter_slot() {
+    if constexpr (std::is_same<Key, int32_t>::value) {
+      return filter32_;
+    } else {
+      return filter64_;
+    }
+  }
+
   const std::string name_;
   const tensorflow::DataType key_dtype_;
   const int64_t embedding_dim_;
@@ -178,7 +258,12 @@ class EmbeddingVariable : public tensorflow::ResourceBase {
   tensorflow::Tensor default_values_;  // backs initializer_.default_values
   std::shared_ptr<Table<int32_t>> table32_;
   std::shared_ptr<Table<int64_t>> table64_;
+  FeatureFilterSpec filter_spec_;
+  std::shared_ptr<FeatureFilter<int32_t>> filter32_;
+  std::shared_ptr<FeatureFilter<int64_t>> filter64_;
+  TableMode mode_ = TableMode::kTraining;
   uint64_t restore_stamp_ = 0;
+  ChangeLog change_log_;
 };
 
 }  // namespace sok_ev

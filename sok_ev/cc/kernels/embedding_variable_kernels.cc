@@ -6,10 +6,15 @@
 #define EIGEN_USE_GPU
 #endif
 
+#include <mutex>
+#include <vector>
+
 #include "sok_ev/cc/kernels/device_core.h"
 #include "sok_ev/cc/kernels/embedding_variable.h"
 #include "sok_ev/cc/kernels/embedding_variable_setup.h"
+#include "sok_ev/cc/kernels/eviction.h"
 #include "sok_ev/cc/kernels/kernel_utils.h"
+#include "sok_ev/cc/kernels/variable_lookup.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -40,6 +45,15 @@ class InitializeEmbeddingVariableOp : public EmbeddingVariableOpKernel<Device> {
     OP_REQUIRES_OK(context, context->GetAttr("param_b", &param_b));
     OP_REQUIRES_OK(context, context->GetAttr("seed", &seed));
     OP_REQUIRES_OK(context, MakeInitializerSpec(kind, param_a, param_b, seed, &spec_));
+    int64_t filter_freq, num_counters, num_hashes, counter_bytes;
+    float no_permission_value;
+    OP_REQUIRES_OK(context, context->GetAttr("filter_freq", &filter_freq));
+    OP_REQUIRES_OK(context, context->GetAttr("filter_counters", &num_counters));
+    OP_REQUIRES_OK(context, context->GetAttr("filter_hashes", &num_hashes));
+    OP_REQUIRES_OK(context, context->GetAttr("filter_counter_bytes", &counter_bytes));
+    OP_REQUIRES_OK(context, context->GetAttr("no_permission_value", &no_permission_value));
+    OP_REQUIRES_OK(context, MakeFeatureFilterSpec(filter_freq, num_counters, num_hashes,
+                                                  counter_bytes, no_permission_value, &filter_));
   }
 
   void Compute(OpKernelContext* context) override {
@@ -51,12 +65,13 @@ class InitializeEmbeddingVariableOp : public EmbeddingVariableOpKernel<Device> {
     RefCountPtr<EmbeddingVariable<Device>> variable;
     OP_REQUIRES_OK(context, LookupOrCreateVariable<Device>(context, handle, this->key_dtype_,
                                                            embedding_dim_, &variable));
-    OP_REQUIRES_OK(context, variable->initialize(context, spec, std::move(matrix)));
+    OP_REQUIRES_OK(context, variable->initialize(context, spec, std::move(matrix), filter_));
   }
 
  private:
   int64_t embedding_dim_;
   InitializerSpec spec_;
+  FeatureFilterSpec filter_;
 };
 
 // An op reading one scalar of the variable behind input 0, which may not
@@ -257,8 +272,13 @@ class EmbeddingVariableFindOp : public EmbeddingVariableOpKernel<Device> {
                      using Key = decltype(key);
                      auto table = variable->template table<Key>();
                      auto lock = variable->lock_table();
-                     return core.Find(*table, keys.flat<Key>().data(), keys.dim_size(0),
-                                      values->flat<float>().data());
+                     const Key* data = keys.flat<Key>().data();
+                     float* out = values->flat<float>().data();
+                     if (variable->is_plain()) {
+                       return core.Find(*table, data, keys.dim_size(0), out);
+                     }
+                     return FindRows<Device, Key>(core, *variable, *table, data, keys.dim_size(0),
+                                                  out);
                    }));
   }
 };
@@ -271,17 +291,35 @@ class EmbeddingVariableEvictOp : public EmbeddingVariableOpKernel<Device> {
     OP_REQUIRES_OK(context, context->GetAttr("steps_to_live", &steps_to_live_));
   }
 
+  // Keys not updated in the last steps_to_live steps leave the table, and
+  // the filter's counts of keys not admitted yet whose last dropped update
+  // is as old; both are recorded for an incremental checkpoint.
   void Compute(OpKernelContext* context) override {
     RefCountPtr<EmbeddingVariable<Device>> variable;
     OP_REQUIRES_OK(context, this->LookupVariable(context, &variable));
     const int64_t global_step = context->input(1).scalar<int64_t>()();  // host
     Core<Device> core(context);
     int64_t evicted = 0;
-    OP_REQUIRES_OK(context, DispatchKeyType(this->key_dtype_, "key_dtype", [&](auto key) {
-                     auto table = variable->template table<decltype(key)>();
-                     auto lock = variable->lock_table();
-                     return core.EvictStale(*table, global_step, steps_to_live_, &evicted);
-                   }));
+    OP_REQUIRES_OK(
+        context, DispatchKeyType(this->key_dtype_, "key_dtype", [&](auto key) {
+          using Key = decltype(key);
+          auto table = variable->template table<Key>();
+          auto lock = variable->lock_table();
+          std::vector<Key> keys;
+          if (variable->change_log().active()) {
+            TF_RETURN_IF_ERROR(EvictWhere<Device, Key>(
+                core, *table, StaleVersion(global_step, steps_to_live_), &keys));
+            evicted = static_cast<int64_t>(keys.size());
+          } else {
+            TF_RETURN_IF_ERROR(core.EvictStale(*table, global_step, steps_to_live_, &evicted));
+          }
+          if (auto filter = variable->template filter<Key>()) {
+            std::lock_guard<std::mutex> filter_lock(filter->mutex());
+            filter->evict_stale(global_step, steps_to_live_, &keys);
+          }
+          variable->change_log().Record(keys.data(), static_cast<int64_t>(keys.size()));
+          return absl::OkStatus();
+        }));
     Tensor* output;
     OP_REQUIRES_OK(context, context->allocate_output(0, TensorShape({}), &output));
     output->scalar<int64_t>()() = evicted;
@@ -289,6 +327,42 @@ class EmbeddingVariableEvictOp : public EmbeddingVariableOpKernel<Device> {
 
  private:
   int64_t steps_to_live_;
+};
+
+// DeepRec's L2WeightEvict: keys whose value has half a squared L2 norm below
+// the threshold leave the table (recorded for an incremental checkpoint).
+template <typename Device>
+class EmbeddingVariableEvictByL2WeightOp : public EmbeddingVariableOpKernel<Device> {
+ public:
+  explicit EmbeddingVariableEvictByL2WeightOp(OpKernelConstruction* context)
+      : EmbeddingVariableOpKernel<Device>(context) {
+    OP_REQUIRES_OK(context, context->GetAttr("l2_weight_threshold", &threshold_));
+  }
+
+  void Compute(OpKernelContext* context) override {
+    RefCountPtr<EmbeddingVariable<Device>> variable;
+    OP_REQUIRES_OK(context, this->LookupVariable(context, &variable));
+    Core<Device> core(context);
+    int64_t evicted = 0;
+    OP_REQUIRES_OK(
+        context, DispatchKeyType(this->key_dtype_, "key_dtype", [&](auto key) {
+          using Key = decltype(key);
+          auto table = variable->template table<Key>();
+          auto lock = variable->lock_table();
+          std::vector<Key> keys;
+          TF_RETURN_IF_ERROR(EvictWhere<Device, Key>(
+              core, *table, L2WeightBelow(threshold_, variable->embedding_dim()), &keys));
+          evicted = static_cast<int64_t>(keys.size());
+          variable->change_log().Record(keys.data(), evicted);
+          return absl::OkStatus();
+        }));
+    Tensor* output;
+    OP_REQUIRES_OK(context, context->allocate_output(0, TensorShape({}), &output));
+    output->scalar<int64_t>()() = evicted;
+  }
+
+ private:
+  float threshold_;
 };
 
 #define SOK_EV_REGISTER_CPU(name, kernel) \
@@ -303,6 +377,7 @@ SOK_EV_REGISTER_CPU("EmbeddingVariableExport", EmbeddingVariableExportOp);
 SOK_EV_REGISTER_CPU("EmbeddingVariableImport", EmbeddingVariableImportOp);
 SOK_EV_REGISTER_CPU("EmbeddingVariableFind", EmbeddingVariableFindOp);
 SOK_EV_REGISTER_CPU("EmbeddingVariableEvict", EmbeddingVariableEvictOp);
+SOK_EV_REGISTER_CPU("EmbeddingVariableEvictByL2Weight", EmbeddingVariableEvictByL2WeightOp);
 #undef SOK_EV_REGISTER_CPU
 
 #if GOOGLE_CUDA
@@ -351,6 +426,11 @@ REGISTER_KERNEL_BUILDER(Name("SokEv>EmbeddingVariableEvict")
                             .HostMemory("global_step")
                             .HostMemory("evicted"),
                         EmbeddingVariableEvictOp<GPUDevice>);
+REGISTER_KERNEL_BUILDER(Name("SokEv>EmbeddingVariableEvictByL2Weight")
+                            .Device(DEVICE_GPU)
+                            .HostMemory("resource")
+                            .HostMemory("evicted"),
+                        EmbeddingVariableEvictByL2WeightOp<GPUDevice>);
 #endif  // GOOGLE_CUDA
 
 }  // namespace sok_ev

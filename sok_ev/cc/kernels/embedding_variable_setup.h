@@ -1,15 +1,18 @@
 // What creating an Embedding Variable takes, shared by the kernels that may
 // create one: its initializer (SokEv>InitializeEmbeddingVariable) and a
-// checkpoint restore into a session that never ran the initializer.
+// checkpoint restore into a session that never ran the initializer: the
+// initializer, the feature filter, the variable itself.
 #ifndef SOK_EV_CC_KERNELS_EMBEDDING_VARIABLE_SETUP_H_
 #define SOK_EV_CC_KERNELS_EMBEDDING_VARIABLE_SETUP_H_
 
 #include <cstdint>
 #include <string>
 
+#include "cc/feature_filter.h"
 #include "cc/initializer.h"
 #include "sok_ev/cc/kernels/device_core.h"
 #include "sok_ev/cc/kernels/embedding_variable.h"
+#include "sok_ev/cc/kernels/tf_status.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -28,6 +31,19 @@ inline absl::Status MakeInitializerSpec(int64_t kind, float param_a, float param
   spec->param_b = param_b;
   spec->seed = static_cast<uint64_t>(seed);
   return absl::OkStatus();
+}
+
+// The feature filter of cc/feature_filter.h from op attributes; filter_freq
+// 0 filters nothing.
+inline absl::Status MakeFeatureFilterSpec(int64_t filter_freq, int64_t num_counters,
+                                          int64_t num_hashes, int64_t counter_bytes,
+                                          float no_permission_value, FeatureFilterSpec* spec) {
+  spec->filter_freq = filter_freq;
+  spec->num_counters = num_counters;
+  spec->num_hashes = num_hashes;
+  spec->counter_bytes = counter_bytes;
+  spec->no_permission_value = no_permission_value;
+  return ToTfStatus(CheckFeatureFilterSpec(*spec));
 }
 
 // Checks the default-value matrix input (N, dim) and, for the matrix

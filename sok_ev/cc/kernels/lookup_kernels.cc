@@ -10,6 +10,7 @@
 #define EIGEN_USE_GPU
 #endif
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,7 @@
 #include "sok_ev/cc/kernels/embedding_variable.h"
 #include "sok_ev/cc/kernels/kernel_utils.h"
 #include "sok_ev/cc/kernels/unique_buffers.h"
+#include "sok_ev/cc/kernels/variable_lookup.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 
@@ -284,11 +286,21 @@ class FindOrInsertOp : public OpKernel {
         context, ForEachTable(core, num_tables, costs.data(), [&](int t, Core<Device>& table_core) {
           return DispatchKeyType(keys[t].dtype(), "keys", [&](auto key) {
             using Key = decltype(key);
-            auto table = variables[t]->template table<Key>();
-            auto lock = variables[t]->lock_table();
-            return table_core.FindOrInsert(*table, keys[t].flat<Key>().data(), costs[t],
-                                           outputs[t]->flat<float>().data(),
-                                           counts[t].flat<int64_t>().data());
+            EmbeddingVariable<Device>& variable = *variables[t];
+            auto table = variable.template table<Key>();
+            auto lock = variable.lock_table();
+            const Key* table_keys = keys[t].flat<Key>().data();
+            const int64_t* table_counts = counts[t].flat<int64_t>().data();
+            float* values = outputs[t]->flat<float>().data();
+            if (variable.is_plain()) {
+              TF_RETURN_IF_ERROR(
+                  table_core.FindOrInsert(*table, table_keys, costs[t], values, table_counts));
+            } else {
+              TF_RETURN_IF_ERROR(LookupRows<Device, Key>(context, table_core, variable, *table,
+                                                         table_keys, table_counts, costs[t],
+                                                         values));
+            }
+            return RecordChangedKeys(table_core, variable, table_keys, costs[t]);
           });
         }));
   }
@@ -345,14 +357,36 @@ class FindOrInsertCombineOp : public OpKernel {
         context, ForEachTable(core, num_tables, costs.data(), [&](int t, Core<Device>& table_core) {
           return DispatchKeyType(keys[t].dtype(), "keys", [&](auto key) {
             using Key = decltype(key);
-            auto table = variables[t]->template table<Key>();
-            auto lock = variables[t]->lock_table();
-            return table_core.FindOrInsertCombine(
-                *table, keys[t].flat<Key>().data(), counts[t].flat<int64_t>().data(),
-                keys[t].NumElements(), unique_index[t].flat<int64_t>().data(),
-                attributes_.WeightsOrNull(t, weights[t]), row_offsets[t].flat<int64_t>().data(),
-                row_offsets[t].NumElements() - 1, attributes_.combiner(t),
-                outputs[t]->flat<float>().data());
+            EmbeddingVariable<Device>& variable = *variables[t];
+            auto table = variable.template table<Key>();
+            auto lock = variable.lock_table();
+            const Key* table_keys = keys[t].flat<Key>().data();
+            const int64_t* table_counts = counts[t].flat<int64_t>().data();
+            const int64_t num_unique = keys[t].NumElements();
+            const int64_t* index = unique_index[t].flat<int64_t>().data();
+            const float* sample_weights = attributes_.WeightsOrNull(t, weights[t]);
+            const int64_t* offsets = row_offsets[t].flat<int64_t>().data();
+            const int64_t batch = row_offsets[t].NumElements() - 1;
+            float* embeddings = outputs[t]->flat<float>().data();
+            if (variable.is_plain()) {
+              TF_RETURN_IF_ERROR(table_core.FindOrInsertCombine(
+                  *table, table_keys, table_counts, num_unique, index, sample_weights, offsets,
+                  batch, attributes_.combiner(t), embeddings));
+            } else {
+              // The rows first (serving or admission decide them), then the combine.
+              const int64_t dim = variable.embedding_dim();
+              Tensor rows;
+              TF_RETURN_IF_ERROR(
+                  AllocateVector<float>(context, std::max<int64_t>(1, num_unique * dim), &rows));
+              float* values = VectorData<float>(rows);
+              TF_RETURN_IF_ERROR(LookupRows<Device, Key>(context, table_core, variable, *table,
+                                                         table_keys, table_counts, num_unique,
+                                                         values));
+              TF_RETURN_IF_ERROR(table_core.CombineForward(values, index, sample_weights, offsets,
+                                                           batch, dim, attributes_.combiner(t),
+                                                           embeddings));
+            }
+            return RecordChangedKeys(table_core, variable, table_keys, num_unique);
           });
         }));
   }

@@ -1,7 +1,8 @@
 // Kernel of the fused optimizer update on an Embedding Variable, for CPU and
 // (GOOGLE_CUDA builds) GPU: sums the gradients of duplicate keys (unless the
 // keys are known to be distinct), then updates each key's row and slots in
-// place with cc/optimizers.h, through Core<Device>::ApplyOptimizer. Op definition:
+// place with cc/optimizers.h, through Core<Device>::ApplyOptimizer (with a
+// feature filter, only the admitted keys: variable_lookup.h). Op definition:
 // sok_ev/cc/ops/optimizer_ops.cc.
 #define EIGEN_USE_THREADS
 #if GOOGLE_CUDA && !defined(EIGEN_USE_GPU)
@@ -16,6 +17,7 @@
 #include "sok_ev/cc/kernels/device_core.h"
 #include "sok_ev/cc/kernels/embedding_variable.h"
 #include "sok_ev/cc/kernels/kernel_utils.h"
+#include "sok_ev/cc/kernels/variable_lookup.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 
@@ -125,19 +127,33 @@ class SparseApplyOptimizerOp : public EmbeddingVariableOpKernel<Device> {
     OptimizerSpec spec = spec_;
     SetHyperparameters(hyperparameters.flat<float>().data(), &spec);
     Core<Device> core(context);
-    OP_REQUIRES_OK(context, DispatchKeyType(this->key_dtype_, "keys", [&](auto key) {
-                     using Key = decltype(key);
-                     auto table = variable->template table<Key>();
-                     auto lock = variable->lock_table();
-                     // Slots are created on first use; the table places them.
-                     for (size_t s = 0; s < slot_names_.size(); ++s) {
-                       TF_RETURN_IF_ERROR(core.AddSlot(
-                           *table, slot_names_[s], slot_initial_values_[s], &spec.slot_index[s]));
-                     }
-                     return core.ApplyOptimizer(*table, spec, keys.flat<Key>().data(), n,
-                                                grads.flat<float>().data(), dim,
-                                                global_step.flat<int64_t>()(0), keys_are_unique_);
-                   }));
+    OP_REQUIRES(context, variable->mode() == TableMode::kTraining,
+                errors::FailedPrecondition(
+                    "Embedding Variable '", variable->name(),
+                    "' was loaded from a SavedModel for serving and cannot be trained (the "
+                    "export has no optimizer slots); train from a checkpoint instead"));
+    OP_REQUIRES_OK(
+        context, DispatchKeyType(this->key_dtype_, "keys", [&](auto key) {
+          using Key = decltype(key);
+          auto table = variable->template table<Key>();
+          auto lock = variable->lock_table();
+          // Slots are created on first use; the table places them.
+          for (size_t s = 0; s < slot_names_.size(); ++s) {
+            TF_RETURN_IF_ERROR(
+                core.AddSlot(*table, slot_names_[s], slot_initial_values_[s], &spec.slot_index[s]));
+          }
+          const Key* data = keys.flat<Key>().data();
+          const int64_t step = global_step.flat<int64_t>()(0);
+          if (auto filter = variable->template filter<Key>()) {
+            TF_RETURN_IF_ERROR(ApplyToAdmitted<Device, Key>(context, core, *table, *filter, spec,
+                                                            data, n, grads.flat<float>().data(),
+                                                            dim, step, keys_are_unique_));
+          } else {
+            TF_RETURN_IF_ERROR(core.ApplyOptimizer(
+                *table, spec, data, n, grads.flat<float>().data(), dim, step, keys_are_unique_));
+          }
+          return RecordChangedKeys(core, *variable, data, n);
+        }));
   }
 
  private:

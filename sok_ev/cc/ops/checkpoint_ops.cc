@@ -19,13 +19,23 @@ REGISTER_OP("SokEv>SaveEmbeddingVariables")
     .Attr("key_dtypes: list({int32, int64})")
     .Attr("target_workers: list(int)")
     .Attr("num_workers: int >= 1")
+    .Attr("kind: {'full', 'incremental', 'serving', 'serving_zeros'} = 'full'")
+    .Attr("record_changes: bool = false")
     .SetIsStateful()
     .SetShapeFn(tensorflow::shape_inference::ScalarShape)
     .Doc(
         "Writes this worker's shard of every table, streamed batch by batch, "
         "into a new tensor bundle `part` = prefix + '_worker_<w>_of_<W>' "
         "(w, W: the worker topology at run time, which must have num_workers "
-        "workers). Merging the parts of all workers gives the checkpoint.");
+        "workers). Merging the parts of all workers gives the checkpoint. "
+        "kind: every key ('full'); the keys changed since the table's last "
+        "committed checkpoint ('incremental'); values without slots or filter "
+        "state ('serving', 'serving_zeros': an export for serving, restored "
+        "for serving, where a key the table lacks reads its initial value, "
+        "or zeros). record_changes: the saver "
+        "also saves incrementally, so the tables record changes from now on "
+        "(SokEv>MarkEmbeddingVariablesSaved makes this checkpoint their "
+        "base).");
 
 REGISTER_OP("SokEv>RestoreEmbeddingVariables")
     .Input("prefix: string")
@@ -40,6 +50,10 @@ REGISTER_OP("SokEv>RestoreEmbeddingVariables")
     .Attr("initializer_params_b: list(float)")
     .Attr("initializer_seeds: list(int)")
     .Attr("target_workers: list(int)")
+    .Attr("filter_specs: list(int) = []")
+    .Attr("no_permission_values: list(float) = []")
+    .Attr("serving_modes: list(int) = []")
+    .Attr("record_changes: bool = false")
     .SetIsStateful()
     .SetShapeFn(tensorflow::shape_inference::NoOutputs)
     .Doc(
@@ -47,10 +61,28 @@ REGISTER_OP("SokEv>RestoreEmbeddingVariables")
         "that this worker owns under the run-time worker topology (all of "
         "them for a table with target_workers[i] == this worker, none for "
         "another worker's table), with their values, slots, frequencies and "
-        "versions. Creates uninitialized variables (initializer given per "
-        "table, as SokEv>InitializeEmbeddingVariable takes it). Every table "
-        "is read and checked before any variable changes: on an error none "
-        "does.");
+        "versions, and its feature filter with what the checkpoint counted. "
+        "An incremental checkpoint restores the chain of checkpoints it "
+        "builds on. Creates uninitialized variables (initializer given per "
+        "table, as SokEv>InitializeEmbeddingVariable takes it; filter_specs: "
+        "[filter_freq, filter_counters, filter_hashes, filter_counter_bytes] "
+        "per table, or empty for no filters). serving_modes per table (empty: "
+        "0, or what an export for serving says): 0 trains; 1 and 2 serve (values only, lookups "
+        "insert "
+        "nothing; a missing key reads its initial value, or zeros). "
+        "record_changes: the restored checkpoint is the base of the next "
+        "incremental save. Every table is read and checked before any "
+        "variable changes: on an error none does.");
+
+REGISTER_OP("SokEv>MarkEmbeddingVariablesSaved")
+    .Input("prefix: string")
+    .Input("resources: N * resource")
+    .Attr("N: int >= 1")
+    .SetIsStateful()
+    .SetShapeFn(tensorflow::shape_inference::NoOutputs)
+    .Doc(
+        "The checkpoint at `prefix` (full or incremental) is complete: the "
+        "next incremental save of these tables writes what changed since.");
 
 REGISTER_OP("SokEv>SetWorkerTopology")
     .Input("worker: int32")

@@ -29,6 +29,11 @@ REGISTER_OP("SokEv>InitializeEmbeddingVariable")
     .Attr("param_a: float = 0.0")
     .Attr("param_b: float = 0.0")
     .Attr("seed: int = 0")
+    .Attr("filter_freq: int = 0")
+    .Attr("filter_counters: int = 0")
+    .Attr("filter_hashes: int = 0")
+    .Attr("filter_counter_bytes: int = 8")
+    .Attr("no_permission_value: float = 0.0")
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle default_values;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &default_values));
@@ -37,7 +42,11 @@ REGISTER_OP("SokEv>InitializeEmbeddingVariable")
     .Doc(
         "Creates the variable's table, or empties it if it exists. "
         "default_values: (N, embedding_dim), N = 0 unless initializer_kind "
-        "is the default-value matrix.");
+        "is the default-value matrix. filter_freq > 0 gives it DeepRec's "
+        "feature filter (cc/feature_filter.h): exact counts, or a counting "
+        "Bloom filter of filter_counters counters of filter_counter_bytes "
+        "and filter_hashes hashes; keys not admitted read "
+        "no_permission_value.");
 
 REGISTER_OP("SokEv>EmbeddingVariableIsInitialized")
     .Input("resource: resource")
@@ -106,8 +115,19 @@ REGISTER_OP("SokEv>EmbeddingVariableFind")
       return absl::OkStatus();
     })
     .Doc(
-        "Values of `keys` without inserting; an absent key reads its "
-        "initial value.");
+        "Values of `keys` without inserting or counting; an absent key "
+        "reads its initial value (zeros for a variable served with zeros; "
+        "the no-permission value for a key its filter has not admitted).");
+
+REGISTER_OP("SokEv>EmbeddingVariableEvictByL2Weight")
+    .Input("resource: resource")
+    .Output("evicted: int64")
+    .Attr("key_dtype: {int32, int64}")
+    .Attr("l2_weight_threshold: float")
+    .SetShapeFn(tensorflow::shape_inference::ScalarShape)
+    .Doc(
+        "Erases keys whose value v has 0.5 * sum(v * v) < l2_weight_threshold "
+        "(DeepRec's L2WeightEvict).");
 
 REGISTER_OP("SokEv>EmbeddingVariableEvict")
     .Input("resource: resource")
