@@ -59,7 +59,10 @@ _SOK_EV_DIR = os.path.dirname(os.path.abspath(__file__))
 _LIBRARIES = ("tensorflow", "keras", "horovod")
 
 _checked = set()  # lookup keys every worker agreed on
-_exchanges = set()  # names of the first collectives of the lookups built here (None: eager)
+# The first collectives of the lookups built here: name (None: eager) ->
+# the device their tensors are on, which a stop message must match
+# (Horovod refuses to pair a CPU alltoall with a GPU one).
+_exchanges = {}
 _graph_ordinals = itertools.count()  # numbers the tf.Graphs with lookups, in order
 _lock = threading.Lock()
 
@@ -202,8 +205,9 @@ def exchange_name(params):
     ordinal = getattr(graph, "_sok_ev_exchanges", 0)
     graph._sok_ev_exchanges = ordinal + 1  # pylint: disable=protected-access
     name = f"sok_ev_keys_{ordinal}_{fingerprint(params):016x}"
+    device = "/GPU:0" if any("GPU" in (v.device or "").upper() for v in params) else "/CPU:0"
     with _lock:
-        _exchanges.add(None if tf.executing_eagerly() else name)
+        _exchanges[None if tf.executing_eagerly() else name] = device
     return name
 
 
@@ -251,11 +255,11 @@ def stop_everyone(message):
     rows = np.array([[STOPPED, 0]] * (size - 1), np.int64)
     splits = [0 if w == me else 1 for w in range(size)]
     with _lock:
-        names = list(_exchanges)
+        exchanges = list(_exchanges.items())
     senders = []
-    for name in names:
+    for name, device in exchanges:
         thread = threading.Thread(target=_send_quietly,
-                                  args=(rows, splits, name),
+                                  args=(rows, splits, name, device),
                                   name="sok_ev_stop",
                                   daemon=True)
         thread.start()
@@ -266,8 +270,8 @@ def stop_everyone(message):
     communication.shutdown()
 
 
-def _send_quietly(rows, splits, name):
+def _send_quietly(rows, splits, name, device):
     try:
-        communication.alltoall_now(rows, splits, name=name)
+        communication.alltoall_now(rows, splits, name=name, device=device)
     except Exception:  # pylint: disable=broad-except
         pass  # nobody was waiting in it; Horovod's shutdown ends it

@@ -227,7 +227,7 @@ def allgather_object(obj, name="sok_ev_allgather_object", timeout=None):
     return objects
 
 
-def alltoall_now(rows, splits, name=None, timeout=None):
+def alltoall_now(rows, splits, name=None, timeout=None, device=None):
     """Runs one alltoall now, outside any graph being built, and returns the
   rows received (NumPy).
 
@@ -236,14 +236,17 @@ def alltoall_now(rows, splits, name=None, timeout=None):
     name: the collective to join, as given to `alltoall(..., exact_name=True)`
       (None joins an eager alltoall, which is matched by kind).
     timeout: None, or seconds (see CollectiveTimeoutError).
+    device: None, or the device ("/GPU:0", "/CPU:0") of the collective to
+      join: Horovod pairs a GPU alltoall only with GPU alltoalls.
   """
     hvd = _backend()
 
     def exchange():
-        received, _ = hvd.alltoall(tf.constant(rows),
-                                   splits=tf.constant(splits, tf.int32),
-                                   name=name,
-                                   ignore_name_scope=name is not None)
+        with tf.device(device):
+            received, _ = hvd.alltoall(tf.constant(rows),
+                                       splits=tf.constant(splits, tf.int32),
+                                       name=name,
+                                       ignore_name_scope=name is not None)
         return received
 
     if name is None:  # an eager collective, whatever the caller's mode
@@ -259,7 +262,10 @@ def _eager(build):
 def _private_graph(build):
     with tf.Graph().as_default():
         fetch = build()
-        with tf.compat.v1.Session() as session:
+        # Soft placement: a collective asked for on a device it has no kernel
+        # for there runs where it can instead of failing.
+        config = tf.compat.v1.ConfigProto(allow_soft_placement=True)
+        with tf.compat.v1.Session(config=config) as session:
             return session.run(fetch)
 
 

@@ -11,6 +11,16 @@ from benchmarks.criteo import models
 N, DIM = 6, 4
 
 
+@pytest.fixture(autouse=True)
+def float32_matmuls():
+    """The references multiply in float32; GPUs multiply in TF32 by default
+  (a 10-bit mantissa: 4e-4 apart on an H200)."""
+    was = tf.config.experimental.tensor_float_32_execution_enabled()
+    tf.config.experimental.enable_tensor_float_32_execution(False)
+    yield
+    tf.config.experimental.enable_tensor_float_32_execution(was)
+
+
 def relu(x):
     return np.maximum(x, 0)
 

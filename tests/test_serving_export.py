@@ -33,7 +33,12 @@ def _run_fresh(tmp_path, code):
     script = tmp_path / "fresh.py"
     script.write_text("import sys\nimport numpy as np\nimport tensorflow as tf\nimport sok_ev\n"
                       f"out = {str(tmp_path)!r}\n" + textwrap.dedent(code))
-    env = dict(os.environ, PYTHONPATH=ref.sok_ev_import_root(), TF_CPP_MIN_LOG_LEVEL="2")
+    # The sok_ev under test first, then the rest of the path (where the
+    # device's TensorFlow lives).
+    path = [ref.sok_ev_import_root(), os.environ.get("PYTHONPATH")]
+    env = dict(os.environ,
+               PYTHONPATH=os.pathsep.join(p for p in path if p),
+               TF_CPP_MIN_LOG_LEVEL="2")
     result = subprocess.run([sys.executable, str(script)],
                             capture_output=True,
                             text=True,
