@@ -94,6 +94,10 @@ def parse_args(argv=None):
     p.add_argument("--max-load", type=float, default=1.0, help="wait for a lower 1-minute load")
     p.add_argument("--max-wait", type=float, default=1200, help="seconds to wait for it")
     p.add_argument("--no-append", action="store_true", help="do not write RESULTS.md")
+    p.add_argument("--profile",
+                   action="store_true",
+                   help="instead of timing: each op type's CPU time in the graph-mode step "
+                   "of sok_ev and dense TF (TensorFlow's step stats), per hotness")
     p.add_argument("--seed", type=int, default=0)
     # Worker side (internal): one implementation in one mode.
     p.add_argument("--worker", choices=["sok_ev", "dense", "tfra"], help=argparse.SUPPRESS)
@@ -274,7 +278,7 @@ def build_graph(tf, args, inputs):
             train_ops.append(optimizer.minimize(step_loss(tf, outputs), var_list=var_list))
         sess.run(tf.compat.v1.global_variables_initializer())
     graph.finalize()
-    return lambda i: sess.run(train_ops[i % len(train_ops)])
+    return lambda i, **run: sess.run(train_ops[i % len(train_ops)], **run)
 
 
 def build_tf_function(tf, args, inputs):
@@ -409,10 +413,49 @@ def summary(ms):
     return np.median(ms), np.percentile(ms, 10), np.percentile(ms, 90)
 
 
+def profile_ops(args, steps=10, top=12):
+    """Prints, per hotness and side (sok_ev, dense TF in this venv), the op
+  types that take the graph-mode step's time: the sum over their nodes of
+  TensorFlow's step stats (start to end, on every thread), in ms a step."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
+    with tempfile.TemporaryDirectory() as tmp:
+        for hotness in args.hotness:
+            args.inputs = os.path.join(tmp, f"hotness_{hotness}.npz")
+            write_inputs(args, hotness, args.inputs)
+            for side in ("sok_ev", "dense"):
+                args.worker = side
+                step = build_graph(tf, args, read_inputs(args))
+                for i in range(args.warmup):
+                    step(i)
+                by_op, walls = {}, []
+                for i in range(steps):
+                    metadata = tf.compat.v1.RunMetadata()
+                    begin = time.perf_counter()
+                    step(i, options=options, run_metadata=metadata)
+                    walls.append((time.perf_counter() - begin) * 1e3)
+                    for device in metadata.step_stats.dev_stats:
+                        for node in device.node_stats:
+                            label = node.timeline_label
+                            op = label.split(" = ", 1)[1].split("(", 1)[0] if " = " in label \
+                                else node.node_name
+                            by_op[op] = by_op.get(op, 0) + node.all_end_rel_micros / 1e3 / steps
+                total = sum(by_op.values())
+                print(
+                    f"[profile] hotness {hotness}, {side}, graph: {np.median(walls):.2f} ms a "
+                    f"traced step (tracing adds time); op time {total:.2f} ms summed over "
+                    f"threads",
+                    flush=True)
+                for op, ms in sorted(by_op.items(), key=lambda item: -item[1])[:top]:
+                    print(f"    {ms:8.2f} ms  {ms / total:6.1%}  {op}", flush=True)
+
+
 def main(argv=None):
     args = parse_args(argv)
     if args.worker:
         return worker(args)
+    if args.profile:
+        return profile_ops(args)
     if "sok_ev" not in args.sides:
         sys.exit("--sides must include sok_ev: every ratio is taken against it")
     groups = side_groups(args)
