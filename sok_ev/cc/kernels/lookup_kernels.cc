@@ -248,6 +248,21 @@ class PartitionByOwnerOp : public OpKernel {
   int num_workers_;
 };
 
+// Table t of a lookup: its initialized Embedding Variable, which must have
+// the embedding_dim the lookup was built with.
+template <typename Device>
+absl::Status LookupTableVariable(OpKernelContext* context, int t, tensorflow::DataType key_dtype,
+                                 int64_t expected_dim,
+                                 RefCountPtr<EmbeddingVariable<Device>>* variable) {
+  TF_RETURN_IF_ERROR(LookupInitializedVariable<Device>(context, t, key_dtype, variable));
+  if ((*variable)->embedding_dim() != expected_dim) {
+    return errors::InvalidArgument("Embedding Variable '", (*variable)->name(),
+                                   "' has embedding_dim ", (*variable)->embedding_dim(),
+                                   ", but the lookup expects ", expected_dim);
+  }
+  return absl::OkStatus();
+}
+
 template <typename Device>
 class FindOrInsertOp : public OpKernel {
  public:
@@ -267,12 +282,8 @@ class FindOrInsertOp : public OpKernel {
     std::vector<Tensor*> outputs(num_tables);
     std::vector<int64_t> costs(num_tables);
     for (int t = 0; t < num_tables; ++t) {
-      OP_REQUIRES_OK(context,
-                     LookupInitializedVariable<Device>(context, t, keys[t].dtype(), &variables[t]));
-      OP_REQUIRES(context, variables[t]->embedding_dim() == embedding_dims_[t],
-                  errors::InvalidArgument("Embedding Variable '", variables[t]->name(),
-                                          "' has embedding_dim ", variables[t]->embedding_dim(),
-                                          ", but the lookup expects ", embedding_dims_[t]));
+      OP_REQUIRES_OK(context, LookupTableVariable<Device>(context, t, keys[t].dtype(),
+                                                          embedding_dims_[t], &variables[t]));
       const int64_t n = keys[t].NumElements();
       OP_REQUIRES(context, counts[t].NumElements() == n,
                   errors::InvalidArgument("counts[", t, "] has ", counts[t].NumElements(),
@@ -334,13 +345,9 @@ class FindOrInsertCombineOp : public OpKernel {
     std::vector<Tensor*> outputs(num_tables);
     std::vector<int64_t> costs(num_tables);
     for (int t = 0; t < num_tables; ++t) {
-      OP_REQUIRES_OK(context,
-                     LookupInitializedVariable<Device>(context, t, keys[t].dtype(), &variables[t]));
+      OP_REQUIRES_OK(context, LookupTableVariable<Device>(context, t, keys[t].dtype(),
+                                                          embedding_dims_[t], &variables[t]));
       const int64_t dim = variables[t]->embedding_dim();
-      OP_REQUIRES(context, dim == embedding_dims_[t],
-                  errors::InvalidArgument("Embedding Variable '", variables[t]->name(),
-                                          "' has embedding_dim ", dim, ", but the lookup expects ",
-                                          embedding_dims_[t]));
       const int64_t num_unique = keys[t].NumElements();
       const int64_t nnz = unique_index[t].NumElements();
       const int64_t batch = row_offsets[t].NumElements() - 1;
