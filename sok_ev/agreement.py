@@ -51,8 +51,10 @@ TIMEOUT_VARIABLE = "SOK_EV_LOOKUP_CHECK_TIMEOUT"
 DEFAULT_TIMEOUT_SECONDS = 30.0
 # The fingerprint a worker that stopped the job sends (fingerprints are >= 0).
 STOPPED = -1
-# How long a stopping worker waits for the others to receive its header.
-_STOP_GRACE_SECONDS = 3.0
+# How long a stopping worker waits for the others to receive its header: it
+# goes on as soon as every exchange took its header, but a GPU exchange's
+# first use sets up NCCL's communicator, which takes seconds.
+_STOP_GRACE_SECONDS = 10.0
 
 _SOK_EV_DIR = os.path.dirname(os.path.abspath(__file__))
 # Packages whose frames are not the user's code.

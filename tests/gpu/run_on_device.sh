@@ -172,7 +172,9 @@ part_memcheck() {
     echo "memcheck: $(grep -E 'ERROR SUMMARY|workload done' "$OUT/memcheck.log" | tr '\n' ' ')"
 }
 part_multi() {
-    SOK_EV_MULTIWORKER_GPUS=$gpus pytest_part multi 240 "$root/tests/multiworker"
+    # A stuck launch fails its own test (with its traceback) instead of
+    # eating the part's time: no launch is given more than 240 s.
+    SOK_EV_MULTIWORKER_GPUS=$gpus pytest_part multi 480 --timeout 300 "$root/tests/multiworker"
 }
 torch_env() { # torch_env COMMAND...: PyTorch's process, without the kit's paths
     PYTHONPATH=$plain_pythonpath LD_LIBRARY_PATH=$plain_ld_library_path \

@@ -138,9 +138,12 @@ def launch(script, workers, args=(), timeout=240, out_dir=None, pass_out=True, e
 
 
 def rank_stdout(output, rank):
-    """Rank `rank`'s stdout lines from horovodrun's prefixed output."""
+    """Rank `rank`'s stdout lines from horovodrun's prefixed output, without
+  NCCL's own log lines (GPU mode sets NCCL_DEBUG, and they hold numbers)."""
     prefix = f"[{rank}]<stdout>:"
-    return "\n".join(line[len(prefix):] for line in output.splitlines() if line.startswith(prefix))
+    return "\n".join(line[len(prefix):]
+                     for line in output.splitlines()
+                     if line.startswith(prefix) and " NCCL " not in line)
 
 
 def horovod_available():

@@ -204,12 +204,20 @@ def record_guards(results):
     eager_grads = tape_gradient(tf.GradientTape)
     results["guard/eager_allreduce"] = _message_of(lambda: hvd.allreduce(eager_grads[0]))
     results["guard/eager_values_only"] = _message_of(lambda: hvd.allreduce(eager_grads[0].values))
-    before = [x.numpy() for x in tables[0].export()]
+    before = _sorted_export(tables[0])
     results["guard/eager_bound_before_init"] = _message_of(
         lambda: allreduce_bound_before_init(eager_grads[0]))
-    after = [x.numpy() for x in tables[0].export()]
+    after = _sorted_export(tables[0])
     results["guard/eager_shard_unchanged"] = np.array(
         all(np.array_equal(a, b) for a, b in zip(before, after)))
+
+
+def _sorted_export(table):
+    """The shard's keys and rows in key order (exports come in no order; a
+    GPU table's differs from call to call)."""
+    keys, rows = (x.numpy() for x in table.export())
+    order = np.argsort(keys)
+    return keys[order], rows[order]
 
 
 def main():
