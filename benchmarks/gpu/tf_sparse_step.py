@@ -65,12 +65,16 @@ def rows_per_table(args):
     return args.rows // TABLES
 
 
-def batch_ids(args, hot):
+def batch_ids(args, hot, stream=0):
     """ids[s][t]: (batch * hot,) int64 ids in [0, rows_per_table) of set s,
-    table t: Zipf ranks scattered by a fixed permutation per table."""
+    table t: Zipf ranks scattered by a fixed permutation per table. Streams
+    share the permutations (the same ids are hot everywhere) and draw their
+    own batches: stream r is worker r's data in tf_weak_scaling.py."""
     rows = rows_per_table(args)
     rng = np.random.default_rng(1000 + hot)
     perms = [rng.permutation(rows) for _ in range(TABLES)]
+    if stream:
+        rng = np.random.default_rng([1000 + hot, stream])
     return [[perms[t][(rng.zipf(1.1, args.batch * hot) - 1) % rows]
              for t in range(TABLES)]
             for _ in range(args.sets)]

@@ -38,6 +38,9 @@
 #                      2-GPU checks and weak scaling), harness library of .device/
 #   tf-bench           benchmarks/gpu/tf_sparse_step.py on GPU 0 with the
 #                      artifact (its results also land in $OUT)
+#   tf-scaling         benchmarks/gpu/tf_weak_scaling.py: the TF step on 1 and
+#                      2 GPUs under horovodrun over NCCL, the 2-vs-1 check
+#                      (results and the ranks' JSON in $OUT)
 #   criteo             benchmarks/criteo/run.py --device gpu (DLRM, batch
 #                      65536, 64 steps a side) on GPU 0, then under horovodrun
 #                      -np 2 over NCCL with 2+ GPUs; out dirs $OUT/criteo_gpu1
@@ -242,6 +245,19 @@ if has tf-bench; then
     echo "tf-bench: exit $(cat "$status/tf-bench.rc")"
 fi
 
+if has tf-scaling; then
+    if ((gpus < 2 && !dry)); then
+        echo "not run: weak scaling needs 2 GPUs" >"$OUT/tf-scaling.log"
+    else
+        scaling=("$root/benchmarks/gpu/tf_weak_scaling.py")
+        ((dry)) && scaling+=(--dry-run-on-cpu --batch 256 --rows 52000 --steps 3 --check-batch 64
+            --check-rows 5200)
+        (cd "$run" && timeout -k 10 "$(limit 560)" "$PY" "${scaling[@]}") >"$OUT/tf-scaling.log" 2>&1
+        echo "$?" >"$status/tf-scaling.rc"
+    fi
+    echo "tf-scaling: exit $(cat "$status/tf-scaling.rc" 2>/dev/null)"
+fi
+
 if has criteo; then
     criteo=("$root/benchmarks/criteo/run.py" --device gpu --no-progress --train-lines 4194304
         --eval-lines 262144 --evals 2)
@@ -263,7 +279,8 @@ import os, re, sys
 out, status, site, parts, dry = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4].split(","), sys.argv[5] == "1"
 total = {"passed": 0, "failed": 0, "skipped": 0}
 lines = []
-for part in ["tf", "multi", "harness", "memcheck", "harness-sanitizer", "bench", "tf-bench", "criteo"]:
+for part in ["tf", "multi", "harness", "memcheck", "harness-sanitizer", "bench", "tf-bench",
+             "tf-scaling", "criteo"]:
     if part not in parts:
         continue
     path = os.path.join(out, part + ".log")
@@ -277,7 +294,7 @@ for part in ["tf", "multi", "harness", "memcheck", "harness-sanitizer", "bench",
         count["passed" if clean else "failed"] = 1
         if not clean:
             notes.append(f"exit {rc}")
-    elif part in ("harness-sanitizer", "bench", "tf-bench", "criteo"):
+    elif part in ("harness-sanitizer", "bench", "tf-bench", "tf-scaling", "criteo"):
         count["passed" if rc == 0 else "failed"] = 1
     else:
         summary = [l for l in text.splitlines() if re.match(r"^=+ .* in [\d.]+s", l)]

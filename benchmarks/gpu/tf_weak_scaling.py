@@ -1,0 +1,404 @@
+#!/usr/bin/env python3
+"""Weak scaling of the sparse training step inside TensorFlow over Horovod
+(issue 12): the same per-GPU step on 1 and on 2 GPUs, in one call.
+
+Workload: tf_sparse_step.py's (26 tables, dim 128, Zipf 1.1 ids over tables
+pre-filled with --rows keys in all, Adagrad, sum combiner, graph mode), with
+`target_gpu=-1` (every table sharded over every GPU) and --batch samples per
+GPU: rank r draws its own batches (tf_sparse_step.batch_ids stream r; the
+same ids are hot on every rank). Ideal weak scaling keeps the step time:
+efficiency = t(1 GPU) / t(N GPUs).
+
+The driver (no arguments) launches, one after the other, each under
+`horovodrun --gloo` with one GPU per rank (NCCL carries the GPU tensors):
+  time      -np 1, then -np 2 (then -np 2 again per --variants, e.g. Horovod's
+            HOROVOD_CYCLE_TIME): ms per step, steps/s, samples/s, the
+            collectives the step's graph holds, and, on 2 GPUs, one exchange's
+            all-to-all alone (the rows of one step, `hvd.alltoall` on the GPU);
+  check     -np 1 on the global batch of 2 workers (both streams, one after the
+            other), then -np 2 on their halves, --check-steps steps at a small
+            shape: the losses and the final lookup must agree (rtol 1e-5).
+It prints the table (bytes exchanged per GPU per step from the ranks' own
+routing counts; the exchange floor = those bytes ÷ the all-to-all's measured
+rate) and appends it to benchmarks/RESULTS.md (a copy in
+$OUT/tf_weak_scaling_results.md).
+
+  source /tmp/gpu-tf/env.sh   # TensorFlow, Horovod + the installed sok-ev wheel
+  python3 benchmarks/gpu/tf_weak_scaling.py [--hotness 1,10] [--steps 20]
+  # on a CPU machine (checks the script only: Gloo, tiny shape)
+  python3 benchmarks/gpu/tf_weak_scaling.py --dry-run-on-cpu --batch 256 --rows 52000 \\
+      --steps 3 --check-batch 64 --check-rows 5200
+"""
+import argparse
+import collections
+import datetime
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+# pylint: disable=wrong-import-position
+from tf_sparse_step import (ACCUMULATOR, DIM, LR, TABLES, batch_ids, raw_keys, rows_per_table)
+
+ONE_GPU_PER_RANK = os.path.join(ROOT, "tests", "multiworker", "one_gpu_per_rank.sh")
+CHECK_RTOL = 1e-5  # float sums in another order (per owner instead of per GPU)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--batch", type=int, default=65536, help="samples per GPU")
+    parser.add_argument("--rows", type=int, default=10_000_000, help="keys in all tables")
+    parser.add_argument("--hotness", default="1,10")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--sets", type=int, default=3, help="batches rotated through")
+    parser.add_argument("--gpus", type=int, default=2, help="the scaled run's world size")
+    parser.add_argument("--variants",
+                        default="HOROVOD_CYCLE_TIME=0.1",
+                        help="extra 2-GPU runs, each ENV=VALUE[;ENV=VALUE]; comma-separated")
+    parser.add_argument("--check-batch", type=int, default=4096)
+    parser.add_argument("--check-rows", type=int, default=260_000)
+    parser.add_argument("--check-steps", type=int, default=3)
+    parser.add_argument("--timeout", type=int, default=240, help="seconds per launch")
+    parser.add_argument("--json-dir", default=os.environ.get("OUT", "/tmp"))
+    parser.add_argument("--results", default=os.path.join(ROOT, "benchmarks", "RESULTS.md"))
+    parser.add_argument("--dry-run-on-cpu",
+                        action="store_true",
+                        help="CPU ranks over Gloo (checks the script only)")
+    # A rank of a launch (set by the driver).
+    parser.add_argument("--worker", choices=["time", "check"])
+    parser.add_argument("--streams", type=int, default=0, help="check: batches fed per rank")
+    parser.add_argument("--tag", default="")
+    return parser.parse_args(argv)
+
+
+# --------------------------------------------------------------------------- a rank
+
+
+def worker(args):
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    import horovod.tensorflow as hvd  # pylint: disable=import-outside-toplevel
+    hvd.init()
+    for gpu in tf.config.list_physical_devices("GPU"):
+        tf.config.experimental.set_memory_growth(gpu, True)
+    import sok_ev as sok  # pylint: disable=import-outside-toplevel
+    from sok_ev._ops import ops  # pylint: disable=import-outside-toplevel
+    assert args.dry_run_on_cpu or tf.config.list_physical_devices("GPU"), "TensorFlow sees no GPU"
+    sok.init()
+    rank, size = hvd.rank(), hvd.size()
+    # check on 1 GPU: the 2 workers' batches one after the other (the global batch)
+    streams = list(range(args.streams)) if args.worker == "check" and size == 1 else [rank]
+    result = dict(rank=rank, size=size, tf_version=tf.__version__, sok_ev_file=sok.__file__)
+    for hot in [int(h) for h in args.hotness.split(",")]:
+        per_stream = [batch_ids(args, hot, stream) for stream in streams]
+        # [set, table, entries]: the streams' ids of one table concatenated
+        values = np.stack([
+            np.stack([
+                np.concatenate([raw_keys(t, ids[s][t])
+                                for ids in per_stream])
+                for t in range(TABLES)
+            ])
+            for s in range(args.sets)
+        ])
+        result[f"{hot}hot"] = run_step(tf, hvd, sok, ops, args, hot, values,
+                                       len(streams) * args.batch, rank, size)
+        print(f"[rank {rank}/{size}] {hot}-hot: {summary(result[f'{hot}hot'])}", flush=True)
+    path = os.path.join(args.json_dir, f"tf_weak_scaling_{args.tag}_rank{rank}")
+    checks = {
+        k: result[k].pop("check") for k in list(result) if k.endswith("hot") and "check" in result[k]
+    }
+    if checks:
+        np.savez(path + ".npz", **{f"{k}_{n}": v for k, c in checks.items() for n, v in c.items()})
+    with open(path + ".json", "w") as f:
+        json.dump(result, f, indent=1)
+    return 0
+
+
+def summary(r):
+    return ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
+                     for k, v in r.items()
+                     if k != "check")
+
+
+def run_step(tf, hvd, sok, ops, args, hot, values, batch, rank, size):
+    """Builds the step in a fresh graph and times it (or, for check, trains
+  --check-steps steps and returns the losses and the last lookup)."""
+    rows = rows_per_table(args)
+    out = {}
+    graph = tf.Graph()
+    with graph.as_default():
+        config = tf.compat.v1.ConfigProto()
+        config.gpu_options.allow_growth = True
+        with tf.compat.v1.Session(graph=graph, config=config) as sess:
+            holder = tf.compat.v1.placeholder(tf.int64, values.shape)
+            values_var = tf.Variable(holder, trainable=False, name="batches")
+            index = tf.compat.v1.placeholder(tf.int32, [])
+            tables = [
+                sok.get_embedding_variable(f"ws_{hot}_t{t}",
+                                           embedding_dim=DIM,
+                                           initializer=tf.random_uniform_initializer(-0.05,
+                                                                                     0.05,
+                                                                                     seed=t),
+                                           target_gpu=-1) for t in range(TABLES)
+            ]
+            n = batch * hot
+            j = tf.range(n, dtype=tf.int64)
+            where = tf.stack([j // hot, j % hot], axis=1)
+            ids = [
+                tf.SparseTensor(where, values_var[index][t], [batch, hot]) for t in range(TABLES)
+            ]
+            first_op = len(graph.get_operations())
+            embeddings = sok.lookup_sparse(tables, ids, combiners=["sum"] * TABLES)
+            loss = tf.add_n([tf.reduce_sum(e) for e in embeddings])
+            train = tf.compat.v1.train.AdagradOptimizer(LR, ACCUMULATOR).minimize(loss)
+            kinds = collections.Counter(op.type for op in graph.get_operations()[first_op:])
+            out["collectives_per_step"] = sum(
+                v for k, v in kinds.items() if k.startswith("Horovod"))
+            out["ops_per_step"] = sum(kinds.values())
+            # Pre-fill: rank r inserts every size-th key of each table (one lookup).
+            fill = []
+            for t in range(TABLES):
+                keys = raw_keys(t, np.arange(rank, rows, size))
+                fill.append(
+                    tf.SparseTensor(
+                        np.stack([np.arange(len(keys)),
+                                  np.zeros(len(keys), np.int64)], 1), keys, [len(keys), 1]))
+            fill_op = tf.add_n([tf.reduce_sum(e) for e in sok.lookup_sparse(tables, fill)])
+            syncs = ops().sok_ev_gpu_host_syncs()
+            sess.run(tf.compat.v1.global_variables_initializer(), {holder: values})
+            sess.run(fill_op)
+            if args.worker == "check":
+                losses = [
+                    sess.run([train, loss], {index: s % args.sets})[1]
+                    for s in range(args.check_steps)
+                ]
+                out["check"] = dict(losses=np.array(losses, np.float64),
+                                    lookup=np.concatenate(sess.run(embeddings, {index: 0}), axis=1))
+                return out
+            times = []
+            for s in range(args.steps + 3):
+                if s == 3:
+                    syncs_before = sess.run(syncs)
+                start = time.perf_counter()
+                sess.run([train, loss], {index: s % args.sets})
+                times.append(time.perf_counter() - start)
+            out["host_syncs_per_step"] = float(sess.run(syncs) - syncs_before) / args.steps
+            timed = np.array(times[3:]) * 1e3
+            out.update(ms=float(np.median(timed)),
+                       ms_min=float(timed.min()),
+                       ms_max=float(timed.max()))
+            if size > 1:
+                op, out["rows_to"] = alltoall_alone(tf, hvd, ops, sess, values[0], size)
+                out["alltoall_ms"] = time_alltoall(sess, op, args.steps)
+    return out
+
+
+def alltoall_alone(tf, hvd, ops, sess, batch_values, size):
+    """One step's row exchange alone: this rank's unique keys per owner (the
+  lookup's own routing, PartitionByOwner), as float32 rows of dim 128 sent
+  with hvd.alltoall on this rank's device. Returns the op and the rows sent
+  to each worker."""
+    unique = [tf.constant(np.unique(v)) for v in batch_values]
+    counts = ops().sok_ev_partition_by_owner(unique,
+                                             target_workers=[-1] * len(unique),
+                                             num_workers=size,
+                                             N=len(unique))[-1]
+    rows_to = sess.run(tf.reduce_sum(counts, axis=0))
+    rows = tf.Variable(tf.zeros([int(rows_to.sum()), DIM]), trainable=False, name="ws_rows")
+    sess.run(rows.initializer)
+    received = hvd.alltoall(rows.read_value(),
+                            splits=tf.constant(rows_to, tf.int32),
+                            name="ws_rows_alone")
+    return tf.reduce_sum(received[:1]), rows_to.tolist()
+
+
+def time_alltoall(sess, op, steps):
+    """Median ms of `op` (after one run that sets NCCL up)."""
+    sess.run(op)
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        sess.run(op)
+        times.append(time.perf_counter() - start)
+    return float(np.median(times) * 1e3)
+
+
+# --------------------------------------------------------------------------- the driver
+
+
+def horovodrun():
+    local = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    return local if os.path.exists(local) else shutil.which("horovodrun")
+
+
+def launch(args, gpus, mode, tag, env=None, streams=0):
+    """Runs this script's ranks under horovodrun; True when every rank wrote its
+  JSON."""
+    rank = [sys.executable] if args.dry_run_on_cpu else [ONE_GPU_PER_RANK, sys.executable]
+    command = [
+        horovodrun(), "--gloo", "-np",
+        str(gpus), "-H", f"localhost:{gpus}", *rank, __file__, *sys.argv[1:], "--worker", mode,
+        "--tag", tag, "--streams",
+        str(streams)
+    ]
+    if mode == "check":
+        command += ["--batch", str(args.check_batch), "--rows", str(args.check_rows)]
+    print(f"[{tag}] {' '.join(command[5:])}" + (f" with {env}" if env else ""), flush=True)
+    started = time.time()
+    try:
+        subprocess.run(command,
+                       env=dict(os.environ, **(env or {})),
+                       timeout=args.timeout,
+                       check=True,
+                       start_new_session=True)
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as error:
+        print(f"[{tag}] failed: {error}", flush=True)
+        return False
+    print(f"[{tag}] done in {time.time() - started:.0f} s", flush=True)
+    return all(
+        os.path.exists(os.path.join(args.json_dir, f"tf_weak_scaling_{tag}_rank{r}.json"))
+        for r in range(gpus))
+
+
+def load(args, tag, rank):
+    with open(os.path.join(args.json_dir, f"tf_weak_scaling_{tag}_rank{rank}.json")) as f:
+        return json.load(f)
+
+
+def exchanged_bytes(rows_to, hot_rank, tables=TABLES):
+    """Bytes worker `hot_rank` sends to the others in one step, from every
+  rank's rows_to[r][w] (unique keys of rank r owned by w): (key,
+  occurrences) rows and headers out, the rows it owns back to their
+  requesters, its gradients to the owners."""
+    size = len(rows_to)
+    me = hot_rank
+    keys_out = sum(rows_to[me][w] for w in range(size) if w != me)
+    rows_back = sum(rows_to[w][me] for w in range(size) if w != me)
+    headers = (size - 1) * (tables + 1)
+    return 16 * (keys_out + headers) + 4 * DIM * rows_back + 4 * DIM * keys_out
+
+
+def compare_check(args, gpus):
+    """The 2-GPU losses and lookups against the 1-GPU run of the same global
+  batch; returns {hot: (max relative difference, agreed)}."""
+    one = np.load(os.path.join(args.json_dir, "tf_weak_scaling_check1_rank0.npz"))
+    many = [
+        np.load(os.path.join(args.json_dir, f"tf_weak_scaling_check{gpus}_rank{r}.npz"))
+        for r in range(gpus)
+    ]
+    verdict = {}
+    for hot in [int(h) for h in args.hotness.split(",")]:
+        lookup = one[f"{hot}hot_lookup"]
+        parts = np.split(lookup, gpus, axis=0)
+        losses = sum(m[f"{hot}hot_losses"] for m in many)
+        worst = 0.0
+        agreed = np.allclose(losses, one[f"{hot}hot_losses"], rtol=CHECK_RTOL)
+        worst = max(
+            worst,
+            float(
+                np.max(
+                    np.abs(losses - one[f"{hot}hot_losses"]) /
+                    np.maximum(np.abs(one[f"{hot}hot_losses"]), 1e-30))))
+        for part, m in zip(parts, many):
+            theirs = m[f"{hot}hot_lookup"]
+            agreed &= part.shape == theirs.shape and np.allclose(
+                theirs, part, rtol=CHECK_RTOL, atol=CHECK_RTOL * np.abs(part).max())
+            if part.shape == theirs.shape:
+                worst = max(worst, float(np.max(np.abs(theirs - part)) / np.abs(part).max()))
+        verdict[hot] = (worst, bool(agreed))
+    return verdict
+
+
+def report(args, runs, verdict):
+    gpus = args.gpus
+    base = load(args, "time1", 0)
+    command = "python3 benchmarks/gpu/tf_weak_scaling.py " + " ".join(sys.argv[1:])
+    lines = [
+        f"\n## TF weak scaling over Horovod NCCL, {datetime.date.today()}",
+        "",
+        f"TensorFlow {base['tf_version']}, sok-ev from `{base['sok_ev_file']}`. Command: "
+        f"`{command}`. {TABLES} tables (`target_gpu=-1`), batch {args.batch} per GPU, dim {DIM}, "
+        f"{args.rows} keys pre-filled, Zipf 1.1, Adagrad, graph mode; median ms per step of "
+        f"{args.steps}. Efficiency = t(1 GPU) ÷ t({gpus} GPUs). Bytes: what one GPU sends to the "
+        "others per step (keys, rows back, gradients). Exchange floor: those bytes at the rate "
+        "of one rows-only all-to-all measured in the same launch.",
+        "",
+        "| hotness | run | GPUs | ms/step | steps/s | samples/s | efficiency | collectives "
+        "in the step | host syncs/step | bytes/GPU/step | all-to-all of one step's rows (ms) | "
+        "link GB/s | exchange floor (ms) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for hot in [int(h) for h in args.hotness.split(",")]:
+        t1 = base[f"{hot}hot"]["ms"]
+        for tag, env in runs:
+            size = 1 if tag == "time1" else gpus
+            ranks = [load(args, tag, r)[f"{hot}hot"] for r in range(size)]
+            ms = max(r["ms"] for r in ranks)  # the step ends when the slowest rank's does
+            cells = [
+                str(hot), tag + (f" ({env})" if env else ""),
+                str(size), f"{ms:.2f}", f"{1e3 / ms:.1f}", f"{size * args.batch * 1e3 / ms:,.0f}",
+                f"{100 * t1 / ms:.1f}%",
+                str(ranks[0]["collectives_per_step"]), f"{ranks[0]['host_syncs_per_step']:.1f}"
+            ]
+            if size > 1:
+                rows_to = [r["rows_to"] for r in ranks]
+                sent = max(exchanged_bytes(rows_to, r) for r in range(size))
+                a2a = max(r["alltoall_ms"] for r in ranks)
+                rows_bytes = max(
+                    4 * DIM *
+                    sum(rows_to[r][w] for w in range(size) if w != r) for r in range(size))
+                rate = rows_bytes / (a2a * 1e-3)
+                cells += [
+                    f"{sent / 1e6:.1f} MB", f"{a2a:.2f}", f"{rate / 1e9:.1f}",
+                    f"{sent / rate * 1e3:.2f}"
+                ]
+            else:
+                cells += ["0", "—", "—", "—"]
+            lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    for hot, (worst, agreed) in sorted(verdict.items()):
+        lines.append(f"- check, {hot}-hot: {gpus} GPUs on halves of a global batch of "
+                     f"{gpus * args.check_batch} vs 1 GPU on all of it, {args.check_steps} "
+                     f"steps: largest relative difference {worst:.2e} "
+                     f"({'agree' if agreed else 'DISAGREE'} within {CHECK_RTOL})")
+    if not verdict:
+        lines.append("- check: did not run to the end (see the log)")
+    text = "\n".join(lines) + "\n"
+    print(text, flush=True)
+    with open(args.results, "a") as f:
+        f.write(text)
+    with open(os.path.join(args.json_dir, "tf_weak_scaling_results.md"), "w") as f:
+        f.write(text)
+
+
+def main():
+    args = parse_args()
+    if args.worker:
+        return worker(args)
+    os.makedirs(args.json_dir, exist_ok=True)
+    ok = launch(args, 1, "time", "time1") and launch(args, args.gpus, "time", f"time{args.gpus}")
+    runs = [("time1", ""), (f"time{args.gpus}", "")]
+    for number, variant in enumerate(filter(None, args.variants.split(","))):
+        env = dict(kv.split("=", 1) for kv in variant.split(";"))
+        tag = f"variant{number}"
+        if ok and launch(args, args.gpus, "time", tag, env=env):
+            runs.append((tag, variant))
+    verdict = {}
+    if (launch(args, 1, "check", "check1", streams=args.gpus) and
+            launch(args, args.gpus, "check", f"check{args.gpus}")):
+        verdict = compare_check(args, args.gpus)
+    if not ok:
+        print("the timed launches failed: nothing to report", flush=True)
+        return 1
+    report(args, runs, verdict)
+    return 0 if verdict and all(agreed for _, agreed in verdict.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
