@@ -31,6 +31,8 @@
 #  3. kit_src/lookup/impl/core_impl/gpu_resource_impl.hpp: the same stream
 #     was read through Stream::implementation()->GpuStreamMemberHack(), gone
 #     from TF 2.21: platform_specific_handle() again.
+#  4. concurrent_unordered_map.cuh: CUDA 13's cudaMemPrefetchAsync takes a
+#     cudaMemLocation and flags instead of a device id.
 set -euo pipefail
 export TF_CPP_MIN_LOG_LEVEL=3
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -127,7 +129,13 @@ patch("kit_src/lookup/impl/core_impl/gpu_resource_impl.hpp",
       "    cudaStream_t stream_handle =\n"
       "        static_cast<cudaStream_t>(gpu_dc->stream()->platform_specific_handle().stream);\n"
       "    cudaStream_t *stream = stream_handle ? &stream_handle : nullptr;\n")
-print(f"patched CMakeLists.txt, {len(files)} kernels and gpu_resource_impl.hpp")
+# 4. CUDA 13 takes a cudaMemLocation (and flags) where CUDA 12 took a device id
+#    (the DET backend's table on managed memory; HKV does not call it).
+patch("kit_src/variable/impl/dynamic_embedding_table/cudf/concurrent_unordered_map.cuh",
+      "m_hashtbl_size * sizeof(value_type), dev_id, 0));",
+      "m_hashtbl_size * sizeof(value_type),\n"
+      "                                 cudaMemLocation{cudaMemLocationTypeDevice, dev_id}, 0, 0));")
+print(f"patched CMakeLists.txt, {len(files)} kernels, gpu_resource_impl.hpp, concurrent_unordered_map.cuh")
 PY
 
 echo "==> configure ($($cuda/bin/nvcc --version | tail -1))"
