@@ -90,13 +90,14 @@ if [[ ! -f $cuda_extra/include/numa.h ]]; then
         cp numa/usr/include/numa*.h include/ && rm -rf numa libnuma-dev_*.deb)
 fi
 
-# Sources are unpacked afresh (tar keeps their times) and the build directory
-# is kept in the cache, so a rebuild compiles only what the patches touch.
+# The sdist is unpacked and patched afresh in a temporary directory, then
+# synced into the cache's source tree file by file, rewriting only files whose
+# content changed (files CMake generates there stay): with the build directory
+# kept too, a rebuild compiles only what a changed patch touches.
 work=$(mktemp -d /tmp/sok-build.XXXX)
 trap 'rm -rf "$work"' EXIT
-rm -rf "$cache/src" && mkdir -p "$cache/src"
-tar -xzf "$sdist" -C "$cache/src"
-src=$cache/src/merlin-sok-$sok_version
+tar -xzf "$sdist" -C "$work"
+src=$work/merlin-sok-$sok_version
 
 echo "==> patches"
 "$venv/bin/python" - "$src" <<'PY'
@@ -137,6 +138,20 @@ patch("kit_src/variable/impl/dynamic_embedding_table/cudf/concurrent_unordered_m
       "                                 cudaMemLocation{cudaMemLocationTypeDevice, dev_id}, 0, 0));")
 print(f"patched CMakeLists.txt, {len(files)} kernels, gpu_resource_impl.hpp, concurrent_unordered_map.cuh")
 PY
+
+mkdir -p "$cache/src/merlin-sok-$sok_version"
+"$venv/bin/python" - "$src" "$cache/src/merlin-sok-$sok_version" <<'PY'
+import filecmp, os, shutil, sys
+source, target = sys.argv[1], sys.argv[2]
+for directory, _, files in os.walk(source):
+    for name in files:
+        relative = os.path.relpath(os.path.join(directory, name), source)
+        old, new = os.path.join(target, relative), os.path.join(source, relative)
+        if not os.path.exists(old) or not filecmp.cmp(old, new, shallow=False):
+            os.makedirs(os.path.dirname(old), exist_ok=True)
+            shutil.copy2(new, old) if not os.path.exists(old) else shutil.copyfile(new, old)
+PY
+src=$cache/src/merlin-sok-$sok_version
 
 echo "==> configure ($($cuda/bin/nvcc --version | tail -1))"
 build=$cache/build

@@ -227,7 +227,8 @@ part_peers() { # sok-ev and SOK, one implementation a process (benchmarks/peers/
         echo "=== no .peers/ artifact matching its MANIFEST: SOK not run" >>"$OUT/peers.log"
         sok_ok=0 rc=1
     fi
-    ((dry)) && { sok_ok=0 rc=0 small=(--batch 256 --rows 26000 --steps 3); }
+    # A dry run's numbers stay out of benchmarks/RESULTS.md.
+    ((dry)) && { sok_ok=0 rc=0 small=(--batch 256 --rows 26000 --steps 3 --results "$OUT/RESULTS.dry.md"); }
     ((sok_ok)) || impls=(sok_ev)
     ((sok_ok)) && cat "$root/.peers/MANIFEST" >>"$OUT/peers.log"
     # SOK's package: its __init__ finds its libraries in <path entry>/sparse_operation_kit/lib.
