@@ -168,7 +168,7 @@ PATH=$venv/bin:$cuda/bin:$PATH NCCL_DIR=$cuda_extra nice -n 19 cmake -S "$src" -
 echo "==> build (nice, $jobs jobs; log $cache/build.log)"
 t0=$SECONDS
 PATH=$venv/bin:$cuda/bin:$PATH nice -n 19 ninja -C "$build" -j "$jobs" -k 0 >"$cache/build.log" 2>&1 ||
-    { grep -E "error|Error" "$cache/build.log" | head -40; echo "build failed, log in $cache/build.log" >&2; exit 1; }
+    { grep -E "error:|^FAILED" "$cache/build.log" | head -40; echo "build failed, log in $cache/build.log" >&2; exit 1; }
 echo "built in $((SECONDS - t0)) s"
 
 echo "==> artifact $out"

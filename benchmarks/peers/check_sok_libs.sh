@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What can be checked of the SOK build without a GPU: each library's
 # dependencies (ldd, with the device's search path imitated by TensorFlow's
-# directory, CUDA 13's and the cache's link-time libraries) and the symbols
+# directory, CUDA 13's and the cache's link-time libraries) and the strong symbols
 # none of them defines (those must come from the driver, libcuda.so.1, on the
 # device), then whether `import sparse_operation_kit` loads the three
 # libraries into TensorFlow 2.21 here (the driver replaced by the empty stub:
@@ -23,9 +23,9 @@ for so in "$lib"/*.so; do
     echo "== $(basename "$so") ($(du -k "$so" | cut -f1) KiB)"
     ldd "$so" | grep -vE 'linux-vdso|ld-linux' | sed 's/ (0x.*//; s/^\s*/   /'
     ldd "$so" | grep -q 'not found' && rc=1
-    deps=$(ldd "$so" | awk '$3 ~ /^\// {print $3}')
+    deps=$(ldd "$so" | awk '$3 ~ /^\// {print $3} $1 ~ /ld-linux/ {print $1}')
     # shellcheck disable=SC2086
-    unresolved=$(comm -23 <(nm -D --undefined-only "$so" | awk '{print $2}' | sed 's/@.*//' | sort -u) \
+    unresolved=$(comm -23 <(nm -D --undefined-only "$so" | awk '$1 == "U" {print $2}' | sed 's/@.*//' | sort -u) \
         <(for d in $deps; do nm -D --defined-only "$d" 2>/dev/null | awk '{print $3}' | sed 's/@.*//'; done | sort -u))
     echo "   undefined here: $(echo "$unresolved" | grep -c .) symbols; not from the driver (cu*):"
     echo "$unresolved" | grep -v '^cu[A-Z]' | sed 's/^/     /'
