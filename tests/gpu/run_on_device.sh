@@ -41,6 +41,12 @@
 #   tf-scaling         benchmarks/gpu/tf_weak_scaling.py: the TF step on 1 and
 #                      2 GPUs under horovodrun over NCCL, the 2-vs-1 check
 #                      (results and the ranks' JSON in $OUT)
+#   peers              sok-ev against NVIDIA SOK 2.1.0 (benchmarks/peers/): the
+#                      step of sok_vs_sok_ev.py per implementation on GPU 0
+#                      while feature_probe.py runs on GPU 1, then each step
+#                      under horovodrun -np 2; needs .peers/ carried too
+#                      (benchmarks/peers/build_sok.sh): carry=[".device", ".peers"].
+#                      Outputs peers.log, peers_results.md, probe.md in $OUT
 #   criteo             benchmarks/criteo/run.py --device gpu (DLRM, batch
 #                      65536, 64 steps a side) on GPU 0, then under horovodrun
 #                      -np 2 over NCCL with 2+ GPUs; out dirs $OUT/criteo_gpu1
@@ -217,6 +223,55 @@ part_bench() {
     echo "bench: $(grep -cE '^=== exit' "$OUT/bench.log") of ${#commands[@]} commands failed"
 }
 
+part_peers() { # sok-ev and SOK, one implementation a process (benchmarks/peers/README.md)
+    local impl rc=0 peers=$root/benchmarks/peers probe_pid="" small=()
+    local sok_ok=1 impls=(sok_ev sok_dynamic sok_static)
+    : >"$OUT/peers.log"
+    if [[ ! -f $root/.peers/MANIFEST ]] || ! (cd "$root/.peers" && grep -E '^[0-9a-f]{64}  sok/' MANIFEST |
+        sha256sum -c --quiet) >>"$OUT/peers.log" 2>&1; then
+        echo "=== no .peers/ artifact matching its MANIFEST: SOK not run" >>"$OUT/peers.log"
+        sok_ok=0 rc=1
+    fi
+    # A dry run's numbers stay out of benchmarks/RESULTS.md.
+    ((dry)) && { sok_ok=0 rc=0 small=(--batch 256 --rows 26000 --steps 3 --results "$OUT/RESULTS.dry.md"); }
+    ((sok_ok)) || impls=(sok_ev)
+    ((sok_ok)) && cat "$root/.peers/MANIFEST" >>"$OUT/peers.log"
+    # SOK's package: its __init__ finds its libraries in <path entry>/sparse_operation_kit/lib.
+    export PYTHONPATH=$root/.peers/sok:$PYTHONPATH
+    peers_run() { # peers_run LIMIT_S COMMAND...: appends to peers.log, counts failures
+        echo "=== $*" >>"$OUT/peers.log"
+        (cd "$run" && timeout -k 10 "$(limit "$1")" "${@:2}") >>"$OUT/peers.log" 2>&1 ||
+            { echo "=== exit $?: ${*:2}" >>"$OUT/peers.log"; return 1; }
+    }
+    if ((gpus >= 2 || dry)); then
+        ( for impl in "${impls[@]}"; do
+            (cd "$run" && CUDA_VISIBLE_DEVICES=$other_gpu timeout -k 10 "$(limit 120)" "$PY" \
+                "$peers/feature_probe.py" --impl "$impl" --json-dir "$OUT" $( ((dry)) && echo --allow-cpu))
+        done ) >"$OUT/probe.log" 2>&1 &
+        probe_pid=$!
+    fi
+    for impl in "${impls[@]}"; do
+        CUDA_VISIBLE_DEVICES=0 peers_run 150 "$PY" "$peers/sok_vs_sok_ev.py" --impl "$impl" \
+            --json-dir "$OUT" "${small[@]}" $( ((dry)) && echo --dry-run-on-cpu) || rc=1
+    done
+    [[ -n $probe_pid ]] && wait "$probe_pid"
+    if ((gpus >= 2)) || { ((dry)) && command -v horovodrun >/dev/null; }; then
+        local launch=("$root/tests/multiworker/one_gpu_per_rank.sh")
+        ((dry)) && launch=()
+        for impl in "${impls[@]}"; do
+            peers_run 150 horovodrun --gloo -np 2 -H localhost:2 "${launch[@]}" "$PY" \
+                "$peers/sok_vs_sok_ev.py" --impl "$impl" --json-dir "$OUT" "${small[@]}" \
+                $( ((dry)) && echo --dry-run-on-cpu) || rc=1
+        done
+    else
+        echo "=== one GPU: no 2-GPU runs, probe not run" >>"$OUT/peers.log"
+    fi
+    peers_run 30 "$PY" "$peers/sok_vs_sok_ev.py" --report --json-dir "$OUT" "${small[@]}" || rc=1
+    peers_run 30 "$PY" "$peers/feature_probe.py" --report --json-dir "$OUT" || rc=1
+    echo "$rc" >"$status/peers.rc"
+    echo "peers: $(grep -cE '^=== exit' "$OUT/peers.log") commands failed; $(ls "$OUT"/peers_*gpu.json 2>/dev/null | wc -l) timings"
+}
+
 other_gpu=0
 ((gpus >= 2)) && other_gpu=1
 if has tf && ((other_gpu)); then
@@ -249,13 +304,19 @@ if has tf-scaling; then
     if ((gpus < 2 && !dry)); then
         echo "not run: weak scaling needs 2 GPUs" >"$OUT/tf-scaling.log"
     else
-        scaling=("$root/benchmarks/gpu/tf_weak_scaling.py")
+        # The ranks' files go to a folder of their own ($OUT brings back 8 files).
+        scaling=("$root/benchmarks/gpu/tf_weak_scaling.py" --json-dir "$OUT/tf-scaling")
+        # A dry run's numbers stay out of benchmarks/RESULTS.md.
         ((dry)) && scaling+=(--dry-run-on-cpu --batch 256 --rows 52000 --steps 3 --check-batch 64
-            --check-rows 5200)
+            --check-rows 5200 --results "$OUT/RESULTS.dry.md")
         (cd "$run" && timeout -k 10 "$(limit 560)" "$PY" "${scaling[@]}") >"$OUT/tf-scaling.log" 2>&1
         echo "$?" >"$status/tf-scaling.rc"
     fi
     echo "tf-scaling: exit $(cat "$status/tf-scaling.rc" 2>/dev/null)"
+fi
+
+if has peers; then
+    part_peers
 fi
 
 if has criteo; then
@@ -280,7 +341,7 @@ out, status, site, parts, dry = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[
 total = {"passed": 0, "failed": 0, "skipped": 0}
 lines = []
 for part in ["tf", "multi", "harness", "memcheck", "harness-sanitizer", "bench", "tf-bench",
-             "tf-scaling", "criteo"]:
+             "tf-scaling", "peers", "criteo"]:
     if part not in parts:
         continue
     path = os.path.join(out, part + ".log")
@@ -294,7 +355,7 @@ for part in ["tf", "multi", "harness", "memcheck", "harness-sanitizer", "bench",
         count["passed" if clean else "failed"] = 1
         if not clean:
             notes.append(f"exit {rc}")
-    elif part in ("harness-sanitizer", "bench", "tf-bench", "tf-scaling", "criteo"):
+    elif part in ("harness-sanitizer", "bench", "tf-bench", "tf-scaling", "peers", "criteo"):
         count["passed" if rc == 0 else "failed"] = 1
     else:
         summary = [l for l in text.splitlines() if re.match(r"^=+ .* in [\d.]+s", l)]

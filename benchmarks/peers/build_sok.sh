@@ -1,0 +1,191 @@
+#!/usr/bin/env bash
+# Builds NVIDIA SOK 2.1.0 (the `merlin-sok` sdist on PyPI) for TensorFlow 2.21
+# on this CPU machine, and writes .peers/ (git-ignored) at the repo root: the
+# artifact a device call carries beside .device/ (tests/gpu/run_on_device.sh,
+# part `peers`). SOK's own code never enters the repository: the sdist is
+# downloaded into a cache outside it and patched in a temporary directory.
+#
+#   bash benchmarks/peers/build_sok.sh   (about 35 min on 2 cores; cache: SOK_PEERS_CACHE)
+#
+# Toolchain: CUDA 13 (/usr/local/cuda's nvcc), device code for sm_90 only.
+# PyPI's CUDA 12 nvcc package carries ptxas but no nvcc driver or front end,
+# so the CUDA 12.5 that TensorFlow was built with cannot compile SOK here; the
+# device's driver is CUDA 13, and Horovod there is a CUDA 13 build next to
+# TensorFlow's CUDA 12 runtime, as SOK is. Headers and link-time libraries that
+# /usr/local/cuda lacks come from CUDA 13 wheels (NCCL, cuRAND, cuSPARSE) and
+# from TensorFlow's wheel (cuBLAS, cuDNN and NVML headers; none is linked).
+# At run time SOK needs libcudart.so.13, libcurand.so.10, libnccl.so.2 and
+# libcuda.so.1, all on the device's LD_LIBRARY_PATH after /tmp/gpu-tf/env.sh.
+#
+# The patches (each applied with a check that its anchor is still there):
+#  1. CMakeLists.txt: `find_package(MPI REQUIRED)` is dropped. SOK uses MPI
+#     nowhere: every MPI call in HugeCTR's core23 is under `#ifdef ENABLE_MPI`,
+#     which nothing defines, and ${MPI_CXX_LIBRARIES} is only appended to the
+#     link line; without the package it is empty and the libraries need no
+#     libmpi. Horovod (Gloo or NCCL) is SOK's only communication at run time.
+#  2. kit_src/**/kernels/*.cc: TF 2.21 no longer exports
+#     stream_executor::gpu::AsGpuStreamValue, which SOK declares and calls in
+#     6 files; each declaration becomes an inline definition through the public
+#     Stream::platform_specific_handle() (as ../shared/gpu-tf/build_horovod.sh
+#     does for Horovod).
+#  3. kit_src/lookup/impl/core_impl/gpu_resource_impl.hpp: the same stream
+#     was read through Stream::implementation()->GpuStreamMemberHack(), gone
+#     from TF 2.21: platform_specific_handle() again.
+#  4. concurrent_unordered_map.cuh: CUDA 13's cudaMemPrefetchAsync takes a
+#     cudaMemLocation and flags instead of a device id.
+set -euo pipefail
+export TF_CPP_MIN_LOG_LEVEL=3
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+out=${1:-$root/.peers}
+venv=${SOK_EV_GPU_VENV:-$root/.venv-cuda}
+cache=${SOK_PEERS_CACHE:-$HOME/.cache/sok-ev-peers}
+jobs=${SOK_PEERS_JOBS:-2}
+sok_version=2.1.0
+cuda=/usr/local/cuda
+limit_mib=40 # .peers/ beside .device/ (14 MiB) and the tree, under 64 MiB
+[[ -x $venv/bin/python ]] || { echo "no $venv: build .venv-cuda first (tests/gpu/build_gpu_wheel.sh)" >&2; exit 2; }
+"$venv/bin/python" -c 'import tensorflow as tf; assert tf.__version__ == "2.21.0", tf.__version__' ||
+    { echo "$venv must hold tensorflow 2.21.0" >&2; exit 2; }
+mkdir -p "$cache"
+
+echo "==> sources and libraries (cached in $cache)"
+sdist=$cache/merlin-sok-$sok_version.tar.gz
+[[ -f $sdist ]] || "$venv/bin/pip" download -q "merlin-sok==$sok_version" --no-deps --no-binary :all: -d "$cache"
+# CUDA 13 libraries the toolkit here lacks: headers and link-time .so only.
+cuda_extra=$cache/cuda13
+if [[ ! -f $cuda_extra/done ]]; then
+    rm -rf "$cuda_extra" && mkdir -p "$cuda_extra/wheels"
+    "$venv/bin/pip" download -q --no-deps --only-binary :all: -d "$cuda_extra/wheels" \
+        nvidia-nccl-cu13==2.30.7 nvidia-curand==10.4.0.35 nvidia-cusparse==12.6.3.3
+    "$venv/bin/python" - "$cuda_extra" <<'PY'
+import glob, os, re, sys, zipfile
+dst = sys.argv[1]
+for wheel in glob.glob(os.path.join(dst, "wheels", "*.whl")):
+    with zipfile.ZipFile(wheel) as z:
+        for name in z.namelist():
+            m = re.match(r"nvidia/[^/]+/(include|lib)/(.+)$", name)
+            if m and not name.endswith("/"):
+                path = os.path.join(dst, m.group(1), m.group(2))
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with z.open(name) as f, open(path, "wb") as g:
+                    g.write(f.read())
+PY
+    for lib in "$cuda_extra"/lib/*.so.*; do ln -sf "$(basename "$lib")" "${lib%%.so.*}.so"; done
+    # The toolkit here has no libcuda stub: an empty library with the driver's
+    # soname records the dependency; its symbols resolve to the device's driver.
+    echo 'void sok_ev_peers_cuda_stub(void) {}' >"$cuda_extra/stub.c"
+    gcc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$cuda_extra/lib/libcuda.so" "$cuda_extra/stub.c"
+    # core23's error.hpp includes cuBLAS, cuDNN and NVML headers (for their
+    # error codes; no calls): TensorFlow's wheel ships them, beside nothing else.
+    tf_headers=$("$venv/bin/python" -c 'import os, tensorflow as tf; print(os.path.dirname(tf.__file__))' 2>/dev/null)/include/third_party/gpus
+    cp "$tf_headers"/cuda/include/cublas*.h "$tf_headers"/cudnn/include/cudnn*.h "$tf_headers"/cuda/nvml/include/nvml.h \
+        "$cuda_extra/include/"
+    rm -rf "$cuda_extra/wheels" && touch "$cuda_extra/done"
+fi
+
+# HugeCTR's utils.hpp includes numa.h (inline helpers SOK never calls):
+# Debian's header package, unpacked into the cache, not installed.
+if [[ ! -f $cuda_extra/include/numa.h ]]; then
+    (cd "$cuda_extra" && apt-get download -q libnuma-dev 2>/dev/null && dpkg -x libnuma-dev_*.deb numa &&
+        cp numa/usr/include/numa*.h include/ && rm -rf numa libnuma-dev_*.deb)
+fi
+
+# The sdist is unpacked and patched afresh in a temporary directory, then
+# synced into the cache's source tree file by file, rewriting only files whose
+# content changed (files CMake generates there stay): with the build directory
+# kept too, a rebuild compiles only what a changed patch touches.
+work=$(mktemp -d /tmp/sok-build.XXXX)
+trap 'rm -rf "$work"' EXIT
+tar -xzf "$sdist" -C "$work"
+src=$work/merlin-sok-$sok_version
+
+echo "==> patches"
+"$venv/bin/python" - "$src" <<'PY'
+import glob, os, sys
+src = sys.argv[1]
+
+def patch(path, old, new, count=1):
+    path = os.path.join(src, path)
+    text = open(path).read()
+    assert text.count(old) == count, f"{path}: patch point {old!r} found {text.count(old)} times, not {count}"
+    open(path, "w").write(text.replace(old, new))
+
+# 1. No MPI: nothing in SOK's build defines ENABLE_MPI, the only guard of MPI calls.
+patch("CMakeLists.txt", "find_package(MPI REQUIRED)\n", "")
+# 2. AsGpuStreamValue: defined inline through the public Stream API of TF 2.21.
+declaration = "cudaStream_t AsGpuStreamValue(Stream* stream);\n"
+definition = ("inline cudaStream_t AsGpuStreamValue(Stream* stream) {\n"
+              "  return static_cast<cudaStream_t>(stream->platform_specific_handle().stream);\n}\n")
+files = [p for p in glob.glob(os.path.join(src, "kit_src", "**", "*.cc"), recursive=True)
+         if declaration in open(p).read()]
+assert len(files) == 6, files
+for path in files:
+    patch(path, declaration, definition)
+    patch(path, "namespace stream_executor {\n", '#include "xla/stream_executor/stream.h"\nnamespace stream_executor {\n')
+# 3. The same stream, read through Stream::implementation()->GpuStreamMemberHack(),
+#    which TF 2.21's Stream no longer has: the public handle again.
+patch("kit_src/lookup/impl/core_impl/gpu_resource_impl.hpp",
+      "    cudaStream_t *stream =\n"
+      "        reinterpret_cast<cudaStream_t *>(gpu_dc->stream()->implementation()->GpuStreamMemberHack());\n",
+      "    cudaStream_t stream_handle =\n"
+      "        static_cast<cudaStream_t>(gpu_dc->stream()->platform_specific_handle().stream);\n"
+      "    cudaStream_t *stream = stream_handle ? &stream_handle : nullptr;\n")
+# 4. CUDA 13 takes a cudaMemLocation (and flags) where CUDA 12 took a device id
+#    (the DET backend's table on managed memory; HKV does not call it).
+patch("kit_src/variable/impl/dynamic_embedding_table/cudf/concurrent_unordered_map.cuh",
+      "m_hashtbl_size * sizeof(value_type), dev_id, 0));",
+      "m_hashtbl_size * sizeof(value_type),\n"
+      "                                 cudaMemLocation{cudaMemLocationTypeDevice, dev_id}, 0, 0));")
+print(f"patched CMakeLists.txt, {len(files)} kernels, gpu_resource_impl.hpp, concurrent_unordered_map.cuh")
+PY
+
+mkdir -p "$cache/src/merlin-sok-$sok_version"
+"$venv/bin/python" - "$src" "$cache/src/merlin-sok-$sok_version" <<'PY'
+import filecmp, os, shutil, sys
+source, target = sys.argv[1], sys.argv[2]
+for directory, _, files in os.walk(source):
+    for name in files:
+        relative = os.path.relpath(os.path.join(directory, name), source)
+        old, new = os.path.join(target, relative), os.path.join(source, relative)
+        if not os.path.exists(old) or not filecmp.cmp(old, new, shallow=False):
+            os.makedirs(os.path.dirname(old), exist_ok=True)
+            shutil.copy2(new, old) if not os.path.exists(old) else shutil.copyfile(new, old)
+PY
+src=$cache/src/merlin-sok-$sok_version
+
+echo "==> configure ($($cuda/bin/nvcc --version | tail -1))"
+build=$cache/build
+# CMake imports TensorFlow through `python`: the venv's comes first on PATH.
+PATH=$venv/bin:$cuda/bin:$PATH NCCL_DIR=$cuda_extra nice -n 19 cmake -S "$src" -B "$build" -G Ninja \
+    -DSKBUILD=ON -DSM=90 -DCMAKE_BUILD_TYPE=Release -DUSE_NVTX=OFF -DENABLE_DEEPREC=OFF \
+    -DCMAKE_CUDA_COMPILER=$cuda/bin/nvcc -DCMAKE_CUDA_RUNTIME_LIBRARY=Shared \
+    -DCUDAToolkit_ROOT=$cuda -DCUDA_cuda_driver_LIBRARY="$cuda_extra/lib/libcuda.so" \
+    -DCUDA_curand_LIBRARY="$cuda_extra/lib/libcurand.so" -DCUDA_cusparse_LIBRARY="$cuda_extra/lib/libcusparse.so" \
+    -DCMAKE_CXX_FLAGS="-I$cuda_extra/include" -DCMAKE_CUDA_FLAGS="-I$cuda_extra/include" \
+    -DCMAKE_SHARED_LINKER_FLAGS="-L$cuda_extra/lib -Wl,--as-needed" >"$work/configure.log" 2>&1 ||
+    { tail -40 "$work/configure.log"; exit 1; }
+
+echo "==> build (nice, $jobs jobs; log $cache/build.log)"
+t0=$SECONDS
+PATH=$venv/bin:$cuda/bin:$PATH nice -n 19 ninja -C "$build" -j "$jobs" -k 0 >"$cache/build.log" 2>&1 ||
+    { grep -E "error:|^FAILED" "$cache/build.log" | head -40; echo "build failed, log in $cache/build.log" >&2; exit 1; }
+echo "built in $((SECONDS - t0)) s"
+
+echo "==> artifact $out"
+rm -rf "$out"
+mkdir -p "$out/sok/sparse_operation_kit/lib"
+cp "$src"/sparse_operation_kit/*.py "$out/sok/sparse_operation_kit/"
+# SOK's __init__ looks for its libraries in <sys.path entry>/sparse_operation_kit/lib.
+for lib in libsparse_operation_kit.so libembedding.so libhugectr_core23.so; do
+    strip --strip-unneeded -o "$out/sok/sparse_operation_kit/lib/$lib" "$build/lib/$lib"
+done
+cp "$src/LICENSE.txt" "$out/sok/"
+{
+    echo "merlin-sok $sok_version sdist sha256 $(sha256sum "$sdist" | cut -d' ' -f1)"
+    echo "tree: $(git -C "$root" rev-parse HEAD) $(git -C "$root" status --porcelain | wc -l) changed files"
+    echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname), $($cuda/bin/nvcc --version | tail -1), sm_90"
+    (cd "$out" && find sok -type f | sort | xargs sha256sum)
+} >"$out/MANIFEST"
+echo "$out: $(du -sm "$out" | cut -f1) MiB"
+((($(du -sk "$out" | cut -f1) + 1023) / 1024 <= limit_mib)) || { echo "too large to carry with .device" >&2; exit 1; }
+bash "$root/benchmarks/peers/check_sok_libs.sh" "$out"
