@@ -35,6 +35,7 @@ import datetime
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -251,14 +252,16 @@ def launch(args, gpus, mode, tag, env=None, streams=0):
         command += ["--batch", str(args.check_batch), "--rows", str(args.check_rows)]
     print(f"[{tag}] {' '.join(command[5:])}" + (f" with {env}" if env else ""), flush=True)
     started = time.time()
+    # Its own process group: a launch past its time is killed ranks and all.
+    process = subprocess.Popen(command, env=dict(os.environ, **(env or {})), start_new_session=True)
     try:
-        subprocess.run(command,
-                       env=dict(os.environ, **(env or {})),
-                       timeout=args.timeout,
-                       check=True,
-                       start_new_session=True)
-    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as error:
-        print(f"[{tag}] failed: {error}", flush=True)
+        code = process.wait(timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        code = f"killed after {args.timeout} s"
+    if code != 0:
+        print(f"[{tag}] failed: exit {code}", flush=True)
         return False
     print(f"[{tag}] done in {time.time() - started:.0f} s", flush=True)
     return all(
