@@ -44,6 +44,7 @@ sok_ev ratios) and appends it to benchmarks/RESULTS.md (--no-append to skip).
   python benchmarks/cpu_sparse_step.py                  # 2 hotness x 2 modes, ~10 min
   python benchmarks/cpu_sparse_step.py --batch 16384 --dim 64 --vocab 1000000 --hotness 1
   python benchmarks/cpu_sparse_step.py --sides sok_ev dense --modes graph --no-append
+  python benchmarks/cpu_sparse_step.py --python-time --hotness 1   # 26 tables vs 1
 """
 import argparse
 import datetime
@@ -98,6 +99,11 @@ def parse_args(argv=None):
                    action="store_true",
                    help="instead of timing: each op type's CPU time in the graph-mode step "
                    "of sok_ev and dense TF (TensorFlow's step stats), per hotness")
+    p.add_argument("--python-time",
+                   action="store_true",
+                   help="instead of timing against baselines: sok_ev's Python time per step "
+                   "(the step's wall time outside TensorFlow's runtime call) with all --tables "
+                   "tables and with one, per mode, at the first --hotness")
     p.add_argument("--seed", type=int, default=0)
     # Worker side (internal): one implementation in one mode.
     p.add_argument("--worker", choices=["sok_ev", "dense", "tfra"], help=argparse.SUPPRESS)
@@ -450,12 +456,93 @@ def profile_ops(args, steps=10, top=12):
                     print(f"    {ms:8.2f} ms  {ms / total:6.1%}  {op}", flush=True)
 
 
+def python_time(args):
+    """sok_ev's Python time per step, with args.tables tables and with one
+  (the same batch shape per table): each step's wall time minus the time
+  inside TensorFlow's runtime call (the tf.function's execute, the Session's
+  run), median over --reps steps after --warmup. Prints a table and appends
+  it to RESULTS.md (unless --no-append)."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    from tensorflow.python.client import session  # pylint: disable=import-outside-toplevel
+    from tensorflow.python.eager import execute  # pylint: disable=import-outside-toplevel
+    inside = [0.0]
+
+    def timed(call):
+
+        def wrapper(*a, **k):
+            begin = time.perf_counter()
+            try:
+                return call(*a, **k)
+            finally:
+                inside[0] += time.perf_counter() - begin
+
+        return wrapper
+
+    # The tf.function's call (context.call_function -> execute.execute) and
+    # the Session's (BaseSession._call_tf_sessionrun).
+    execute.execute = timed(execute.execute)
+    session.BaseSession._call_tf_sessionrun = timed(session.BaseSession._call_tf_sessionrun)
+    args.worker = "sok_ev"
+    hotness = args.hotness[0]
+    counts = [args.tables, 1]
+    rows, results_by_mode = [], {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for tables in counts:
+            args.tables = tables
+            args.inputs = os.path.join(tmp, f"tables_{tables}.npz")
+            write_inputs(args, hotness, args.inputs)
+            inputs = read_inputs(args)
+            for mode in args.modes:
+                step = (build_graph if mode == "graph" else build_tf_function)(tf, args, inputs)
+                for i in range(args.warmup):
+                    step(i)
+                python_ms, wall_ms = [], []
+                for i in range(args.reps):
+                    inside[0] = 0.0
+                    begin = time.perf_counter()
+                    step(i)
+                    wall = time.perf_counter() - begin
+                    wall_ms.append(wall * 1e3)
+                    python_ms.append((wall - inside[0]) * 1e3)
+                results_by_mode.setdefault(mode, {})[tables] = np.median(python_ms)
+                rows.append(f"| {mode} | {tables} | {np.median(python_ms):.3f} "
+                            f"| {np.percentile(python_ms, 10):.3f} "
+                            f"| {np.percentile(python_ms, 90):.3f} | {np.median(wall_ms):.2f} |")
+                print(rows[-1], flush=True)
+    args.tables = counts[0]
+    verdicts = []
+    for mode, by_count in results_by_mode.items():
+        ratio = by_count[counts[0]] / by_count[1]
+        verdicts.append(f"- {mode}: {counts[0]} tables' Python time is **{ratio:.2f}x** one "
+                        f"table's (target <= 1x: {'met' if ratio <= 1 else 'missed'})")
+        print(verdicts[-1], flush=True)
+    section = "\n".join([
+        f"\n## Python time per step of the grouped lookup, {counts[0]} tables vs 1 "
+        f"(benchmarks/cpu_sparse_step.py --python-time), "
+        f"{datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}", "",
+        f"- machine: {platform.machine()}, {os.cpu_count()} cores ({results.cpu_model()}), "
+        f"TensorFlow {tf.__version__}, Python {platform.python_version()}; 1-minute load "
+        f"{load_1min():.2f} at the end", f"- command: `{results.command()}`",
+        f"- setup: sok_ev step (one lookup_sparse call, Adagrad), batch {args.batch}, dim "
+        f"{args.dim}, vocab {args.vocab}/table, hotness {hotness}; Python time = the step's "
+        f"wall time minus the time inside TensorFlow's runtime call (tf.function: its "
+        f"execute; graph: Session's run); {args.warmup} warm-up + {args.reps} steps", "",
+        "| mode | tables | Python ms a step (median) | p10 | p90 | step wall ms |",
+        "|---|---|---|---|---|---|"
+    ] + rows + [""] + verdicts + [""])
+    print(section)
+    if not args.no_append:
+        results.append(section)
+
+
 def main(argv=None):
     args = parse_args(argv)
     if args.worker:
         return worker(args)
     if args.profile:
         return profile_ops(args)
+    if args.python_time:
+        return python_time(args)
     if "sok_ev" not in args.sides:
         sys.exit("--sides must include sok_ev: every ratio is taken against it")
     groups = side_groups(args)

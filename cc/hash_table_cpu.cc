@@ -107,6 +107,7 @@ struct HashTable<Key>::Shard {
   GrowableBlock index;              // (capacity,) entries
   int64_t capacity = 0;             // 0 or a power of two
   int64_t count = 0;                // keys stored
+  uint64_t erasures = 0;            // keys erased so far: a row id changes owner only then
 
   void set_width(int64_t new_width) {
     width = new_width;
@@ -223,6 +224,7 @@ struct HashTable<Key>::Shard {
     if (!found) return false;
     uint64_t* e = entries();
     free_rows.push_back(static_cast<uint32_t>(id_of(e[hole])));
+    ++erasures;
     e[hole] = kEmptyEntry;
     --count;
     const int64_t mask = capacity - 1;
@@ -394,12 +396,23 @@ Status HashTable<Key>::for_each_shard(
 
 template <typename Key>
 Status HashTable<Key>::find_or_insert(const CpuContext& context, const Key* keys, int64_t n,
-                                      float* values, const int64_t* frequencies) {
-  return for_each_shard(
+                                      float* values, const int64_t* frequencies,
+                                      bool remember_rows) {
+  // No erase can match this: a shard whose rows may have changed owner while
+  // it was unlocked is not remembered.
+  constexpr uint64_t kNotRemembered = ~uint64_t{0};
+  RememberedRows found;
+  if (remember_rows) {
+    found.ids.resize(n);
+    found.erasures.assign(kNumShards, kNotRemembered);
+  }
+  const Status status = for_each_shard(
       context, keys, n, [&](Shard& shard, const int64_t* positions, int64_t count) -> Status {
         std::vector<int64_t> missing;
+        uint64_t erasures;
         {
           std::shared_lock<std::shared_mutex> lock(shard.mutex);
+          erasures = shard.erasures;
           // Probe every key first (asking for its record as it is found),
           // then copy: the records' misses overlap instead of following each
           // probe.
@@ -419,9 +432,14 @@ Status HashTable<Key>::find_or_insert(const CpuContext& context, const Key* keys
             }
             std::memcpy(values + i * dim_, shard.row(ids[k]), dim_ * sizeof(float));
             atomic_add(&shard.header(ids[k])->frequency, frequencies ? frequencies[i] : 1);
+            if (remember_rows) found.ids[i] = ids[k];
           }
         }
-        if (missing.empty()) return Status::Ok();
+        const size_t s = static_cast<size_t>(&shard - shards_.get());
+        if (missing.empty()) {
+          if (remember_rows) found.erasures[s] = erasures;
+          return Status::Ok();
+        }
         std::unique_lock<std::shared_mutex> lock(shard.mutex);
         for (int64_t i : missing) {
           // Another thread, or an earlier duplicate in this batch, may have
@@ -436,9 +454,19 @@ Status HashTable<Key>::find_or_insert(const CpuContext& context, const Key* keys
           }
           std::memcpy(values + i * dim_, shard.row(id), dim_ * sizeof(float));
           shard.header(id)->frequency += frequencies ? frequencies[i] : 1;
+          if (remember_rows) found.ids[i] = id;
         }
+        // The rows found under the shared lock still hold their keys unless
+        // a key was erased in between.
+        if (remember_rows && shard.erasures == erasures) found.erasures[s] = erasures;
         return Status::Ok();
       });
+  if (remember_rows && status.ok()) {
+    found.keys.assign(keys, keys + n);
+    std::lock_guard<std::mutex> lock(remembered_mutex_);
+    remembered_ = std::move(found);
+  }
+  return status;
 }
 
 template <typename Key>
@@ -507,36 +535,55 @@ int64_t HashTable<Key>::erase(const CpuContext& context, const Key* keys, int64_
 template <typename Key>
 Status HashTable<Key>::update_rows(const CpuContext& context, const Key* keys, int64_t n,
                                    int64_t global_step, const RowUpdate& update) {
-  return for_each_shard(context, keys, n,
-                        [&](Shard& shard, const int64_t* positions, int64_t count) -> Status {
-                          std::unique_lock<std::shared_mutex> lock(shard.mutex);
-                          // Inserts first: they may move the records, so row pointers come after.
-                          std::vector<int64_t> ids(count);
-                          for (int64_t k = 0; k < count; ++k) {
-                            if (k + kPrefetchDistance < count) {
-                              shard.prefetch(keys[positions[k + kPrefetchDistance]]);
-                            }
-                            const Key key = keys[positions[k]];
-                            ids[k] = shard.find_row(key);
-                            if (ids[k] < 0) {
-                              if (size_t bytes = shard.insert_absent(key, &ids[k])) {
-                                lock.unlock();
-                                return out_of_memory("new keys", bytes);
-                              }
-                              fill_initial_row(key, shard.row(ids[k]));
-                            }
-                          }
-                          std::vector<float*> rows(count);
-                          for (int64_t k = 0; k < count; ++k) {
-                            if (k + kPrefetchDistance < count) {
-                              shard.prefetch_row(ids[k + kPrefetchDistance], shard.width);
-                            }
-                            shard.header(ids[k])->version = global_step;
-                            rows[k] = shard.row(ids[k]);
-                          }
-                          update(positions, rows.data(), count);
-                          return Status::Ok();
-                        });
+  // The rows of the lookup of these very keys, taken once.
+  RememberedRows remembered;
+  {
+    std::lock_guard<std::mutex> lock(remembered_mutex_);
+    if (n > 0 && static_cast<int64_t>(remembered_.keys.size()) == n &&
+        std::equal(keys, keys + n, remembered_.keys.begin())) {
+      remembered = std::move(remembered_);
+      remembered_ = RememberedRows();
+    }
+  }
+  return for_each_shard(
+      context, keys, n, [&](Shard& shard, const int64_t* positions, int64_t count) -> Status {
+        std::unique_lock<std::shared_mutex> lock(shard.mutex);
+        // Inserts first: they may move the records, so row pointers come after.
+        std::vector<int64_t> ids(count);
+        const size_t s = static_cast<size_t>(&shard - shards_.get());
+        if (!remembered.keys.empty() && remembered.erasures[s] == shard.erasures) {
+          // Every key was found or inserted by the lookup.
+          for (int64_t k = 0; k < count; ++k) {
+            ids[k] = remembered.ids[positions[k]];
+            if (k < kPrefetchDistance) shard.prefetch_row(ids[k], shard.width);
+          }
+        } else {
+          for (int64_t k = 0; k < count; ++k) {
+            if (k + kPrefetchDistance < count) {
+              shard.prefetch(keys[positions[k + kPrefetchDistance]]);
+            }
+            const Key key = keys[positions[k]];
+            ids[k] = shard.find_row(key);
+            if (ids[k] < 0) {
+              if (size_t bytes = shard.insert_absent(key, &ids[k])) {
+                lock.unlock();
+                return out_of_memory("new keys", bytes);
+              }
+              fill_initial_row(key, shard.row(ids[k]));
+            }
+          }
+        }
+        std::vector<float*> rows(count);
+        for (int64_t k = 0; k < count; ++k) {
+          if (k + kPrefetchDistance < count) {
+            shard.prefetch_row(ids[k + kPrefetchDistance], shard.width);
+          }
+          shard.header(ids[k])->version = global_step;
+          rows[k] = shard.row(ids[k]);
+        }
+        update(positions, rows.data(), count);
+        return Status::Ok();
+      });
 }
 
 template <typename Key>

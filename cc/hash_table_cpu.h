@@ -97,12 +97,15 @@ class HashTable {
   std::vector<float> slot_initial_values() const;
 
   // Copies the values of `keys` into `values`, inserting missing keys with
-  // their initial values.
+  // their initial values. With remember_rows, the table keeps the keys and
+  // the rows it found for them (replacing those of the previous such call),
+  // so that an update_rows of the same keys in the same order -- a training
+  // step's update after its lookup -- skips probing them again.
   //   keys:        (n,)
   //   values:      (n, dim) out
   //   frequencies: (n,) added to each key's frequency; null adds 1 per key
   Status find_or_insert(const CpuContext& context, const Key* keys, int64_t n, float* values,
-                        const int64_t* frequencies);
+                        const int64_t* frequencies, bool remember_rows = false);
 
   // Copies the values of present keys; missing keys get zeros (or their
   // initial value when `initial_for_missing`) and found[i] = false.
@@ -122,7 +125,10 @@ class HashTable {
   // Applies `update` to the full rows of `keys` (distinct) under their
   // shards' exclusive locks, inserting missing keys first. update is called
   // once per shard with the positions (into keys) and row pointers of that
-  // shard's keys. Each key's version becomes `global_step`.
+  // shard's keys. Each key's version becomes `global_step`. When `keys` equal
+  // those of the last find_or_insert with remember_rows, its rows are used
+  // (once) for every shard that has had no erase since; a key keeps its row
+  // until it is erased, so they are still its rows.
   using RowUpdate =
       std::function<void(const int64_t* positions, float* const* rows, int64_t count)>;
   Status update_rows(const CpuContext& context, const Key* keys, int64_t n, int64_t global_step,
@@ -150,6 +156,12 @@ class HashTable {
 
  private:
   struct Shard;
+  // What find_or_insert(remember_rows) found, for update_rows.
+  struct RememberedRows {
+    std::vector<Key> keys;           // (n,)
+    std::vector<int64_t> ids;        // (n,) row of keys[i] in its shard
+    std::vector<uint64_t> erasures;  // (kNumShards,) each shard's erase count then
+  };
   // Positions of `keys` grouped by shard: positions of shard s are
   // order[offsets[s] .. offsets[s + 1]).
   void group_by_shard(const Key* keys, int64_t n, std::vector<int64_t>* order,
@@ -168,6 +180,8 @@ class HashTable {
   InitializerSpec initializer_;
   std::vector<float> default_values_;  // backs initializer_.default_values
   std::unique_ptr<Shard[]> shards_;
+  std::mutex remembered_mutex_;
+  RememberedRows remembered_;
   // Slot layout; changed only by add_slot while it holds every shard lock.
   mutable std::mutex layout_mutex_;
   std::vector<std::string> slot_names_;

@@ -99,3 +99,52 @@ def test_a_table_gives_the_same_bits_alone_and_among_many(sok, rng, unique_name,
         assert sorted(a) == sorted(b), what
         for key in a:
             np.testing.assert_array_equal(a[key], b[key], err_msg=f"{what} of key {key}")
+
+
+# One table's update large enough that the optimizer kernel spreads the
+# table's shards over the pool threads: about 76k distinct keys a step, each
+# a value and an Adagrad slot of DIM floats (2.4M floats, above the 2^20
+# below which an update stays on the calling thread).
+SPREAD_ROWS, SPREAD_BATCH, SPREAD_STEPS = 120_000, 24_000, 2
+SPREAD_MIN_FLOATS = 1 << 20
+
+
+@pytest.mark.parametrize("key_dtype", [np.int32, np.int64])
+def test_an_update_spread_over_threads_matches_dense_adagrad(sok, rng, unique_name, key_dtype):
+    """Two lookups of one table in one loss: its gradient repeats keys (the
+  kernel sums them), and after every step each row equals the same Adagrad
+  steps on a dense tf.Variable."""
+    matrix = ref.random_matrix(rng, SPREAD_ROWS, DIM)
+    draw = ref.key_sampler(rng, "in_range", SPREAD_ROWS, key_dtype)
+    steps = [[ref.random_sparse_batch(rng, SPREAD_BATCH, 4, draw, key_dtype)
+              for _ in range(2)]
+             for _ in range(SPREAD_STEPS)]
+    upstreams = [[rng.normal(size=(SPREAD_BATCH, DIM)).astype(np.float32)
+                  for _ in range(2)]
+                 for _ in range(SPREAD_STEPS)]
+    ev = ref.matrix_ev(sok, unique_name(), matrix, key_dtype=key_dtype)
+    dense = tf.Variable(matrix)
+    opt, dense_opt = (tf.compat.v1.train.AdagradOptimizer(0.1) for _ in range(2))
+    touched = set()
+    for batches, ups in zip(steps, upstreams):
+        with tf.GradientTape() as tape:
+            loss = tf.add_n([
+                tf.reduce_sum(sok.lookup_sparse([ev], [b.sp_ids()], combiners=["sum"])[0] * u)
+                for b, u in zip(batches, ups)
+            ])
+        grad, = tape.gradient(loss, [ev])
+        keys = grad.indices.numpy()
+        assert len(np.unique(keys)) < len(keys), "the update must see repeated keys"
+        assert len(np.unique(keys)) * 2 * DIM >= SPREAD_MIN_FLOATS, "the update must spread"
+        opt.apply_gradients([(grad, ev)])
+        with tf.GradientTape() as tape:
+            loss = tf.add_n([
+                tf.reduce_sum(ref.dense_lookup_sparse(dense, b, "sum", False) * u)
+                for b, u in zip(batches, ups)
+            ])
+        dense_opt.apply_gradients(zip(tape.gradient(loss, [dense]), [dense]))
+        touched.update(int(k) for b in batches for k in b.keys)
+        exported_keys, exported_values = ev.export()[:2]
+        rows = ref.export_to_dict(exported_keys.numpy(), exported_values.numpy())
+        expected = {k: row for k, row in zip(sorted(touched), dense.numpy()[sorted(touched)])}
+        ref.assert_rows_close(rows, expected, RTOL, ATOL, "rows after Adagrad")

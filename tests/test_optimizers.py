@@ -294,3 +294,41 @@ def test_a_table_looked_up_twice_has_its_duplicate_keys_summed(sok, rng, twice):
                                                                        dense)])
     expected = {k: dense.numpy()[k] for k in rows}
     ref.assert_rows_close(rows, expected, RTOL, ATOL, "after one step")
+
+
+@pytest.mark.parametrize("key_dtype", [np.int32, np.int64])
+def test_an_update_after_its_keys_were_erased_and_their_rows_reused_lands_on_its_keys(
+        sok, rng, unique_name, key_dtype):
+    # The update reuses the rows its step's lookup found, unless a key of
+    # their shard was erased in between. Here every looked-up key is evicted
+    # and new keys take the freed rows before the update: the update must
+    # re-insert the looked-up keys (at their initial rows, as a dense Adagrad
+    # step from the start sees them) and leave the new keys' rows alone.
+    from sok_ev._ops import ops  # pylint: disable=import-outside-toplevel
+    n_rows, batch_size = 400, 300
+    matrix = ref.random_matrix(rng, n_rows, DIM)
+    batch = ref.random_sparse_batch(rng, batch_size, MAX_HOTNESS,
+                                    ref.key_sampler(rng, "in_range", n_rows, key_dtype), key_dtype)
+    upstream = rng.normal(size=(batch_size, DIM)).astype(np.float32)
+    ev = ref.matrix_ev(sok, unique_name(), matrix, key_dtype=key_dtype)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(sok.lookup_sparse([ev], [batch.sp_ids()])[0] * upstream)
+    grad, = tape.gradient(loss, [ev])
+    ops().sok_ev_embedding_variable_evict_by_l2_weight(ev.handle,
+                                                       key_dtype=tf.as_dtype(key_dtype),
+                                                       l2_weight_threshold=1e30)
+    assert ev.export()[0].shape[0] == 0
+    newcomers = np.arange(n_rows, 3 * n_rows).astype(key_dtype)
+    ops().sok_ev_find_or_insert([ev.handle], [tf.constant(newcomers)],
+                                [tf.ones([len(newcomers)], tf.int64)],
+                                embedding_dims=[DIM])
+    tf.compat.v1.train.AdagradOptimizer(0.1).apply_gradients([(grad, ev)])
+    rows = ref.export_to_dict(*(t.numpy() for t in ev.export()))
+
+    dense = tf.Variable(matrix)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(ref.dense_lookup_sparse(dense, batch, "sum", False) * upstream)
+    tf.compat.v1.train.AdagradOptimizer(0.1).apply_gradients([(tape.gradient(loss, dense), dense)])
+    expected = {int(k): dense.numpy()[k] for k in batch.unique_keys()}
+    expected.update({int(k): matrix[k % n_rows] for k in newcomers})
+    ref.assert_rows_close(rows, expected, RTOL, ATOL, "after the update")

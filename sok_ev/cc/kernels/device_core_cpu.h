@@ -295,10 +295,12 @@ class Core<CPUDevice> {
                                    int64_t num_unique, const int64_t* unique_index,
                                    const float* weights, const int64_t* row_offsets, int64_t batch,
                                    Combiner combiner, float* out) {
-    // Every element is written by find_or_insert: no zero fill.
+    // Every element is written by find_or_insert: no zero fill. The table
+    // remembers the rows, which the step's optimizer update of these keys reuses.
     std::unique_ptr<float[]> values(new float[num_unique * table.dim()]);
     TF_RETURN_IF_ERROR(
-        ToTfStatus(table.find_or_insert(context_, unique_keys, num_unique, values.get(), counts)));
+        ToTfStatus(table.find_or_insert(context_, unique_keys, num_unique, values.get(), counts,
+                                        /*remember_rows=*/true)));
     cpu::combine_forward(context_, values.get(), unique_index, weights, row_offsets, batch,
                          table.dim(), combiner, out);
     return absl::OkStatus();
