@@ -199,15 +199,28 @@ def _compare(signatures, theirs_by_worker, everyone):
 # --- Run time ------------------------------------------------------------------
 
 
-def exchange_name(params):
-    """The name of a lookup's first collective (keys to owners): unique among
-  the lookups of one graph or function, the same on every worker, and known
-  to `stop_everyone`."""
+def exchange_device(params):
+    """The device a lookup's exchanges run on, decided once so that a stop
+  message (`stop_everyone`) can match it: the GPU when a table is on one, the
+  CPU when the tables are placed on it; unplaced tables (graph mode without a
+  device scope) follow TensorFlow's default placement, the first GPU if there
+  is one."""
+    devices = [(v.device or "").upper() for v in params]
+    if any("GPU" in d for d in devices):
+        return "/GPU:0"
+    if any(devices):
+        return "/CPU:0"
+    return "/GPU:0" if tf.config.list_logical_devices("GPU") else "/CPU:0"
+
+
+def exchange_name(params, device):
+    """The name of a lookup's first collective (keys to owners), which runs on
+  `device` (`exchange_device`): unique among the lookups of one graph or
+  function, the same on every worker, and known to `stop_everyone`."""
     graph = framework_ops.get_default_graph()
     ordinal = getattr(graph, "_sok_ev_exchanges", 0)
     graph._sok_ev_exchanges = ordinal + 1  # pylint: disable=protected-access
     name = f"sok_ev_keys_{ordinal}_{fingerprint(params):016x}"
-    device = "/GPU:0" if any("GPU" in (v.device or "").upper() for v in params) else "/CPU:0"
     with _lock:
         _exchanges[None if tf.executing_eagerly() else name] = device
     return name

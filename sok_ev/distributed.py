@@ -137,11 +137,15 @@ def find_or_insert(params, unique_keys, counts):
              tf.transpose(owner_counts)],
             axis=1)
         send_rows = tf.gather(source, _segments(starts, lengths))
-        received, received_splits = communication.alltoall(send_rows,
-                                                           header_rows +
-                                                           tf.reduce_sum(owner_counts, axis=0),
-                                                           name=agreement.exchange_name(params),
-                                                           exact_name=True)
+        # Pinned to the device a stop message will use (sok_ev.agreement):
+        # Horovod pairs a GPU alltoall only with GPU alltoalls.
+        device = agreement.exchange_device(params)
+        with tf.device(device):
+            received, received_splits = communication.alltoall(
+                send_rows,
+                header_rows + tf.reduce_sum(owner_counts, axis=0),
+                name=agreement.exchange_name(params, device),
+                exact_name=True)
 
         # On the owner: every sender must run this lookup (its first header row),
         # before anything reads the rest; the other header rows give its per-table
@@ -169,22 +173,22 @@ def find_or_insert(params, unique_keys, counts):
                                              owned_keys, [rows[:, 1] for rows in table_rows],
                                              embedding_dims=dims)
 
-        # Alltoall #2: the rows back, grouped by requester then table, as floats.
-        flat_values = tf.concat([tf.reshape(v, [-1]) for v in values], axis=0)
+        # Alltoall #2: the rows back, grouped by requester then table, as floats
+        # (the tables' dims may differ). Rows move as blocks (split, concat):
+        # an index per float would cost more than the rows themselves.
+        by_sender = [tf.split(v, from_counts[:, t], num=size) for t, v in enumerate(values)]
+        send_values = tf.concat(
+            [tf.reshape(by_sender[t][w], [-1]) for w in range(size) for t in range(n)], axis=0)
         floats_from = from_counts * dims_tensor[None, :]  # [sender, table]
-        value_starts = (_exclusive_cumsum(received_per_table * dims_tensor)[None, :] +
-                        _exclusive_cumsum(floats_from, axis=0))  # [sender, table]
-        send_values = _permute(flat_values, _segments(value_starts, floats_from))
         returned, _ = communication.alltoall(send_values, tf.reduce_sum(floats_from, axis=1))
 
-        # Back on the requester: regroup by table (then owner), un-permute.
+        # Back on the requester: each owner's block holds table 0's rows, then
+        # table 1's, ...; regroup by table (then owner), un-permute.
         floats_to = owner_counts * dims_tensor[:, None]  # [table, owner]
-        returned_starts = (_exclusive_cumsum(tf.reduce_sum(floats_to, axis=0))[None, :] +
-                           _exclusive_cumsum(floats_to, axis=0))  # [table, owner]
-        by_table = _permute(returned, _segments(returned_starts, floats_to))
-        pieces = tf.split(by_table, tf.reduce_sum(floats_to, axis=1), num=n)
+        by_owner = tf.split(returned, tf.reshape(tf.transpose(floats_to), [-1]), num=size * n)
         unique_values = []
-        for piece, dim, p in zip(pieces, dims, positions):
-            rows = tf.reshape(piece, [-1, dim])
+        for t, (dim, p) in enumerate(zip(dims, positions)):
+            rows = tf.concat([tf.reshape(by_owner[w * n + t], [-1, dim]) for w in range(size)],
+                             axis=0)
             unique_values.append(_permute(rows, tf.math.invert_permutation(p)))
         return unique_values
