@@ -33,6 +33,8 @@
 #     from TF 2.21: platform_specific_handle() again.
 #  4. concurrent_unordered_map.cuh: CUDA 13's cudaMemPrefetchAsync takes a
 #     cudaMemLocation and flags instead of a device id.
+#  5. sparse_operation_kit/lookup.py: importlib.find_loader, gone in Python
+#     3.12 (the device's), becomes importlib.util.find_spec.
 set -euo pipefail
 export TF_CPP_MIN_LOG_LEVEL=3
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -136,7 +138,13 @@ patch("kit_src/variable/impl/dynamic_embedding_table/cudf/concurrent_unordered_m
       "m_hashtbl_size * sizeof(value_type), dev_id, 0));",
       "m_hashtbl_size * sizeof(value_type),\n"
       "                                 cudaMemLocation{cudaMemLocationTypeDevice, dev_id}, 0, 0));")
-print(f"patched CMakeLists.txt, {len(files)} kernels, gpu_resource_impl.hpp, concurrent_unordered_map.cuh")
+# 5. Python 3.12 removed importlib.find_loader, which SOK's lookup calls to
+#    test for DeepRec's kv_variable_ops (the device's Python is 3.12; the first
+#    device run failed there): importlib.util.find_spec answers the same.
+patch("sparse_operation_kit/lookup.py", "importlib.find_loader(", "importlib.util.find_spec(", count=3)
+patch("sparse_operation_kit/lookup.py", "import importlib\n", "import importlib\nimport importlib.util\n")
+print(f"patched CMakeLists.txt, {len(files)} kernels, gpu_resource_impl.hpp, concurrent_unordered_map.cuh, "
+      "lookup.py")
 PY
 
 mkdir -p "$cache/src/merlin-sok-$sok_version"
