@@ -39,3 +39,14 @@ def append(section):
     with open(RESULTS, "a") as f:
         f.write(section)
     print(f"appended to {os.path.relpath(RESULTS, REPO_ROOT)}")
+
+
+def publish(text, results, copy):
+    """Prints a device benchmark's section, appends it to `results` (the
+  device's RESULTS.md is lost with the machine) and writes it to `copy`, the
+  file that comes back from the device call."""
+    print(text, flush=True)
+    with open(results, "a") as f:
+        f.write(text)
+    with open(copy, "w") as f:
+        f.write(text)

@@ -37,6 +37,9 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+from results import publish  # pylint: disable=wrong-import-position
+
 TABLES, DIM, LR, ACCUMULATOR = 26, 128, 0.01, 0.1
 MASK63 = np.uint64((1 << 63) - 1)
 
@@ -432,11 +435,7 @@ def report(args):
                 f"| {ours['host_syncs_per_step']:.2f} | {ours['bytes_per_key']:.0f} "
                 f"({ours['bytes_per_key_ratio']:.2f}×) |")
     text = "\n".join(lines) + "\n"
-    print(text, flush=True)
-    with open(args.results, "a") as f:
-        f.write(text)
-    with open(os.path.join(args.json_dir, "tf_sparse_step_results.md"), "w") as f:
-        f.write(text)
+    publish(text, args.results, os.path.join(args.json_dir, "tf_sparse_step_results.md"))
 
 
 def main():

@@ -47,6 +47,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 # pylint: disable=wrong-import-position
 from tf_sparse_step import (ACCUMULATOR, DIM, LR, TABLES, batch_ids, raw_keys, rows_per_table)
+from results import publish  # tf_sparse_step put benchmarks/ on the path
 
 ONE_GPU_PER_RANK = os.path.join(ROOT, "tests", "multiworker", "one_gpu_per_rank.sh")
 CHECK_RTOL = 1e-5  # float sums in another order (per owner instead of per GPU)
@@ -373,11 +374,7 @@ def report(args, runs, verdict):
     if not verdict:
         lines.append("- check: did not run to the end (see the log)")
     text = "\n".join(lines) + "\n"
-    print(text, flush=True)
-    with open(args.results, "a") as f:
-        f.write(text)
-    with open(os.path.join(args.json_dir, "tf_weak_scaling_results.md"), "w") as f:
-        f.write(text)
+    publish(text, args.results, os.path.join(args.json_dir, "tf_weak_scaling_results.md"))
 
 
 def main():

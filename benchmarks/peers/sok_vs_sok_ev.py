@@ -38,6 +38,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks", "gpu"))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+from results import publish  # pylint: disable=wrong-import-position
 # The data: tf_sparse_step.py's generator and key mapping, not a copy.
 from tf_sparse_step import ACCUMULATOR, DIM, LR, TABLES, batch_ids, raw_keys, rows_per_table  # pylint: disable=wrong-import-position
 
@@ -230,11 +231,7 @@ def report(args):
                 parts.append(f"{NAMES[impl]} {t1 / t2:.2f}")
         lines.append(f"- {hot}-hot: " + (", ".join(parts) or "no 2-GPU run"))
     text = "\n".join(lines) + "\n"
-    print(text, flush=True)
-    with open(args.results, "a") as f:
-        f.write(text)
-    with open(os.path.join(args.json_dir, "peers_results.md"), "w") as f:
-        f.write(text)
+    publish(text, args.results, os.path.join(args.json_dir, "peers_results.md"))
     return 0
 
 
