@@ -44,17 +44,24 @@ TABLES, DIM, LR, ACCUMULATOR = 26, 128, 0.01, 0.1
 MASK63 = np.uint64((1 << 63) - 1)
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--part", choices=["all", "tf", "core", "torch"], default="all")
-    parser.add_argument("--batch", type=int, default=65536)
+def add_workload_arguments(parser):
+    """The workload's arguments, one definition for every GPU benchmark that
+  draws its data from batch_ids (tf_weak_scaling.py, peers/sok_vs_sok_ev.py),
+  so that "the same data" holds by default; --batch is per GPU."""
+    parser.add_argument("--batch", type=int, default=65536, help="samples per GPU")
     parser.add_argument("--rows", type=int, default=10_000_000, help="keys in all tables")
     parser.add_argument("--hotness", default="1,10")
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--dense-steps", type=int, default=8)
     parser.add_argument("--sets", type=int, default=3, help="batches rotated through")
     parser.add_argument("--json-dir", default=os.environ.get("OUT", "/tmp"))
     parser.add_argument("--results", default=os.path.join(ROOT, "benchmarks", "RESULTS.md"))
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--part", choices=["all", "tf", "core", "torch"], default="all")
+    add_workload_arguments(parser)
+    parser.add_argument("--dense-steps", type=int, default=8)
     parser.add_argument("--profile",
                         action="store_true",
                         help="core part: print the step's kernels by GPU time (torch.profiler)")

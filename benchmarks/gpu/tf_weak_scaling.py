@@ -46,7 +46,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 # pylint: disable=wrong-import-position
-from tf_sparse_step import (ACCUMULATOR, DIM, LR, TABLES, batch_ids, raw_keys, rows_per_table)
+from tf_sparse_step import (ACCUMULATOR, add_workload_arguments, DIM, LR, TABLES, batch_ids,
+                            raw_keys, rows_per_table)
 from results import publish  # tf_sparse_step put benchmarks/ on the path
 
 ONE_GPU_PER_RANK = os.path.join(ROOT, "tests", "multiworker", "one_gpu_per_rank.sh")
@@ -55,11 +56,7 @@ CHECK_RTOL = 1e-5  # float sums in another order (per owner instead of per GPU)
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--batch", type=int, default=65536, help="samples per GPU")
-    parser.add_argument("--rows", type=int, default=10_000_000, help="keys in all tables")
-    parser.add_argument("--hotness", default="1,10")
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--sets", type=int, default=3, help="batches rotated through")
+    add_workload_arguments(parser)
     parser.add_argument("--gpus", type=int, default=2, help="the scaled run's world size")
     parser.add_argument("--variants",
                         default="HOROVOD_CYCLE_TIME=0.1",
@@ -68,8 +65,6 @@ def parse_args(argv=None):
     parser.add_argument("--check-rows", type=int, default=260_000)
     parser.add_argument("--check-steps", type=int, default=3)
     parser.add_argument("--timeout", type=int, default=240, help="seconds per launch")
-    parser.add_argument("--json-dir", default=os.environ.get("OUT", "/tmp"))
-    parser.add_argument("--results", default=os.path.join(ROOT, "benchmarks", "RESULTS.md"))
     parser.add_argument("--dry-run-on-cpu",
                         action="store_true",
                         help="CPU ranks over Gloo (checks the script only)")

@@ -40,7 +40,7 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks", "gpu"))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 from results import publish  # pylint: disable=wrong-import-position
 # The data: tf_sparse_step.py's generator and key mapping, not a copy.
-from tf_sparse_step import ACCUMULATOR, DIM, LR, TABLES, batch_ids, raw_keys, rows_per_table  # pylint: disable=wrong-import-position
+from tf_sparse_step import ACCUMULATOR, add_workload_arguments, DIM, LR, TABLES, batch_ids, raw_keys, rows_per_table  # pylint: disable=wrong-import-position
 
 IMPLS = ("sok_ev", "sok_dynamic", "sok_static")
 NAMES = {"sok_ev": "sok-ev", "sok_dynamic": "SOK DynamicVariable", "sok_static": "SOK Variable"}
@@ -53,13 +53,7 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--impl", choices=IMPLS)
     parser.add_argument("--report", action="store_true", help="merge the JSON files, append")
-    parser.add_argument("--batch", type=int, default=65536, help="samples a GPU")
-    parser.add_argument("--rows", type=int, default=10_000_000, help="keys in all tables")
-    parser.add_argument("--hotness", default="1,10")
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--sets", type=int, default=3, help="batches rotated through")
-    parser.add_argument("--json-dir", default=os.environ.get("OUT", "/tmp"))
-    parser.add_argument("--results", default=os.path.join(ROOT, "benchmarks", "RESULTS.md"))
+    add_workload_arguments(parser)
     parser.add_argument("--dry-run-on-cpu",
                         action="store_true",
                         help="sok_ev on a machine without GPU (checks the script only)")
