@@ -292,6 +292,29 @@ class UnpackKeyMessageOp : public OpKernel {
   std::vector<tensorflow::DataType> key_dtypes_;
 };
 
+// The row messages' optional positions: none (rows in message order), or one
+// int64 vector per table with one entry per row the counts give that table.
+absl::Status CheckPositions(const OpInputList& positions, const MessagePlan& plan) {
+  const int n = static_cast<int>(plan.table_rows.size());
+  if (positions.size() != 0 && positions.size() != n) {
+    return errors::InvalidArgument("positions must be empty or one per table (", n, "), got ",
+                                   positions.size());
+  }
+  for (int t = 0; t < positions.size(); ++t) {
+    if (positions[t].NumElements() != plan.table_rows[t]) {
+      return errors::InvalidArgument("positions[", t, "] has ", positions[t].NumElements(),
+                                     " entries for ", plan.table_rows[t], " rows");
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Table t's row indices for the block that starts at its row `first`; null
+// when the rows are in message order (the block is then contiguous at `first`).
+const int64_t* BlockPositions(const OpInputList& positions, int t, int64_t first) {
+  return positions.size() == 0 ? nullptr : positions[t].flat<int64_t>().data() + first;
+}
+
 template <typename Device>
 class PackRowMessageOp : public OpKernel {
  public:
@@ -302,9 +325,6 @@ class PackRowMessageOp : public OpKernel {
     OP_REQUIRES_OK(context, context->input_list("rows", &rows));
     OP_REQUIRES_OK(context, context->input_list("positions", &positions));
     const int n = rows.size();
-    OP_REQUIRES(context, positions.size() == 0 || positions.size() == n,
-                errors::InvalidArgument("positions must be empty or one per table (", n, "), got ",
-                                        positions.size()));
     std::vector<int64_t> counts;
     int num_workers;
     OP_REQUIRES_OK(context, ReadCounts(context->input(n), n, &counts, &num_workers));
@@ -320,11 +340,8 @@ class PackRowMessageOp : public OpKernel {
       OP_REQUIRES(context, rows[t].dim_size(0) == plan.table_rows[t],
                   errors::InvalidArgument("rows[", t, "] has ", rows[t].dim_size(0),
                                           " rows, but counts sum to ", plan.table_rows[t]));
-      OP_REQUIRES(context,
-                  positions.size() == 0 || positions[t].NumElements() == plan.table_rows[t],
-                  errors::InvalidArgument("positions[", t, "] has ", positions[t].NumElements(),
-                                          " entries for ", plan.table_rows[t], " rows"));
     }
+    OP_REQUIRES_OK(context, CheckPositions(positions, plan));
     Tensor* message;
     OP_REQUIRES_OK(context,
                    context->allocate_output("message", TensorShape({plan.total}), &message));
@@ -335,16 +352,10 @@ class PackRowMessageOp : public OpKernel {
         const int64_t i = int64_t{t} * num_workers + w, count = counts[i];
         if (count == 0 || widths[t] == 0) continue;
         const int64_t first = plan.table_offset[i];
-        const float* table = rows[t].flat<float>().data();
-        if (positions.size() == 0) {
-          blocks.push_back({table + first * widths[t], nullptr, widths[t],
-                            message->flat<float>().data() + plan.start[i], nullptr, widths[t],
-                            count, widths[t]});
-        } else {
-          blocks.push_back({table, positions[t].flat<int64_t>().data() + first, widths[t],
-                            message->flat<float>().data() + plan.start[i], nullptr, widths[t],
-                            count, widths[t]});
-        }
+        const int64_t* index = BlockPositions(positions, t, first);
+        blocks.push_back({rows[t].flat<float>().data() + (index ? 0 : first * widths[t]), index,
+                          widths[t], message->flat<float>().data() + plan.start[i], nullptr,
+                          widths[t], count, widths[t]});
       }
     }
     Core<Device> core(context);
@@ -364,9 +375,6 @@ class UnpackRowMessageOp : public OpKernel {
     OpInputList positions;
     OP_REQUIRES_OK(context, context->input_list("positions", &positions));
     const int n = static_cast<int>(dims_.size());
-    OP_REQUIRES(context, positions.size() == 0 || positions.size() == n,
-                errors::InvalidArgument("positions must be empty or one per table (", n, "), got ",
-                                        positions.size()));
     std::vector<int64_t> counts;
     int num_workers;
     OP_REQUIRES_OK(context, ReadCounts(context->input(1), n, &counts, &num_workers));
@@ -374,14 +382,11 @@ class UnpackRowMessageOp : public OpKernel {
     OP_REQUIRES(context, message.dims() == 1 && message.NumElements() == plan.total,
                 errors::InvalidArgument("the message has shape ", message.shape().DebugString(),
                                         ", but counts and dims make ", plan.total, " floats"));
+    OP_REQUIRES_OK(context, CheckPositions(positions, plan));
     OpOutputList outputs;
     OP_REQUIRES_OK(context, context->output_list("rows", &outputs));
     std::vector<RowCopy<float, float>> blocks;
     for (int t = 0; t < n; ++t) {
-      OP_REQUIRES(context,
-                  positions.size() == 0 || positions[t].NumElements() == plan.table_rows[t],
-                  errors::InvalidArgument("positions[", t, "] has ", positions[t].NumElements(),
-                                          " entries for ", plan.table_rows[t], " rows"));
       Tensor* table;
       OP_REQUIRES_OK(context,
                      outputs.allocate(t, TensorShape({plan.table_rows[t], dims_[t]}), &table));
@@ -389,15 +394,10 @@ class UnpackRowMessageOp : public OpKernel {
         const int64_t i = int64_t{t} * num_workers + w, count = counts[i];
         if (count == 0 || dims_[t] == 0) continue;
         const int64_t first = plan.table_offset[i];
-        const float* src = message.flat<float>().data() + plan.start[i];
-        if (positions.size() == 0) {
-          blocks.push_back({src, nullptr, dims_[t], table->flat<float>().data() + first * dims_[t],
-                            nullptr, dims_[t], count, dims_[t]});
-        } else {
-          blocks.push_back({src, nullptr, dims_[t], table->flat<float>().data(),
-                            positions[t].flat<int64_t>().data() + first, dims_[t], count,
-                            dims_[t]});
-        }
+        const int64_t* index = BlockPositions(positions, t, first);
+        blocks.push_back({message.flat<float>().data() + plan.start[i], nullptr, dims_[t],
+                          table->flat<float>().data() + (index ? 0 : first * dims_[t]), index,
+                          dims_[t], count, dims_[t]});
       }
     }
     Core<Device> core(context);
