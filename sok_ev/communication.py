@@ -24,6 +24,7 @@ import threading
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.core.protobuf import rewriter_config_pb2
 from tensorflow.python.eager import context
 
 _state = {"rank": 0, "world_size": 1, "initialized": False}
@@ -188,10 +189,7 @@ def _eager_or_private_graph(build):
     with tf.init_scope():  # leaves a tf.function being traced
         if tf.executing_eagerly():
             return tf.nest.map_structure(lambda t: t.numpy(), build())
-    with tf.Graph().as_default():
-        fetches = build()
-        with tf.compat.v1.Session() as session:
-            return session.run(fetches)
+    return _private_graph(build, None)
 
 
 def allgather_object(obj, name="sok_ev_allgather_object", timeout=None):
@@ -260,14 +258,20 @@ def _eager(build):
 
 
 def _private_graph(build, device):
-    """Runs `build()`'s fetch in a graph and session of its own, on `device`
-  exactly when one is named: soft placement put a GPU alltoall fed by
-  constants on the CPU, and Horovod refuses to pair it with the GPU one."""
+    """Runs `build()`'s fetches in a graph and session of their own, on
+  `device` exactly when one is named: soft placement put a GPU alltoall fed by
+  constants on the CPU, and Horovod refuses to pair it with the GPU one.
+  Constant folding is off (Grappler's and the graph optimizer's): Horovod's
+  collectives are not stateful, so folding would run one fed by constants on
+  the CPU while optimizing the graph."""
     with tf.Graph().as_default():
-        fetch = build()
+        fetches = build()
         config = tf.compat.v1.ConfigProto(allow_soft_placement=device is None)
+        config.graph_options.rewrite_options.constant_folding = (
+            rewriter_config_pb2.RewriterConfig.OFF)
+        config.graph_options.optimizer_options.opt_level = tf.compat.v1.OptimizerOptions.L0
         with tf.compat.v1.Session(config=config) as session:
-            return session.run(fetch)
+            return session.run(fetches)
 
 
 def shutdown():

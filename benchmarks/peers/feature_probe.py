@@ -82,7 +82,7 @@ class Impl:
 
     def optimizer(self):
         opt = self.tf.compat.v1.train.AdagradOptimizer(0.1, 0.1)
-        return opt if self.name == "sok_ev" else self.lib.OptimizerWrapper(opt)
+        return self.lib.OptimizerWrapper(opt) if self.name == "sok_dynamic" else opt
 
 
 def sparse(tf, rows, dtype=None, shape=None, values_dtype=None):

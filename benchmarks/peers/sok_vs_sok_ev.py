@@ -11,7 +11,9 @@ sum combiner, loss = sum of every output), one tf.function step per call:
                same raw keys; capacity 2^20 a table, all in HBM
   sok_static   sok.lookup_sparse over sok.Variable (rows x 128 a table,
                split over the GPUs), the ids themselves
-SOK's optimizer is its sok.OptimizerWrapper around the same Adagrad.
+SOK's DynamicVariable is updated through its sok.OptimizerWrapper around the
+same Adagrad; its Variable, a ResourceVariable, by the Adagrad itself (the
+wrapper calls DynamicVariable.to_static on every variable).
 
 Under horovodrun (one GPU per rank, tests/multiworker/one_gpu_per_rank.sh)
 each rank feeds its own batch of --batch samples (weak scaling): rank r uses
@@ -125,10 +127,9 @@ def run(args):
                   library=lib.__file__,
                   device=gpu_name(tf, args))
     tables = make_tables(tf, lib, args.impl, rows)
-    if args.impl == "sok_ev":
-        opt = tf.compat.v1.train.AdagradOptimizer(LR, ACCUMULATOR)
-    else:
-        opt = lib.OptimizerWrapper(tf.compat.v1.train.AdagradOptimizer(LR, ACCUMULATOR))
+    opt = tf.compat.v1.train.AdagradOptimizer(LR, ACCUMULATOR)
+    if args.impl == "sok_dynamic":  # SOK's wrapper updates DynamicVariables only
+        opt = lib.OptimizerWrapper(opt)
     if hashed:  # every key present before timing, as tf_sparse_step.py does
         started = time.perf_counter()
         for t, table in enumerate(tables):
@@ -203,8 +204,8 @@ def report(args):
         f"(benchmarks/peers/build_sok.sh). Command: `python3 benchmarks/peers/sok_vs_sok_ev.py "
         f"--impl IMPL` per implementation, 2 GPUs under `horovodrun --gloo -np 2` one GPU a rank "
         f"(tests/gpu/run_on_device.sh peers). {TABLES} tables, batch {args.batch} a GPU, dim {DIM}, "
-        f"{args.rows} keys pre-filled, Zipf 1.1, Adagrad (tf.compat.v1.train; SOK through "
-        f"sok.OptimizerWrapper), sum; tf.function, median ms per step of {args.steps}.", "",
+        f"{args.rows} keys pre-filled, Zipf 1.1, Adagrad (tf.compat.v1.train; SOK's "
+        f"DynamicVariable through sok.OptimizerWrapper), sum; tf.function, median ms per step of {args.steps}.", "",
         "| hotness | GPUs | sok-ev | SOK DynamicVariable (HKV) | SOK Variable (static) | "
         "dynamic ÷ sok-ev | static ÷ sok-ev |", "|---|---|---|---|---|---|---|"
     ]

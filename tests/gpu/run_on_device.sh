@@ -183,7 +183,9 @@ part_memcheck() {
 part_multi() {
     # A stuck launch fails its own test (with its traceback) instead of
     # eating the part's time: no launch is given more than 240 s.
-    SOK_EV_MULTIWORKER_GPUS=$gpus pytest_part multi 480 --timeout 300 "$root/tests/multiworker"
+    # SOK_EV_MULTI_K narrows it to pytest's -k expression (a re-run of failures).
+    SOK_EV_MULTIWORKER_GPUS=$gpus pytest_part multi 480 --timeout 300 "$root/tests/multiworker" \
+        ${SOK_EV_MULTI_K:+-k "$SOK_EV_MULTI_K"}
 }
 torch_env() { # torch_env COMMAND...: PyTorch's process, without the kit's paths
     PYTHONPATH=$plain_pythonpath LD_LIBRARY_PATH=$plain_ld_library_path \
