@@ -46,6 +46,8 @@
 #                      while feature_probe.py runs on GPU 1, then each step
 #                      under horovodrun -np 2; needs .peers/ carried too
 #                      (benchmarks/peers/build_sok.sh): carry=[".device", ".peers"].
+#                      SOK kinds whose sok_smoke.py step crashes are not timed;
+#                      their cuda-gdb backtraces go to peers_smoke.log
 #                      Outputs peers.log, peers_results.md, probe.md in $OUT
 #   criteo             benchmarks/criteo/run.py --device gpu (DLRM, batch
 #                      65536, 64 steps a side) on GPU 0, then under horovodrun
@@ -245,6 +247,24 @@ part_peers() { # sok-ev and SOK, one implementation a process (benchmarks/peers/
         (cd "$run" && timeout -k 10 "$(limit "$1")" "${@:2}") >>"$OUT/peers.log" 2>&1 ||
             { echo "=== exit $?: ${*:2}" >>"$OUT/peers.log"; return 1; }
     }
+    # SOK's smallest step per variable kind first (benchmarks/peers/sok_smoke.py).
+    # A kind that crashes is re-run under cuda-gdb, its native frames, registers
+    # and faulting instructions going to peers_smoke.log, and is not timed.
+    local timed=(sok_ev) kind
+    if ((sok_ok)); then
+        for kind in static hbm hybrid; do
+            if CUDA_VISIBLE_DEVICES=0 peers_run 60 "$PY" "$peers/sok_smoke.py" "$kind"; then
+                [[ $kind == static ]] && timed+=(sok_static)
+                [[ $kind == hybrid ]] && timed+=(sok_dynamic)
+            else
+                rc=1
+                echo "=== $kind under cuda-gdb" >>"$OUT/peers_smoke.log"
+                (cd "$run" && CUDA_VISIBLE_DEVICES=0 timeout -k 10 "$(limit 150)" cuda-gdb -batch \
+                    -ex run -ex "bt 40" -ex "info registers" -ex 'x/6i $pc' \
+                    --args "$PY" "$peers/sok_smoke.py" "$kind") >>"$OUT/peers_smoke.log" 2>&1
+            fi
+        done
+    fi
     if ((gpus >= 2 || dry)); then
         ( for impl in "${impls[@]}"; do
             (cd "$run" && CUDA_VISIBLE_DEVICES=$other_gpu timeout -k 10 "$(limit 120)" "$PY" \
@@ -252,7 +272,7 @@ part_peers() { # sok-ev and SOK, one implementation a process (benchmarks/peers/
         done ) >"$OUT/probe.log" 2>&1 &
         probe_pid=$!
     fi
-    for impl in "${impls[@]}"; do
+    for impl in "${timed[@]}"; do
         CUDA_VISIBLE_DEVICES=0 peers_run 150 "$PY" "$peers/sok_vs_sok_ev.py" --impl "$impl" \
             --json-dir "$OUT" "${small[@]}" $( ((dry)) && echo --dry-run-on-cpu) || rc=1
     done
@@ -260,7 +280,7 @@ part_peers() { # sok-ev and SOK, one implementation a process (benchmarks/peers/
     if ((gpus >= 2)) || { ((dry)) && command -v horovodrun >/dev/null; }; then
         local launch=("$root/tests/multiworker/one_gpu_per_rank.sh")
         ((dry)) && launch=()
-        for impl in "${impls[@]}"; do
+        for impl in "${timed[@]}"; do
             peers_run 150 horovodrun --gloo -np 2 -H localhost:2 "${launch[@]}" "$PY" \
                 "$peers/sok_vs_sok_ev.py" --impl "$impl" --json-dir "$OUT" "${small[@]}" \
                 $( ((dry)) && echo --dry-run-on-cpu) || rc=1
