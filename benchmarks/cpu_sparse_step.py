@@ -59,6 +59,7 @@ import time
 import numpy as np
 
 import results  # benchmarks/results.py, next to this script
+import step_profile  # benchmarks/step_profile.py
 
 REPO_ROOT = results.REPO_ROOT
 VENV_TF216 = os.path.join(REPO_ROOT, ".venv-tf2.16")
@@ -419,12 +420,11 @@ def summary(ms):
     return np.median(ms), np.percentile(ms, 10), np.percentile(ms, 90)
 
 
-def profile_ops(args, steps=10, top=12):
+def profile_ops(args, steps=10, count=12):
     """Prints, per hotness and side (sok_ev, dense TF in this venv), the op
   types that take the graph-mode step's time: the sum over their nodes of
   TensorFlow's step stats (start to end, on every thread), in ms a step."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
     with tempfile.TemporaryDirectory() as tmp:
         for hotness in args.hotness:
             args.inputs = os.path.join(tmp, f"hotness_{hotness}.npz")
@@ -434,25 +434,17 @@ def profile_ops(args, steps=10, top=12):
                 step = build_graph(tf, args, read_inputs(args))
                 for i in range(args.warmup):
                     step(i)
-                by_op, walls = {}, []
-                for i in range(steps):
-                    metadata = tf.compat.v1.RunMetadata()
-                    begin = time.perf_counter()
-                    step(i, options=options, run_metadata=metadata)
-                    walls.append((time.perf_counter() - begin) * 1e3)
-                    for device in metadata.step_stats.dev_stats:
-                        for node in device.node_stats:
-                            label = node.timeline_label
-                            op = label.split(" = ", 1)[1].split("(", 1)[0] if " = " in label \
-                                else node.node_name
-                            by_op[op] = by_op.get(op, 0) + node.all_end_rel_micros / 1e3 / steps
-                total = sum(by_op.values())
+                index = iter(range(steps))
+                wall, times = step_profile.profile(
+                    lambda options, metadata: step(
+                        next(index), options=options, run_metadata=metadata), steps)
+                total = sum(times.values())
                 print(
-                    f"[profile] hotness {hotness}, {side}, graph: {np.median(walls):.2f} ms a "
+                    f"[profile] hotness {hotness}, {side}, graph: {wall:.2f} ms a "
                     f"traced step (tracing adds time); op time {total:.2f} ms summed over "
                     f"threads",
                     flush=True)
-                for op, ms in sorted(by_op.items(), key=lambda item: -item[1])[:top]:
+                for _, op, ms in step_profile.top(times, count):
                     print(f"    {ms:8.2f} ms  {ms / total:6.1%}  {op}", flush=True)
 
 

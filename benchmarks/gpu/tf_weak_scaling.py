@@ -21,7 +21,8 @@ The driver (no arguments) launches, one after the other, each under
 It prints the table (bytes exchanged per GPU per step from the ranks' own
 routing counts; the exchange floor = those bytes ÷ the all-to-all's measured
 rate) and appends it to benchmarks/RESULTS.md (a copy in
-$OUT/tf_weak_scaling_results.md).
+$OUT/tf_weak_scaling_results.md), with rank 0's largest op times of a few traced
+steps per timed run (benchmarks/step_profile.py; --profile-steps 0 skips them).
 
   source /tmp/gpu-tf/env.sh   # TensorFlow, Horovod + the installed sok-ev wheel
   python3 benchmarks/gpu/tf_weak_scaling.py [--hotness 1,10] [--steps 20]
@@ -49,9 +50,11 @@ sys.path.insert(0, HERE)
 from tf_sparse_step import (ACCUMULATOR, add_workload_arguments, DIM, LR, TABLES, batch_ids,
                             raw_keys, rows_per_table)
 from results import publish  # tf_sparse_step put benchmarks/ on the path
+import step_profile
 
 ONE_GPU_PER_RANK = os.path.join(ROOT, "tests", "multiworker", "one_gpu_per_rank.sh")
 CHECK_RTOL = 1e-5  # float sums in another order (per owner instead of per GPU)
+PROFILE_TOP = 8  # op types listed per traced run
 
 
 def parse_args(argv=None):
@@ -65,6 +68,10 @@ def parse_args(argv=None):
     parser.add_argument("--check-rows", type=int, default=260_000)
     parser.add_argument("--check-steps", type=int, default=3)
     parser.add_argument("--timeout", type=int, default=240, help="seconds per launch")
+    parser.add_argument("--profile-steps",
+                        type=int,
+                        default=3,
+                        help="traced steps after timing, for rank 0's op-time profile (0: none)")
     parser.add_argument("--dry-run-on-cpu",
                         action="store_true",
                         help="CPU ranks over Gloo (checks the script only)")
@@ -190,6 +197,12 @@ def run_step(tf, hvd, sok, ops, args, hot, values, batch, rank, size):
             out.update(ms=float(np.median(timed)),
                        ms_min=float(timed.min()),
                        ms_max=float(timed.max()))
+            if args.profile_steps:  # every rank traces: the collectives need all of them
+                wall, op_ms = step_profile.profile(
+                    lambda options, metadata: sess.run(
+                        [train, loss], {index: 0}, options=options, run_metadata=metadata),
+                    args.profile_steps)
+                out["profile"] = dict(traced_ms=wall, top=step_profile.top(op_ms, PROFILE_TOP))
             if size > 1:
                 op, out["rows_to"] = alltoall_alone(tf, hvd, ops, sess, values[0], size)
                 out["alltoall_ms"] = time_alltoall(sess, op, args.steps)
@@ -368,6 +381,15 @@ def report(args, runs, verdict):
                      f"({'agree' if agreed else 'DISAGREE'} within {CHECK_RTOL})")
     if not verdict:
         lines.append("- check: did not run to the end (see the log)")
+    for hot in [int(h) for h in args.hotness.split(",")]:
+        for tag, _ in runs:
+            traced = load(args, tag, 0)[f"{hot}hot"].get("profile")
+            if traced:
+                ops = "; ".join(f"{op} ({kind}) {ms:.2f}" for kind, op, ms in traced["top"])
+                lines.append(
+                    f"- where the time goes, {hot}-hot {tag}, rank 0 (step_profile.py, ms a "
+                    f"step summed over nodes; traced step {traced['traced_ms']:.2f} ms): "
+                    f"{ops}")
     text = "\n".join(lines) + "\n"
     publish(text, args.results, os.path.join(args.json_dir, "tf_weak_scaling_results.md"))
 
