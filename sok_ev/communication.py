@@ -257,20 +257,25 @@ def _eager(build):
         return build().numpy()
 
 
-def _private_graph(build, device):
-    """Runs `build()`'s fetches in a graph and session of their own, on
-  `device` exactly when one is named: soft placement put a GPU alltoall fed by
-  constants on the CPU, and Horovod refuses to pair it with the GPU one.
-  Constant folding is off (Grappler's and the graph optimizer's): Horovod's
+def _private_session_config(device):
+    """The ConfigProto of `_private_graph`'s session: placement exactly on
+  `device` when one is named (soft placement put a GPU alltoall fed by
+  constants on the CPU, and Horovod refuses to pair it with the GPU one), and
+  constant folding off, Grappler's and the graph optimizer's: Horovod's
   collectives are not stateful, so folding would run one fed by constants on
   the CPU while optimizing the graph."""
+    config = tf.compat.v1.ConfigProto(allow_soft_placement=device is None)
+    config.graph_options.rewrite_options.constant_folding = rewriter_config_pb2.RewriterConfig.OFF
+    config.graph_options.optimizer_options.opt_level = tf.compat.v1.OptimizerOptions.L0
+    return config
+
+
+def _private_graph(build, device):
+    """Runs `build()`'s fetches in a graph and session of their own
+  (`_private_session_config(device)`)."""
     with tf.Graph().as_default():
         fetches = build()
-        config = tf.compat.v1.ConfigProto(allow_soft_placement=device is None)
-        config.graph_options.rewrite_options.constant_folding = (
-            rewriter_config_pb2.RewriterConfig.OFF)
-        config.graph_options.optimizer_options.opt_level = tf.compat.v1.OptimizerOptions.L0
-        with tf.compat.v1.Session(config=config) as session:
+        with tf.compat.v1.Session(config=_private_session_config(device)) as session:
             return session.run(fetches)
 
 
