@@ -24,12 +24,16 @@ def main(kind):
     sok.init(use_legacy_optimizer=False)  # Keras 3 has no .legacy optimizers
     opt = tf.compat.v1.train.AdagradOptimizer(0.1, 0.1)
     if kind == "static":
-        table = sok.Variable(shape=[64, 4], initializer=tf.random_uniform_initializer(-1, 1),
+        table = sok.Variable(shape=[64, 4],
+                             initializer=tf.random_uniform_initializer(-1, 1),
                              dtype=tf.float32)
     else:
         config = dict(init_capacity=1024, max_capacity=1024) if kind == "hybrid" else {}
-        table = sok.DynamicVariable(dimension=4, var_type=kind, initializer="random",
-                                    key_type=tf.int64, **config)
+        table = sok.DynamicVariable(dimension=4,
+                                    var_type=kind,
+                                    initializer="random",
+                                    key_type=tf.int64,
+                                    **config)
         opt = sok.OptimizerWrapper(opt)
     ids = tf.SparseTensor([[0, 0], [1, 0], [1, 1]], tf.constant([1, 3, 5], tf.int64), [2, 2])
     print(f"[{kind}] lookup:", sok.lookup_sparse([table], [ids], combiners=["sum"]), flush=True)

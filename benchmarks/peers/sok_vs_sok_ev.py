@@ -205,8 +205,8 @@ def report(args):
         f"--impl IMPL` per implementation, 2 GPUs under `horovodrun --gloo -np 2` one GPU a rank "
         f"(tests/gpu/run_on_device.sh peers). {TABLES} tables, batch {args.batch} a GPU, dim {DIM}, "
         f"{args.rows} keys pre-filled, Zipf 1.1, Adagrad (tf.compat.v1.train; SOK's "
-        f"DynamicVariable through sok.OptimizerWrapper), sum; tf.function, median ms per step of {args.steps}.", "",
-        "| hotness | GPUs | sok-ev | SOK DynamicVariable (HKV) | SOK Variable (static) | "
+        f"DynamicVariable through sok.OptimizerWrapper), sum; tf.function, median ms per step of {args.steps}.",
+        "", "| hotness | GPUs | sok-ev | SOK DynamicVariable (HKV) | SOK Variable (static) | "
         "dynamic ÷ sok-ev | static ÷ sok-ev |", "|---|---|---|---|---|---|---|"
     ]
     for hot in [int(h) for h in args.hotness.split(",")]:
