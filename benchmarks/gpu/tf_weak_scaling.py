@@ -197,15 +197,19 @@ def run_step(tf, hvd, sok, ops, args, hot, values, batch, rank, size):
             out.update(ms=float(np.median(timed)),
                        ms_min=float(timed.min()),
                        ms_max=float(timed.max()))
-            if args.profile_steps:  # every rank traces: the collectives need all of them
-                wall, op_ms = step_profile.profile(
-                    lambda options, metadata: sess.run(
-                        [train, loss], {index: 0}, options=options, run_metadata=metadata),
-                    args.profile_steps)
-                out["profile"] = dict(traced_ms=wall, top=step_profile.top(op_ms, PROFILE_TOP))
             if size > 1:
                 op, out["rows_to"] = alltoall_alone(tf, hvd, ops, sess, values[0], size)
                 out["alltoall_ms"] = time_alltoall(sess, op, args.steps)
+            if args.profile_steps:  # every rank traces: the collectives need all of them
+                try:
+                    wall, op_ms = step_profile.profile(
+                        lambda options, metadata: sess.run(
+                            [train, loss], {index: 0}, options=options, run_metadata=metadata),
+                        args.profile_steps)
+                    out["profile"] = dict(traced_ms=wall, top=step_profile.top(op_ms, PROFILE_TOP))
+                except Exception as error:  # pylint: disable=broad-except
+                    # The timings above stand without it.
+                    out["profile_error"] = f"{type(error).__name__}: {error}"[:300]
     return out
 
 
@@ -383,7 +387,11 @@ def report(args, runs, verdict):
         lines.append("- check: did not run to the end (see the log)")
     for hot in [int(h) for h in args.hotness.split(",")]:
         for tag, _ in runs:
-            traced = load(args, tag, 0)[f"{hot}hot"].get("profile")
+            rank0 = load(args, tag, 0)[f"{hot}hot"]
+            traced = rank0.get("profile")
+            if "profile_error" in rank0:
+                lines.append(
+                    f"- {hot}-hot {tag}: the traced steps failed: {rank0['profile_error']}")
             if traced:
                 ops = "; ".join(f"{op} ({kind}) {ms:.2f}" for kind, op, ms in traced["top"])
                 lines.append(
