@@ -35,6 +35,9 @@
 #     cudaMemLocation and flags instead of a device id.
 #  5. sparse_operation_kit/lookup.py: importlib.find_loader, gone in Python
 #     3.12 (the device's), becomes importlib.util.find_spec.
+#  6. HugeCTR/core23/kernel_params.cpp (diagnostic): a failed
+#     cudaGetDeviceProperties throws, naming the error, instead of leaving the
+#     warp size that later divides (the first lookups died of SIGFPE there).
 set -euo pipefail
 export TF_CPP_MIN_LOG_LEVEL=3
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -143,8 +146,21 @@ patch("kit_src/variable/impl/dynamic_embedding_table/cudf/concurrent_unordered_m
 #    device run failed there): importlib.util.find_spec answers the same.
 patch("sparse_operation_kit/lookup.py", "importlib.find_loader(", "importlib.util.find_spec(", count=3)
 patch("sparse_operation_kit/lookup.py", "import importlib\n", "import importlib\nimport importlib.util\n")
+# 6. Diagnostic: HugeCTR's KernelParams::init ignores cudaGetDeviceProperties'
+#    result, and its warp size and threads per SM become divisors
+#    (get_kernel_config_use_warp). The first device run died of SIGFPE under
+#    ModelForward::sparse_forward; a failed call now throws, naming the error.
+patch("HugeCTR/core23/kernel_params.cpp", "  cudaGetDeviceProperties(&device_prop, 0);\n",
+      "  const cudaError_t status = cudaGetDeviceProperties(&device_prop, 0);\n"
+      "  if (status != cudaSuccess || device_prop.warpSize <= 0) {\n"
+      "    throw std::runtime_error(std::string(\"KernelParams: cudaGetDeviceProperties(0): \") +\n"
+      "                             cudaGetErrorString(status) + \", warpSize \" +\n"
+      "                             std::to_string(device_prop.warpSize));\n"
+      "  }\n")
+patch("HugeCTR/core23/kernel_params.cpp", "#include <core23/kernel_params.hpp>\n",
+      "#include <core23/kernel_params.hpp>\n#include <stdexcept>\n#include <string>\n")
 print(f"patched CMakeLists.txt, {len(files)} kernels, gpu_resource_impl.hpp, concurrent_unordered_map.cuh, "
-      "lookup.py")
+      "lookup.py, kernel_params.cpp")
 PY
 
 mkdir -p "$cache/src/merlin-sok-$sok_version"
