@@ -48,7 +48,8 @@
 #                      (benchmarks/peers/build_sok.sh): carry=[".device", ".peers"].
 #                      SOK kinds whose sok_smoke.py step crashes are not timed;
 #                      their cuda-gdb backtraces go to peers_smoke.log
-#                      Outputs peers.log, peers_results.md, probe.md in $OUT
+#                      Outputs peers.log, peers_results.md, probe.md (and
+#                      peers_smoke.log when SOK crashes) in $OUT
 #   criteo             benchmarks/criteo/run.py --device gpu (DLRM, batch
 #                      65536, 64 steps a side) on GPU 0, then under horovodrun
 #                      -np 2 over NCCL with 2+ GPUs; out dirs $OUT/criteo_gpu1
