@@ -208,6 +208,25 @@ __global__ void __launch_bounds__(256)
   }
 }
 
+// Counts the keys (the first *count when count is set) that are not present
+// into counters->absent; a key repeated in the batch counts each time, which
+// keeps the count an upper bound of the keys an insert adds.
+template <typename Key>
+__global__ void __launch_bounds__(256)
+    count_absent_kernel(TableView<Key> table, TableCounters* counters, const Key* keys, int64_t n,
+                        const int64_t* count) {
+  constexpr int kLanes = ProbeGroup<Key>::kLanes;
+  const ProbeGroup<Key> g;
+  const int64_t stride = (int64_t(gridDim.x) * blockDim.x) / kLanes;
+  const int64_t limit = count != nullptr && *count < n ? *count : n;
+  unsigned long long absent = 0;
+  for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / kLanes; i < limit;
+       i += stride) {
+    if (group_find_row(table, g, keys[i]) < 0 && g.rank == 0) ++absent;
+  }
+  if (absent > 0) atomicAdd(&counters->absent, absent);
+}
+
 //   rows: (n, row_width) source rows  frequencies, versions: (n,) or null
 template <typename Key>
 __global__ void assign_rows_kernel(TableView<Key> table, int64_t n, const int64_t* row_ids,
@@ -643,7 +662,8 @@ void HashTable<Key>::tighten_bounds() {
 }
 
 template <typename Key>
-Status HashTable<Key>::prepare_insert(const GpuContext& context, int64_t incoming) {
+Status HashTable<Key>::prepare_insert(const GpuContext& context, const Key* keys, int64_t incoming,
+                                      const int64_t* count) {
   const double slot_limit =
       options_.max_load_factor * static_cast<double>(num_buckets_ * kBucketSlots);
   auto full = [&] {
@@ -651,8 +671,20 @@ Status HashTable<Key>::prepare_insert(const GpuContext& context, int64_t incomin
   };
   if (full()) tighten_bounds();
   if (full()) {
+    // The bounds assume every key is new; a batch of keys mostly present
+    // (any step after the first) would grow the arena by its whole size.
+    // Count the absent ones in the sync that reads the counters.
+    cudaStream_t stream = stream_of(context);
+    SOK_EV_CUDA_RETURN(cudaMemsetAsync(&counters_->absent, 0, sizeof(counters_->absent), stream));
+    count_absent_kernel<Key>
+        <<<grid_for(incoming * ProbeGroup<Key>::kLanes, kThreads), kThreads, 0, stream>>>(
+            view(), counters_, keys, incoming, count);
+    SOK_EV_LAUNCH_CHECK("count_absent");
     TableCounters counters;
     SOK_EV_RETURN_IF_ERROR(read_counters(context, &counters));
+    // Exact until the insert: the caller's lock keeps other calls out, and
+    // the insert follows on this stream.
+    incoming = std::min(incoming, static_cast<int64_t>(counters.absent));
     used_slots_bound_ = static_cast<int64_t>(counters.used_slots);
     next_row_bound_ = static_cast<int64_t>(counters.next_row);
     if (used_slots_bound_ + incoming > slot_limit) {
@@ -702,7 +734,7 @@ Status HashTable<Key>::resolve_insert(const GpuContext& context, const Key* keys
                                       const int64_t* count, const int64_t* frequencies,
                                       bool count_frequency, int64_t* row_ids, float* values) {
   cudaStream_t stream = stream_of(context);
-  SOK_EV_RETURN_IF_ERROR(prepare_insert(context, n));
+  SOK_EV_RETURN_IF_ERROR(prepare_insert(context, keys, n, count));
   insert_kernel<Key><<<grid_for(n * ProbeGroup<Key>::kLanes, kThreads), kThreads, 0, stream>>>(
       view(), counters_, free_rows_, keys, n, count, frequencies, count_frequency, row_ids, values);
   SOK_EV_LAUNCH_CHECK("insert");

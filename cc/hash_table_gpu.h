@@ -68,6 +68,7 @@ struct TableCounters {
   unsigned long long used_slots;  // occupied + erased slots
   unsigned long long next_row;    // rows handed out from the arena's end
   long long free_rows;            // entries in the free-row stack
+  unsigned long long absent;      // scratch of prepare_insert: keys of one call not present
 };
 
 struct HashTableOptions {
@@ -168,8 +169,14 @@ class HashTable {
   void* allocate(size_t bytes);
   void deallocate(void* pointer);
   Status read_counters(const GpuContext& context, TableCounters* counters) const;
-  // Ensures room for `incoming` more keys in the index and the arena.
-  Status prepare_insert(const GpuContext& context, int64_t incoming);
+  // Ensures room for the keys of one insert call in the index and the arena.
+  // While the host bounds show room for all of them, no sync; otherwise one
+  // sync reads the counters together with how many keys are absent, so the
+  // table grows only by keys that are really new. The caller holds the
+  // table's lock until its insert kernel is queued (the count stays exact).
+  //   keys: (incoming,) device  count: device or null (see find_or_insert_rows)
+  Status prepare_insert(const GpuContext& context, const Key* keys, int64_t incoming,
+                        const int64_t* count);
   Status rehash(const GpuContext& context, int64_t num_buckets);
   Status grow_arena(const GpuContext& context, int64_t row_capacity, int64_t new_row_width);
   // Finds or inserts (new rows initialized), one kernel; row_ids and
