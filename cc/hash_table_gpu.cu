@@ -671,20 +671,28 @@ Status HashTable<Key>::prepare_insert(const GpuContext& context, const Key* keys
   };
   if (full()) tighten_bounds();
   if (full()) {
-    // The bounds assume every key is new; a batch of keys mostly present
-    // (any step after the first) would grow the arena by its whole size.
-    // Count the absent ones in the sync that reads the counters.
+    // The bounds assume every key is new. Headroom for that, up to one growth
+    // step (the arena's factor; the index doubles), buys sync-free calls
+    // later; beyond it (a call's keys are a large share of the table, mostly
+    // present after the first step) the table would grow by the whole call.
+    // Then count the absent keys, in the sync that reads the counters, and
+    // grow only by those.
+    const bool count_absent =
+        next_row_bound_ + incoming > row_capacity_ * static_cast<double>(options_.arena_growth) ||
+        used_slots_bound_ + incoming > 2 * slot_limit;
     cudaStream_t stream = stream_of(context);
-    SOK_EV_CUDA_RETURN(cudaMemsetAsync(&counters_->absent, 0, sizeof(counters_->absent), stream));
-    count_absent_kernel<Key>
-        <<<grid_for(incoming * ProbeGroup<Key>::kLanes, kThreads), kThreads, 0, stream>>>(
-            view(), counters_, keys, incoming, count);
-    SOK_EV_LAUNCH_CHECK("count_absent");
+    if (count_absent) {
+      SOK_EV_CUDA_RETURN(cudaMemsetAsync(&counters_->absent, 0, sizeof(counters_->absent), stream));
+      count_absent_kernel<Key>
+          <<<grid_for(incoming * ProbeGroup<Key>::kLanes, kThreads), kThreads, 0, stream>>>(
+              view(), counters_, keys, incoming, count);
+      SOK_EV_LAUNCH_CHECK("count_absent");
+    }
     TableCounters counters;
     SOK_EV_RETURN_IF_ERROR(read_counters(context, &counters));
     // Exact until the insert: the caller's lock keeps other calls out, and
     // the insert follows on this stream.
-    incoming = std::min(incoming, static_cast<int64_t>(counters.absent));
+    if (count_absent) incoming = std::min(incoming, static_cast<int64_t>(counters.absent));
     used_slots_bound_ = static_cast<int64_t>(counters.used_slots);
     next_row_bound_ = static_cast<int64_t>(counters.next_row);
     if (used_slots_bound_ + incoming > slot_limit) {
