@@ -27,6 +27,7 @@ to $OUT/tf_sparse_step_results.md).
 """
 import argparse
 import datetime
+import gc
 import json
 import os
 import subprocess
@@ -136,6 +137,10 @@ def part_tf(args):
     def memory():
         if args.dry_run_on_cpu:
             return 0
+        # The previous run's tables and function graphs sit in reference
+        # cycles; freed later, they would be counted against this run (a
+        # tf.function ten-hot run once read -66 B a key).
+        gc.collect()
         return tf.config.experimental.get_memory_info("GPU:0")["current"]
 
     for hot in [int(h) for h in args.hotness.split(",")]:
