@@ -1,4 +1,4 @@
-"""One rank of the compressed exchange tests (test_compressed_exchange.py).
+"""One rank of the compressed exchange tests (test_exchange_dtype_two_workers.py).
 
   python compressed_exchange_worker.py --out DIR --cases EXCHANGE:PLACEMENT:MODE,...
 
