@@ -10,8 +10,9 @@
 //
 //   keys to owners (int64, width 2):  header rows (fingerprint, N), then
 //     (count of table t's keys for w, 0) for each t; then (key, occurrences)
-//   rows back (float, width dims[t]): no header; the rows of the keys w sent,
-//     table by table, in the order w sent them
+//   rows back (float, or bfloat16 / float16 bits when compressed: see
+//     cc/narrow_float.h; width dims[t]): no header; the rows of the keys w
+//     sent, table by table, in the order w sent them
 //
 // The receiver of a message sees the same layout with the counts of the
 // rows it receives, so one plan describes both ends.
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "cc/common.h"
+#include "cc/narrow_float.h"
 
 namespace sok_ev {
 
@@ -49,7 +51,8 @@ MessagePlan PlanMessage(const int64_t* counts, int num_tables, int num_workers,
 // One block of rows to copy: row r of the block reads
 // src[(src_rows ? src_rows[r] : r) * src_stride + c] and writes
 // dst[(dst_rows ? dst_rows[r] : r) * dst_stride + c], for c < width,
-// converting Src to Dst. Blocks of one call must not write the same element.
+// converting Src to Dst (ConvertElement, cc/narrow_float.h: the same bits on
+// both twins). Blocks of one call must not write the same element.
 template <typename Src, typename Dst>
 struct RowCopy {
   const Src* src;

@@ -50,7 +50,7 @@ void copy_rows(const CpuContext& context, const std::vector<RowCopy<Src, Dst>>& 
       const int64_t r = i - first[b];
       const Src* src = block.src + (block.src_rows ? block.src_rows[r] : r) * block.src_stride;
       Dst* dst = block.dst + (block.dst_rows ? block.dst_rows[r] : r) * block.dst_stride;
-      for (int64_t c = 0; c < block.width; ++c) dst[c] = static_cast<Dst>(src[c]);
+      for (int64_t c = 0; c < block.width; ++c) dst[c] = ConvertElement<Src, Dst>::apply(src[c]);
     }
   });
 }
@@ -62,6 +62,15 @@ template void copy_rows<int64_t, int64_t>(const CpuContext&,
 template void copy_rows<int64_t, int32_t>(const CpuContext&,
                                           const std::vector<RowCopy<int64_t, int32_t>>&);
 template void copy_rows<float, float>(const CpuContext&, const std::vector<RowCopy<float, float>>&);
+// The compressed row exchange (cc/narrow_float.h).
+template void copy_rows<float, Bfloat16Bits>(const CpuContext&,
+                                             const std::vector<RowCopy<float, Bfloat16Bits>>&);
+template void copy_rows<Bfloat16Bits, float>(const CpuContext&,
+                                             const std::vector<RowCopy<Bfloat16Bits, float>>&);
+template void copy_rows<float, Float16Bits>(const CpuContext&,
+                                            const std::vector<RowCopy<float, Float16Bits>>&);
+template void copy_rows<Float16Bits, float>(const CpuContext&,
+                                            const std::vector<RowCopy<Float16Bits, float>>&);
 
 }  // namespace cpu
 }  // namespace sok_ev

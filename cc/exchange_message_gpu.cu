@@ -29,7 +29,8 @@ __global__ void copy_rows_kernel(RowCopyBatch<Src, Dst> batch) {
     const int64_t c = e - r * block.width;
     const int64_t from = block.src_rows ? block.src_rows[r] : r;
     const int64_t to = block.dst_rows ? block.dst_rows[r] : r;
-    block.dst[to * block.dst_stride + c] = static_cast<Dst>(block.src[from * block.src_stride + c]);
+    block.dst[to * block.dst_stride + c] =
+        ConvertElement<Src, Dst>::apply(block.src[from * block.src_stride + c]);
   }
 }
 
@@ -63,6 +64,15 @@ template void copy_rows<int64_t, int64_t>(const GpuContext&,
 template void copy_rows<int64_t, int32_t>(const GpuContext&,
                                           const std::vector<RowCopy<int64_t, int32_t>>&);
 template void copy_rows<float, float>(const GpuContext&, const std::vector<RowCopy<float, float>>&);
+// The compressed row exchange (cc/narrow_float.h).
+template void copy_rows<float, Bfloat16Bits>(const GpuContext&,
+                                             const std::vector<RowCopy<float, Bfloat16Bits>>&);
+template void copy_rows<Bfloat16Bits, float>(const GpuContext&,
+                                             const std::vector<RowCopy<Bfloat16Bits, float>>&);
+template void copy_rows<float, Float16Bits>(const GpuContext&,
+                                            const std::vector<RowCopy<float, Float16Bits>>&);
+template void copy_rows<Float16Bits, float>(const GpuContext&,
+                                            const std::vector<RowCopy<Float16Bits, float>>&);
 
 }  // namespace gpu
 }  // namespace sok_ev

@@ -8,7 +8,8 @@ of one call, with W workers:
   unique_keys[N] --PartitionByOwner--> keys grouped by owner, counts [N, W]
     --alltoall #1 (int64 rows, all tables together)-->
   each owner: FindOrInsert of the keys it received, with its own tables
-    --alltoall #2 (float32, all tables together, rows flattened)-->
+    --alltoall #2 (float32, all tables together, rows flattened; or bfloat16 /
+    float16 with lookup_sparse's exchange_dtype: sok_ev.row_exchange)-->
   rows back in unique_keys order.
 
 Placement (`EmbeddingVariable.target_gpu`): -1 shards a table by
@@ -51,10 +52,11 @@ import tensorflow as tf
 from sok_ev import agreement
 from sok_ev import communication
 from sok_ev import embedding_gradients
+from sok_ev import row_exchange
 from sok_ev._ops import ops
 
 
-def find_or_insert(params, unique_keys, counts):
+def find_or_insert(params, unique_keys, counts, exchange_dtype=tf.float32):
     """The rows of every worker's unique keys, from the workers that own them.
 
   Collective: every worker must call it, with the same tables in the same
@@ -67,6 +69,8 @@ def find_or_insert(params, unique_keys, counts):
     unique_keys: N 1-D key tensors (each table's key_dtype), unique per table.
     counts: N int64 tensors, occurrences of each unique key in the batch
       (added to the owner's key frequencies).
+    exchange_dtype: what the rows and their gradients travel as
+      (sok_ev.row_exchange: float32 exact, bfloat16 or float16 rounded).
 
   Returns:
     N float32 tensors `[num_unique_t, embedding_dim_t]`, row j the value of
@@ -116,13 +120,8 @@ def find_or_insert(params, unique_keys, counts):
                                              owned_keys,
                                              owned_counts,
                                              embedding_dims=dims)
-        send_rows, row_splits = ops().sok_ev_pack_row_message(values, sender_counts, [])
-        returned, _ = communication.alltoall(send_rows, row_splits)
-        return ops().sok_ev_unpack_row_message(returned,
-                                               owner_counts,
-                                               positions,
-                                               N=len(params),
-                                               dims=dims)
+        return row_exchange.exchange_rows(values, sender_counts, owner_counts, positions, dims,
+                                          exchange_dtype)
 
 
 @tf.RegisterGradient("SokEv>PackRowMessage")
@@ -142,7 +141,10 @@ def _pack_row_message_grad(op, grad_message, unused_grad_splits):
 def _unpack_row_message_grad(op, *grad_rows):
     """The message's gradient: the rows' gradients packed as the message was."""
     counts, positions = op.inputs[1], list(op.inputs[2:])
-    grad_message, _ = ops().sok_ev_pack_row_message(list(grad_rows), counts, positions)
+    grad_message, _ = ops().sok_ev_pack_row_message(list(grad_rows),
+                                                    counts,
+                                                    positions,
+                                                    Tmessage=op.get_attr("Tmessage"))
     return [grad_message, None] + [None] * len(positions)
 
 

@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from sok_ev import communication
 from sok_ev import embedding_gradients
+from sok_ev import row_exchange
 from sok_ev._ops import ops
 from sok_ev.embedding_variable import EmbeddingVariable
 
@@ -103,6 +104,7 @@ def lookup_sparse(
     indices: Sequence[tf.SparseTensor],
     combiners: Optional[Union[str, Sequence[str]]] = None,
     sp_weights: Optional[Sequence[Optional[tf.SparseTensor]]] = None,
+    exchange_dtype: Union[tf.DType, str] = tf.float32,
 ) -> List[tf.Tensor]:
     """Looks up and combines rows of many Embedding Variables in one call.
 
@@ -120,14 +122,29 @@ def lookup_sparse(
     sp_weights: None, or a list of N entries each None or a float
       SparseTensor with the same indices as `indices[t]`. Weights receive no
       gradient.
+    exchange_dtype: with more than one worker, what the looked-up rows and
+      their gradients cross the network as: tf.float32 (default, exact),
+      tf.bfloat16 or tf.float16 (half the bytes), as a tf.DType or its name.
+      Each exchanged element is rounded to nearest (ties to even), so with
+      `eps` = 2^-8 (bfloat16) or 2^-11 (float16) a combined row is within
+      `eps * sum_j |w_j * v_j|` of the float32 result (scaled as the combiner
+      scales), and so is each row's gradient. float16 also overflows to inf
+      at |x| >= 65520 and rounds |x| < 2^-14 to multiples of 2^-24; bfloat16
+      keeps float32's range. Tables, optimizer state and the result stay
+      float32. Every worker must pass the same value. With one worker nothing
+      is exchanged and it has no effect (still validated).
+      See sok_ev.row_exchange.
 
   Returns:
     A list of N float32 tensors, `[batch_t, embedding_dim_t]`.
 
   Raises:
-    TypeError: an argument of the wrong type or dtype (named in the message).
+    TypeError: an argument of the wrong type or dtype (named in the message),
+      or an exchange_dtype that is neither a tf.DType nor a string.
     ValueError: lists of different lengths, an unknown combiner, a
-      SparseTensor not of rank 2, or a target_gpu outside [-1, world size).
+      SparseTensor not of rank 2, a target_gpu outside [-1, world size), or
+      an exchange_dtype other than float32, bfloat16 and float16. Raised
+      before any table changes.
     tf.errors.InvalidArgumentError: at run time, rows out of order or outside
       the batch.
 
@@ -138,6 +155,7 @@ def lookup_sparse(
   """
     params, indices, combiners, sp_weights = _check_arguments(params, indices, combiners,
                                                               sp_weights)
+    exchange_dtype = row_exchange.check_exchange_dtype(exchange_dtype)
     _check_placement(params)
     weighted = [w is not None for w in sp_weights]
     with tf.name_scope("sok_ev_lookup_sparse"):
@@ -170,7 +188,10 @@ def lookup_sparse(
                 combiners=combiners,
                 weighted=weighted)
         from sok_ev import distributed  # pylint: disable=import-outside-toplevel
-        unique_values = distributed.find_or_insert(params, unique_keys, counts)
+        unique_values = distributed.find_or_insert(params,
+                                                   unique_keys,
+                                                   counts,
+                                                   exchange_dtype=exchange_dtype)
         return ops().sok_ev_combine_forward(unique_values,
                                             unique_index,
                                             order,

@@ -46,10 +46,19 @@ class SokEvEmbeddings:
 
     name = "sok_ev"
 
-    def __init__(self, sok, dim: int, stddev: float, seed: int, target_gpu: int = -1):
+    def __init__(self,
+                 sok,
+                 dim: int,
+                 stddev: float,
+                 seed: int,
+                 target_gpu: int = -1,
+                 exchange_dtype: str = "float32"):
         """`sok`: the initialised sok_ev module; stddev: of the truncated normal
-    initial rows (a key's row depends only on the seed and the key)."""
+    initial rows (a key's row depends only on the seed and the key);
+    exchange_dtype: lookup_sparse's (what rows and gradients cross the
+    workers as)."""
         self._sok = sok
+        self._exchange_dtype = exchange_dtype
         self.dim = dim
         self.variables = []
         for f in range(reader.NUM_CATEGORICAL):
@@ -63,7 +72,10 @@ class SokEvEmbeddings:
 
     def __call__(self, categorical: tf.Tensor) -> List[tf.Tensor]:
         keys = tf.strings.to_hash_bucket_fast(categorical, EV_KEY_SPACE)
-        return self._sok.lookup_sparse(self.variables, _one_hot(keys), combiners="sum")
+        return self._sok.lookup_sparse(self.variables,
+                                       _one_hot(keys),
+                                       combiners="sum",
+                                       exchange_dtype=self._exchange_dtype)
 
     def keys_stored(self) -> List[tf.Tensor]:
         """This worker's number of keys per table (int64 scalars)."""

@@ -133,6 +133,10 @@ def parse_args(argv=None):
                    default=None,
                    help="TensorFlow threads per worker (default: cores / local workers)")
     g.add_argument("--evals", type=int, default=4, help="evaluations, evenly spaced, last at end")
+    g.add_argument("--exchange-dtype",
+                   choices=["float32", "bfloat16", "float16"],
+                   default="float32",
+                   help="sok_ev: what rows and gradients cross the workers as (no effect on 1)")
     g.add_argument("--eval-batch",
                    type=int,
                    help="lines per evaluation step (default: the larger of --batch and 16384)")
@@ -299,9 +303,12 @@ def build_implementations(args, cardinalities, hvd):
     if args.impl in ("both", "sok_ev"):
         out.append(
             training.Implementation(
-                embeddings_lib.SokEvEmbeddings(sok, args.dim, args.embedding_stddev, emb_seed),
-                tower(), args.learning_rate, args.batch, hvd, args.initial_accumulator,
-                args.warmup_steps))
+                embeddings_lib.SokEvEmbeddings(sok,
+                                               args.dim,
+                                               args.embedding_stddev,
+                                               emb_seed,
+                                               exchange_dtype=args.exchange_dtype), tower(),
+                args.learning_rate, args.batch, hvd, args.initial_accumulator, args.warmup_steps))
     if args.impl in ("both", "baseline"):
         out.append(
             training.Implementation(
@@ -476,6 +483,7 @@ def main(argv=None):
                   style=args.style,
                   device=device,
                   workers=workers,
+                  exchange_dtype=args.exchange_dtype,
                   threads=args.threads,
                   global_batch=args.batch,
                   dim=args.dim,

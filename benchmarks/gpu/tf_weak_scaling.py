@@ -12,12 +12,16 @@ efficiency = t(1 GPU) / t(N GPUs).
 The driver (no arguments) launches, one after the other, each under
 `horovodrun --gloo` with one GPU per rank (NCCL carries the GPU tensors):
   time      -np 1, then -np 2 (then -np 2 again per --variants, e.g. Horovod's
-            HOROVOD_CYCLE_TIME): ms per step, steps/s, samples/s, the
+            HOROVOD_CYCLE_TIME, or lookup_sparse's exchange_dtype=bfloat16,
+            the compressed exchange): ms per step, steps/s, samples/s, the
             collectives the step's graph holds, and, on 2 GPUs, one exchange's
             all-to-all alone (the rows of one step, `hvd.alltoall` on the GPU);
   check     -np 1 on the global batch of 2 workers (both streams, one after the
             other), then -np 2 on their halves, --check-steps steps at a small
-            shape: the losses and the final lookup must agree (rtol 1e-5).
+            shape: the losses and the final lookup must agree (rtol 1e-5);
+            then -np 2 again with exchange_dtype=bfloat16 (--check-compressed),
+            whose first lookup must be within the bfloat16 bound of the 1-GPU
+            one: 2^-8 * hotness * 0.05 (rows start in [-0.05, 0.05]).
 It prints the table (bytes exchanged per GPU per step from the ranks' own
 routing counts; the exchange floor = those bytes ÷ the all-to-all's measured
 rate) and appends it to benchmarks/RESULTS.md (a copy in
@@ -54,6 +58,11 @@ import step_profile
 
 ONE_GPU_PER_RANK = os.path.join(ROOT, "tests", "multiworker", "one_gpu_per_rank.sh")
 CHECK_RTOL = 1e-5  # float sums in another order (per owner instead of per GPU)
+INIT_SCALE = 0.05  # the tables' rows start uniform in [-INIT_SCALE, INIT_SCALE]
+# Bytes of one exchanged row element, by exchange_dtype (sok_ev.row_exchange).
+ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+# Relative rounding error of one exchanged element (sok_ev.row_exchange).
+RELATIVE_ERROR = {"float32": 0.0, "bfloat16": 2.0**-8, "float16": 2.0**-11}
 PROFILE_TOP = 8  # op types listed per traced run
 
 
@@ -62,8 +71,14 @@ def parse_args(argv=None):
     add_workload_arguments(parser)
     parser.add_argument("--gpus", type=int, default=2, help="the scaled run's world size")
     parser.add_argument("--variants",
-                        default="HOROVOD_CYCLE_TIME=0.1",
-                        help="extra 2-GPU runs, each ENV=VALUE[;ENV=VALUE]; comma-separated")
+                        default="HOROVOD_CYCLE_TIME=0.1,exchange_dtype=bfloat16",
+                        help="extra 2-GPU runs, each KEY=VALUE[;KEY=VALUE], comma-separated: "
+                        "exchange_dtype=float32|bfloat16|float16 is lookup_sparse's, any other "
+                        "key an environment variable")
+    parser.add_argument("--check-compressed",
+                        default="bfloat16",
+                        help="exchange_dtype of a second 2-GPU check against its error bound "
+                        "('' skips it)")
     parser.add_argument("--check-batch", type=int, default=4096)
     parser.add_argument("--check-rows", type=int, default=260_000)
     parser.add_argument("--check-steps", type=int, default=3)
@@ -79,6 +94,10 @@ def parse_args(argv=None):
     parser.add_argument("--worker", choices=["time", "check"])
     parser.add_argument("--streams", type=int, default=0, help="check: batches fed per rank")
     parser.add_argument("--tag", default="")
+    parser.add_argument("--exchange-dtype",
+                        default="float32",
+                        choices=sorted(ELEMENT_BYTES),
+                        help="the rank's lookup_sparse exchange_dtype")
     return parser.parse_args(argv)
 
 
@@ -98,7 +117,11 @@ def worker(args):
     rank, size = hvd.rank(), hvd.size()
     # check on 1 GPU: the 2 workers' batches one after the other (the global batch)
     streams = list(range(args.streams)) if args.worker == "check" and size == 1 else [rank]
-    result = dict(rank=rank, size=size, tf_version=tf.__version__, sok_ev_file=sok.__file__)
+    result = dict(rank=rank,
+                  size=size,
+                  tf_version=tf.__version__,
+                  sok_ev_file=sok.__file__,
+                  exchange_dtype=args.exchange_dtype)
     for hot in [int(h) for h in args.hotness.split(",")]:
         per_stream = [batch_ids(args, hot, stream) for stream in streams]
         # [set, table, entries]: the streams' ids of one table concatenated
@@ -158,7 +181,10 @@ def run_step(tf, hvd, sok, ops, args, hot, values, batch, rank, size):
                 tf.SparseTensor(where, values_var[index][t], [batch, hot]) for t in range(TABLES)
             ]
             first_op = len(graph.get_operations())
-            embeddings = sok.lookup_sparse(tables, ids, combiners=["sum"] * TABLES)
+            embeddings = sok.lookup_sparse(tables,
+                                           ids,
+                                           combiners=["sum"] * TABLES,
+                                           exchange_dtype=args.exchange_dtype)
             loss = tf.add_n([tf.reduce_sum(e) for e in embeddings])
             train = tf.compat.v1.train.AdagradOptimizer(LR, ACCUMULATOR).minimize(loss)
             kinds = collections.Counter(op.type for op in graph.get_operations()[first_op:])
@@ -178,11 +204,13 @@ def run_step(tf, hvd, sok, ops, args, hot, values, batch, rank, size):
             sess.run(tf.compat.v1.global_variables_initializer(), {holder: values})
             sess.run(fill_op)
             if args.worker == "check":
+                first = np.concatenate(sess.run(embeddings, {index: 0}), axis=1)
                 losses = [
                     sess.run([train, loss], {index: s % args.sets})[1]
                     for s in range(args.check_steps)
                 ]
                 out["check"] = dict(losses=np.array(losses, np.float64),
+                                    first_lookup=first,
                                     lookup=np.concatenate(sess.run(embeddings, {index: 0}), axis=1))
                 return out
             times = []
@@ -198,7 +226,8 @@ def run_step(tf, hvd, sok, ops, args, hot, values, batch, rank, size):
                        ms_min=float(timed.min()),
                        ms_max=float(timed.max()))
             if size > 1:
-                op, out["rows_to"] = alltoall_alone(tf, hvd, ops, sess, values[0], size)
+                op, out["rows_to"] = alltoall_alone(tf, hvd, ops, sess, values[0], size,
+                                                    args.exchange_dtype)
                 out["alltoall_ms"] = time_alltoall(sess, op, args.steps)
             if args.profile_steps:  # every rank traces: the collectives need all of them
                 try:
@@ -213,18 +242,20 @@ def run_step(tf, hvd, sok, ops, args, hot, values, batch, rank, size):
     return out
 
 
-def alltoall_alone(tf, hvd, ops, sess, batch_values, size):
+def alltoall_alone(tf, hvd, ops, sess, batch_values, size, exchange_dtype):
     """One step's row exchange alone: this rank's unique keys per owner (the
-  lookup's own routing, PartitionByOwner), as float32 rows of dim 128 sent
-  with hvd.alltoall on this rank's device. Returns the op and the rows sent
-  to each worker."""
+  lookup's own routing, PartitionByOwner), as rows of dim 128 sent with
+  hvd.alltoall on this rank's device: float32, or float16 for a compressed
+  exchange (what its 16-bit messages travel as). Returns the op and the rows
+  sent to each worker."""
     unique = [tf.constant(np.unique(v)) for v in batch_values]
     counts = ops().sok_ev_partition_by_owner(unique,
                                              target_workers=[-1] * len(unique),
                                              num_workers=size,
                                              N=len(unique))[-1]
     rows_to = sess.run(tf.reduce_sum(counts, axis=0))
-    rows = tf.Variable(tf.zeros([int(rows_to.sum()), DIM]), trainable=False, name="ws_rows")
+    wire = tf.float32 if exchange_dtype == "float32" else tf.float16
+    rows = tf.Variable(tf.zeros([int(rows_to.sum()), DIM], wire), trainable=False, name="ws_rows")
     sess.run(rows.initializer)
     received = hvd.alltoall(rows.read_value(),
                             splits=tf.constant(rows_to, tf.int32),
@@ -251,7 +282,7 @@ def horovodrun():
     return local if os.path.exists(local) else shutil.which("horovodrun")
 
 
-def launch(args, gpus, mode, tag, env=None, streams=0):
+def launch(args, gpus, mode, tag, env=None, streams=0, exchange_dtype="float32"):
     """Runs this script's ranks under horovodrun; True when every rank wrote its
   JSON."""
     rank = [sys.executable] if args.dry_run_on_cpu else [ONE_GPU_PER_RANK, sys.executable]
@@ -259,7 +290,7 @@ def launch(args, gpus, mode, tag, env=None, streams=0):
         horovodrun(), "--gloo", "-np",
         str(gpus), "-H", f"localhost:{gpus}", *rank, __file__, *sys.argv[1:], "--worker", mode,
         "--tag", tag, "--streams",
-        str(streams)
+        str(streams), "--exchange-dtype", exchange_dtype
     ]
     if mode == "check":
         command += ["--batch", str(args.check_batch), "--rows", str(args.check_rows)]
@@ -287,17 +318,18 @@ def load(args, tag, rank):
         return json.load(f)
 
 
-def exchanged_bytes(rows_to, hot_rank, tables=TABLES):
+def exchanged_bytes(rows_to, hot_rank, tables=TABLES, element_bytes=4):
     """Bytes worker `hot_rank` sends to the others in one step, from every
   rank's rows_to[r][w] (unique keys of rank r owned by w): (key,
   occurrences) rows and headers out, the rows it owns back to their
-  requesters, its gradients to the owners."""
+  requesters, its gradients to the owners (element_bytes each element: 2
+  with a compressed exchange)."""
     size = len(rows_to)
     me = hot_rank
     keys_out = sum(rows_to[me][w] for w in range(size) if w != me)
     rows_back = sum(rows_to[w][me] for w in range(size) if w != me)
     headers = (size - 1) * (tables + 1)
-    return 16 * (keys_out + headers) + 4 * DIM * rows_back + 4 * DIM * keys_out
+    return 16 * (keys_out + headers) + element_bytes * DIM * (rows_back + keys_out)
 
 
 def compare_check(args, gpus):
@@ -331,7 +363,32 @@ def compare_check(args, gpus):
     return verdict
 
 
-def report(args, runs, verdict):
+def compare_compressed(args, gpus, dtype):
+    """The first lookup of the 2-GPU check run with exchange_dtype `dtype`
+  against the 1-GPU run's (which exchanges nothing): each output sums `hot`
+  rows, each off by at most RELATIVE_ERROR * INIT_SCALE, plus float32's own
+  rounding of those sums. Returns {hot: (largest difference, bound,
+  largest relative loss difference after the steps)}."""
+    one = np.load(os.path.join(args.json_dir, "tf_weak_scaling_check1_rank0.npz"))
+    many = [
+        np.load(os.path.join(args.json_dir, f"tf_weak_scaling_check{gpus}_{dtype}_rank{r}.npz"))
+        for r in range(gpus)
+    ]
+    verdict = {}
+    for hot in [int(h) for h in args.hotness.split(",")]:
+        parts = np.split(one[f"{hot}hot_first_lookup"], gpus, axis=0)
+        worst = max(
+            float(np.max(np.abs(m[f"{hot}hot_first_lookup"] - part), initial=0.0))
+            for part, m in zip(parts, many))
+        bound = (RELATIVE_ERROR[dtype] + CHECK_RTOL) * hot * INIT_SCALE
+        losses = sum(m[f"{hot}hot_losses"] for m in many)
+        reference = one[f"{hot}hot_losses"]
+        loss_rel = float(np.max(np.abs(losses - reference) / np.maximum(np.abs(reference), 1e-30)))
+        verdict[hot] = (worst, bound, loss_rel)
+    return verdict
+
+
+def report(args, runs, verdict, compressed=None):
     gpus = args.gpus
     base = load(args, "time1", 0)
     command = "python3 benchmarks/gpu/tf_weak_scaling.py " + " ".join(sys.argv[1:])
@@ -364,10 +421,11 @@ def report(args, runs, verdict):
             ]
             if size > 1:
                 rows_to = [r["rows_to"] for r in ranks]
-                sent = max(exchanged_bytes(rows_to, r) for r in range(size))
+                element = ELEMENT_BYTES[load(args, tag, 0).get("exchange_dtype", "float32")]
+                sent = max(exchanged_bytes(rows_to, r, element_bytes=element) for r in range(size))
                 a2a = max(r["alltoall_ms"] for r in ranks)
                 rows_bytes = max(
-                    4 * DIM *
+                    element * DIM *
                     sum(rows_to[r][w] for w in range(size) if w != r) for r in range(size))
                 rate = rows_bytes / (a2a * 1e-3)
                 cells += [
@@ -385,6 +443,12 @@ def report(args, runs, verdict):
                      f"({'agree' if agreed else 'DISAGREE'} within {CHECK_RTOL})")
     if not verdict:
         lines.append("- check: did not run to the end (see the log)")
+    for hot, (worst, bound, loss_rel) in sorted((compressed or {}).items()):
+        lines.append(
+            f"- check, {hot}-hot, exchange_dtype={args.check_compressed}: the first lookup "
+            f"on {gpus} GPUs differs from 1 GPU's by at most {worst:.2e}, bound "
+            f"{bound:.2e} ({'within' if worst <= bound else 'EXCEEDS'}); losses after "
+            f"{args.check_steps} steps: largest relative difference {loss_rel:.2e}")
     for hot in [int(h) for h in args.hotness.split(",")]:
         for tag, _ in runs:
             rank0 = load(args, tag, 0)[f"{hot}hot"]
@@ -411,18 +475,25 @@ def main():
     runs = [("time1", ""), (f"time{args.gpus}", "")]
     for number, variant in enumerate(filter(None, args.variants.split(","))):
         env = dict(kv.split("=", 1) for kv in variant.split(";"))
+        # lookup_sparse's option; every other key is an environment variable.
+        exchange_dtype = env.pop("exchange_dtype", "float32")
         tag = f"variant{number}"
-        if ok and launch(args, args.gpus, "time", tag, env=env):
+        if ok and launch(args, args.gpus, "time", tag, env=env, exchange_dtype=exchange_dtype):
             runs.append((tag, variant))
-    verdict = {}
+    verdict, compressed = {}, {}
     if (launch(args, 1, "check", "check1", streams=args.gpus) and
             launch(args, args.gpus, "check", f"check{args.gpus}")):
         verdict = compare_check(args, args.gpus)
+        dtype = args.check_compressed
+        if dtype and launch(
+                args, args.gpus, "check", f"check{args.gpus}_{dtype}", exchange_dtype=dtype):
+            compressed = compare_compressed(args, args.gpus, dtype)
     if not ok:
         print("the timed launches failed: nothing to report", flush=True)
         return 1
-    report(args, runs, verdict)
-    return 0 if verdict and all(agreed for _, agreed in verdict.values()) else 1
+    report(args, runs, verdict, compressed)
+    within = all(worst <= bound for worst, bound, _ in compressed.values())
+    return 0 if verdict and within and all(agreed for _, agreed in verdict.values()) else 1
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@
 
 #include "cc/backward_apply_gpu.h"
 #include "cc/combine.h"
+#include "cc/exchange_message.h"
 #include "cc/fused_lookup_gpu.h"
 #include "cc/hash_table_gpu.h"
 #include "cc/optimizers.h"
@@ -378,6 +379,30 @@ int sokev_backward_apply(void* handle, int kind, const float* hyper, const int* 
 }
 
 // Waits for the stream and reports any asynchronous kernel fault.
+// The compressed exchange's element conversion (gpu::copy_rows, one block of
+// n elements). format: 0 bfloat16, 1 float16; narrow: float -> 16 bits,
+// else 16 bits -> float.
+int sokev_convert_16(int format, int narrow, uint64_t src, int64_t n, uint64_t dst,
+                     uint64_t stream) {
+  const GpuContext context = context_for(stream);
+  auto run = [&](auto bits) {
+    using Bits = decltype(bits);
+    if (narrow) {
+      gpu::copy_rows<float, Bits>(
+          context, {{ptr<const float>(src), nullptr, 1, ptr<Bits>(dst), nullptr, 1, n, 1}});
+    } else {
+      gpu::copy_rows<Bits, float>(
+          context, {{ptr<const Bits>(src), nullptr, 1, ptr<float>(dst), nullptr, 1, n, 1}});
+    }
+  };
+  if (format == 0) {
+    run(sok_ev::Bfloat16Bits());
+  } else {
+    run(sok_ev::Float16Bits());
+  }
+  return report_pending();
+}
+
 int sokev_sync(uint64_t stream) {
   return report(
       gpu::cuda_status(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(stream)), "sync"));

@@ -255,6 +255,18 @@ def partition(keys, num_workers, keys_by_owner=None, positions=None, counts=None
     return keys_by_owner[:n], positions[:n], counts
 
 
+def convert_16(src, bits_format):
+    """The compressed exchange's conversion on the GPU: float32 -> the int16
+  bits of "bfloat16" / "float16", or those bits (int16) -> float32."""
+    narrow = src.dtype == torch.float32
+    out = torch.empty(src.shape, dtype=torch.int16 if narrow else torch.float32, device=src.device)
+    _check(lib().sokev_convert_16({
+        "bfloat16": 0,
+        "float16": 1
+    }[bits_format], int(narrow), _p(src), _i(src.numel()), _p(out), _stream()))
+    return out
+
+
 def row_offsets(sample_ids, batch, out=None):
     if out is None:
         out = torch.empty(batch + 1, dtype=torch.int64, device=sample_ids.device)

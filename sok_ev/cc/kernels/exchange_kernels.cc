@@ -315,10 +315,58 @@ const int64_t* BlockPositions(const OpInputList& positions, int t, int64_t first
   return positions.size() == 0 ? nullptr : positions[t].flat<int64_t>().data() + first;
 }
 
+// The message's element type in the core (cc/narrow_float.h) for each
+// Tmessage: uint16 tensors hold bfloat16 bits, half tensors float16 bits.
+template <typename Element>
+struct MessageElement;
+template <>
+struct MessageElement<float> {
+  using Tensor = float;
+};
+template <>
+struct MessageElement<Bfloat16Bits> {
+  using Tensor = uint16_t;
+};
+template <>
+struct MessageElement<Float16Bits> {
+  using Tensor = Eigen::half;
+};
+
+// The message tensor's data as the core's element type (both 16-bit types
+// are their bits).
+template <typename Element>
+Element* MessageData(Tensor* message) {
+  static_assert(sizeof(Element) == sizeof(typename MessageElement<Element>::Tensor), "");
+  return reinterpret_cast<Element*>(
+      message->flat<typename MessageElement<Element>::Tensor>().data());
+}
+template <typename Element>
+const Element* MessageData(const Tensor& message) {
+  return MessageData<Element>(const_cast<Tensor*>(&message));
+}
+
+// Runs work(Element()) with the core's element type of a Tmessage.
+template <typename Work>
+absl::Status ForMessageType(tensorflow::DataType dtype, Work work) {
+  switch (dtype) {
+    case tensorflow::DT_FLOAT:
+      return work(float());
+    case tensorflow::DT_UINT16:
+      return work(Bfloat16Bits());
+    case tensorflow::DT_HALF:
+      return work(Float16Bits());
+    default:
+      return errors::InvalidArgument("unsupported row message type ",
+                                     tensorflow::DataTypeString(dtype));
+  }
+}
+
 template <typename Device>
 class PackRowMessageOp : public OpKernel {
  public:
-  explicit PackRowMessageOp(OpKernelConstruction* context) : OpKernel(context) {}
+  explicit PackRowMessageOp(OpKernelConstruction* context) : OpKernel(context) {
+    OP_REQUIRES_OK(context, context->GetAttr("Tmessage", &message_dtype_));
+  }
 
   void Compute(OpKernelContext* context) override {
     OpInputList rows, positions;
@@ -346,21 +394,29 @@ class PackRowMessageOp : public OpKernel {
     OP_REQUIRES_OK(context,
                    context->allocate_output("message", TensorShape({plan.total}), &message));
     OP_REQUIRES_OK(context, WriteSplits(context, plan, 1));
-    std::vector<RowCopy<float, float>> blocks;
-    for (int t = 0; t < n; ++t) {
-      for (int w = 0; w < num_workers; ++w) {
-        const int64_t i = int64_t{t} * num_workers + w, count = counts[i];
-        if (count == 0 || widths[t] == 0) continue;
-        const int64_t first = plan.table_offset[i];
-        const int64_t* index = BlockPositions(positions, t, first);
-        blocks.push_back({rows[t].flat<float>().data() + (index ? 0 : first * widths[t]), index,
-                          widths[t], message->flat<float>().data() + plan.start[i], nullptr,
-                          widths[t], count, widths[t]});
-      }
-    }
-    Core<Device> core(context);
-    OP_REQUIRES_OK(context, core.CopyRows(blocks));
+    OP_REQUIRES_OK(
+        context, ForMessageType(message_dtype_, [&](auto element) {
+          using Element = decltype(element);
+          Element* out = MessageData<Element>(message);
+          std::vector<RowCopy<float, Element>> blocks;
+          for (int t = 0; t < n; ++t) {
+            for (int w = 0; w < num_workers; ++w) {
+              const int64_t i = int64_t{t} * num_workers + w, count = counts[i];
+              if (count == 0 || widths[t] == 0) continue;
+              const int64_t first = plan.table_offset[i];
+              const int64_t* index = BlockPositions(positions, t, first);
+              blocks.push_back({rows[t].flat<float>().data() + (index ? 0 : first * widths[t]),
+                                index, widths[t], out + plan.start[i], nullptr, widths[t], count,
+                                widths[t]});
+            }
+          }
+          Core<Device> core(context);
+          return core.CopyRows(blocks);
+        }));
   }
+
+ private:
+  tensorflow::DataType message_dtype_;
 };
 
 template <typename Device>
@@ -368,6 +424,7 @@ class UnpackRowMessageOp : public OpKernel {
  public:
   explicit UnpackRowMessageOp(OpKernelConstruction* context) : OpKernel(context) {
     OP_REQUIRES_OK(context, context->GetAttr("dims", &dims_));
+    OP_REQUIRES_OK(context, context->GetAttr("Tmessage", &message_dtype_));
   }
 
   void Compute(OpKernelContext* context) override {
@@ -381,31 +438,39 @@ class UnpackRowMessageOp : public OpKernel {
     const MessagePlan plan = PlanMessage(counts.data(), n, num_workers, dims_.data(), 0);
     OP_REQUIRES(context, message.dims() == 1 && message.NumElements() == plan.total,
                 errors::InvalidArgument("the message has shape ", message.shape().DebugString(),
-                                        ", but counts and dims make ", plan.total, " floats"));
+                                        ", but counts and dims make ", plan.total, " elements"));
     OP_REQUIRES_OK(context, CheckPositions(positions, plan));
     OpOutputList outputs;
     OP_REQUIRES_OK(context, context->output_list("rows", &outputs));
-    std::vector<RowCopy<float, float>> blocks;
+    std::vector<Tensor*> tables(n);
     for (int t = 0; t < n; ++t) {
-      Tensor* table;
       OP_REQUIRES_OK(context,
-                     outputs.allocate(t, TensorShape({plan.table_rows[t], dims_[t]}), &table));
-      for (int w = 0; w < num_workers; ++w) {
-        const int64_t i = int64_t{t} * num_workers + w, count = counts[i];
-        if (count == 0 || dims_[t] == 0) continue;
-        const int64_t first = plan.table_offset[i];
-        const int64_t* index = BlockPositions(positions, t, first);
-        blocks.push_back({message.flat<float>().data() + plan.start[i], nullptr, dims_[t],
-                          table->flat<float>().data() + (index ? 0 : first * dims_[t]), index,
-                          dims_[t], count, dims_[t]});
-      }
+                     outputs.allocate(t, TensorShape({plan.table_rows[t], dims_[t]}), &tables[t]));
     }
-    Core<Device> core(context);
-    OP_REQUIRES_OK(context, core.CopyRows(blocks));
+    OP_REQUIRES_OK(
+        context, ForMessageType(message_dtype_, [&](auto element) {
+          using Element = decltype(element);
+          const Element* in = MessageData<Element>(message);
+          std::vector<RowCopy<Element, float>> blocks;
+          for (int t = 0; t < n; ++t) {
+            for (int w = 0; w < num_workers; ++w) {
+              const int64_t i = int64_t{t} * num_workers + w, count = counts[i];
+              if (count == 0 || dims_[t] == 0) continue;
+              const int64_t first = plan.table_offset[i];
+              const int64_t* index = BlockPositions(positions, t, first);
+              blocks.push_back({in + plan.start[i], nullptr, dims_[t],
+                                tables[t]->flat<float>().data() + (index ? 0 : first * dims_[t]),
+                                index, dims_[t], count, dims_[t]});
+            }
+          }
+          Core<Device> core(context);
+          return core.CopyRows(blocks);
+        }));
   }
 
  private:
   std::vector<int64_t> dims_;
+  tensorflow::DataType message_dtype_;
 };
 
 #define SOK_EV_REGISTER_CPU(name, kernel) \

@@ -79,30 +79,38 @@ REGISTER_OP("SokEv>PackRowMessage")
     .Input("rows: N * float")
     .Input("counts: int64")
     .Input("positions: P * int64")
-    .Output("message: float")
+    .Output("message: Tmessage")
     .Output("splits: int32")
     .Attr("N: int >= 1")
     .Attr("P: int >= 0")
+    // The compressed exchange (issue 12): uint16 carries bfloat16 bits
+    // (Horovod's alltoall has no bfloat16), half float16; float is exact.
+    .Attr("Tmessage: {float, uint16, half} = DT_FLOAT")
     .SetShapeFn([](InferenceContext* c) {
       int n;
       TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
       return MessageShape(c, n, 0);
     })
     .Doc(
-        "The rows message, as floats: for each worker w, table 0's counts[0, w] "
-        "rows, then table 1's, ... Table t's rows for worker w follow those for "
-        "the workers before it: rows[t][offset + i], or, with positions "
-        "(P == N), rows[t][positions[t][offset + i]]. splits[w]: floats for w.");
+        "The rows message, as Tmessage elements: for each worker w, table 0's "
+        "counts[0, w] rows, then table 1's, ... Table t's rows for worker w "
+        "follow those for the workers before it: rows[t][offset + i], or, with "
+        "positions (P == N), rows[t][positions[t][offset + i]]. splits[w]: "
+        "elements for w. uint16 holds bfloat16 bits, half float16, each rounded "
+        "to nearest even (NaN stays NaN).");
 
 REGISTER_OP("SokEv>UnpackRowMessage")
-    .Input("message: float")
+    .Input("message: Tmessage")
     .Input("counts: int64")
     .Input("positions: P * int64")
     .Output("rows: N * float")
     .Attr("N: int >= 1")
     .Attr("P: int >= 0")
     .Attr("dims: list(int)")
+    .Attr("Tmessage: {float, uint16, half} = DT_FLOAT")
     .SetShapeFn([](InferenceContext* c) {
+      tensorflow::shape_inference::ShapeHandle unused;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &unused));
       std::vector<int64_t> dims;
       TF_RETURN_IF_ERROR(c->GetAttr("dims", &dims));
       for (size_t t = 0; t < dims.size(); ++t) {
@@ -113,6 +121,7 @@ REGISTER_OP("SokEv>UnpackRowMessage")
     .Doc(
         "The inverse of PackRowMessage: rows[t] ([sum_w counts[t, w], dims[t]]) "
         "gets table t's rows of every worker's block, worker 0's first; with "
-        "positions, row i goes to rows[t][positions[t][i]] (a permutation).");
+        "positions, row i goes to rows[t][positions[t][i]] (a permutation). A "
+        "uint16 (bfloat16 bits) or half message is widened to float exactly.");
 
 }  // namespace sok_ev

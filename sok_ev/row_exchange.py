@@ -1,0 +1,132 @@
+"""The rows' way back to their requesters, and its precision.
+
+The one place that decides what `lookup_sparse(..., exchange_dtype=...)`
+means (issue 12's compressed exchange). `sok_ev.distributed` calls
+`exchange_rows` once its owners have looked the keys up; the rows then cross
+the network as one message (PackRowMessage -> alltoall -> UnpackRowMessage,
+sok_ev/cc/ops/exchange_ops.cc), and their gradients the same way reversed.
+
+  float32   the rows and gradients travel exactly; the per-op gradients
+            registered in sok_ev.distributed carry the backward pass.
+  bfloat16  each element is rounded to bfloat16 (nearest, ties to even;
+            NaN stays NaN; float32's range, only |x| > 3.3961e38 becomes
+            inf) in both directions: half the bytes, relative error <= 2^-8
+            per element (8 significant bits: half an ulp is 2^-8 of 1.0).
+  float16   the same with float16: relative error <= 2^-11 for |x| in
+            [2^-14, 65504]; |x| >= 65520 becomes inf, smaller values lose
+            precision down to 2^-24 (|x| <= 2^-25 becomes 0: tiny gradients
+            vanish, which bfloat16 keeps).
+
+Rounding is the only change: a combined row of k received rows x_i is within
+`RELATIVE_ERROR[dtype] * sum_i |w_i * x_i|` of its float32 value (times the
+combiner's scale for mean / sqrtn), and the same holds for each gradient row
+an owner receives.
+
+The compressed message is 16-bit: uint16 (bfloat16 bits) or float16, and
+TensorFlow does not differentiate through integer tensors. So the exchange is
+one `tf.custom_gradient` function, whose gradient packs the incoming row
+gradients compressed, sends them back and widens them again on the owner.
+On the wire both 16-bit formats are typed float16 (a free bitcast): Horovod's
+NCCL path has no 16-bit integer type, and an alltoall only moves the bits.
+Every worker must pass the same exchange_dtype (Horovod fails a collective
+whose workers send different dtypes).
+"""
+
+import tensorflow as tf
+
+from sok_ev import communication
+from sok_ev._ops import ops
+
+EXCHANGE_DTYPES = (tf.float32, tf.bfloat16, tf.float16)
+
+# Per-element relative rounding error of each exchange dtype (normal range).
+RELATIVE_ERROR = {tf.float32: 0.0, tf.bfloat16: 2.0**-8, tf.float16: 2.0**-11}
+
+# The row message ops' Tmessage for each exchange dtype.
+_MESSAGE_DTYPE = {tf.float32: tf.float32, tf.bfloat16: tf.uint16, tf.float16: tf.float16}
+
+# What an alltoall carries a 16-bit message as (see the module docstring).
+_WIRE_DTYPE = tf.float16
+
+
+def check_exchange_dtype(value, caller="lookup_sparse"):
+    """The exchange dtype `value` names, as a tf.DType.
+
+  Args:
+    value: tf.float32, tf.bfloat16 or tf.float16, as a tf.DType or its name
+      ("float32", "bfloat16", "float16").
+    caller: the public function named in error messages.
+
+  Returns:
+    One of EXCHANGE_DTYPES.
+
+  Raises:
+    TypeError: `value` is neither a tf.DType nor a string.
+    ValueError: `value` names another dtype, or none.
+  """
+    allowed = ", ".join(d.name for d in EXCHANGE_DTYPES)
+    if not isinstance(value, (tf.DType, str)):
+        raise TypeError(f"{caller}: exchange_dtype must be a tf.DType or a dtype name "
+                        f"({allowed}), got {value!r} of type {type(value).__name__}")
+    try:
+        dtype = tf.as_dtype(value)
+    except TypeError:
+        dtype = None
+    if dtype not in EXCHANGE_DTYPES:
+        raise ValueError(f"{caller}: exchange_dtype must be one of {allowed}, got {value!r}")
+    return dtype
+
+
+def exchange_rows(values, sender_counts, owner_counts, positions, dims, exchange_dtype):
+    """Sends each owner's looked-up rows back to the workers that asked.
+
+  Collective: every worker calls it with the same tables and exchange_dtype.
+
+  Args:
+    values: N float32 `[sum_w sender_counts[t, w], dims[t]]`, the rows this
+      worker owns, worker 0's requests first (UnpackKeyMessage's order).
+    sender_counts: int64 `[N, W]`, rows of table t requested by worker w.
+    owner_counts: int64 `[N, W]`, rows of table t this worker asked of w.
+    positions: N int64 vectors, where each received row goes in the
+      requester's unique keys (PartitionByOwner's positions).
+    dims: N embedding dims.
+    exchange_dtype: one of EXCHANGE_DTYPES (check_exchange_dtype).
+
+  Returns:
+    N float32 `[num_unique_t, dims[t]]`, differentiable with respect to
+    `values`: the gradient travels back in `exchange_dtype` too.
+  """
+    n = len(values)
+    if exchange_dtype == tf.float32:
+        # Exact: the registered gradients of the two ops (sok_ev.distributed).
+        send_rows, row_splits = ops().sok_ev_pack_row_message(values, sender_counts, [])
+        returned, _ = communication.alltoall(send_rows, row_splits)
+        return ops().sok_ev_unpack_row_message(returned, owner_counts, positions, N=n, dims=dims)
+    message_dtype = _MESSAGE_DTYPE[exchange_dtype]
+
+    def move(rows, counts, row_positions, received_counts, received_positions):
+        message, splits = ops().sok_ev_pack_row_message(rows,
+                                                        counts,
+                                                        row_positions,
+                                                        Tmessage=message_dtype)
+        received, _ = communication.alltoall(tf.bitcast(message, _WIRE_DTYPE), splits)
+        return ops().sok_ev_unpack_row_message(tf.bitcast(received, message_dtype),
+                                               received_counts,
+                                               received_positions,
+                                               N=n,
+                                               dims=dims)
+
+    @tf.custom_gradient
+    def exchange(*owned_rows):
+        rows = move(list(owned_rows), sender_counts, [], owner_counts, positions)
+
+        def grad(*grad_rows):
+            grad_rows = [
+                tf.zeros_like(r) if g is None else tf.convert_to_tensor(g)
+                for g, r in zip(grad_rows, rows)
+            ]
+            return move(grad_rows, owner_counts, positions, sender_counts, [])
+
+        return rows, grad
+
+    return list(exchange(*values))

@@ -1,0 +1,115 @@
+"""One rank of the compressed exchange tests (test_exchange_dtype_two_workers.py).
+
+  python compressed_exchange_worker.py --out DIR --cases EXCHANGE:PLACEMENT:MODE,...
+
+EXCHANGE is default (no exchange_dtype argument), float32, bfloat16 or
+float16; PLACEMENT sharded (target_gpu -1) or worker1 (target_gpu 1); MODE
+graph (tf.compat.v1.Session) or eager (tf.function). Each case builds
+harness.TABLES (int64 and int32 keys) and runs one SGD step on this rank's
+batch of exchange_data.step_data, recording under "<case>/" the embeddings
+of the forward pass and this rank's shard of each table after the step.
+"""
+
+import argparse
+
+import numpy as np
+import tensorflow as tf
+import horovod.tensorflow as hvd
+
+import exchange_data
+import harness
+
+hvd.init()
+import sok_ev  # pylint: disable=wrong-import-position
+
+sok_ev.init()
+RANK, WORKERS = hvd.rank(), hvd.size()
+PLACEMENTS = {"sharded": [-1, -1], "worker1": [1, 1]}
+
+
+def make_tables(case, targets):
+    tables = []
+    for table, target in zip(harness.TABLES, targets):
+        option = sok_ev.EmbeddingVariableOption(init_option=sok_ev.InitializerOption(
+            default_value_dim=table["default_rows"]))
+        tables.append(
+            sok_ev.get_embedding_variable(f"{case.replace(':', '_')}_{table['name']}",
+                                          embedding_dim=table["dim"],
+                                          key_dtype=table["key_dtype"],
+                                          initializer=tf.constant_initializer(
+                                              harness.default_rows(table)),
+                                          ev_option=option,
+                                          target_gpu=target))
+    return tables
+
+
+def lookup(tables, sparse_ids, exchange):
+    kwargs = {} if exchange == "default" else {"exchange_dtype": getattr(tf, exchange)}
+    return sok_ev.lookup_sparse(tables, sparse_ids, combiners=["sum"] * len(tables), **kwargs)
+
+
+def loss_of(embeddings, coefficients):
+    """Linear, so each sample's gradient is its coefficients, exactly."""
+    return tf.add_n([tf.reduce_sum(e * c) for e, c in zip(embeddings, coefficients)])
+
+
+def run_graph(case, exchange, targets):
+    batches, coefficients = exchange_data.step_data(WORKERS)
+    with tf.Graph().as_default() as graph:
+        tables = make_tables(case, targets)
+        sparse_ids = [
+            tf.SparseTensor(b.indices, b.values, [b.batch_size, t["hotness"]])
+            for b, t in zip(batches[RANK], harness.TABLES)
+        ]
+        embeddings = lookup(tables, sparse_ids, exchange)
+        loss = loss_of(embeddings, coefficients[RANK])
+        optimizer = tf.compat.v1.train.GradientDescentOptimizer(exchange_data.LEARNING_RATE)
+        train = optimizer.minimize(loss)
+        with tf.compat.v1.Session(graph=graph) as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            forward, _ = session.run([embeddings, train])
+            shards = session.run([v.export() for v in tables])
+    return forward, shards
+
+
+def run_eager(case, exchange, targets):
+    batches, coefficients = exchange_data.step_data(WORKERS)
+    tables = make_tables(case, targets)
+    optimizer = tf.compat.v1.train.GradientDescentOptimizer(exchange_data.LEARNING_RATE)
+
+    @tf.function
+    def train_step():
+        sparse_ids = [
+            tf.SparseTensor(b.indices, b.values, [b.batch_size, t["hotness"]])
+            for b, t in zip(batches[RANK], harness.TABLES)
+        ]
+        with tf.GradientTape() as tape:
+            embeddings = lookup(tables, sparse_ids, exchange)
+            loss = loss_of(embeddings, coefficients[RANK])
+        optimizer.apply_gradients(zip(tape.gradient(loss, tables), tables))
+        return embeddings
+
+    forward = [e.numpy() for e in train_step()]
+    shards = [[x.numpy() for x in v.export()] for v in tables]
+    return forward, shards
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--cases", required=True)
+    args = parser.parse_args()
+    results = {}
+    for case in args.cases.split(","):
+        exchange, placement, mode = case.split(":")
+        run = run_graph if mode == "graph" else run_eager
+        forward, shards = run(case, exchange, PLACEMENTS[placement])
+        for t in range(len(harness.TABLES)):
+            results[f"{case}/emb{t}"] = forward[t]
+            results[f"{case}/keys{t}"] = shards[t][0].astype(np.int64)
+            results[f"{case}/values{t}"] = shards[t][1]
+    harness.save_rank_results(args.out, RANK, results)
+
+
+if __name__ == "__main__":
+    main()
