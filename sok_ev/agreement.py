@@ -81,9 +81,13 @@ def table_signature(variable):
     }
 
 
-def fingerprint(params):
-    """A 62-bit hash of the tables' signatures, the same on every worker."""
-    text = json.dumps([table_signature(v) for v in params], sort_keys=True)
+def fingerprint(params, exchange_dtype="float32"):
+    """A 62-bit hash of the tables' signatures (and of a compressed exchange's
+  dtype), the same on every worker."""
+    described = [table_signature(v) for v in params]
+    if exchange_dtype != "float32":  # float32 lookups keep their old fingerprints
+        described.append({"exchange_dtype": exchange_dtype})
+    text = json.dumps(described, sort_keys=True)
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 2
 
 
@@ -138,13 +142,18 @@ def _context():
     return "/".join([where] + functions[::-1])
 
 
-def check_lookup(params):
+def check_lookup(params, exchange_dtype="float32"):
     """Checks that every worker builds this lookup (see the module docstring).
+
+  Args:
+    params: the lookup's Embedding Variables.
+    exchange_dtype: the name of the dtype its rows travel as (lookup_sparse's
+      exchange_dtype); every worker must use the same.
 
   Raises:
     ValueError: a target_gpu out of range; workers disagreeing on the tables
-      (the message names the table, the field and both values); or workers
-      not building this lookup within the timeout.
+      (the message names the table, the field and both values) or on
+      exchange_dtype; or workers not building this lookup within the timeout.
   """
     size = communication.world_size()
     signatures = [table_signature(v) for v in params]
@@ -154,10 +163,15 @@ def check_lookup(params):
                              f"'{signature['name']}' must be -1 or in [0, {size}) for {size} "
                              f"workers, got {signature['target_gpu']}")
     site, where = _call_site(), _context()
-    key = (where, site, json.dumps(signatures, sort_keys=True))
+    key = (where, site, json.dumps(signatures, sort_keys=True), exchange_dtype)
     if key in _checked:
         return
-    description = {"tables": signatures, "site": site, "where": where}
+    description = {
+        "tables": signatures,
+        "site": site,
+        "where": where,
+        "exchange_dtype": exchange_dtype
+    }
     timeout = _timeout()
     try:
         everyone = communication.allgather_object(description,
@@ -173,6 +187,13 @@ def check_lookup(params):
         stop_everyone(message)
         raise ValueError(message) from None
     _compare(signatures, [e["tables"] for e in everyone], everyone)
+    me = communication.rank()
+    for other, theirs in enumerate(everyone):
+        if theirs["exchange_dtype"] != exchange_dtype:
+            raise ValueError(f"lookup_sparse: exchange_dtype of the lookup of "
+                             f"{[s['name'] for s in signatures]} is {exchange_dtype!r} on worker "
+                             f"{me} ({site}) but {theirs['exchange_dtype']!r} on worker {other} "
+                             f"({theirs['site']}); every worker must pass the same exchange_dtype")
     _checked.add(key)
 
 

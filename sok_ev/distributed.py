@@ -82,10 +82,11 @@ def find_or_insert(params, unique_keys, counts, exchange_dtype=tf.float32):
     tf.errors.InvalidArgumentError: at run time, another worker ran another
       lookup or stopped the job (the header check of UnpackKeyMessage).
   """
-    agreement.check_lookup(params)
+    exchange_dtype_name = tf.as_dtype(exchange_dtype).name
+    agreement.check_lookup(params, exchange_dtype_name)
     size = communication.world_size()
     dims = [int(v.embedding_dim) for v in params]
-    fingerprint = agreement.fingerprint(params)
+    fingerprint = agreement.fingerprint(params, exchange_dtype_name)
     with tf.name_scope("sok_ev_distributed"):
         keys_by_owner, positions, owner_counts = ops().sok_ev_partition_by_owner(
             unique_keys,

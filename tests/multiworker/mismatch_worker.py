@@ -3,8 +3,10 @@
   python mismatch_worker.py --out DIR
 
 Rank 1 builds table "t1" with embedding_dim 8 where the others use 4 (graph
-mode), then "t2" with target_gpu 0 where the others use -1 (eager). Each
-rank records the ValueError message of each lookup ("" if none).
+mode), then "t2" with target_gpu 0 where the others use -1 (eager), then a
+lookup of "t3" with exchange_dtype bfloat16 where the others use float16
+(eager). Each rank records the ValueError message of each lookup ("" if
+none).
 """
 import argparse
 
@@ -20,10 +22,10 @@ sok_ev.init()
 RANK = hvd.rank()
 
 
-def lookup(name, dim, target_gpu):
+def lookup(name, dim, target_gpu, exchange_dtype=tf.float32):
     table = sok_ev.get_embedding_variable(name, embedding_dim=dim, target_gpu=target_gpu)
     ids = tf.SparseTensor([[0, 0]], tf.constant([RANK], tf.int64), [1, 1])
-    return sok_ev.lookup_sparse([table], [ids])
+    return sok_ev.lookup_sparse([table], [ids], exchange_dtype=exchange_dtype)
 
 
 def message_of(build):
@@ -42,6 +44,8 @@ def main():
     with tf.Graph().as_default():
         results["dim"] = message_of(lambda: lookup("t1", 8 if RANK == 1 else 4, -1))
     results["target_gpu"] = message_of(lambda: lookup("t2", 4, 0 if RANK == 1 else -1))
+    results["exchange_dtype"] = message_of(lambda: lookup("t3", 4, -1, "bfloat16"
+                                                          if RANK == 1 else "float16"))
     harness.save_rank_results(args.out, RANK, results)
 
 

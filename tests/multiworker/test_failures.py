@@ -29,6 +29,11 @@ def test_mismatched_tables_fail_clearly_on_every_worker():
         assert "Embedding Variable 't2:0'" in message, message
         assert (f"target_gpu is {mine} on worker {rank} but {theirs} on "
                 f"worker {other}") in message, message
+        mine, theirs = ("float16", "bfloat16") if rank == 0 else ("bfloat16", "float16")
+        message = str(result.results[rank]["exchange_dtype"])
+        assert (f"exchange_dtype of the lookup of ['t3:0'] is '{mine}' on worker {rank}"
+                in message), message
+        assert f"but '{theirs}' on worker {other}" in message, message
 
 
 def test_a_dying_worker_stops_the_job():
