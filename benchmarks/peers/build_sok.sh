@@ -37,7 +37,14 @@
 #     3.12 (the device's), becomes importlib.util.find_spec.
 #  6. HugeCTR/core23/kernel_params.cpp (diagnostic): a failed
 #     cudaGetDeviceProperties throws, naming the error, instead of leaving the
-#     warp size that later divides (the first lookups died of SIGFPE there).
+#     warp size that later divides (the first lookups died of SIGFPE there);
+#     the values it read go to stderr once.
+#  7. generic_lookup.cuh's get_kernel_config_use_warp (diagnostic and
+#     workaround): the second device run showed the SIGFPE is its division by
+#     saturate_num = num_sms * (threads per SM / warp size) * multiple, zero
+#     although KernelParams::init ran. When it is not positive, the values
+#     it got go to stderr once and the current device's own SM count and
+#     threads per SM are used instead, so the lookup can go on.
 set -euo pipefail
 export TF_CPP_MIN_LOG_LEVEL=3
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -157,10 +164,42 @@ patch("HugeCTR/core23/kernel_params.cpp", "  cudaGetDeviceProperties(&device_pro
       "                             cudaGetErrorString(status) + \", warpSize \" +\n"
       "                             std::to_string(device_prop.warpSize));\n"
       "  }\n")
+patch("HugeCTR/core23/kernel_params.cpp", "  this->max_thread_per_block = device_prop.maxThreadsPerBlock;\n",
+      "  this->max_thread_per_block = device_prop.maxThreadsPerBlock;\n"
+      "  static bool reported = false;\n"
+      "  if (!reported) {\n"
+      "    reported = true;\n"
+      "    fprintf(stderr, \"[sok-ev patch 6] KernelParams::init: num_sms %d warp_size %d \"\n"
+      "            \"max_thread_per_sm %d max_thread_per_block %d\\n\", num_sms, warp_size,\n"
+      "            max_thread_per_sm, max_thread_per_block);\n"
+      "  }\n")
 patch("HugeCTR/core23/kernel_params.cpp", "#include <core23/kernel_params.hpp>\n",
-      "#include <core23/kernel_params.hpp>\n#include <stdexcept>\n#include <string>\n")
+      "#include <core23/kernel_params.hpp>\n#include <cstdio>\n#include <stdexcept>\n#include <string>\n")
+# 7. Diagnostic and workaround: the SIGFPE is get_kernel_config_use_warp's
+#    division by saturate_num, zero although KernelParams::init ran.
+patch("HugeCTR/embedding/operators/generic_lookup.cuh", "#include <embedding/common.hpp>\n",
+      "#include <cstdio>\n#include <embedding/common.hpp>\n")
+patch("HugeCTR/embedding/operators/generic_lookup.cuh",
+      "  int saturate_num = num_sms * warp_num_per_sm * multiple_num;\n",
+      "  int saturate_num = num_sms * warp_num_per_sm * multiple_num;\n"
+      "  if (saturate_num <= 0) {\n"
+      "    static bool reported = false;\n"
+      "    if (!reported) {\n"
+      "      reported = true;\n"
+      "      fprintf(stderr, \"[sok-ev patch 7] get_kernel_config_use_warp got num_sms %d \"\n"
+      "              \"threads per SM %d warp size %d; using the current device's\\n\", num_sms,\n"
+      "              num_thread_per_sm, warp_size);\n"
+      "    }\n"
+      "    int device = 0, sms = 0, threads = 0;\n"
+      "    cudaGetDevice(&device);\n"
+      "    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);\n"
+      "    cudaDeviceGetAttribute(&threads, cudaDevAttrMaxThreadsPerMultiProcessor, device);\n"
+      "    warp_num_per_sm = threads / 32;\n"
+      "    warp_num_per_block = block_size / 32;\n"
+      "    saturate_num = sms * warp_num_per_sm * multiple_num;\n"
+      "  }\n")
 print(f"patched CMakeLists.txt, {len(files)} kernels, gpu_resource_impl.hpp, concurrent_unordered_map.cuh, "
-      "lookup.py, kernel_params.cpp")
+      "lookup.py, kernel_params.cpp, generic_lookup.cuh")
 PY
 
 mkdir -p "$cache/src/merlin-sok-$sok_version"
