@@ -27,22 +27,6 @@ RANK, WORKERS = hvd.rank(), hvd.size()
 PLACEMENTS = {"sharded": [-1, -1], "worker1": [1, 1]}
 
 
-def make_tables(case, targets):
-    tables = []
-    for table, target in zip(harness.TABLES, targets):
-        option = sok_ev.EmbeddingVariableOption(init_option=sok_ev.InitializerOption(
-            default_value_dim=table["default_rows"]))
-        tables.append(
-            sok_ev.get_embedding_variable(f"{case.replace(':', '_')}_{table['name']}",
-                                          embedding_dim=table["dim"],
-                                          key_dtype=table["key_dtype"],
-                                          initializer=tf.constant_initializer(
-                                              harness.default_rows(table)),
-                                          ev_option=option,
-                                          target_gpu=target))
-    return tables
-
-
 def lookup(tables, sparse_ids, exchange):
     kwargs = {} if exchange == "default" else {"exchange_dtype": getattr(tf, exchange)}
     return sok_ev.lookup_sparse(tables, sparse_ids, combiners=["sum"] * len(tables), **kwargs)
@@ -56,7 +40,7 @@ def loss_of(embeddings, coefficients):
 def run_graph(case, exchange, targets):
     batches, coefficients = exchange_data.step_data(WORKERS)
     with tf.Graph().as_default() as graph:
-        tables = make_tables(case, targets)
+        tables = harness.make_tables(targets, prefix=case.replace(':', '_') + '_')
         sparse_ids = [
             tf.SparseTensor(b.indices, b.values, [b.batch_size, t["hotness"]])
             for b, t in zip(batches[RANK], harness.TABLES)
@@ -74,7 +58,7 @@ def run_graph(case, exchange, targets):
 
 def run_eager(case, exchange, targets):
     batches, coefficients = exchange_data.step_data(WORKERS)
-    tables = make_tables(case, targets)
+    tables = harness.make_tables(targets, prefix=case.replace(':', '_') + '_')
     optimizer = tf.compat.v1.train.GradientDescentOptimizer(exchange_data.LEARNING_RATE)
 
     @tf.function

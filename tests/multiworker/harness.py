@@ -224,6 +224,26 @@ def default_rows(table):
     return rng.normal(size=(table["default_rows"], table["dim"])).astype(np.float32)
 
 
+def make_tables(targets, prefix=""):
+    """The Embedding Variables of TABLES (named `prefix` + name), table t
+  placed by targets[t], each starting as `default_rows` (in a worker, after
+  sok_ev.init())."""
+    import sok_ev  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    tables = []
+    for table, target in zip(TABLES, targets):
+        option = sok_ev.EmbeddingVariableOption(init_option=sok_ev.InitializerOption(
+            default_value_dim=table["default_rows"]))
+        tables.append(
+            sok_ev.get_embedding_variable(prefix + table["name"],
+                                          embedding_dim=table["dim"],
+                                          key_dtype=table["key_dtype"],
+                                          initializer=tf.constant_initializer(default_rows(table)),
+                                          ev_option=option,
+                                          target_gpu=target))
+    return tables
+
+
 def initial_dense_table(table):
     """The reference's dense table: row k = default_rows[k mod default_rows]."""
     rows = default_rows(table)

@@ -36,22 +36,6 @@ def placement(name):
     return {"sharded": [-1, -1], "target": [WORKERS - 1, 0], "mixed": [-1, WORKERS - 1]}[name]
 
 
-def make_tables(targets):
-    tables = []
-    for table, target in zip(harness.TABLES, targets):
-        option = sok_ev.EmbeddingVariableOption(init_option=sok_ev.InitializerOption(
-            default_value_dim=table["default_rows"]))
-        tables.append(
-            sok_ev.get_embedding_variable(table["name"],
-                                          embedding_dim=table["dim"],
-                                          key_dtype=table["key_dtype"],
-                                          initializer=tf.constant_initializer(
-                                              harness.default_rows(table)),
-                                          ev_option=option,
-                                          target_gpu=target))
-    return tables
-
-
 def model(tables, sparse_ids, targets):
     embeddings = sok_ev.lookup_sparse(tables, sparse_ids, combiners=["sum"] * len(tables))
     loss = tf.add_n([0.5 * tf.reduce_sum(tf.square(e - y)) for e, y in zip(embeddings, targets)])
@@ -65,7 +49,7 @@ def my_feeds(scenario, step):
 
 def run_graph(scenario, targets_gpu):
     with tf.Graph().as_default() as graph:
-        tables = make_tables(targets_gpu)
+        tables = harness.make_tables(targets_gpu)
         indices = [tf.compat.v1.placeholder(tf.int64, [None, 2]) for _ in tables]
         values = [tf.compat.v1.placeholder(v.key_dtype, [None]) for v in tables]
         sizes = [tf.compat.v1.placeholder(tf.int64, []) for _ in tables]
@@ -98,7 +82,7 @@ def run_graph(scenario, targets_gpu):
 
 
 def run_eager(scenario, targets_gpu):
-    tables = make_tables(targets_gpu)
+    tables = harness.make_tables(targets_gpu)
     optimizer = tf.compat.v1.train.AdagradOptimizer(harness.LEARNING_RATE)
     signature = []
     for v in tables:
@@ -166,7 +150,7 @@ def record_guards(results):
         ]
 
     with tf.Graph().as_default():
-        tables = make_tables([-1, -1])
+        tables = harness.make_tables([-1, -1])
         dense = tf.compat.v1.get_variable("dense", initializer=tf.ones([4]))
         loss, embeddings = model(tables, sparse_ids(), targets)
         loss += tf.reduce_sum(dense * embeddings[1])
@@ -192,7 +176,7 @@ def record_guards(results):
             [(g if isinstance(v, sok_ev.EmbeddingVariable) else hvd.allreduce(g), v)
              for g, v in grads_and_vars]))
 
-    tables = make_tables([-1, -1])
+    tables = harness.make_tables([-1, -1])
 
     def tape_gradient(tape_factory):
         with tape_factory() as tape:
