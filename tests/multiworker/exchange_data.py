@@ -1,7 +1,7 @@
 """Data and NumPy references of the compressed exchange tests.
 
-One step of harness.TABLES (dims 128 and 4, int64 and int32 keys, sum
-combiner) on every worker, from fixed seeds, with what makes an exchange
+One step of harness.TABLES (dims 128 and 4, int64 and int32 keys; the sum
+combiner, or the mean of weighted rows) on every worker, from fixed seeds, with what makes an exchange
 interesting: duplicate keys within a sample, the same sample on every
 worker (so an owner receives one key's row requests and gradients from
 several workers), and empty samples. The loss is linear,
@@ -24,7 +24,8 @@ FLOAT32_SLACK = 16 * 2.0**-24
 
 def step_data(workers):
     """(batches, coefficients): batches[w][t] a harness.Batch; coefficients[w][t]
-  the `[batch_size, dim]` float32 gradient of worker w's embeddings."""
+  the `[batch_size, dim]` float32 gradient of worker w's embeddings. The
+  weights of the weighted cases are `entry_weights(batch)`."""
     rng = np.random.default_rng(1212)
     shared = [rng.choice(harness.VOCABULARY, size=table["hotness"]) for table in harness.TABLES]
     batches, coefficients = [], []
@@ -57,20 +58,39 @@ def _to_batch(rows, table):
     return harness.Batch(indices, values, len(rows))
 
 
+def entry_weights(batch):
+    """`[nnz]` float32 weights in [0.25, 2) for a batch's entries, from its keys
+  (the same on every worker for the same key)."""
+    return (0.25 + (np.abs(batch.values.astype(np.int64)) % 7) / 4.0).astype(np.float32)
+
+
+def _sample_scale(batch, combiner):
+    """`[nnz]` what each entry's row is multiplied by in its sample's result:
+  1 for "sum"; w_i / sum of its sample's w for "mean" over entry_weights."""
+    if combiner == "sum":
+        return np.ones(len(batch.values))
+    weights = entry_weights(batch).astype(np.float64)
+    totals = np.zeros(batch.batch_size)
+    np.add.at(totals, batch.indices[:, 0], weights)
+    return weights / totals[batch.indices[:, 0]]
+
+
 def initial_rows(t, keys):
     """Rows of `keys` before any step (harness.initial_dense_table), float32."""
     rows = harness.default_rows(harness.TABLES[t])
     return rows[np.asarray(keys, np.int64) % len(rows)]
 
 
-def forward(batch, t, cast=None):
-    """(embeddings, magnitudes) in float64: each sample's sum of its keys' rows,
-  and the sum of their absolute values (what the error bound scales with).
-  `cast` maps the float32 rows first (the rounding a reference emulates)."""
+def forward(batch, t, cast=None, combiner="sum"):
+    """(embeddings, magnitudes) in float64: each sample's combination of its
+  keys' rows (sum, or the mean weighted by entry_weights, as
+  tf.nn.embedding_lookup_sparse computes it), and the sum of the absolute
+  values of the terms (what the error bound scales with). `cast` maps the
+  float32 rows first (the rounding a reference emulates)."""
     rows = initial_rows(t, batch.values)
     if cast is not None:
         rows = cast(rows)
-    rows = rows.astype(np.float64)
+    rows = rows.astype(np.float64) * _sample_scale(batch, combiner)[:, None]
     emb = np.zeros((batch.batch_size, rows.shape[1]))
     magnitude = np.zeros_like(emb)
     np.add.at(emb, batch.indices[:, 0], rows)
@@ -78,15 +98,17 @@ def forward(batch, t, cast=None):
     return emb, magnitude
 
 
-def key_gradients(batches, coefficients, t):
+def key_gradients(batches, coefficients, t, combiner="sum"):
     """{key: `[workers, dim]` float64}: the gradient of the key's row each
-  requester sends its owner (its samples' coefficients summed per key)."""
+  requester sends its owner (its samples' coefficients, times each entry's
+  share of its sample under `combiner`, summed per key)."""
     gradients = {}
     for w, (worker_batches, worker_coefficients) in enumerate(zip(batches, coefficients)):
         batch = worker_batches[t]
-        for (b, _), key in zip(batch.indices, batch.values.tolist()):
+        scale = _sample_scale(batch, combiner)
+        for (b, _), key, s in zip(batch.indices, batch.values.tolist(), scale):
             per_worker = gradients.setdefault(key, np.zeros((len(batches), batch_dim(t))))
-            per_worker[w] += worker_coefficients[t][b]
+            per_worker[w] += s * worker_coefficients[t][b]
     return gradients
 
 

@@ -3,8 +3,9 @@
 One launch runs every case (compressed_exchange_worker.py): exchange
 default / float32 / bfloat16 / float16, tables sharded by key (target_gpu
 -1) or whole on worker 1 (target_gpu 1), graph and eager, int64 and int32
-keys, duplicates and empty samples (exchange_data.step_data), forward and
-one SGD step of a linear loss. References are NumPy (float64) over the known
+keys, duplicates and empty samples (exchange_data.step_data), the sum
+combiner and the mean of weighted rows, forward and one SGD step of a linear
+loss. References are NumPy (float64) over the known
 initial rows, and tf.cast for the rounding:
 * float32 is exact: the same bits as no exchange_dtype at all, and the
   NumPy values up to float32's own summation rounding;
@@ -31,6 +32,9 @@ PLACEMENTS = ("sharded", "worker1")
 CASES = [
     f"{exchange}:{placement}:{mode}" for placement in PLACEMENTS
     for exchange in ("default", "float32", "bfloat16", "float16") for mode in ("graph", "eager")
+] + [  # weighted mean: the combine's weights scale the bound's terms
+    f"{exchange}:{placement}:{mode}:mean" for placement in PLACEMENTS
+    for exchange in ("float32", "bfloat16", "float16") for mode in ("graph", "eager")
 ]
 COMPRESSED = [c for c in CASES if c.split(":")[0] in ("bfloat16", "float16")]
 
@@ -44,6 +48,12 @@ def run():
     assert not result.timed_out, result.tail()
     assert result.returncode == 0 and len(result.results) == WORKERS, result.tail()
     return result.results
+
+
+def _combiner(case):
+    """"sum", or the fourth field of a case ("mean": weighted mean)."""
+    fields = case.split(":")
+    return fields[3] if len(fields) > 3 else "sum"
 
 
 def _rounded(fmt):
@@ -76,7 +86,7 @@ def test_forward_is_within_the_documented_bound_of_float32(run, case):
     batches, _ = exchange_data.step_data(WORKERS)
     for r in range(WORKERS):
         for t in range(len(harness.TABLES)):
-            expected, magnitude = exchange_data.forward(batches[r][t], t)
+            expected, magnitude = exchange_data.forward(batches[r][t], t, combiner=_combiner(case))
             got = run[r][f"{case}/emb{t}"]
             bound = (EPS[exchange] + exchange_data.FLOAT32_SLACK) * magnitude
             assert np.all(np.abs(got -
@@ -93,11 +103,12 @@ def test_compressed_forward_is_each_row_rounded_once_by_tf_cast(run, case):
     batches, _ = exchange_data.step_data(WORKERS)
     for r in range(WORKERS):
         for t in range(len(harness.TABLES)):
-            expected, magnitude = exchange_data.forward(batches[r][t], t, _rounded(exchange))
+            expected, magnitude = exchange_data.forward(batches[r][t], t, _rounded(exchange),
+                                                        _combiner(case))
             got = run[r][f"{case}/emb{t}"]
             assert np.all(np.abs(got - expected) <= exchange_data.FLOAT32_SLACK * magnitude)
             # And the rounding happened: the float32 rows are not all representable.
-            plain, _ = exchange_data.forward(batches[r][t], t)
+            plain, _ = exchange_data.forward(batches[r][t], t, combiner=_combiner(case))
             assert np.max(np.abs(got - plain)) > 0, f"rank {r} table {t}"
 
 
@@ -108,7 +119,7 @@ def test_one_sgd_step_is_within_the_documented_bound_of_float32(run, case):
     lr = exchange_data.LEARNING_RATE
     for t in range(len(harness.TABLES)):
         stored = _table(run, case, t)
-        gradients = exchange_data.key_gradients(batches, coefficients, t)
+        gradients = exchange_data.key_gradients(batches, coefficients, t, _combiner(case))
         assert set(stored) == set(gradients), f"table {t}"
         worst = -np.inf
         for key, per_worker in gradients.items():
