@@ -28,8 +28,9 @@ one `tf.custom_gradient` function, whose gradient packs the incoming row
 gradients compressed, sends them back and widens them again on the owner.
 On the wire both 16-bit formats are typed float16 (a free bitcast): Horovod's
 NCCL path has no 16-bit integer type, and an alltoall only moves the bits.
-Every worker must pass the same exchange_dtype (Horovod fails a collective
-whose workers send different dtypes).
+Every worker must pass the same exchange_dtype: the lookup's build-time
+check (sok_ev.agreement.check_lookup) fails on every worker otherwise, naming
+both values.
 """
 
 import tensorflow as tf
