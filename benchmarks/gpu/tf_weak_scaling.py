@@ -332,27 +332,33 @@ def exchanged_bytes(rows_to, hot_rank, tables=TABLES, element_bytes=4):
     return 16 * (keys_out + headers) + element_bytes * DIM * (rows_back + keys_out)
 
 
+def _check_arrays(args, gpus, suffix=""):
+    """The 1-GPU check run's arrays, and each rank's of the `gpus`-GPU run
+  (`suffix`: "_<exchange dtype>" for a compressed one)."""
+    one = np.load(os.path.join(args.json_dir, "tf_weak_scaling_check1_rank0.npz"))
+    many = [
+        np.load(os.path.join(args.json_dir, f"tf_weak_scaling_check{gpus}{suffix}_rank{r}.npz"))
+        for r in range(gpus)
+    ]
+    return one, many
+
+
+def _largest_relative(values, reference):
+    return float(
+        np.max(np.abs(values - reference) / np.maximum(np.abs(reference), 1e-30), initial=0.0))
+
+
 def compare_check(args, gpus):
     """The 2-GPU losses and lookups against the 1-GPU run of the same global
   batch; returns {hot: (max relative difference, agreed)}."""
-    one = np.load(os.path.join(args.json_dir, "tf_weak_scaling_check1_rank0.npz"))
-    many = [
-        np.load(os.path.join(args.json_dir, f"tf_weak_scaling_check{gpus}_rank{r}.npz"))
-        for r in range(gpus)
-    ]
+    one, many = _check_arrays(args, gpus)
     verdict = {}
     for hot in [int(h) for h in args.hotness.split(",")]:
         lookup = one[f"{hot}hot_lookup"]
         parts = np.split(lookup, gpus, axis=0)
         losses = sum(m[f"{hot}hot_losses"] for m in many)
-        worst = 0.0
         agreed = np.allclose(losses, one[f"{hot}hot_losses"], rtol=CHECK_RTOL)
-        worst = max(
-            worst,
-            float(
-                np.max(
-                    np.abs(losses - one[f"{hot}hot_losses"]) /
-                    np.maximum(np.abs(one[f"{hot}hot_losses"]), 1e-30))))
+        worst = _largest_relative(losses, one[f"{hot}hot_losses"])
         for part, m in zip(parts, many):
             theirs = m[f"{hot}hot_lookup"]
             agreed &= part.shape == theirs.shape and np.allclose(
@@ -369,11 +375,7 @@ def compare_compressed(args, gpus, dtype):
   rows, each off by at most RELATIVE_ERROR * INIT_SCALE, plus float32's own
   rounding of those sums. Returns {hot: (largest difference, bound,
   largest relative loss difference after the steps)}."""
-    one = np.load(os.path.join(args.json_dir, "tf_weak_scaling_check1_rank0.npz"))
-    many = [
-        np.load(os.path.join(args.json_dir, f"tf_weak_scaling_check{gpus}_{dtype}_rank{r}.npz"))
-        for r in range(gpus)
-    ]
+    one, many = _check_arrays(args, gpus, f"_{dtype}")
     verdict = {}
     for hot in [int(h) for h in args.hotness.split(",")]:
         parts = np.split(one[f"{hot}hot_first_lookup"], gpus, axis=0)
@@ -382,9 +384,7 @@ def compare_compressed(args, gpus, dtype):
             for part, m in zip(parts, many))
         bound = (RELATIVE_ERROR[dtype] + CHECK_RTOL) * hot * INIT_SCALE
         losses = sum(m[f"{hot}hot_losses"] for m in many)
-        reference = one[f"{hot}hot_losses"]
-        loss_rel = float(np.max(np.abs(losses - reference) / np.maximum(np.abs(reference), 1e-30)))
-        verdict[hot] = (worst, bound, loss_rel)
+        verdict[hot] = (worst, bound, _largest_relative(losses, one[f"{hot}hot_losses"]))
     return verdict
 
 
