@@ -78,6 +78,13 @@ struct DeviceAllocator {
 struct GpuContext {
   void* stream = nullptr;
   DeviceAllocator* allocator = nullptr;
+  // Set while the work runs on a stream beside the framework's own (a
+  // multi-table op's side stream, sok_ev/cc/kernels/side_streams_gpu.h). The
+  // framework's allocator orders reuse on that home stream only, so memory
+  // handed out may still be read or written there: the core orders a new
+  // buffer's first use after the home stream (gpu::order_after_home) and
+  // frees a buffer only once the side stream's work on it is done.
+  void* home_stream = nullptr;
 };
 
 }  // namespace sok_ev

@@ -420,6 +420,16 @@ void HashTable<Key>::deallocate(void* pointer) {
   }
 }
 
+// Old buffers are freed while the copy out of them is queued: safe when the
+// allocator orders reuse on this stream. cudaFree synchronises by itself,
+// but not with kernels on a non-blocking stream, and on a side stream the
+// allocator's reuse is ordered on the home stream only: then wait first.
+template <typename Key>
+Status HashTable<Key>::wait_before_free(const GpuContext& context) {
+  if (allocator_ != nullptr && context.home_stream == nullptr) return Status::Ok();
+  return synchronize(stream_of(context));
+}
+
 template <typename Key>
 Status HashTable<Key>::Create(const GpuContext& context, int64_t dim,
                               const InitializerSpec& initializer, const HashTableOptions& options,
@@ -545,6 +555,11 @@ Status HashTable<Key>::rehash(const GpuContext& context, int64_t num_buckets) {
     return Status::Internal("out of device memory growing the index to " + std::to_string(slots) +
                             " slots");
   }
+  if (Status ordered = order_after_home(context); !ordered.ok()) {
+    deallocate(new_keys);
+    deallocate(new_states);
+    return ordered;
+  }
   // 0xff bytes: every state kEmptySlot.
   SOK_EV_CUDA_RETURN(cudaMemsetAsync(new_states, 0xff, slots * sizeof(int32_t), stream));
   SOK_EV_CUDA_RETURN(cudaMemsetAsync(new_keys, 0, slots * sizeof(Key), stream));
@@ -555,8 +570,7 @@ Status HashTable<Key>::rehash(const GpuContext& context, int64_t num_buckets) {
     SOK_EV_LAUNCH_CHECK("rehash");
     set_used_slots<<<1, 1, 0, stream>>>(counters_);
     SOK_EV_LAUNCH_CHECK("set_used_slots");
-    // Frees are stream-ordered (allocator) or synchronising (cudaFree).
-    if (allocator_ == nullptr) SOK_EV_RETURN_IF_ERROR(synchronize(stream));
+    SOK_EV_RETURN_IF_ERROR(wait_before_free(context));
   }
   deallocate(keys_);
   deallocate(states_);
@@ -583,6 +597,13 @@ Status HashTable<Key>::grow_arena(const GpuContext& context, int64_t row_capacit
     return Status::Internal("out of device memory growing the arena to " +
                             std::to_string(row_capacity) + " rows");
   }
+  if (Status ordered = order_after_home(context); !ordered.ok()) {
+    deallocate(arena);
+    deallocate(frequencies);
+    deallocate(versions);
+    deallocate(free_rows);
+    return ordered;
+  }
   if (arena_ != nullptr) {
     const int64_t rows = std::min(row_capacity_, row_capacity);
     SOK_EV_CUDA_RETURN(cudaMemcpy2DAsync(arena, new_row_width * sizeof(float), arena_,
@@ -594,7 +615,7 @@ Status HashTable<Key>::grow_arena(const GpuContext& context, int64_t row_capacit
                                        cudaMemcpyDeviceToDevice, stream));
     SOK_EV_CUDA_RETURN(cudaMemcpyAsync(free_rows, free_rows_, rows * sizeof(int32_t),
                                        cudaMemcpyDeviceToDevice, stream));
-    if (allocator_ == nullptr) SOK_EV_RETURN_IF_ERROR(synchronize(stream));
+    SOK_EV_RETURN_IF_ERROR(wait_before_free(context));
   }
   deallocate(arena_);
   deallocate(frequencies_);

@@ -168,6 +168,7 @@ class HashTable {
             DeviceAllocator* allocator);
   void* allocate(size_t bytes);
   void deallocate(void* pointer);
+  Status wait_before_free(const GpuContext& context);
   Status read_counters(const GpuContext& context, TableCounters* counters) const;
   // Ensures room for the keys of one insert call in the index and the arena.
   // While the host bounds show room for all of them, no sync; otherwise one

@@ -16,6 +16,17 @@ Status synchronize(cudaStream_t stream) {
 
 int64_t host_syncs() { return sync_count.load(std::memory_order_relaxed); }
 
+Status order_after_home(const GpuContext& context) {
+  if (context.home_stream == nullptr) return Status::Ok();
+  cudaEvent_t event;
+  SOK_EV_CUDA_RETURN(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  // A destroyed event stays valid for the wait already queued on it.
+  cudaError_t error = cudaEventRecord(event, static_cast<cudaStream_t>(context.home_stream));
+  if (error == cudaSuccess) error = cudaStreamWaitEvent(stream_of(context), event, 0);
+  cudaEventDestroy(event);
+  return cuda_status(error, "ordering a side stream after its home stream");
+}
+
 Status take_last_error() {
   Status result = pending_error;
   pending_error = Status::Ok();

@@ -38,6 +38,11 @@ Status synchronize(cudaStream_t stream);
 // Number of synchronize() calls in this process so far.
 int64_t host_syncs();
 
+// On a side stream (context.home_stream set), the stream waits for the work
+// queued on the home stream so far; nothing otherwise. Called after a fresh
+// allocation, before its first use.
+Status order_after_home(const GpuContext& context);
+
 // Scratch device memory from the context's allocator, stream-ordered
 // cudaMallocAsync when the context has none. Freed when it goes out of scope
 // (the allocators we accept are stream-ordered, so queued kernels stay safe).

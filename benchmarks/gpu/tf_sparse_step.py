@@ -13,7 +13,9 @@ Three processes in turn (TensorFlow and PyTorch never share one):
          graph mode (Session) and tf.function; the same model on stock TF:
          dense tf.Variables + tf.nn.embedding_lookup_sparse + Adagrad. Also
          host syncs per step (SokEv>GpuHostSyncs) and the GPU table memory
-         per key (TF allocator, before/after).
+         per key (TF allocator, before/after). In graph mode sok-ev also runs
+         with every table on TF's own stream (SOK_EV_GPU_TABLE_STREAMS=1),
+         against the default side streams (side_streams_gpu.h).
   core   the harness running the same stages on the same data
          (core_step.py), and the device-to-device copy bandwidth.
   torch  torch.nn.EmbeddingBag(sparse=True) + torch.optim.Adagrad, every
@@ -148,12 +150,16 @@ def part_tf(args):
         our_values = np.stack([[raw_keys(t, s[t]) for t in range(TABLES)] for s in ids])
         dense_values = np.stack([np.stack(s) for s in ids]).astype(np.int64)
         for mode in ("graph", "tf_function"):
-            for model in ("sok_ev", "dense"):
+            models = ("sok_ev", "dense") + (("sok_ev_one_stream",) if mode == "graph" else ())
+            for model in models:
                 key = f"{model}_{mode}_{hot}hot"
                 print(f"[tf] {key}", flush=True)
+                if model == "sok_ev_one_stream":
+                    os.environ["SOK_EV_GPU_TABLE_STREAMS"] = "1"  # read at each op
                 results[key] = run_tf(tf, sok, ops, args, hot, mode, model, rows,
-                                      our_values if model == "sok_ev" else dense_values, sparse,
+                                      dense_values if model == "dense" else our_values, sparse,
                                       memory)
+                os.environ.pop("SOK_EV_GPU_TABLE_STREAMS", None)
                 print(f"[tf] {key}: {results[key]}", flush=True)
                 write_json(args, "tf", results)
 
@@ -161,13 +167,14 @@ def part_tf(args):
 def run_tf(tf, sok, ops, args, hot, mode, model, rows, values, sparse, memory):
     """Times one (model, mode): returns ms per step and, for sok-ev, host
     syncs per step and table bytes per key."""
-    steps = args.steps if model == "sok_ev" else args.dense_steps
+    ours = model != "dense"
+    steps = args.steps if ours else args.dense_steps
     out = {}
 
     def build(values_var, index):
-        if model == "sok_ev":
+        if ours:
             tables = [
-                sok.get_embedding_variable(f"{mode}_{hot}_t{t}",
+                sok.get_embedding_variable(f"{model}_{mode}_{hot}_t{t}",
                                            embedding_dim=DIM,
                                            initializer=tf.random_uniform_initializer(-0.05, 0.05))
                 for t in range(TABLES)
@@ -182,7 +189,7 @@ def run_tf(tf, sok, ops, args, hot, mode, model, rows, values, sparse, memory):
         return tables, ids
 
     def lookup(tables, ids):
-        if model == "sok_ev":
+        if ours:
             return sok.lookup_sparse(tables, ids, combiners=["sum"] * TABLES)
         return [
             tf.nn.embedding_lookup_sparse(v, i, None, combiner="sum") for v, i in zip(tables, ids)
@@ -210,7 +217,7 @@ def run_tf(tf, sok, ops, args, hot, mode, model, rows, values, sparse, memory):
                 tables, ids = build(values_var, index)
                 loss = tf.add_n([tf.reduce_sum(e) for e in lookup(tables, ids)])
                 train = tf.compat.v1.train.AdagradOptimizer(LR, ACCUMULATOR).minimize(loss)
-                fill = prefill_op(tables) if model == "sok_ev" else None
+                fill = prefill_op(tables) if ours else None
                 syncs = ops().sok_ev_gpu_host_syncs()
                 sess.run(tf.compat.v1.global_variables_initializer(), {holder: values})
                 before = memory()
@@ -230,7 +237,7 @@ def run_tf(tf, sok, ops, args, hot, mode, model, rows, values, sparse, memory):
         tables, _ = build(values_var, 0)
         opt = tf.compat.v1.train.AdagradOptimizer(LR, ACCUMULATOR)
         before = memory()
-        if model == "sok_ev":
+        if ours:
             prefill_op(tables)
 
         @tf.function
@@ -255,7 +262,7 @@ def run_tf(tf, sok, ops, args, hot, mode, model, rows, values, sparse, memory):
         del tables, opt, values_var
     timed = np.array(times[3:]) * 1e3
     out.update(ms=float(np.median(timed)), ms_min=float(timed.min()), ms_max=float(timed.max()))
-    if model == "sok_ev":
+    if ours:
         raw = 8 + 2 * 4 * DIM  # key + value + Adagrad slot
         out["bytes_per_key"] = out["table_bytes"] / (TABLES * rows)
         out["bytes_per_key_ratio"] = out["bytes_per_key"] / raw
@@ -446,6 +453,17 @@ def report(args):
                 f"{ours['ms'] / c['ms']:.2f}× | {floor_ms:.2f} | {100 * floor_ms / ours['ms']:.0f}% "
                 f"| {ours['host_syncs_per_step']:.2f} | {ours['bytes_per_key']:.0f} "
                 f"({ours['bytes_per_key_ratio']:.2f}×) |")
+    lines += [
+        "",
+        "Side streams (graph mode): sok-ev with its tables spread over the default side streams, "
+        "against every table on TensorFlow's stream (`SOK_EV_GPU_TABLE_STREAMS=1`):",
+        "",
+    ]
+    for hot in [int(h) for h in args.hotness.split(",")]:
+        spread = tf_r[f"sok_ev_graph_{hot}hot"]["ms"]
+        one = tf_r[f"sok_ev_one_stream_graph_{hot}hot"]["ms"]
+        lines.append(f"- {hot}-hot: {spread:.2f} ms side by side, {one:.2f} ms on one stream "
+                     f"({one / spread:.2f}×)")
     text = "\n".join(lines) + "\n"
     publish(text, args.results, os.path.join(args.json_dir, "tf_sparse_step_results.md"))
 

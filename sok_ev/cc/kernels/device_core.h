@@ -16,7 +16,7 @@
 //   ExportAll, ExportBatches, ApplyOptimizer          on one table
 //   UniqueKeys (all tables of a lookup at once), CheckDistinct,
 //   PartitionByOwner, CombineForward, CombineBackward         free stages
-//   Copy, SetZero, CopyToHost, CopyFromHost, Upload  device memory
+//   Copy, SetZero, CopyToHost, CopyFromHost, Upload, Scratch  device memory
 //   CopyRows                  blocks of rows to and from a message buffer
 // Pointers passed to them are device memory (host memory on CPU) unless a
 // comment says host. ForEachTable (below) runs a multi-table op's per-table
@@ -57,20 +57,15 @@ absl::Status CheckDistinctOnHost(const Key* keys, int64_t n, const std::string& 
   return absl::OkStatus();
 }
 
-// Runs work(t, table_core) for every table t < n of a multi-table op and
-// returns the first failure; table_core is the Core that table t's stages
-// run on. This definition runs the tables one after another on `core`;
-// device_core_cpu.h overloads it for the CPU, where tables run side by side.
-// work must touch only table t's buffers, whatever the order.
+// ForEachTable(core, n, costs, same_stream, work) runs work(t, table_core)
+// for every table t < n of a multi-table op and returns the first failure;
+// table_core is the Core that table t's stages run on. Each device defines
+// it beside its Core: the CPU runs tables on threads side by side
+// (device_core_cpu.h), the GPU on side streams (device_core_gpu.h). work
+// must touch only table t's buffers, whatever the order.
 //   costs: (n,) host, each table's share of the work (e.g. its entries)
-template <typename Device, typename Work>
-absl::Status ForEachTable(Core<Device>& core, int n, const int64_t* costs, const Work& work) {
-  for (int t = 0; t < n; ++t) {
-    absl::Status status = work(t, core);
-    if (!status.ok()) return status;
-  }
-  return absl::OkStatus();
-}
+//   same_stream: (n,) host or null: tables with the same non-null entry
+//     (their Embedding Variable) must not overlap on the GPU
 
 }  // namespace sok_ev
 

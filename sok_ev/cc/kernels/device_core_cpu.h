@@ -19,6 +19,7 @@
 #include "cc/partition.h"
 #include "cc/unique.h"
 #include "sok_ev/cc/kernels/export_buffers.h"
+#include "sok_ev/cc/kernels/scratch_vector.h"
 #include "sok_ev/cc/kernels/tf_status.h"
 #include "sok_ev/cc/kernels/unique_buffers.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -35,7 +36,7 @@ class Core<CPUDevice> {
   // The CPU table locks its own shards, so concurrent ops may share it.
   static constexpr bool kTableIsThreadSafe = true;
 
-  explicit Core(tensorflow::OpKernelContext* context) {
+  explicit Core(tensorflow::OpKernelContext* context) : op_(context) {
     tensorflow::thread::ThreadPool* pool =
         context->device()->tensorflow_cpu_worker_threads()->workers;
     num_threads_ = pool->NumThreads();
@@ -389,6 +390,13 @@ class Core<CPUDevice> {
     return Copy(dst, src, count);
   }
 
+  // Scratch memory for a table's work inside ForEachTable.
+  //   tensor: (count,) out
+  template <typename T>
+  absl::Status Scratch(int64_t count, tensorflow::Tensor* tensor) {
+    return AllocateVector<T>(op_, count, tensor);
+  }
+
  private:
   // Below this many entries in all, a multi-table stage is not worth a pool
   // round trip; below this many floats, neither is one optimizer update.
@@ -396,16 +404,23 @@ class Core<CPUDevice> {
   static constexpr int64_t kMinFloatsToSpread = int64_t{1} << 20;
 
   Core() { context_ = serial_; }
-  Core serial_core() const { return Core(); }
+  Core serial_core() const {
+    Core core;
+    core.op_ = op_;
+    return core;
+  }
 
   const CpuContext serial_ = CpuContext::Serial();
   CpuContext context_;
   int num_threads_ = 1;
+  tensorflow::OpKernelContext* op_ = nullptr;
 };
 
-// Tables side by side; see Core<CPUDevice>::ForEachTable.
+// Tables side by side; see Core<CPUDevice>::ForEachTable. same_stream is
+// for the GPU: the CPU table locks itself.
 template <typename Work>
-absl::Status ForEachTable(Core<CPUDevice>& core, int n, const int64_t* costs, const Work& work) {
+absl::Status ForEachTable(Core<CPUDevice>& core, int n, const int64_t* costs,
+                          const void* const* /*same_stream*/, const Work& work) {
   return core.ForEachTable(n, costs, work);
 }
 

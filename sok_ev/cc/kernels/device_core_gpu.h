@@ -8,6 +8,9 @@
 // check rides along); Size, ExportAll and EvictStale (table sizes); and a
 // table's growth check when its host-side bounds say it may be full (see
 // cc/hash_table_gpu.h: amortised, not per step). Nothing else waits.
+//
+// A multi-table op's tables run side by side on side streams (ForEachTable,
+// side_streams_gpu.h); each table's stages run on a Core of its stream.
 // Included by device_core.h only, in GOOGLE_CUDA builds.
 #ifndef SOK_EV_CC_KERNELS_DEVICE_CORE_GPU_H_
 #define SOK_EV_CC_KERNELS_DEVICE_CORE_GPU_H_
@@ -35,6 +38,7 @@
 #include "cc/unique_partition_gpu.h"
 #include "sok_ev/cc/kernels/export_buffers.h"
 #include "sok_ev/cc/kernels/scratch_vector.h"
+#include "sok_ev/cc/kernels/side_streams_gpu.h"
 #include "sok_ev/cc/kernels/tf_status.h"
 #include "sok_ev/cc/kernels/unique_buffers.h"
 #include "tensorflow/core/framework/allocator.h"
@@ -68,10 +72,55 @@ class Core<GPUDevice> {
   // The GPU table's host-side bounds and growth are not thread-safe.
   static constexpr bool kTableIsThreadSafe = false;
 
+  // On TF's compute stream of the op's GPU.
   explicit Core(tensorflow::OpKernelContext* context)
       : op_(context), allocator_(DeviceAllocatorOf(context)) {
     context_.stream = context->eigen_device<GPUDevice>().stream();
     context_.allocator = &allocator_;
+  }
+  Core(const Core&) = delete;
+  Core& operator=(const Core&) = delete;
+
+  // Runs work(t, table_core) for every table t < n of a multi-table op, the
+  // tables spread over side streams (SideStreamCount(); with 1, or one
+  // table, all on this Core's stream), and returns the first failure; the
+  // tables after a failure are not started. Every side stream is joined back
+  // before it returns, failure or not. work must touch only table t's
+  // buffers, and must take scratch memory from table_core (Scratch, or the
+  // core's own functions), never from the op's context: that memory could
+  // be reused while the side stream still runs.
+  //   costs: (n,) host, each table's share of the work
+  //   same_stream: (n,) host or null; tables with the same non-null entry
+  //     (their Embedding Variable, whose lock the caller holds throughout)
+  //     run in order on one stream
+  template <typename Work>
+  absl::Status ForEachTable(int n, const int64_t* costs, const void* const* same_stream,
+                            const Work& work) {
+    const int count = std::min(n, SideStreamCount());
+    if (count <= 1 || home_ != nullptr) {
+      for (int t = 0; t < n; ++t) TF_RETURN_IF_ERROR(work(t, *this));
+      return absl::OkStatus();
+    }
+    std::vector<cudaStream_t> streams;
+    TF_RETURN_IF_ERROR(SideStreams(count, &streams));
+    const std::vector<int> stream_of_table = AssignSideStreams(n, costs, same_stream, count);
+    std::vector<std::unique_ptr<Core>> cores;
+    for (cudaStream_t side : streams) {
+      TF_RETURN_IF_ERROR(StreamWaits(side, stream()));  // the fork
+      cores.emplace_back(new Core(op_, side, stream()));
+    }
+    absl::Status status;
+    for (int t = 0; t < n && status.ok(); ++t) status = work(t, *cores[stream_of_table[t]]);
+    for (cudaStream_t side : streams) {
+      absl::Status joined = StreamWaits(stream(), side);  // the join
+      if (!joined.ok()) {
+        // The side work cannot be ordered before what TF queues next: wait
+        // for it here, so its memory is free to reuse.
+        (void)gpu::synchronize(side);
+        if (status.ok()) status = joined;
+      }
+    }
+    return status;  // cores, their arenas and kept tensors released after the join
   }
 
   static std::unique_ptr<DeviceAllocator> NewTableAllocator(tensorflow::OpKernelContext* context) {
@@ -415,6 +464,14 @@ class Core<GPUDevice> {
                                                out));
   }
 
+  // Scratch memory for a table's work inside ForEachTable (safe on a side
+  // stream, unlike the op context's allocate_temp).
+  //   tensor: (count,) out
+  template <typename T>
+  absl::Status Scratch(int64_t count, tensorflow::Tensor* tensor) {
+    return Temp<T>(count, tensor);
+  }
+
   // The keys come from a checkpoint: they are copied to the host, so the
   // error names the repeated key as on the CPU.
   //   keys: (n,)
@@ -522,15 +579,39 @@ class Core<GPUDevice> {
   // returning them.
   static absl::Status Pending() { return ToTfStatus(gpu::take_last_error()); }
 
+  // On a side stream `side` whose home is `home` (ForEachTable).
+  Core(tensorflow::OpKernelContext* context, cudaStream_t side, cudaStream_t home)
+      : op_(context), allocator_(DeviceAllocatorOf(context)), home_(home) {
+    context_.stream = side;
+    context_.home_stream = home;
+    arena_ = std::make_unique<SideStreamArena>(DeviceAllocatorOf(context), context_);
+    context_.allocator = arena_.get();
+  }
+
+  // On a side stream the tensor is kept until the Core goes (after the
+  // join), and its first use is ordered after the home stream.
   template <typename T>
   absl::Status Temp(int64_t count, tensorflow::Tensor* tensor) {
-    return AllocateVector<T>(op_, count, tensor);
+    TF_RETURN_IF_ERROR(AllocateVector<T>(op_, count, tensor));
+    if (home_ == nullptr) return absl::OkStatus();
+    kept_.push_back(*tensor);
+    return ToTfStatus(gpu::order_after_home(context_));
   }
 
   tensorflow::OpKernelContext* op_;
-  TfGpuAllocator allocator_;  // the core's scratch memory
+  TfGpuAllocator allocator_;  // the core's scratch memory on TF's stream
   GpuContext context_;
+  cudaStream_t home_ = nullptr;             // set on a side stream
+  std::unique_ptr<SideStreamArena> arena_;  // a side stream's scratch memory
+  std::vector<tensorflow::Tensor> kept_;    // a side stream's Temp tensors
 };
+
+// Tables side by side on side streams; see Core<GPUDevice>::ForEachTable.
+template <typename Work>
+absl::Status ForEachTable(Core<GPUDevice>& core, int n, const int64_t* costs,
+                          const void* const* same_stream, const Work& work) {
+  return core.ForEachTable(n, costs, same_stream, work);
+}
 
 }  // namespace sok_ev
 

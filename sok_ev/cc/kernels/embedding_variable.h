@@ -9,11 +9,13 @@
 #ifndef SOK_EV_CC_KERNELS_EMBEDDING_VARIABLE_H_
 #define SOK_EV_CC_KERNELS_EMBEDDING_VARIABLE_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "cc/common.h"
 #include "cc/feature_filter.h"
@@ -264,6 +266,35 @@ class EmbeddingVariable : public tensorflow::ResourceBase {
   TableMode mode_ = TableMode::kTraining;
   uint64_t restore_stamp_ = 0;
   ChangeLog change_log_;
+};
+
+// The table locks of a multi-table op's variables, each taken once, in
+// address order (two ops locking overlapping sets cannot deadlock), held
+// while the object lives. A GPU op holds them past the join of its side
+// streams (ForEachTable), so whoever locks a table next queues its work
+// after this op's.
+template <typename Device>
+class TableLocks {
+ public:
+  //   variables: (n,) pointers, smart or not, to each table's variable
+  template <typename Pointers>
+  explicit TableLocks(const Pointers& variables) {
+    std::vector<EmbeddingVariable<Device>*> distinct;
+    for (const auto& variable : variables) {
+      distinct.push_back(&*variable);
+      variables_.push_back(&*variable);
+    }
+    std::sort(distinct.begin(), distinct.end());
+    distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+    for (EmbeddingVariable<Device>* variable : distinct) locks_.push_back(variable->lock_table());
+  }
+
+  // (n,) each table's variable: ForEachTable's same_stream.
+  const void* const* same_stream() const { return variables_.data(); }
+
+ private:
+  std::vector<const void*> variables_;
+  std::vector<std::unique_lock<std::mutex>> locks_;
 };
 
 }  // namespace sok_ev

@@ -293,27 +293,29 @@ class FindOrInsertOp : public OpKernel {
       costs[t] = n;
     }
     Core<Device> core(context);
+    TableLocks<Device> locks(variables);
     OP_REQUIRES_OK(
-        context, ForEachTable(core, num_tables, costs.data(), [&](int t, Core<Device>& table_core) {
-          return DispatchKeyType(keys[t].dtype(), "keys", [&](auto key) {
-            using Key = decltype(key);
-            EmbeddingVariable<Device>& variable = *variables[t];
-            auto table = variable.template table<Key>();
-            auto lock = variable.lock_table();
-            const Key* table_keys = keys[t].flat<Key>().data();
-            const int64_t* table_counts = counts[t].flat<int64_t>().data();
-            float* values = outputs[t]->flat<float>().data();
-            if (variable.is_plain()) {
-              TF_RETURN_IF_ERROR(
-                  table_core.FindOrInsert(*table, table_keys, costs[t], values, table_counts));
-            } else {
-              TF_RETURN_IF_ERROR(LookupRows<Device, Key>(context, table_core, variable, *table,
-                                                         table_keys, table_counts, costs[t],
-                                                         values));
-            }
-            return RecordChangedKeys(table_core, variable, table_keys, costs[t]);
-          });
-        }));
+        context,
+        ForEachTable(core, num_tables, costs.data(), locks.same_stream(),
+                     [&](int t, Core<Device>& table_core) {
+                       return DispatchKeyType(keys[t].dtype(), "keys", [&](auto key) {
+                         using Key = decltype(key);
+                         EmbeddingVariable<Device>& variable = *variables[t];
+                         auto table = variable.template table<Key>();
+                         const Key* table_keys = keys[t].flat<Key>().data();
+                         const int64_t* table_counts = counts[t].flat<int64_t>().data();
+                         float* values = outputs[t]->flat<float>().data();
+                         if (variable.is_plain()) {
+                           TF_RETURN_IF_ERROR(table_core.FindOrInsert(*table, table_keys, costs[t],
+                                                                      values, table_counts));
+                         } else {
+                           TF_RETURN_IF_ERROR(LookupRows<Device, Key>(table_core, variable, *table,
+                                                                      table_keys, table_counts,
+                                                                      costs[t], values));
+                         }
+                         return RecordChangedKeys(table_core, variable, table_keys, costs[t]);
+                       });
+                     }));
   }
 
  private:
@@ -360,42 +362,44 @@ class FindOrInsertCombineOp : public OpKernel {
       costs[t] = nnz + num_unique;
     }
     Core<Device> core(context);
+    TableLocks<Device> locks(variables);
     OP_REQUIRES_OK(
-        context, ForEachTable(core, num_tables, costs.data(), [&](int t, Core<Device>& table_core) {
-          return DispatchKeyType(keys[t].dtype(), "keys", [&](auto key) {
-            using Key = decltype(key);
-            EmbeddingVariable<Device>& variable = *variables[t];
-            auto table = variable.template table<Key>();
-            auto lock = variable.lock_table();
-            const Key* table_keys = keys[t].flat<Key>().data();
-            const int64_t* table_counts = counts[t].flat<int64_t>().data();
-            const int64_t num_unique = keys[t].NumElements();
-            const int64_t* index = unique_index[t].flat<int64_t>().data();
-            const float* sample_weights = attributes_.WeightsOrNull(t, weights[t]);
-            const int64_t* offsets = row_offsets[t].flat<int64_t>().data();
-            const int64_t batch = row_offsets[t].NumElements() - 1;
-            float* embeddings = outputs[t]->flat<float>().data();
-            if (variable.is_plain()) {
-              TF_RETURN_IF_ERROR(table_core.FindOrInsertCombine(
-                  *table, table_keys, table_counts, num_unique, index, sample_weights, offsets,
-                  batch, attributes_.combiner(t), embeddings));
-            } else {
-              // The rows first (serving or admission decide them), then the combine.
-              const int64_t dim = variable.embedding_dim();
-              Tensor rows;
-              TF_RETURN_IF_ERROR(
-                  AllocateVector<float>(context, std::max<int64_t>(1, num_unique * dim), &rows));
-              float* values = VectorData<float>(rows);
-              TF_RETURN_IF_ERROR(LookupRows<Device, Key>(context, table_core, variable, *table,
-                                                         table_keys, table_counts, num_unique,
-                                                         values));
-              TF_RETURN_IF_ERROR(table_core.CombineForward(values, index, sample_weights, offsets,
-                                                           batch, dim, attributes_.combiner(t),
-                                                           embeddings));
-            }
-            return RecordChangedKeys(table_core, variable, table_keys, num_unique);
-          });
-        }));
+        context,
+        ForEachTable(core, num_tables, costs.data(), locks.same_stream(),
+                     [&](int t, Core<Device>& table_core) {
+                       return DispatchKeyType(keys[t].dtype(), "keys", [&](auto key) {
+                         using Key = decltype(key);
+                         EmbeddingVariable<Device>& variable = *variables[t];
+                         auto table = variable.template table<Key>();
+                         const Key* table_keys = keys[t].flat<Key>().data();
+                         const int64_t* table_counts = counts[t].flat<int64_t>().data();
+                         const int64_t num_unique = keys[t].NumElements();
+                         const int64_t* index = unique_index[t].flat<int64_t>().data();
+                         const float* sample_weights = attributes_.WeightsOrNull(t, weights[t]);
+                         const int64_t* offsets = row_offsets[t].flat<int64_t>().data();
+                         const int64_t batch = row_offsets[t].NumElements() - 1;
+                         float* embeddings = outputs[t]->flat<float>().data();
+                         if (variable.is_plain()) {
+                           TF_RETURN_IF_ERROR(table_core.FindOrInsertCombine(
+                               *table, table_keys, table_counts, num_unique, index, sample_weights,
+                               offsets, batch, attributes_.combiner(t), embeddings));
+                         } else {
+                           // The rows first (serving or admission decide them), then the combine.
+                           const int64_t dim = variable.embedding_dim();
+                           Tensor rows;
+                           TF_RETURN_IF_ERROR(table_core.template Scratch<float>(
+                               std::max<int64_t>(1, num_unique * dim), &rows));
+                           float* values = VectorData<float>(rows);
+                           TF_RETURN_IF_ERROR(LookupRows<Device, Key>(table_core, variable, *table,
+                                                                      table_keys, table_counts,
+                                                                      num_unique, values));
+                           TF_RETURN_IF_ERROR(table_core.CombineForward(
+                               values, index, sample_weights, offsets, batch, dim,
+                               attributes_.combiner(t), embeddings));
+                         }
+                         return RecordChangedKeys(table_core, variable, table_keys, num_unique);
+                       });
+                     }));
   }
 
  private:
@@ -434,13 +438,16 @@ class CombineForwardOp : public OpKernel {
     }
     Core<Device> core(context);
     OP_REQUIRES_OK(
-        context, ForEachTable(core, num_tables, costs.data(), [&](int t, Core<Device>& table_core) {
-          return table_core.CombineForward(
-              unique_values[t].flat<float>().data(), unique_index[t].flat<int64_t>().data(),
-              attributes_.WeightsOrNull(t, weights[t]), row_offsets[t].flat<int64_t>().data(),
-              row_offsets[t].NumElements() - 1, unique_values[t].dim_size(1),
-              attributes_.combiner(t), outputs[t]->flat<float>().data());
-        }));
+        context, ForEachTable(core, num_tables, costs.data(), /*same_stream=*/nullptr,
+                              [&](int t, Core<Device>& table_core) {
+                                return table_core.CombineForward(
+                                    unique_values[t].flat<float>().data(),
+                                    unique_index[t].flat<int64_t>().data(),
+                                    attributes_.WeightsOrNull(t, weights[t]),
+                                    row_offsets[t].flat<int64_t>().data(),
+                                    row_offsets[t].NumElements() - 1, unique_values[t].dim_size(1),
+                                    attributes_.combiner(t), outputs[t]->flat<float>().data());
+                              }));
   }
 
  private:
@@ -482,14 +489,17 @@ class CombineBackwardOp : public OpKernel {
     }
     Core<Device> core(context);
     OP_REQUIRES_OK(
-        context, ForEachTable(core, num_tables, costs.data(), [&](int t, Core<Device>& table_core) {
-          return table_core.CombineBackward(
-              grads[t].flat<float>().data(), order[t].flat<int64_t>().data(),
-              segments[t].flat<int64_t>().data(), segments[t].NumElements() - 1,
-              attributes_.WeightsOrNull(t, weights[t]), row_offsets[t].flat<int64_t>().data(),
-              grads[t].dim_size(0), order[t].NumElements(), grads[t].dim_size(1),
-              attributes_.combiner(t), outputs[t]->flat<float>().data());
-        }));
+        context, ForEachTable(core, num_tables, costs.data(), /*same_stream=*/nullptr,
+                              [&](int t, Core<Device>& table_core) {
+                                return table_core.CombineBackward(
+                                    grads[t].flat<float>().data(), order[t].flat<int64_t>().data(),
+                                    segments[t].flat<int64_t>().data(),
+                                    segments[t].NumElements() - 1,
+                                    attributes_.WeightsOrNull(t, weights[t]),
+                                    row_offsets[t].flat<int64_t>().data(), grads[t].dim_size(0),
+                                    order[t].NumElements(), grads[t].dim_size(1),
+                                    attributes_.combiner(t), outputs[t]->flat<float>().data());
+                              }));
   }
 
  private:

@@ -145,9 +145,9 @@ class SparseApplyOptimizerOp : public EmbeddingVariableOpKernel<Device> {
           const Key* data = keys.flat<Key>().data();
           const int64_t step = global_step.flat<int64_t>()(0);
           if (auto filter = variable->template filter<Key>()) {
-            TF_RETURN_IF_ERROR(ApplyToAdmitted<Device, Key>(context, core, *table, *filter, spec,
-                                                            data, n, grads.flat<float>().data(),
-                                                            dim, step, keys_are_unique_));
+            TF_RETURN_IF_ERROR(ApplyToAdmitted<Device, Key>(core, *table, *filter, spec, data, n,
+                                                            grads.flat<float>().data(), dim, step,
+                                                            keys_are_unique_));
           } else {
             TF_RETURN_IF_ERROR(core.ApplyOptimizer(
                 *table, spec, data, n, grads.flat<float>().data(), dim, step, keys_are_unique_));

@@ -59,23 +59,20 @@ namespace variable_lookup_internal {
 
 // A device buffer of `count` T filled from host memory.
 template <typename Device, typename T>
-absl::Status Upload(tensorflow::OpKernelContext* context, Core<Device>& core,
-                    const std::vector<T>& host, tensorflow::Tensor* tensor) {
+absl::Status Upload(Core<Device>& core, const std::vector<T>& host, tensorflow::Tensor* tensor) {
   TF_RETURN_IF_ERROR(
-      AllocateVector<T>(context, std::max<int64_t>(1, static_cast<int64_t>(host.size())), tensor));
+      core.template Scratch<T>(std::max<int64_t>(1, static_cast<int64_t>(host.size())), tensor));
   return core.CopyFromHost(host.data(), static_cast<int64_t>(host.size()), VectorData<T>(*tensor));
 }
 
 // Which keys the table holds, on the host.
 //   keys: (n,)  found: (n,) host out
 template <typename Device, typename Key>
-absl::Status Contains(tensorflow::OpKernelContext* context, Core<Device>& core,
-                      const typename Core<Device>::template Table<Key>& table, const Key* keys,
-                      int64_t n, std::unique_ptr<bool[]>* found) {
+absl::Status Contains(Core<Device>& core, const typename Core<Device>::template Table<Key>& table,
+                      const Key* keys, int64_t n, std::unique_ptr<bool[]>* found) {
   found->reset(new bool[std::max<int64_t>(1, n)]);
   tensorflow::Tensor scratch;
-  TF_RETURN_IF_ERROR(
-      AllocateVector<float>(context, std::max<int64_t>(1, n * table.dim()), &scratch));
+  TF_RETURN_IF_ERROR(core.template Scratch<float>(std::max<int64_t>(1, n * table.dim()), &scratch));
   return core.FindPresent(table, keys, n, VectorData<float>(scratch), found->get(),
                           /*initial_for_missing=*/false);
 }
@@ -83,16 +80,15 @@ absl::Status Contains(tensorflow::OpKernelContext* context, Core<Device>& core,
 // Inserts admitted keys with their initial rows and frequencies.
 //   keys, frequencies: (m,) host
 template <typename Device, typename Key>
-absl::Status InsertAdmitted(tensorflow::OpKernelContext* context, Core<Device>& core,
-                            typename Core<Device>::template Table<Key>& table,
+absl::Status InsertAdmitted(Core<Device>& core, typename Core<Device>::template Table<Key>& table,
                             const std::vector<Key>& keys, const std::vector<int64_t>& frequencies,
                             tensorflow::Tensor* values) {
   const int64_t m = static_cast<int64_t>(keys.size());
-  TF_RETURN_IF_ERROR(AllocateVector<float>(context, std::max<int64_t>(1, m * table.dim()), values));
+  TF_RETURN_IF_ERROR(core.template Scratch<float>(std::max<int64_t>(1, m * table.dim()), values));
   if (m == 0) return absl::OkStatus();
   tensorflow::Tensor device_keys, device_frequencies;
-  TF_RETURN_IF_ERROR(Upload(context, core, keys, &device_keys));
-  TF_RETURN_IF_ERROR(Upload(context, core, frequencies, &device_frequencies));
+  TF_RETURN_IF_ERROR(Upload(core, keys, &device_keys));
+  TF_RETURN_IF_ERROR(Upload(core, frequencies, &device_frequencies));
   TF_RETURN_IF_ERROR(core.FindOrInsert(table, VectorData<Key>(device_keys), m,
                                        VectorData<float>(*values),
                                        VectorData<int64_t>(device_frequencies)));
@@ -108,8 +104,7 @@ absl::Status InsertAdmitted(tensorflow::OpKernelContext* context, Core<Device>& 
 // unique.
 //   keys, counts: (n,)  values: (n, dim) out
 template <typename Device, typename Key>
-absl::Status LookupRows(tensorflow::OpKernelContext* context, Core<Device>& core,
-                        EmbeddingVariable<Device>& variable,
+absl::Status LookupRows(Core<Device>& core, EmbeddingVariable<Device>& variable,
                         typename Core<Device>::template Table<Key>& table, const Key* keys,
                         const int64_t* counts, int64_t n, float* values) {
   namespace internal = variable_lookup_internal;
@@ -130,7 +125,7 @@ absl::Status LookupRows(tensorflow::OpKernelContext* context, Core<Device>& core
   TF_RETURN_IF_ERROR(core.CopyToHost(counts, n, host_counts.data()));
   std::lock_guard<std::mutex> lock(filter->mutex());
   std::unique_ptr<bool[]> found;
-  TF_RETURN_IF_ERROR(internal::Contains(context, core, table, keys, n, &found));
+  TF_RETURN_IF_ERROR(internal::Contains(core, table, keys, n, &found));
   // The keys that read a row: present ones, and those admitted now (their
   // frequency so far moves from the filter into the table).
   std::vector<int64_t> positions;
@@ -153,7 +148,7 @@ absl::Status LookupRows(tensorflow::OpKernelContext* context, Core<Device>& core
     read_counts.push_back(count);
   }
   tensorflow::Tensor rows;
-  TF_RETURN_IF_ERROR(internal::InsertAdmitted(context, core, table, read_keys, read_counts, &rows));
+  TF_RETURN_IF_ERROR(internal::InsertAdmitted(core, table, read_keys, read_counts, &rows));
   const int64_t m = static_cast<int64_t>(positions.size());
   std::vector<float> host_rows(m * dim);
   TF_RETURN_IF_ERROR(core.CopyToHost(VectorData<float>(rows), m * dim, host_rows.data()));
@@ -208,8 +203,7 @@ absl::Status FindRows(Core<Device>& core, EmbeddingVariable<Device>& variable,
 // top of this file); the other keys' gradients are dropped.
 //   keys: (n,)  grads: (n, dim)
 template <typename Device, typename Key>
-absl::Status ApplyToAdmitted(tensorflow::OpKernelContext* context, Core<Device>& core,
-                             typename Core<Device>::template Table<Key>& table,
+absl::Status ApplyToAdmitted(Core<Device>& core, typename Core<Device>::template Table<Key>& table,
                              FeatureFilter<Key>& filter, const OptimizerSpec& spec, const Key* keys,
                              int64_t n, const float* grads, int64_t dim, int64_t global_step,
                              bool keys_are_unique) {
@@ -219,7 +213,7 @@ absl::Status ApplyToAdmitted(tensorflow::OpKernelContext* context, Core<Device>&
   TF_RETURN_IF_ERROR(core.CopyToHost(keys, n, host_keys.data()));
   std::lock_guard<std::mutex> lock(filter.mutex());
   std::unique_ptr<bool[]> found;
-  TF_RETURN_IF_ERROR(internal::Contains(context, core, table, keys, n, &found));
+  TF_RETURN_IF_ERROR(internal::Contains(core, table, keys, n, &found));
   std::vector<int64_t> kept;
   std::vector<Key> admitted;
   std::vector<int64_t> admitted_frequencies;
@@ -248,7 +242,7 @@ absl::Status ApplyToAdmitted(tensorflow::OpKernelContext* context, Core<Device>&
   if (!admitted.empty()) {
     tensorflow::Tensor rows;
     TF_RETURN_IF_ERROR(
-        internal::InsertAdmitted(context, core, table, admitted, admitted_frequencies, &rows));
+        internal::InsertAdmitted(core, table, admitted, admitted_frequencies, &rows));
   }
   const int64_t m = static_cast<int64_t>(kept.size());
   if (m == n) {
@@ -265,8 +259,8 @@ absl::Status ApplyToAdmitted(tensorflow::OpKernelContext* context, Core<Device>&
               kept_grads.begin() + j * dim);
   }
   tensorflow::Tensor device_keys, device_grads;
-  TF_RETURN_IF_ERROR(internal::Upload(context, core, kept_keys, &device_keys));
-  TF_RETURN_IF_ERROR(internal::Upload(context, core, kept_grads, &device_grads));
+  TF_RETURN_IF_ERROR(internal::Upload(core, kept_keys, &device_keys));
+  TF_RETURN_IF_ERROR(internal::Upload(core, kept_grads, &device_grads));
   TF_RETURN_IF_ERROR(core.ApplyOptimizer(table, spec, VectorData<Key>(device_keys), m,
                                          VectorData<float>(device_grads), dim, global_step,
                                          keys_are_unique));
