@@ -14,18 +14,20 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// Pops an erased row from the free stack, else takes a fresh arena row. The
-// stack count may go negative under contention; clamp_free_rows fixes it.
+// Pops an erased row from the free stack, else takes a fresh arena row. A
+// pop is a compare-and-swap that never takes the count below zero, so no
+// fix-up follows the kernel; with the stack empty (no erase since the last
+// pops, the usual case) it costs one load and no atomic on the count.
 __device__ __forceinline__ int32_t allocate_row(TableCounters* counters, const int32_t* free_rows) {
-  const long long old =
-      static_cast<long long>(atomicAdd(reinterpret_cast<unsigned long long*>(&counters->free_rows),
-                                       static_cast<unsigned long long>(-1LL)));
-  if (old > 0) return free_rows[old - 1];
+  unsigned long long* count = reinterpret_cast<unsigned long long*>(&counters->free_rows);
+  long long seen = *reinterpret_cast<volatile long long*>(&counters->free_rows);
+  while (seen > 0) {
+    const long long before = static_cast<long long>(atomicCAS(
+        count, static_cast<unsigned long long>(seen), static_cast<unsigned long long>(seen - 1)));
+    if (before == seen) return free_rows[seen - 1];
+    seen = before;
+  }
   return static_cast<int32_t>(atomicAdd(&counters->next_row, 1ULL));
-}
-
-__global__ void clamp_free_rows(TableCounters* counters) {
-  if (counters->free_rows < 0) counters->free_rows = 0;
 }
 
 __global__ void set_used_slots(TableCounters* counters) { counters->used_slots = counters->size; }
@@ -767,8 +769,6 @@ Status HashTable<Key>::resolve_insert(const GpuContext& context, const Key* keys
   insert_kernel<Key><<<grid_for(n * ProbeGroup<Key>::kLanes, kThreads), kThreads, 0, stream>>>(
       view(), counters_, free_rows_, keys, n, count, frequencies, count_frequency, row_ids, values);
   SOK_EV_LAUNCH_CHECK("insert");
-  clamp_free_rows<<<1, 1, 0, stream>>>(counters_);
-  SOK_EV_LAUNCH_CHECK("clamp_free_rows");
   snapshot_counters(context);
   return Status::Ok();
 }
