@@ -44,6 +44,19 @@ __global__ void sorted_entries_kernel(const int64_t* order, const int64_t* entry
   }
 }
 
+// sorted_entries_kernel for a sum of unweighted entries, which reads no
+// denominator and no weight: each grouped entry's sample found in the row
+// offsets, in one pass (bag_scale_kernel's pass is not needed).
+//   row_offsets: (batch + 1,)  sorted_bag: (nnz,) out
+__global__ void sorted_samples_kernel(const int64_t* order, const int64_t* row_offsets,
+                                      int64_t batch, int64_t nnz, int64_t* sorted_bag) {
+  for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < nnz;
+       k += int64_t(gridDim.x) * blockDim.x) {
+    // The last sample b whose entries start at or before entry order[k].
+    sorted_bag[k] = lower_bound(row_offsets, batch + 1, order[k] + 1) - 1;
+  }
+}
+
 // counts[u]: key u's chunks of chunk_length entries, 0 unless it has more
 // than kChunkEntries entries; counts[u] = 0 past the device count too.
 //   counts: (max_unique + 1,) out
@@ -97,31 +110,45 @@ Status SegmentGradientSums::prepare(const GpuContext& context, const float* grad
                                     int64_t max_unique, int64_t max_key_entries, int64_t dim) {
   cudaStream_t stream = stream_of(context);
   const int64_t entries = nnz > 0 ? nnz : 1;
-  entry_bag_ = scratch(context, entries * sizeof(int64_t));
-  bag_scale_ = scratch(context, (batch > 0 ? batch : 1) * sizeof(float));
+  // A sum of unweighted entries reads no denominator and no weight.
+  const bool plain_sum = combiner == Combiner::kSum && weights == nullptr;
   sorted_bag_ = scratch(context, entries * sizeof(int64_t));
-  sorted_weight_ = scratch(context, entries * sizeof(float));
-  if (!entry_bag_->ok() || !bag_scale_->ok() || !sorted_bag_->ok() || !sorted_weight_->ok()) {
-    return Status::Internal("segment gradients: out of device memory");
+  if (!sorted_bag_->ok()) return Status::Internal("segment gradients: out of device memory");
+  if (!plain_sum) {
+    entry_bag_ = scratch(context, entries * sizeof(int64_t));
+    bag_scale_ = scratch(context, (batch > 0 ? batch : 1) * sizeof(float));
+    sorted_weight_ = scratch(context, entries * sizeof(float));
+    if (!entry_bag_->ok() || !bag_scale_->ok() || !sorted_weight_->ok()) {
+      return Status::Internal("segment gradients: out of device memory");
+    }
   }
   view_ = SegmentGradients();
   view_.grad_out = grad_out;
   view_.segments = segments;
   view_.sorted_bag = sorted_bag_->as<int64_t>();
-  view_.sorted_weight = sorted_weight_->as<float>();
-  view_.bag_scale = bag_scale_->as<float>();
   view_.combiner = combiner;
   view_.dim = dim;
-  if (batch > 0) {
-    bag_scale_kernel<<<grid_for(batch, kThreads), kThreads, 0, stream>>>(
-        weights, row_offsets, batch, combiner, entry_bag_->as<int64_t>(), bag_scale_->as<float>());
-    SOK_EV_LAUNCH_CHECK("bag_scale");
-  }
-  if (nnz > 0) {
-    sorted_entries_kernel<<<grid_for(nnz, kThreads), kThreads, 0, stream>>>(
-        order, entry_bag_->as<int64_t>(), weights, nnz, sorted_bag_->as<int64_t>(),
-        sorted_weight_->as<float>());
-    SOK_EV_LAUNCH_CHECK("sorted_entries");
+  if (plain_sum) {
+    if (nnz > 0 && batch > 0) {
+      sorted_samples_kernel<<<grid_for(nnz, kThreads), kThreads, 0, stream>>>(
+          order, row_offsets, batch, nnz, sorted_bag_->as<int64_t>());
+      SOK_EV_LAUNCH_CHECK("sorted_samples");
+    }
+  } else {
+    view_.sorted_weight = sorted_weight_->as<float>();
+    view_.bag_scale = bag_scale_->as<float>();
+    if (batch > 0) {
+      bag_scale_kernel<<<grid_for(batch, kThreads), kThreads, 0, stream>>>(
+          weights, row_offsets, batch, combiner, entry_bag_->as<int64_t>(),
+          bag_scale_->as<float>());
+      SOK_EV_LAUNCH_CHECK("bag_scale");
+    }
+    if (nnz > 0) {
+      sorted_entries_kernel<<<grid_for(nnz, kThreads), kThreads, 0, stream>>>(
+          order, entry_bag_->as<int64_t>(), weights, nnz, sorted_bag_->as<int64_t>(),
+          sorted_weight_->as<float>());
+      SOK_EV_LAUNCH_CHECK("sorted_entries");
+    }
   }
   // No key can be long: every key sums its entries directly.
   if (max_unique <= 0 || nnz <= kChunkEntries || max_key_entries <= kChunkEntries) {

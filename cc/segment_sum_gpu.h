@@ -45,7 +45,7 @@ struct SegmentGradients {
   const float* grad_out = nullptr;         // (batch, dim)
   const int64_t* segments = nullptr;       // (num_unique + 1,)
   const int64_t* sorted_bag = nullptr;     // (nnz,) the sample of grouped entry k
-  const float* sorted_weight = nullptr;    // (nnz,) its weight
+  const float* sorted_weight = nullptr;    // (nnz,) its weight; null: all 1
   const float* bag_scale = nullptr;        // (batch,) each sample's denominator
   const int64_t* chunk_offsets = nullptr;  // (num_unique + 1,): u's chunks are
                                            // [chunk_offsets[u], chunk_offsets[u + 1])
@@ -56,7 +56,9 @@ struct SegmentGradients {
 
 // Builds SegmentGradients and owns its scratch: one pass over the samples
 // (denominators), one over the entries (their samples and weights in
-// grouped order), and the chunk sums of the long keys.
+// grouped order), and the chunk sums of the long keys. A sum of unweighted
+// entries skips the samples' pass: it finds each entry's sample in the row
+// offsets.
 class SegmentGradientSums {
  public:
   //   grad_out: (batch, dim)  weights: (nnz,) or null  row_offsets: (batch + 1,)
@@ -95,7 +97,7 @@ __device__ __forceinline__ void accumulate_entries(const SegmentGradients& s, in
     for (int a = 0; a < kAhead; ++a) {
       const bool valid = k + a < hi;
       bag[a] = valid ? s.sorted_bag[k + a] : 0;
-      w[a] = valid ? s.sorted_weight[k + a] : 0.0f;
+      w[a] = !valid ? 0.0f : s.sorted_weight != nullptr ? s.sorted_weight[k + a] : 1.0f;
     }
 #pragma unroll
     for (int a = 0; a < kAhead; ++a) {
@@ -177,7 +179,7 @@ __device__ __forceinline__ void accumulate_key_vec(const SegmentGradients& s, in
     for (int a = 0; a < kAhead; ++a) {
       const bool valid = k + a < hi;
       bag[a] = valid ? s.sorted_bag[k + a] : 0;
-      w[a] = valid ? s.sorted_weight[k + a] : 0.0f;
+      w[a] = !valid ? 0.0f : s.sorted_weight != nullptr ? s.sorted_weight[k + a] : 1.0f;
     }
 #pragma unroll
     for (int a = 0; a < kAhead; ++a) {

@@ -65,6 +65,10 @@ def parse_args(argv=None):
     parser.add_argument("--part", choices=["all", "tf", "core", "torch"], default="all")
     add_workload_arguments(parser)
     parser.add_argument("--dense-steps", type=int, default=8)
+    parser.add_argument("--table-streams",
+                        default="1",
+                        help="SOK_EV_GPU_TABLE_STREAMS values to time in graph mode beside the "
+                        "default (1: every table on TensorFlow's stream)")
     parser.add_argument("--profile",
                         action="store_true",
                         help="core part: print the step's kernels by GPU time (torch.profiler)")
@@ -129,7 +133,9 @@ def part_tf(args):
     assert args.dry_run_on_cpu or tf.config.list_physical_devices("GPU"), "TensorFlow sees no GPU"
     sok.init()
     rows = rows_per_table(args)
-    results = dict(tf_version=tf.__version__, sok_ev_file=sok.__file__)
+    results = dict(tf_version=tf.__version__,
+                   sok_ev_file=sok.__file__,
+                   default_table_streams=os.environ.get("SOK_EV_GPU_TABLE_STREAMS", "built-in"))
 
     def sparse(values, hot):
         n = args.batch * hot
@@ -150,18 +156,31 @@ def part_tf(args):
         our_values = np.stack([[raw_keys(t, s[t]) for t in range(TABLES)] for s in ids])
         dense_values = np.stack([np.stack(s) for s in ids]).astype(np.int64)
         for mode in ("graph", "tf_function"):
-            models = ("sok_ev", "dense") + (("sok_ev_one_stream",) if mode == "graph" else ())
+            models = ["sok_ev", "dense"]
+            if mode == "graph":
+                models += [f"sok_ev_streams{n}" for n in stream_settings(args)]
             for model in models:
                 key = f"{model}_{mode}_{hot}hot"
                 print(f"[tf] {key}", flush=True)
-                if model == "sok_ev_one_stream":
-                    os.environ["SOK_EV_GPU_TABLE_STREAMS"] = "1"  # read at each op
+                default = os.environ.get("SOK_EV_GPU_TABLE_STREAMS")
+                if model.startswith("sok_ev_streams"):
+                    # Read at each op.
+                    os.environ["SOK_EV_GPU_TABLE_STREAMS"] = model[len("sok_ev_streams"):]
                 results[key] = run_tf(tf, sok, ops, args, hot, mode, model, rows,
                                       dense_values if model == "dense" else our_values, sparse,
                                       memory)
-                os.environ.pop("SOK_EV_GPU_TABLE_STREAMS", None)
+                if default is None:
+                    os.environ.pop("SOK_EV_GPU_TABLE_STREAMS", None)
+                else:
+                    os.environ["SOK_EV_GPU_TABLE_STREAMS"] = default
                 print(f"[tf] {key}: {results[key]}", flush=True)
                 write_json(args, "tf", results)
+
+
+def stream_settings(args):
+    """The SOK_EV_GPU_TABLE_STREAMS values graph mode also runs, beside the
+    default (side_streams_gpu.h)."""
+    return [int(n) for n in args.table_streams.split(",") if n]
 
 
 def run_tf(tf, sok, ops, args, hot, mode, model, rows, values, sparse, memory):
@@ -455,15 +474,17 @@ def report(args):
                 f"({ours['bytes_per_key_ratio']:.2f}×) |")
     lines += [
         "",
-        "Side streams (graph mode): sok-ev with its tables spread over the default side streams, "
-        "against every table on TensorFlow's stream (`SOK_EV_GPU_TABLE_STREAMS=1`):",
+        "Side streams (graph mode): sok-ev with its tables spread over the default side streams "
+        f"({tf_r.get('default_table_streams', '?')}), against other `SOK_EV_GPU_TABLE_STREAMS` "
+        "settings (1: every table on TensorFlow's stream); ms, and setting ÷ default:",
         "",
     ]
     for hot in [int(h) for h in args.hotness.split(",")]:
         spread = tf_r[f"sok_ev_graph_{hot}hot"]["ms"]
-        one = tf_r[f"sok_ev_one_stream_graph_{hot}hot"]["ms"]
-        lines.append(f"- {hot}-hot: {spread:.2f} ms side by side, {one:.2f} ms on one stream "
-                     f"({one / spread:.2f}×)")
+        others = ", ".join(f"{n} streams {tf_r[f'sok_ev_streams{n}_graph_{hot}hot']['ms']:.2f} "
+                           f"({tf_r[f'sok_ev_streams{n}_graph_{hot}hot']['ms'] / spread:.2f}×)"
+                           for n in stream_settings(args))
+        lines.append(f"- {hot}-hot: default {spread:.2f}; {others}")
     text = "\n".join(lines) + "\n"
     publish(text, args.results, os.path.join(args.json_dir, "tf_sparse_step_results.md"))
 
