@@ -37,7 +37,9 @@
 #   bench              benchmarks/gpu/ (core, backward probe; with 2+ GPUs the
 #                      2-GPU checks and weak scaling), harness library of .device/
 #   tf-bench           benchmarks/gpu/tf_sparse_step.py on GPU 0 with the
-#                      artifact (its results also land in $OUT)
+#                      artifact (its results also land in $OUT); its
+#                      arguments from $SOK_EV_TF_BENCH_ARGS (e.g.
+#                      "--table-streams 1,8,16")
 #   tf-scaling         benchmarks/gpu/tf_weak_scaling.py: the TF step on 1 and
 #                      2 GPUs under horovodrun over NCCL, the 2-vs-1 check
 #                      (results and the ranks' JSON in $OUT)
@@ -317,7 +319,8 @@ has harness-sanitizer && part_harness_sanitizer
 has bench && part_bench
 if has tf-bench; then
     (cd "$run" && CUDA_VISIBLE_DEVICES=0 SOKEV_GPU_LIB=$root/.device/harness/libsokev_gpu.so \
-        timeout -k 10 "$(limit 560)" "$PY" "$root/benchmarks/gpu/tf_sparse_step.py") \
+        timeout -k 10 "$(limit 560)" "$PY" "$root/benchmarks/gpu/tf_sparse_step.py" \
+            ${SOK_EV_TF_BENCH_ARGS:-}) \
         >"$OUT/tf-bench.log" 2>&1
     echo "$?" >"$status/tf-bench.rc"
     echo "tf-bench: exit $(cat "$status/tf-bench.rc")"
