@@ -263,6 +263,32 @@ absl::Status LookupTableVariable(OpKernelContext* context, int t, tensorflow::Da
   return absl::OkStatus();
 }
 
+// Runs find(t, table_core, variable, table, keys, n, counts) for every
+// table t of a lookup op, typed by its key dtype, the tables side by side
+// (ForEachTable) with every variable's table lock held throughout
+// (TableLocks); then records each table's keys in its variable's change log.
+template <typename Device, typename Find>
+absl::Status ForEachLookupTable(
+    OpKernelContext* context, const std::vector<RefCountPtr<EmbeddingVariable<Device>>>& variables,
+    const OpInputList& keys, const OpInputList& counts, const std::vector<int64_t>& costs,
+    const Find& find) {
+  Core<Device> core(context);
+  TableLocks<Device> locks(variables);
+  return ForEachTable(core, keys.size(), costs.data(), locks.same_stream(),
+                      [&](int t, Core<Device>& table_core) {
+                        return DispatchKeyType(keys[t].dtype(), "keys", [&](auto key) {
+                          using Key = decltype(key);
+                          EmbeddingVariable<Device>& variable = *variables[t];
+                          auto table = variable.template table<Key>();
+                          const Key* table_keys = keys[t].flat<Key>().data();
+                          const int64_t n = keys[t].NumElements();
+                          TF_RETURN_IF_ERROR(find(t, table_core, variable, *table, table_keys, n,
+                                                  counts[t].flat<int64_t>().data()));
+                          return RecordChangedKeys(table_core, variable, table_keys, n);
+                        });
+                      });
+}
+
 template <typename Device>
 class FindOrInsertOp : public OpKernel {
  public:
@@ -292,30 +318,18 @@ class FindOrInsertOp : public OpKernel {
                      values.allocate(t, TensorShape({n, embedding_dims_[t]}), &outputs[t]));
       costs[t] = n;
     }
-    Core<Device> core(context);
-    TableLocks<Device> locks(variables);
     OP_REQUIRES_OK(
         context,
-        ForEachTable(core, num_tables, costs.data(), locks.same_stream(),
-                     [&](int t, Core<Device>& table_core) {
-                       return DispatchKeyType(keys[t].dtype(), "keys", [&](auto key) {
-                         using Key = decltype(key);
-                         EmbeddingVariable<Device>& variable = *variables[t];
-                         auto table = variable.template table<Key>();
-                         const Key* table_keys = keys[t].flat<Key>().data();
-                         const int64_t* table_counts = counts[t].flat<int64_t>().data();
-                         float* values = outputs[t]->flat<float>().data();
-                         if (variable.is_plain()) {
-                           TF_RETURN_IF_ERROR(table_core.FindOrInsert(*table, table_keys, costs[t],
-                                                                      values, table_counts));
-                         } else {
-                           TF_RETURN_IF_ERROR(LookupRows<Device, Key>(table_core, variable, *table,
-                                                                      table_keys, table_counts,
-                                                                      costs[t], values));
-                         }
-                         return RecordChangedKeys(table_core, variable, table_keys, costs[t]);
-                       });
-                     }));
+        ForEachLookupTable(
+            context, variables, keys, counts, costs,
+            [&](int t, Core<Device>& table_core, EmbeddingVariable<Device>& variable, auto& table,
+                const auto* table_keys, int64_t n, const int64_t* table_counts) -> absl::Status {
+              float* values = outputs[t]->flat<float>().data();
+              if (variable.is_plain()) {
+                return table_core.FindOrInsert(table, table_keys, n, values, table_counts);
+              }
+              return LookupRows(table_core, variable, table, table_keys, table_counts, n, values);
+            }));
   }
 
  private:
@@ -361,45 +375,34 @@ class FindOrInsertCombineOp : public OpKernel {
       OP_REQUIRES_OK(context, embeddings.allocate(t, TensorShape({batch, dim}), &outputs[t]));
       costs[t] = nnz + num_unique;
     }
-    Core<Device> core(context);
-    TableLocks<Device> locks(variables);
-    OP_REQUIRES_OK(
-        context,
-        ForEachTable(core, num_tables, costs.data(), locks.same_stream(),
-                     [&](int t, Core<Device>& table_core) {
-                       return DispatchKeyType(keys[t].dtype(), "keys", [&](auto key) {
-                         using Key = decltype(key);
-                         EmbeddingVariable<Device>& variable = *variables[t];
-                         auto table = variable.template table<Key>();
-                         const Key* table_keys = keys[t].flat<Key>().data();
-                         const int64_t* table_counts = counts[t].flat<int64_t>().data();
-                         const int64_t num_unique = keys[t].NumElements();
+    OP_REQUIRES_OK(context,
+                   ForEachLookupTable(
+                       context, variables, keys, counts, costs,
+                       [&](int t, Core<Device>& table_core, EmbeddingVariable<Device>& variable,
+                           auto& table, const auto* table_keys, int64_t num_unique,
+                           const int64_t* table_counts) -> absl::Status {
                          const int64_t* index = unique_index[t].flat<int64_t>().data();
                          const float* sample_weights = attributes_.WeightsOrNull(t, weights[t]);
                          const int64_t* offsets = row_offsets[t].flat<int64_t>().data();
                          const int64_t batch = row_offsets[t].NumElements() - 1;
                          float* embeddings = outputs[t]->flat<float>().data();
                          if (variable.is_plain()) {
-                           TF_RETURN_IF_ERROR(table_core.FindOrInsertCombine(
-                               *table, table_keys, table_counts, num_unique, index, sample_weights,
-                               offsets, batch, attributes_.combiner(t), embeddings));
-                         } else {
-                           // The rows first (serving or admission decide them), then the combine.
-                           const int64_t dim = variable.embedding_dim();
-                           Tensor rows;
-                           TF_RETURN_IF_ERROR(table_core.template Scratch<float>(
-                               std::max<int64_t>(1, num_unique * dim), &rows));
-                           float* values = VectorData<float>(rows);
-                           TF_RETURN_IF_ERROR(LookupRows<Device, Key>(table_core, variable, *table,
-                                                                      table_keys, table_counts,
-                                                                      num_unique, values));
-                           TF_RETURN_IF_ERROR(table_core.CombineForward(
-                               values, index, sample_weights, offsets, batch, dim,
-                               attributes_.combiner(t), embeddings));
+                           return table_core.FindOrInsertCombine(
+                               table, table_keys, table_counts, num_unique, index, sample_weights,
+                               offsets, batch, attributes_.combiner(t), embeddings);
                          }
-                         return RecordChangedKeys(table_core, variable, table_keys, num_unique);
-                       });
-                     }));
+                         // The rows first (serving or admission decide them), then the combine.
+                         const int64_t dim = variable.embedding_dim();
+                         Tensor rows;
+                         TF_RETURN_IF_ERROR(table_core.template Scratch<float>(
+                             std::max<int64_t>(1, num_unique * dim), &rows));
+                         float* values = VectorData<float>(rows);
+                         TF_RETURN_IF_ERROR(LookupRows(table_core, variable, table, table_keys,
+                                                       table_counts, num_unique, values));
+                         return table_core.CombineForward(values, index, sample_weights, offsets,
+                                                          batch, dim, attributes_.combiner(t),
+                                                          embeddings);
+                       }));
   }
 
  private:
