@@ -22,7 +22,8 @@
 # sok_ev/ cannot shadow it; the logs name the sok_ev file and op library that
 # ran, and a TensorFlow part that ran anything else counts as failed.
 #   tf        tests/ on GPU 0, without tests/gpu, tests/multiworker and the two
-#             checks of the build machine (test_formatting, test_gpu_code_compiles)
+#             checks of the build machine (test_formatting, test_gpu_code_compiles);
+#             SOK_EV_TF_TESTS="test_a.py test_b.py" runs only those files
 #   multi     tests/multiworker/ under horovodrun over NCCL, one GPU per rank
 #             (harness.py's GPU mode; launches of more ranks than GPUs skip)
 #   harness   tests/gpu/: PyTorch + the ctypes harness, without the kit's paths
@@ -158,7 +159,14 @@ pytest_part() { # pytest_part NAME LIMIT_S PYTEST_ARGS...: runs from $run, logs 
     echo "$name: $(tail -1 "$OUT/$name.log")"
 }
 part_tf() {
-    CUDA_VISIBLE_DEVICES=$1 pytest_part tf 330 "$root/tests" --ignore="$root/tests/gpu" \
+    # SOK_EV_TF_TESTS (files under tests/, space-separated) narrows the part
+    # to those files, for a short call after a small change.
+    local targets=("$root/tests") name
+    if [[ -n ${SOK_EV_TF_TESTS:-} ]]; then
+        targets=()
+        for name in $SOK_EV_TF_TESTS; do targets+=("$root/tests/$name"); done
+    fi
+    CUDA_VISIBLE_DEVICES=$1 pytest_part tf 330 "${targets[@]}" --ignore="$root/tests/gpu" \
         --ignore="$root/tests/multiworker" --ignore="$root/tests/test_formatting.py" \
         --ignore="$root/tests/test_gpu_code_compiles.py"
 }
