@@ -27,17 +27,21 @@ SOK_EV_HOST_DEVICE float div_no_nan(float x, float y) { return y == 0.0f ? 0.0f 
 
 namespace cpu {
 
+// Entry j's sample id is sample_ids[j * stride]: a SparseTensor's indices
+// (stride = its rank) are read in place, column 0 being the sample.
+
 // The first entry whose sample id is outside [0, batch) or smaller than the
 // id before it; nnz when every id is valid (what row_offsets_from_sample_ids
 // and the combines require).
-//   sample_ids: (nnz,)
-int64_t first_invalid_sample_id(const int64_t* sample_ids, int64_t nnz, int64_t batch);
+//   sample_ids: (nnz * stride,)
+int64_t first_invalid_sample_id(const int64_t* sample_ids, int64_t stride, int64_t nnz,
+                                int64_t batch);
 
 // Turns the (valid) sample id of each entry into per-sample offsets.
-//   sample_ids:  (nnz,) non-decreasing, each in [0, batch)
+//   sample_ids:  (nnz * stride,) non-decreasing, each in [0, batch)
 //   row_offsets: (batch + 1,) out
-void row_offsets_from_sample_ids(const int64_t* sample_ids, int64_t nnz, int64_t batch,
-                                 int64_t* row_offsets);
+void row_offsets_from_sample_ids(const int64_t* sample_ids, int64_t stride, int64_t nnz,
+                                 int64_t batch, int64_t* row_offsets);
 
 //   unique_values: (num_unique, dim)   unique_index: (nnz,)
 //   weights:       (nnz,) or null      row_offsets:  (batch + 1,)
@@ -72,20 +76,22 @@ void combine_backward_serial(const float* grad_out, const int64_t* order, const 
 namespace gpu {
 // The same contracts with device pointers, work ordered on context.stream.
 
-// One table's sample ids to check, for first_invalid_sample_ids.
-struct SampleIdCheck {
-  const int64_t* sample_ids;  // (nnz,) device
+// One table's sample ids, for row_offsets_from_sample_ids.
+struct SampleIds {
+  const int64_t* sample_ids;  // (nnz * stride,) device
+  int64_t stride;
   int64_t nnz;
   int64_t batch;
+  int64_t* row_offsets;  // (batch + 1,) device out, or null
 };
 
-// cpu::first_invalid_sample_id for many tables in one launch: writes table
-// t's answer to first_invalid[t].
-//   checks: (num_tables,) host   first_invalid: (num_tables,) device out
-void first_invalid_sample_ids(const GpuContext& context, const SampleIdCheck* checks,
-                              int num_tables, int64_t* first_invalid);
-void row_offsets_from_sample_ids(const GpuContext& context, const int64_t* sample_ids, int64_t nnz,
-                                 int64_t batch, int64_t* row_offsets);
+// cpu::first_invalid_sample_id and cpu::row_offsets_from_sample_ids for many
+// tables in one launch: table t's answer goes to first_invalid[t] (when
+// first_invalid is not null) and its offsets to tables[t].row_offsets (when
+// not null; meaningless where the ids are invalid).
+//   tables: (num_tables,) host   first_invalid: (num_tables,) device out
+void row_offsets_from_sample_ids(const GpuContext& context, const SampleIds* tables, int num_tables,
+                                 int64_t* first_invalid);
 void combine_forward(const GpuContext& context, const float* unique_values,
                      const int64_t* unique_index, const float* weights, const int64_t* row_offsets,
                      int64_t batch, int64_t dim, Combiner combiner, float* out);

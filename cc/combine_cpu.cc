@@ -24,18 +24,21 @@ float combine_denominator(Combiner combiner, const float* weights, int64_t begin
 
 }  // namespace
 
-int64_t first_invalid_sample_id(const int64_t* sample_ids, int64_t nnz, int64_t batch) {
+int64_t first_invalid_sample_id(const int64_t* sample_ids, int64_t stride, int64_t nnz,
+                                int64_t batch) {
+  int64_t previous = 0;
   for (int64_t j = 0; j < nnz; ++j) {
-    if (sample_ids[j] < 0 || sample_ids[j] >= batch || (j > 0 && sample_ids[j] < sample_ids[j - 1]))
-      return j;
+    const int64_t id = sample_ids[j * stride];
+    if (id < 0 || id >= batch || id < previous) return j;
+    previous = id;
   }
   return nnz;
 }
 
-void row_offsets_from_sample_ids(const int64_t* sample_ids, int64_t nnz, int64_t batch,
-                                 int64_t* row_offsets) {
+void row_offsets_from_sample_ids(const int64_t* sample_ids, int64_t stride, int64_t nnz,
+                                 int64_t batch, int64_t* row_offsets) {
   std::fill(row_offsets, row_offsets + batch + 1, 0);
-  for (int64_t j = 0; j < nnz; ++j) ++row_offsets[sample_ids[j] + 1];
+  for (int64_t j = 0; j < nnz; ++j) ++row_offsets[sample_ids[j * stride] + 1];
   for (int64_t b = 0; b < batch; ++b) row_offsets[b + 1] += row_offsets[b];
 }
 

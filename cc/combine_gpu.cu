@@ -26,37 +26,36 @@ struct UniqueValuesSource {
   }
 };
 
-//   sample_ids: (nnz,) non-decreasing  row_offsets: (batch + 1,) out
-__global__ void row_offsets_kernel(const int64_t* sample_ids, int64_t nnz, int64_t batch,
-                                   int64_t* row_offsets) {
-  for (int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; b <= batch;
-       b += int64_t(gridDim.x) * blockDim.x) {
-    row_offsets[b] = lower_bound(sample_ids, nnz, b);
-  }
-}
-
-// Sample ids of up to kChecksPerLaunch tables, by value (4 KB limit).
-constexpr int kChecksPerLaunch = 64;
-struct SampleIdChecks {
-  SampleIdCheck tables[kChecksPerLaunch];
+// Sample ids of up to kTablesPerLaunch tables, by value (4 KB limit).
+constexpr int kTablesPerLaunch = 64;
+struct SampleIdTables {
+  SampleIds tables[kTablesPerLaunch];
 };
 
-// blockIdx.y picks the table; first_invalid[t] starts at nnz and takes the
-// smallest bad entry (atomicMin: the answer does not depend on scheduling).
-__global__ void first_invalid_sample_ids_kernel(SampleIdChecks checks, int64_t* first_invalid) {
-  const SampleIdCheck check = checks.tables[blockIdx.y];
-  for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < check.nnz;
+// blockIdx.y picks the table. Thread j checks entry j and writes row
+// offset j. first_invalid[t] starts at nnz and takes the smallest bad entry
+// (atomicMin: the answer does not depend on scheduling).
+__global__ void row_offsets_kernel(SampleIdTables tables, int64_t* first_invalid) {
+  const SampleIds table = tables.tables[blockIdx.y];
+  const int64_t stride = table.stride;
+  const int64_t end = table.nnz > table.batch ? table.nnz : table.batch + 1;
+  for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < end;
        j += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t id = check.sample_ids[j];
-    if (id < 0 || id >= check.batch || (j > 0 && id < check.sample_ids[j - 1])) {
-      atomicMin(reinterpret_cast<unsigned long long*>(first_invalid + blockIdx.y),
-                static_cast<unsigned long long>(j));
+    if (first_invalid != nullptr && j < table.nnz) {
+      const int64_t id = table.sample_ids[j * stride];
+      if (id < 0 || id >= table.batch || (j > 0 && id < table.sample_ids[(j - 1) * stride])) {
+        atomicMin(reinterpret_cast<unsigned long long*>(first_invalid + blockIdx.y),
+                  static_cast<unsigned long long>(j));
+      }
+    }
+    if (table.row_offsets != nullptr && j <= table.batch) {
+      table.row_offsets[j] = lower_bound(table.sample_ids, table.nnz, j, stride);
     }
   }
 }
 
-__global__ void fill_kernel(int64_t* values, const SampleIdChecks checks, int count) {
-  for (int t = threadIdx.x; t < count; t += blockDim.x) values[t] = checks.tables[t].nnz;
+__global__ void fill_kernel(int64_t* values, const SampleIdTables tables, int count) {
+  for (int t = threadIdx.x; t < count; t += blockDim.x) values[t] = tables.tables[t].nnz;
 }
 
 // kLanes lanes per unique key, 8 columns a lane per pass over the row.
@@ -135,14 +134,6 @@ Status combine_backward_impl(const GpuContext& context, const float* grad_out, c
 
 }  // namespace
 
-void row_offsets_from_sample_ids(const GpuContext& context, const int64_t* sample_ids, int64_t nnz,
-                                 int64_t batch, int64_t* row_offsets) {
-  cudaStream_t stream = stream_of(context);
-  row_offsets_kernel<<<grid_for(batch + 1, kThreads), kThreads, 0, stream>>>(sample_ids, nnz, batch,
-                                                                             row_offsets);
-  record_error(cuda_status(cudaGetLastError(), "row_offsets_from_sample_ids"));
-}
-
 void combine_forward(const GpuContext& context, const float* unique_values,
                      const int64_t* unique_index, const float* weights, const int64_t* row_offsets,
                      int64_t batch, int64_t dim, Combiner combiner, float* out) {
@@ -156,21 +147,22 @@ void combine_forward(const GpuContext& context, const float* unique_values,
                            "combine_forward"));
 }
 
-void first_invalid_sample_ids(const GpuContext& context, const SampleIdCheck* checks,
-                              int num_tables, int64_t* first_invalid) {
+void row_offsets_from_sample_ids(const GpuContext& context, const SampleIds* tables, int num_tables,
+                                 int64_t* first_invalid) {
   cudaStream_t stream = stream_of(context);
-  for (int first = 0; first < num_tables; first += kChecksPerLaunch) {
-    const int count = std::min(kChecksPerLaunch, num_tables - first);
-    SampleIdChecks batch;
+  for (int first = 0; first < num_tables; first += kTablesPerLaunch) {
+    const int count = std::min(kTablesPerLaunch, num_tables - first);
+    SampleIdTables batch;
     int64_t longest = 1;
     for (int t = 0; t < count; ++t) {
-      batch.tables[t] = checks[first + t];
-      longest = std::max(longest, batch.tables[t].nnz);
+      batch.tables[t] = tables[first + t];
+      longest = std::max({longest, batch.tables[t].nnz, batch.tables[t].batch + 1});
     }
-    fill_kernel<<<1, kThreads, 0, stream>>>(first_invalid + first, batch, count);
-    first_invalid_sample_ids_kernel<<<dim3(grid_for(longest, kThreads, 4096), count), kThreads, 0,
-                                      stream>>>(batch, first_invalid + first);
-    const Status status = cuda_status(cudaGetLastError(), "first_invalid_sample_ids");
+    int64_t* answers = first_invalid == nullptr ? nullptr : first_invalid + first;
+    if (answers != nullptr) fill_kernel<<<1, kThreads, 0, stream>>>(answers, batch, count);
+    row_offsets_kernel<<<dim3(grid_for(longest, kThreads, 4096), count), kThreads, 0, stream>>>(
+        batch, answers);
+    const Status status = cuda_status(cudaGetLastError(), "row_offsets_from_sample_ids");
     if (!status.ok()) {
       record_error(status);
       return;

@@ -9,13 +9,15 @@ namespace sok_ev {
 namespace gpu {
 
 // The first index in [0, n) whose element is not less than `value`, or n.
-//   sorted: (n,) non-decreasing, device memory
+// Element i is sorted[i * stride].
+//   sorted: (n * stride,) non-decreasing, device memory
 template <typename T>
-__device__ __forceinline__ int64_t lower_bound(const T* sorted, int64_t n, T value) {
+__device__ __forceinline__ int64_t lower_bound(const T* sorted, int64_t n, T value,
+                                               int64_t stride = 1) {
   int64_t lo = 0, hi = n;
   while (lo < hi) {
     const int64_t mid = (lo + hi) / 2;
-    if (sorted[mid] < value) {
+    if (sorted[mid * stride] < value) {
       lo = mid + 1;
     } else {
       hi = mid;

@@ -128,14 +128,15 @@ def _rule_for(optimizer, variable):
     return rule
 
 
-def _update(optimizer, rule, grad, variable):
+def _update(optimizer, rule, tables):
+    """The fused update of every `(grad, variable)` pair in `tables`."""
     lr = tf.cast(tf.convert_to_tensor(optimizer.learning_rate), tf.float32)
     iterations = tf.convert_to_tensor(optimizer.iterations)
     step = tf.cast(iterations + 1, tf.float32)
     global_step = tf.compat.v1.train.get_global_step()
     version = iterations if global_step is None else global_step
     return optimizers.fused_update(
-        variable, grad, rule.op_name, rule.hyperparameters(optimizer, lr, step),
+        tables, rule.op_name, rule.hyperparameters(optimizer, lr, step),
         [(f"{optimizer.name}/{name}", value) for name, value in rule.slots(optimizer)], version)
 
 
@@ -171,7 +172,7 @@ def apply_gradients(optimizer, grads_and_vars: Sequence, apply_dense=None):
     if not tables and all(g is None for g, _ in dense):
         raise ValueError("No gradients provided for any variable.")
     with tf.name_scope(optimizer.name):
-        updates = [_update(optimizer, rule, g, v) for g, v in tables]
+        updates = _update(optimizer, rule, tables)
     # The updates read `iterations` before Keras increments it once per step.
     with tf.control_dependencies(updates):
         if any(g is not None for g, _ in dense):

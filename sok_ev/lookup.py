@@ -160,17 +160,13 @@ def lookup_sparse(
     weighted = [w is not None for w in sp_weights]
     with tf.name_scope("sok_ev_lookup_sparse"):
         keys = [ids.values for ids in indices]
-        sample_ids = [tf.cast(ids.indices[:, 0], tf.int64) for ids in indices]
-        batch_sizes = tf.stack([tf.cast(ids.dense_shape[0], tf.int64) for ids in indices])
         weights = [
             tf.zeros([0], tf.float32) if w is None else tf.cast(w.values, tf.float32)
             for w in sp_weights
         ]
         (unique_keys, counts, unique_index, order, segments,
-         row_offsets) = ops().sok_ev_unique_keys(keys,
-                                                 sample_ids,
-                                                 weights,
-                                                 batch_sizes,
+         row_offsets) = ops().sok_ev_unique_keys(keys, [ids.indices for ids in indices],
+                                                 weights, [ids.dense_shape for ids in indices],
                                                  weighted=weighted)
         for variable in params:
             variable._record_access()  # pylint: disable=protected-access

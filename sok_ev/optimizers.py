@@ -5,11 +5,15 @@ applied by one fused native op (`SokEv>SparseApplyOptimizer`) whose slots live
 beside each row in the variable's table. Two ways in:
 
 * `install_optimizer_hook()` (run by `sok_ev.init()`): the user's script stays
-  unchanged. It replaces four private hooks of `tf.compat.v1.train.Optimizer`,
-  each delegating to TensorFlow's original for anything that is not an
-  Embedding Variable:
+  unchanged. It wraps five methods of `tf.compat.v1.train.Optimizer`, each
+  delegating to TensorFlow's original for anything that is not an Embedding
+  Variable:
     - `optimizer._get_processor`: an Embedding Variable gets a processor
       whose update is the fused op;
+    - `Optimizer.apply_gradients`: with several Embedding Variables, their
+      processors hand their updates to the last one, which applies all of
+      them in one op (one TF op a step instead of one per table; the GPU
+      runs the tables side by side);
     - `Optimizer._zeros_slot`, `_get_or_make_slot`,
       `_get_or_make_slot_with_initializer`: a slot of an Embedding Variable
       is a descriptor of a slot in its table, not a dense variable.
@@ -21,6 +25,7 @@ raises TypeError naming them. Adam is lazy, as in DeepRec.
 """
 
 import dataclasses
+import threading
 from typing import Callable, List, Tuple
 
 import tensorflow as tf
@@ -207,34 +212,38 @@ def _global_step():
     return tf.constant(0, tf.int64) if step is None else tf.cast(step, tf.int64)
 
 
-def apply_to_embedding_variable(optimizer, grad, variable):
-    """The fused update of `variable` by `optimizer` (after its `_prepare()`).
+def apply_to_embedding_variables(optimizer, grads_and_variables):
+    """The fused update of Embedding Variables by `optimizer` (after its
+  `_prepare()`): one op per device the variables live on.
 
   Args:
     optimizer: a supported tf.compat.v1.train optimizer.
-    grad: tf.IndexedSlices; indices are raw keys (duplicates are summed),
-      values `[n, embedding_dim]`.
-    variable: the EmbeddingVariable.
+    grads_and_variables: `(grad, variable)` pairs; each grad is
+      tf.IndexedSlices whose indices are raw keys (duplicates are summed)
+      and values `[n, embedding_dim]`.
 
   Returns:
-    The update op.
+    The update ops (one per device).
 
   Raises:
     TypeError: unsupported optimizer, or a dense gradient.
+    ValueError: see check_gradient.
   """
-    rule = _rule_for(optimizer, variable)
+    pairs = list(grads_and_variables)
+    if not pairs:
+        return []
+    first = pairs[0][1]
+    rule = _rule_for(optimizer, first)
     if rule.op_name == "adam" and optimizer._get_beta_accumulators()[0] is None:
         # Only the patch-free path gets here with no dense variable to carry
         # Adam's beta powers; the hook path creates them in _create_slots.
         for name, value in (("beta1_power", optimizer._beta1), ("beta2_power", optimizer._beta2)):
-            optimizer._create_non_slot_variable(initial_value=value,
-                                                name=name,
-                                                colocate_with=variable)
+            optimizer._create_non_slot_variable(initial_value=value, name=name, colocate_with=first)
     slots = rule.slots(optimizer)
-    for slot_name, _ in slots:
-        _slot_of(optimizer, variable, slot_name)  # so get_slot() finds it
-    return fused_update(variable,
-                        grad,
+    for _, variable in pairs:
+        for slot_name, _ in slots:
+            _slot_of(optimizer, variable, slot_name)  # so get_slot() finds it
+    return fused_update(pairs,
                         rule.op_name,
                         rule.hyperparameters(optimizer),
                         [(f"{optimizer.get_name()}/{name}", value) for name, value in slots],
@@ -260,44 +269,78 @@ def check_gradient(grad, variable):
     embedding_gradients.check_before_apply(grad, variable)
 
 
-def fused_update(variable,
-                 grad,
+def fused_update(grads_and_variables,
                  op_name,
                  hyperparameters,
                  slots,
                  step,
                  use_nesterov=False,
                  centered=False):
-    """One `SokEv>SparseApplyOptimizer` update of `variable`: the one place
-  sok-ev calls the fused op (tf.compat.v1 and Keras optimizers alike).
+    """`SokEv>SparseApplyOptimizer` updates of Embedding Variables, one op
+  for all the variables on one device: the one place sok-ev calls the fused
+  op (tf.compat.v1 and Keras optimizers alike). Every gradient is checked
+  before any op is built.
 
   Args:
-    variable: the EmbeddingVariable.
-    grad: tf.IndexedSlices keyed by raw keys (duplicates are summed).
+    grads_and_variables: `(grad, variable)` pairs; grad is tf.IndexedSlices
+      keyed by raw keys (duplicates are summed). A variable listed twice is
+      updated twice, in order.
     op_name: 'sgd', 'adagrad', 'adam', 'ftrl', 'momentum' or 'rmsprop'.
     hyperparameters: scalars in the op's order (sok_ev/cc/ops/optimizer_ops.cc).
     slots: `(table slot name, initial value)` pairs in the op's slot order.
     step: int64 scalar, the version written to each updated key.
 
   Returns:
-    The update op.
+    The update ops, one per device, in order of first appearance.
 
   Raises:
     TypeError, ValueError: see check_gradient.
   """
-    check_gradient(grad, variable)
-    return ops().sok_ev_sparse_apply_optimizer(
-        variable.handle,
-        tf.cast(grad.indices, variable.key_dtype),
-        grad.values,
-        tf.stack([tf.cast(h, tf.float32) for h in hyperparameters]),
-        tf.cast(step, tf.int64),
-        optimizer=op_name,
-        slot_names=[name for name, _ in slots],
-        slot_initial_values=[float(value) for _, value in slots],
-        use_nesterov=use_nesterov,
-        centered=centered,
-        keys_are_unique=_keys_are_distinct(grad.indices))
+    pairs = list(grads_and_variables)
+    for grad, variable in pairs:
+        check_gradient(grad, variable)
+    if not pairs:
+        return []
+    hyperparameters = tf.stack([tf.cast(h, tf.float32) for h in hyperparameters])
+    step = tf.cast(step, tf.int64)
+    by_device = {}
+    for grad, variable in pairs:
+        by_device.setdefault(variable.handle.device, []).append((grad, variable))
+    updates = []
+    for device, group in by_device.items():
+        with tf.device(device):
+            updates.append(ops().sok_ev_sparse_apply_optimizer(
+                [variable.handle for _, variable in group],
+                [tf.cast(grad.indices, variable.key_dtype) for grad, variable in group],
+                [grad.values for grad, _ in group],
+                hyperparameters,
+                step,
+                optimizer=op_name,
+                slot_names=[name for name, _ in slots],
+                slot_initial_values=[float(value) for _, value in slots],
+                use_nesterov=use_nesterov,
+                centered=centered,
+                keys_are_unique=[_keys_are_distinct(grad.indices) for grad, _ in group]))
+    return updates
+
+
+class _PendingUpdates:
+    """The Embedding Variable updates of one `Optimizer.apply_gradients`
+  call, held until the last one arrives, then applied by one fused op (per
+  device) instead of one op per variable."""
+
+    def __init__(self, expected):
+        self.expected = expected  # how many update_op calls will come
+        self.pairs = []
+
+
+# id(optimizer) -> _PendingUpdates, for the apply_gradients calls under way
+# on this thread.
+_pending = threading.local()
+
+
+def _pending_updates(optimizer):
+    return getattr(_pending, "by_optimizer", {}).get(id(optimizer))
 
 
 class _EmbeddingVariableProcessor(optimizer_module._OptimizableVariable):  # pylint: disable=protected-access
@@ -310,7 +353,45 @@ class _EmbeddingVariableProcessor(optimizer_module._OptimizableVariable):  # pyl
         return self._v.handle
 
     def update_op(self, optimizer, g):
-        return apply_to_embedding_variable(optimizer, g, self._v)
+        pending = _pending_updates(optimizer)
+        if pending is None:  # an apply_gradients that does not group
+            return tf.group(apply_to_embedding_variables(optimizer, [(g, self._v)]))
+        _rule_for(optimizer, self._v)  # errors name the variable they concern
+        check_gradient(g, self._v)
+        pending.pairs.append((g, self._v))
+        if len(pending.pairs) < pending.expected:
+            return tf.no_op()  # this variable's update is the last one's op
+        return tf.group(apply_to_embedding_variables(optimizer, pending.pairs))
+
+
+def _grouping_apply_gradients(original):
+
+    def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+        grads_and_vars = tuple(grads_and_vars)
+        expected = sum(
+            1 for g, v in grads_and_vars if g is not None and isinstance(v, EmbeddingVariable))
+        # Strategies call the processors per replica, maybe on other threads:
+        # those keep one op per variable.
+        if expected < 2 or tf.distribute.has_strategy() or id(self) in getattr(
+                _pending, "by_optimizer", {}):
+            return original(self, grads_and_vars, global_step=global_step, name=name)
+        by_optimizer = _pending.__dict__.setdefault("by_optimizer", {})
+        pending = by_optimizer[id(self)] = _PendingUpdates(expected)
+        try:
+            result = original(self, grads_and_vars, global_step=global_step, name=name)
+        finally:
+            del by_optimizer[id(self)]
+        if len(pending.pairs) != expected:
+            raise RuntimeError(f"sok-ev grouped {len(pending.pairs)} of {expected} Embedding "
+                               f"Variable updates of {type(self).__name__}.apply_gradients: a "
+                               "subclass skipped some; uninstall the optimizer hook "
+                               "(sok_ev.uninstall_optimizer_hook) and use "
+                               "sok_ev.OptimizerWrapper")
+        return result
+
+    apply_gradients.__name__ = original.__name__
+    apply_gradients.__doc__ = original.__doc__
+    return apply_gradients
 
 
 def _slot_of(optimizer, variable, slot_name):
@@ -358,6 +439,9 @@ def install_optimizer_hook() -> None:
         return
     _originals["_get_processor"] = optimizer_module._get_processor
     optimizer_module._get_processor = _dispatching_get_processor(optimizer_module._get_processor)
+    original = optimizer_module.Optimizer.apply_gradients
+    _originals["apply_gradients"] = original
+    optimizer_module.Optimizer.apply_gradients = _grouping_apply_gradients(original)
     for method in ("_zeros_slot", "_get_or_make_slot", "_get_or_make_slot_with_initializer"):
         original = getattr(optimizer_module.Optimizer, method)
         _originals[method] = original
@@ -443,7 +527,7 @@ class OptimizerWrapper:
         name = name or optimizer.get_name()
         with tf.name_scope(name):
             optimizer._prepare()
-            updates = [apply_to_embedding_variable(optimizer, g, v) for g, v in tables]
+            updates = apply_to_embedding_variables(optimizer, tables)
         if dense:
             with tf.control_dependencies(updates):
                 return optimizer.apply_gradients(dense, global_step=global_step, name=name)

@@ -267,10 +267,12 @@ int sokev_partition(int key_bits, uint64_t keys, int64_t n, int num_workers, uin
   return report_pending();
 }
 
-int sokev_row_offsets(uint64_t sample_ids, int64_t nnz, int64_t batch, uint64_t row_offsets,
-                      uint64_t stream) {
-  gpu::row_offsets_from_sample_ids(context_for(stream), ptr<const int64_t>(sample_ids), nnz, batch,
-                                   ptr<int64_t>(row_offsets));
+// sample_ids: (nnz * stride,) device.
+int sokev_row_offsets(uint64_t sample_ids, int64_t stride, int64_t nnz, int64_t batch,
+                      uint64_t row_offsets, uint64_t stream) {
+  const gpu::SampleIds table{ptr<const int64_t>(sample_ids), stride, nnz, batch,
+                             ptr<int64_t>(row_offsets)};
+  gpu::row_offsets_from_sample_ids(context_for(stream), &table, 1, /*first_invalid=*/nullptr);
   return report_pending();
 }
 
@@ -318,12 +320,12 @@ int sokev_unique_grouped(int key_bits, uint64_t keys, int64_t n, uint64_t key_of
 int sokev_first_invalid_sample_ids(const uint64_t* sample_ids, const int64_t* nnz,
                                    const int64_t* batch, int num_tables, uint64_t first_invalid,
                                    uint64_t stream) {
-  std::vector<gpu::SampleIdCheck> checks(num_tables);
+  std::vector<gpu::SampleIds> tables(num_tables);
   for (int t = 0; t < num_tables; ++t) {
-    checks[t] = {ptr<const int64_t>(sample_ids[t]), nnz[t], batch[t]};
+    tables[t] = {ptr<const int64_t>(sample_ids[t]), 1, nnz[t], batch[t], /*row_offsets=*/nullptr};
   }
-  gpu::first_invalid_sample_ids(context_for(stream), checks.data(), num_tables,
-                                ptr<int64_t>(first_invalid));
+  gpu::row_offsets_from_sample_ids(context_for(stream), tables.data(), num_tables,
+                                   ptr<int64_t>(first_invalid));
   return report_pending();
 }
 

@@ -268,10 +268,15 @@ def convert_16(src, bits_format):
 
 
 def row_offsets(sample_ids, batch, out=None):
+    """Each sample's first entry, `(batch + 1,)` int64. sample_ids: `(nnz,)`
+    int64, or a SparseTensor's `(nnz, rank)` indices (column 0 is read in
+    place)."""
     if out is None:
         out = torch.empty(batch + 1, dtype=torch.int64, device=sample_ids.device)
-    _check(lib().sokev_row_offsets(_p(sample_ids), _i(sample_ids.numel()), _i(batch), _p(out),
-                                   _stream()))
+    stride = sample_ids.shape[1] if sample_ids.dim() == 2 else 1
+    assert sample_ids.is_contiguous()
+    _check(lib().sokev_row_offsets(_p(sample_ids), _i(stride), _i(sample_ids.shape[0]), _i(batch),
+                                   _p(out), _stream()))
     return out
 
 

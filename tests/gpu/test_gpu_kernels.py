@@ -69,10 +69,13 @@ def test_partition_by_owner(dtype, workers):
     assert np.array_equal(counts.cpu().numpy(), np.bincount(owners, minlength=workers))
 
 
-def test_row_offsets():
+@pytest.mark.parametrize("layout", ["sample_ids", "sparse_tensor_indices"])
+def test_row_offsets_count_each_samples_entries(layout):
     batch = 5000
     sizes = RNG.integers(0, 5, batch)
     ids = np.repeat(np.arange(batch), sizes)
+    if layout == "sparse_tensor_indices":  # column 0 read in place
+        ids = np.stack([ids, np.concatenate([np.arange(k) for k in sizes])], axis=1)
     out = sg.row_offsets(tensor(ids), batch, poison((batch + 1,), torch.int64))
     ref = np.concatenate([[0], np.cumsum(sizes)])
     assert np.array_equal(out.cpu().numpy(), ref)

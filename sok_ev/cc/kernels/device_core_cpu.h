@@ -265,9 +265,11 @@ class Core<CPUDevice> {
     std::vector<int64_t> num_unique(n, 0);
     TF_RETURN_IF_ERROR(ForEachTable(n, costs.data(), [&](int t, Core& core) {
       const TableBatch<Key>& table = tables[t];
-      (*first_invalid)[t] = cpu::first_invalid_sample_id(table.sample_ids, table.nnz, table.batch);
+      (*first_invalid)[t] = cpu::first_invalid_sample_id(table.sample_ids, table.sample_id_stride,
+                                                         table.nnz, table.batch);
       if ((*first_invalid)[t] != table.nnz) return absl::OkStatus();
-      cpu::row_offsets_from_sample_ids(table.sample_ids, table.nnz, table.batch, table.row_offsets);
+      cpu::row_offsets_from_sample_ids(table.sample_ids, table.sample_id_stride, table.nnz,
+                                       table.batch, table.row_offsets);
       unique[t].resize(table.nnz);
       counts[t].resize(table.nnz);
       cpu::unique_keys(core.context_, table.keys, table.nnz, unique[t].data(), table.unique_index,
@@ -416,11 +418,21 @@ class Core<CPUDevice> {
   tensorflow::OpKernelContext* op_ = nullptr;
 };
 
-// Tables side by side; see Core<CPUDevice>::ForEachTable. same_stream is
-// for the GPU: the CPU table locks itself.
+// Tables side by side; see Core<CPUDevice>::ForEachTable. The CPU table
+// locks itself, but a variable listed twice (a repeated non-null
+// same_stream entry) must see its updates in list order: then the tables
+// run one after another.
 template <typename Work>
 absl::Status ForEachTable(Core<CPUDevice>& core, int n, const int64_t* costs,
-                          const void* const* /*same_stream*/, const Work& work) {
+                          const void* const* same_stream, const Work& work) {
+  if (same_stream != nullptr) {
+    std::vector<const void*> sorted(same_stream, same_stream + n);
+    std::sort(sorted.begin(), sorted.end());
+    if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
+      for (int t = 0; t < n; ++t) TF_RETURN_IF_ERROR(work(t, core));
+      return absl::OkStatus();
+    }
+  }
   return core.ForEachTable(n, costs, work);
 }
 

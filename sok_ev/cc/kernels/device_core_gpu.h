@@ -179,7 +179,7 @@ class Core<GPUDevice> {
     tensorflow::Tensor found_tensor;
     bool* found_on_device = nullptr;
     if (found != nullptr) {
-      TF_RETURN_IF_ERROR(Temp<bool>(n, &found_tensor));
+      TF_RETURN_IF_ERROR(Scratch<bool>(n, &found_tensor));
       found_on_device = VectorData<bool>(found_tensor);
     }
     TF_RETURN_IF_ERROR(
@@ -196,7 +196,7 @@ class Core<GPUDevice> {
     *erased = 0;
     if (n == 0) return absl::OkStatus();
     tensorflow::Tensor device_keys;
-    TF_RETURN_IF_ERROR(Temp<Key>(n, &device_keys));
+    TF_RETURN_IF_ERROR(Scratch<Key>(n, &device_keys));
     TF_RETURN_IF_ERROR(CopyFromHost(keys, n, VectorData<Key>(device_keys)));
     return ToTfStatus(table.erase(context_, VectorData<Key>(device_keys), n, erased));
   }
@@ -219,10 +219,10 @@ class Core<GPUDevice> {
     if (n == 0) return absl::OkStatus();
     const int64_t width = table.row_width();
     tensorflow::Tensor device_keys, device_rows, device_frequencies, device_versions;
-    TF_RETURN_IF_ERROR(Temp<Key>(n, &device_keys));
-    TF_RETURN_IF_ERROR(Temp<float>(n * width, &device_rows));
-    TF_RETURN_IF_ERROR(Temp<int64_t>(n, &device_frequencies));
-    TF_RETURN_IF_ERROR(Temp<int64_t>(n, &device_versions));
+    TF_RETURN_IF_ERROR(Scratch<Key>(n, &device_keys));
+    TF_RETURN_IF_ERROR(Scratch<float>(n * width, &device_rows));
+    TF_RETURN_IF_ERROR(Scratch<int64_t>(n, &device_frequencies));
+    TF_RETURN_IF_ERROR(Scratch<int64_t>(n, &device_versions));
     TF_RETURN_IF_ERROR(CopyFromHost(keys, n, VectorData<Key>(device_keys)));
     TF_RETURN_IF_ERROR(CopyFromHost(rows, n * width, VectorData<float>(device_rows)));
     int64_t* frequencies_on_device = nullptr;
@@ -277,10 +277,10 @@ class Core<GPUDevice> {
     TF_RETURN_IF_ERROR(begin(n, width));
     if (n == 0) return absl::OkStatus();
     tensorflow::Tensor keys, rows, frequencies, versions;
-    TF_RETURN_IF_ERROR(Temp<Key>(n, &keys));
-    TF_RETURN_IF_ERROR(Temp<float>(n * width, &rows));
-    TF_RETURN_IF_ERROR(Temp<int64_t>(n, &frequencies));
-    TF_RETURN_IF_ERROR(Temp<int64_t>(n, &versions));
+    TF_RETURN_IF_ERROR(Scratch<Key>(n, &keys));
+    TF_RETURN_IF_ERROR(Scratch<float>(n * width, &rows));
+    TF_RETURN_IF_ERROR(Scratch<int64_t>(n, &frequencies));
+    TF_RETURN_IF_ERROR(Scratch<int64_t>(n, &versions));
     int64_t written = 0;
     TF_RETURN_IF_ERROR(ToTfStatus(table.export_all(
         context_, VectorData<Key>(keys), VectorData<float>(rows), VectorData<int64_t>(frequencies),
@@ -319,8 +319,8 @@ class Core<GPUDevice> {
                               bool keys_are_unique) {
     if (n <= 0) return absl::OkStatus();
     tensorflow::Tensor identity_tensor, row_ids_tensor;
-    TF_RETURN_IF_ERROR(Temp<int64_t>(n + 1, &identity_tensor));
-    TF_RETURN_IF_ERROR(Temp<int64_t>(n, &row_ids_tensor));
+    TF_RETURN_IF_ERROR(Scratch<int64_t>(n + 1, &identity_tensor));
+    TF_RETURN_IF_ERROR(Scratch<int64_t>(n, &row_ids_tensor));
     // 0, 1, ..., n: one entry per "sample" (row offsets), and for distinct
     // keys also the order, the segments and, at [n], their count.
     int64_t* identity = VectorData<int64_t>(identity_tensor);
@@ -332,11 +332,11 @@ class Core<GPUDevice> {
     const int64_t* num_unique = identity + n;
     tensorflow::Tensor unique_tensor, inverse_tensor, order_tensor, segments_tensor, count_tensor;
     if (!keys_are_unique) {
-      TF_RETURN_IF_ERROR(Temp<Key>(n, &unique_tensor));
-      TF_RETURN_IF_ERROR(Temp<int64_t>(n, &inverse_tensor));
-      TF_RETURN_IF_ERROR(Temp<int64_t>(n, &order_tensor));
-      TF_RETURN_IF_ERROR(Temp<int64_t>(n + 1, &segments_tensor));
-      TF_RETURN_IF_ERROR(Temp<int64_t>(1, &count_tensor));
+      TF_RETURN_IF_ERROR(Scratch<Key>(n, &unique_tensor));
+      TF_RETURN_IF_ERROR(Scratch<int64_t>(n, &inverse_tensor));
+      TF_RETURN_IF_ERROR(Scratch<int64_t>(n, &order_tensor));
+      TF_RETURN_IF_ERROR(Scratch<int64_t>(n + 1, &segments_tensor));
+      TF_RETURN_IF_ERROR(Scratch<int64_t>(1, &count_tensor));
       gpu::unique_keys_segmented(
           context_, keys, n, VectorData<Key>(unique_tensor), VectorData<int64_t>(inverse_tensor),
           VectorData<int64_t>(order_tensor), VectorData<int64_t>(segments_tensor),
@@ -365,36 +365,33 @@ class Core<GPUDevice> {
                           std::vector<int64_t>* first_invalid) {
     const int num_tables = static_cast<int>(tables.size());
     std::vector<int64_t> key_offsets(num_tables + 1, 0);
-    std::vector<gpu::SampleIdCheck> checks(num_tables);
+    std::vector<gpu::SampleIds> sample_ids(num_tables);
     for (int t = 0; t < num_tables; ++t) {
       key_offsets[t + 1] = key_offsets[t] + tables[t].nnz;
-      checks[t] = {tables[t].sample_ids, tables[t].nnz, tables[t].batch};
+      sample_ids[t] = {tables[t].sample_ids, tables[t].sample_id_stride, tables[t].nnz,
+                       tables[t].batch, tables[t].row_offsets};
     }
     const int64_t n = key_offsets[num_tables];
     // first_invalid (num_tables) then unique_offsets (num_tables + 1).
     tensorflow::Tensor readback_tensor, offsets_tensor;
-    TF_RETURN_IF_ERROR(Temp<int64_t>(2 * num_tables + 1, &readback_tensor));
-    TF_RETURN_IF_ERROR(Temp<int64_t>(num_tables + 1, &offsets_tensor));
+    TF_RETURN_IF_ERROR(Scratch<int64_t>(2 * num_tables + 1, &readback_tensor));
+    TF_RETURN_IF_ERROR(Scratch<int64_t>(num_tables + 1, &offsets_tensor));
     int64_t* readback = VectorData<int64_t>(readback_tensor);
     int64_t* key_offsets_device = VectorData<int64_t>(offsets_tensor);
-    gpu::first_invalid_sample_ids(context_, checks.data(), num_tables, readback);
-    for (const TableBatch<Key>& table : tables) {
-      gpu::row_offsets_from_sample_ids(context_, table.sample_ids, table.nnz, table.batch,
-                                       table.row_offsets);
-    }
+    gpu::row_offsets_from_sample_ids(context_, sample_ids.data(), num_tables, readback);
     gpu::upload_values(context_, key_offsets, key_offsets_device);
     // All tables' keys side by side, then one sort.
     const int64_t size = std::max<int64_t>(n, 1);
     tensorflow::Tensor keys_tensor, unique_tensor, counts_tensor, inverse_tensor, order_tensor,
         segments_tensor;
-    TF_RETURN_IF_ERROR(Temp<Key>(size, &unique_tensor));
-    TF_RETURN_IF_ERROR(Temp<int64_t>(size, &counts_tensor));
-    TF_RETURN_IF_ERROR(Temp<int64_t>(size, &inverse_tensor));
-    TF_RETURN_IF_ERROR(Temp<int64_t>(size, &order_tensor));
-    TF_RETURN_IF_ERROR(Temp<int64_t>(n + 1, &segments_tensor));
+    TF_RETURN_IF_ERROR(Scratch<Key>(size, &unique_tensor));
+    TF_RETURN_IF_ERROR(Scratch<int64_t>(size, &counts_tensor));
+    TF_RETURN_IF_ERROR(Scratch<int64_t>(size, &inverse_tensor));
+    TF_RETURN_IF_ERROR(Scratch<int64_t>(size, &order_tensor));
+    TF_RETURN_IF_ERROR(Scratch<int64_t>(n + 1, &segments_tensor));
     const Key* keys = num_tables == 1 ? tables[0].keys : nullptr;
     if (num_tables > 1) {
-      TF_RETURN_IF_ERROR(Temp<Key>(size, &keys_tensor));
+      TF_RETURN_IF_ERROR(Scratch<Key>(size, &keys_tensor));
       std::vector<gpu::CopyJob<Key>> gather;
       for (int t = 0; t < num_tables; ++t) {
         gather.push_back(
@@ -455,7 +452,7 @@ class Core<GPUDevice> {
                                    const float* weights, const int64_t* row_offsets, int64_t batch,
                                    Combiner combiner, float* out) {
     tensorflow::Tensor row_ids;
-    TF_RETURN_IF_ERROR(Temp<int64_t>(std::max<int64_t>(num_unique, 1), &row_ids));
+    TF_RETURN_IF_ERROR(Scratch<int64_t>(std::max<int64_t>(num_unique, 1), &row_ids));
     TF_RETURN_IF_ERROR(
         ToTfStatus(table.find_or_insert(context_, unique_keys, num_unique,
                                         /*values=*/nullptr, counts, VectorData<int64_t>(row_ids))));
@@ -465,11 +462,16 @@ class Core<GPUDevice> {
   }
 
   // Scratch memory for a table's work inside ForEachTable (safe on a side
-  // stream, unlike the op context's allocate_temp).
+  // stream, unlike the op context's allocate_temp): on a side stream the
+  // tensor is kept until the Core goes (after the join), and its first use
+  // is ordered after the home stream.
   //   tensor: (count,) out
   template <typename T>
   absl::Status Scratch(int64_t count, tensorflow::Tensor* tensor) {
-    return Temp<T>(count, tensor);
+    TF_RETURN_IF_ERROR(AllocateVector<T>(op_, count, tensor));
+    if (home_ == nullptr) return absl::OkStatus();
+    kept_.push_back(*tensor);
+    return ToTfStatus(gpu::order_after_home(context_));
   }
 
   // The keys come from a checkpoint: they are copied to the host, so the
@@ -588,22 +590,12 @@ class Core<GPUDevice> {
     context_.allocator = arena_.get();
   }
 
-  // On a side stream the tensor is kept until the Core goes (after the
-  // join), and its first use is ordered after the home stream.
-  template <typename T>
-  absl::Status Temp(int64_t count, tensorflow::Tensor* tensor) {
-    TF_RETURN_IF_ERROR(AllocateVector<T>(op_, count, tensor));
-    if (home_ == nullptr) return absl::OkStatus();
-    kept_.push_back(*tensor);
-    return ToTfStatus(gpu::order_after_home(context_));
-  }
-
   tensorflow::OpKernelContext* op_;
   TfGpuAllocator allocator_;  // the core's scratch memory on TF's stream
   GpuContext context_;
   cudaStream_t home_ = nullptr;             // set on a side stream
   std::unique_ptr<SideStreamArena> arena_;  // a side stream's scratch memory
-  std::vector<tensorflow::Tensor> kept_;    // a side stream's Temp tensors
+  std::vector<tensorflow::Tensor> kept_;    // a side stream's Scratch tensors
 };
 
 // Tables side by side on side streams; see Core<GPUDevice>::ForEachTable.

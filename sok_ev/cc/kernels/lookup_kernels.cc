@@ -90,15 +90,12 @@ class UniqueKeysOp : public OpKernel {
   explicit UniqueKeysOp(OpKernelConstruction* context) : OpKernel(context), attributes_(context) {}
 
   void Compute(OpKernelContext* context) override {
-    OpInputList keys, sample_ids, weights;
+    OpInputList keys, indices, weights, dense_shapes;
     OP_REQUIRES_OK(context, context->input_list("keys", &keys));
-    OP_REQUIRES_OK(context, context->input_list("sample_ids", &sample_ids));
+    OP_REQUIRES_OK(context, context->input_list("indices", &indices));
     OP_REQUIRES_OK(context, context->input_list("weights", &weights));
+    OP_REQUIRES_OK(context, context->input_list("dense_shapes", &dense_shapes));  // host
     const int num_tables = keys.size();
-    const Tensor& batch_sizes = context->input(3 * num_tables);  // host
-    OP_REQUIRES(context, batch_sizes.NumElements() == num_tables,
-                errors::InvalidArgument("expected ", num_tables, " batch sizes, got ",
-                                        batch_sizes.NumElements()));
     OpOutputList unique_keys, counts, unique_index, order, segments, row_offsets;
     OP_REQUIRES_OK(context, context->output_list("unique_keys", &unique_keys));
     OP_REQUIRES_OK(context, context->output_list("counts", &counts));
@@ -106,23 +103,33 @@ class UniqueKeysOp : public OpKernel {
     OP_REQUIRES_OK(context, context->output_list("order", &order));
     OP_REQUIRES_OK(context, context->output_list("segments", &segments));
     OP_REQUIRES_OK(context, context->output_list("row_offsets", &row_offsets));
-    const auto batch = batch_sizes.flat<int64_t>();
     // Shapes first (host), and the outputs sized by the batch.
+    std::vector<int64_t> batch(num_tables);
     for (int t = 0; t < num_tables; ++t) {
       OP_REQUIRES(context, keys[t].dims() == 1,
                   errors::InvalidArgument("indices[", t, "] values must be a vector, got shape ",
                                           keys[t].shape().DebugString()));
       const int64_t nnz = keys[t].dim_size(0);
-      OP_REQUIRES(context, sample_ids[t].NumElements() == nnz,
-                  errors::InvalidArgument("indices[", t, "] has ", sample_ids[t].NumElements(),
-                                          " rows for ", nnz, " values"));
-      OP_REQUIRES(context, batch(t) >= 0,
-                  errors::InvalidArgument("indices[", t, "] has a negative batch size ", batch(t)));
+      OP_REQUIRES(
+          context,
+          indices[t].dims() == 2 && indices[t].dim_size(0) == nnz && indices[t].dim_size(1) >= 1,
+          errors::InvalidArgument("indices[", t, "] must have indices of shape [", nnz,
+                                  ", rank] for its ", nnz, " values, got ",
+                                  indices[t].shape().DebugString()));
+      OP_REQUIRES(
+          context,
+          dense_shapes[t].dims() == 1 && dense_shapes[t].NumElements() == indices[t].dim_size(1),
+          errors::InvalidArgument("indices[", t, "] has indices of rank ", indices[t].dim_size(1),
+                                  " but dense_shape of shape ",
+                                  dense_shapes[t].shape().DebugString()));
+      batch[t] = dense_shapes[t].flat<int64_t>()(0);
+      OP_REQUIRES(context, batch[t] >= 0,
+                  errors::InvalidArgument("indices[", t, "] has a negative batch size ", batch[t]));
       OP_REQUIRES_OK(context, attributes_.CheckWeights(t, weights[t], nnz));
       Tensor* unused;
       OP_REQUIRES_OK(context, unique_index.allocate(t, TensorShape({nnz}), &unused));
       OP_REQUIRES_OK(context, order.allocate(t, TensorShape({nnz}), &unused));
-      OP_REQUIRES_OK(context, row_offsets.allocate(t, TensorShape({batch(t) + 1}), &unused));
+      OP_REQUIRES_OK(context, row_offsets.allocate(t, TensorShape({batch[t] + 1}), &unused));
     }
     Core<Device> core(context);
     for (tensorflow::DataType dtype : {tensorflow::DT_INT32, tensorflow::DT_INT64}) {
@@ -138,9 +145,10 @@ class UniqueKeysOp : public OpKernel {
             for (int t : group) {
               TableBatch<Key> table;
               table.keys = keys[t].flat<Key>().data();
-              table.sample_ids = sample_ids[t].flat<int64_t>().data();
+              table.sample_ids = indices[t].flat<int64_t>().data();
+              table.sample_id_stride = indices[t].dim_size(1);
               table.nnz = keys[t].dim_size(0);
-              table.batch = batch(t);
+              table.batch = batch[t];
               table.unique_index = unique_index[t]->flat<int64_t>().data();
               table.order = order[t]->flat<int64_t>().data();
               table.row_offsets = row_offsets[t]->flat<int64_t>().data();
@@ -178,9 +186,11 @@ class UniqueKeysOp : public OpKernel {
   static absl::Status InvalidSampleId(Core<Device>& core, int t, const TableBatch<Key>& table,
                                       int64_t j) {
     int64_t rows[2] = {0, 0};  // entry j - 1's row, entry j's row
-    const int64_t first = j > 0 ? j - 1 : j;
-    TF_RETURN_IF_ERROR(core.CopyToHost(table.sample_ids + first, j - first + 1, rows));
-    const int64_t row = rows[j - first];
+    for (int64_t entry = j > 0 ? j - 1 : j; entry <= j; ++entry) {
+      TF_RETURN_IF_ERROR(core.CopyToHost(table.sample_ids + entry * table.sample_id_stride, 1,
+                                         &rows[entry - j + 1]));
+    }
+    const int64_t row = rows[1];
     if (row < 0 || row >= table.batch) {
       return errors::InvalidArgument("indices[", t, "]: row ", row, " of entry ", j,
                                      " is outside the batch [0, ", table.batch, ")");
@@ -523,7 +533,7 @@ SOK_EV_REGISTER_CPU("CombineBackward", CombineBackwardOp);
 // Key, index and value tensors stay on the GPU; resource handles and the
 // per-table batch sizes that shape the outputs are host memory.
 using tensorflow::DEVICE_GPU;
-REGISTER_KERNEL_BUILDER(Name("SokEv>UniqueKeys").Device(DEVICE_GPU).HostMemory("batch_sizes"),
+REGISTER_KERNEL_BUILDER(Name("SokEv>UniqueKeys").Device(DEVICE_GPU).HostMemory("dense_shapes"),
                         UniqueKeysOp<GPUDevice>);
 REGISTER_KERNEL_BUILDER(Name("SokEv>PartitionByOwner").Device(DEVICE_GPU),
                         PartitionByOwnerOp<GPUDevice>);

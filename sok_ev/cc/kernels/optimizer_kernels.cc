@@ -1,14 +1,17 @@
-// Kernel of the fused optimizer update on an Embedding Variable, for CPU and
-// (GOOGLE_CUDA builds) GPU: sums the gradients of duplicate keys (unless the
-// keys are known to be distinct), then updates each key's row and slots in
-// place with cc/optimizers.h, through Core<Device>::ApplyOptimizer (with a
-// feature filter, only the admitted keys: variable_lookup.h). Op definition:
+// Kernel of the fused optimizer update of Embedding Variables, for CPU and
+// (GOOGLE_CUDA builds) GPU. Per table: sums the gradients of duplicate keys
+// (unless the keys are known to be distinct), then updates each key's row
+// and slots in place with cc/optimizers.h, through
+// Core<Device>::ApplyOptimizer (with a feature filter, only the admitted
+// keys: variable_lookup.h). The tables run side by side (ForEachTable: CPU
+// threads, GPU side streams) under every variable's lock. Op definition:
 // sok_ev/cc/ops/optimizer_ops.cc.
 #define EIGEN_USE_THREADS
 #if GOOGLE_CUDA && !defined(EIGEN_USE_GPU)
 #define EIGEN_USE_GPU
 #endif
 
+#include <array>
 #include <map>
 #include <string>
 #include <vector>
@@ -24,6 +27,7 @@
 namespace sok_ev {
 
 using tensorflow::DataType;
+using tensorflow::OpInputList;
 using tensorflow::OpKernel;
 using tensorflow::OpKernelConstruction;
 using tensorflow::OpKernelContext;
@@ -80,10 +84,9 @@ void SetHyperparameters(const float* h, OptimizerSpec* spec) {
 }  // namespace
 
 template <typename Device>
-class SparseApplyOptimizerOp : public EmbeddingVariableOpKernel<Device> {
+class SparseApplyOptimizerOp : public OpKernel {
  public:
-  explicit SparseApplyOptimizerOp(OpKernelConstruction* context)
-      : EmbeddingVariableOpKernel<Device>(context) {
+  explicit SparseApplyOptimizerOp(OpKernelConstruction* context) : OpKernel(context) {
     std::string optimizer;
     OP_REQUIRES_OK(context, context->GetAttr("optimizer", &optimizer));
     info_ = Optimizers().at(optimizer);  // the op's attr enum admits only these
@@ -93,6 +96,11 @@ class SparseApplyOptimizerOp : public EmbeddingVariableOpKernel<Device> {
     OP_REQUIRES_OK(context, context->GetAttr("keys_are_unique", &keys_are_unique_));
     OP_REQUIRES_OK(context, context->GetAttr("slot_names", &slot_names_));
     OP_REQUIRES_OK(context, context->GetAttr("slot_initial_values", &slot_initial_values_));
+    int num_tables = 0;
+    OP_REQUIRES_OK(context, context->GetAttr("N", &num_tables));
+    OP_REQUIRES(context, static_cast<int>(keys_are_unique_.size()) == num_tables,
+                errors::InvalidArgument("keys_are_unique has ", keys_are_unique_.size(),
+                                        " entries for ", num_tables, " tables"));
     const int expected = num_slots(spec_.kind, spec_.centered);
     OP_REQUIRES(context,
                 static_cast<int>(slot_names_.size()) == expected &&
@@ -103,21 +111,15 @@ class SparseApplyOptimizerOp : public EmbeddingVariableOpKernel<Device> {
   }
 
   void Compute(OpKernelContext* context) override {
-    RefCountPtr<EmbeddingVariable<Device>> variable;
-    OP_REQUIRES_OK(context, this->LookupVariable(context, &variable));
-    const Tensor& keys = context->input(1);
-    const Tensor& grads = context->input(2);
-    const Tensor& hyperparameters = context->input(3);  // host
-    const Tensor& global_step = context->input(4);      // host
-    const int64_t dim = variable->embedding_dim();
-    OP_REQUIRES(
-        context, keys.dims() == 1,
-        errors::InvalidArgument("keys must be a vector, got shape ", keys.shape().DebugString()));
-    const int64_t n = keys.dim_size(0);
-    OP_REQUIRES(context, grads.dims() == 2 && grads.dim_size(0) == n && grads.dim_size(1) == dim,
-                errors::InvalidArgument("gradient of Embedding Variable '", variable->name(),
-                                        "' must have shape [", n, ", ", dim, "], got ",
-                                        grads.shape().DebugString()));
+    OpInputList keys, grads;
+    OP_REQUIRES_OK(context, context->input_list("keys", &keys));
+    OP_REQUIRES_OK(context, context->input_list("grads", &grads));
+    const Tensor* hyperparameters_input;  // host
+    const Tensor* global_step_input;      // host
+    OP_REQUIRES_OK(context, context->input("hyperparameters", &hyperparameters_input));
+    OP_REQUIRES_OK(context, context->input("global_step", &global_step_input));
+    const Tensor& hyperparameters = *hyperparameters_input;
+    const Tensor& global_step = *global_step_input;
     OP_REQUIRES(context, hyperparameters.NumElements() == info_.num_hyperparameters,
                 errors::InvalidArgument("hyperparameters must have ", info_.num_hyperparameters,
                                         " values, got ", hyperparameters.NumElements()));
@@ -126,42 +128,90 @@ class SparseApplyOptimizerOp : public EmbeddingVariableOpKernel<Device> {
                                         global_step.shape().DebugString()));
     OptimizerSpec spec = spec_;
     SetHyperparameters(hyperparameters.flat<float>().data(), &spec);
+    const int64_t step = global_step.flat<int64_t>()(0);
+    // Every table is checked before any changes.
+    const int num_tables = keys.size();
+    std::vector<RefCountPtr<EmbeddingVariable<Device>>> variables(num_tables);
+    std::vector<int64_t> costs(num_tables);
+    for (int t = 0; t < num_tables; ++t) {
+      OP_REQUIRES_OK(context,
+                     LookupInitializedVariable<Device>(context, t, keys[t].dtype(), &variables[t]));
+      OP_REQUIRES_OK(context, CheckTable(*variables[t], keys[t], grads[t]));
+      costs[t] = keys[t].NumElements();
+    }
     Core<Device> core(context);
-    OP_REQUIRES(context, variable->mode() == TableMode::kTraining,
-                errors::FailedPrecondition(
-                    "Embedding Variable '", variable->name(),
-                    "' was loaded from a SavedModel for serving and cannot be trained (the "
-                    "export has no optimizer slots); train from a checkpoint instead"));
-    OP_REQUIRES_OK(
-        context, DispatchKeyType(this->key_dtype_, "keys", [&](auto key) {
-          using Key = decltype(key);
-          auto table = variable->template table<Key>();
-          auto lock = variable->lock_table();
-          // Slots are created on first use; the table places them.
-          for (size_t s = 0; s < slot_names_.size(); ++s) {
-            TF_RETURN_IF_ERROR(
-                core.AddSlot(*table, slot_names_[s], slot_initial_values_[s], &spec.slot_index[s]));
-          }
-          const Key* data = keys.flat<Key>().data();
-          const int64_t step = global_step.flat<int64_t>()(0);
-          if (auto filter = variable->template filter<Key>()) {
-            TF_RETURN_IF_ERROR(ApplyToAdmitted<Device, Key>(core, *table, *filter, spec, data, n,
-                                                            grads.flat<float>().data(), dim, step,
-                                                            keys_are_unique_));
-          } else {
-            TF_RETURN_IF_ERROR(core.ApplyOptimizer(
-                *table, spec, data, n, grads.flat<float>().data(), dim, step, keys_are_unique_));
-          }
-          return RecordChangedKeys(core, *variable, data, n);
-        }));
+    TableLocks<Device> locks(variables);
+    // Slots first (created on first use; the table places them), so that a
+    // table that cannot take them fails before any row changes.
+    std::vector<std::array<int, kMaxOptimizerSlots>> slot_index(num_tables);
+    for (int t = 0; t < num_tables; ++t) {
+      OP_REQUIRES_OK(context, DispatchKeyType(keys[t].dtype(), "keys", [&](auto key) {
+                       auto table = variables[t]->template table<decltype(key)>();
+                       for (size_t s = 0; s < slot_names_.size(); ++s) {
+                         TF_RETURN_IF_ERROR(core.AddSlot(
+                             *table, slot_names_[s], slot_initial_values_[s], &slot_index[t][s]));
+                       }
+                       return absl::OkStatus();
+                     }));
+    }
+    OP_REQUIRES_OK(context,
+                   ForEachTable(core, num_tables, costs.data(), locks.same_stream(),
+                                [&](int t, Core<Device>& table_core) {
+                                  return DispatchKeyType(keys[t].dtype(), "keys", [&](auto key) {
+                                    using Key = decltype(key);
+                                    EmbeddingVariable<Device>& variable = *variables[t];
+                                    auto table = variable.template table<Key>();
+                                    OptimizerSpec table_spec = spec;
+                                    for (size_t s = 0; s < slot_names_.size(); ++s) {
+                                      table_spec.slot_index[s] = slot_index[t][s];
+                                    }
+                                    const Key* data = keys[t].flat<Key>().data();
+                                    const int64_t n = keys[t].NumElements();
+                                    const float* table_grads = grads[t].flat<float>().data();
+                                    const int64_t dim = variable.embedding_dim();
+                                    if (auto filter = variable.template filter<Key>()) {
+                                      TF_RETURN_IF_ERROR(ApplyToAdmitted<Device, Key>(
+                                          table_core, *table, *filter, table_spec, data, n,
+                                          table_grads, dim, step, keys_are_unique_[t]));
+                                    } else {
+                                      TF_RETURN_IF_ERROR(table_core.ApplyOptimizer(
+                                          *table, table_spec, data, n, table_grads, dim, step,
+                                          keys_are_unique_[t]));
+                                    }
+                                    return RecordChangedKeys(table_core, variable, data, n);
+                                  });
+                                }));
   }
 
  private:
+  // Table t's inputs fit its variable, which must be trainable.
+  static absl::Status CheckTable(EmbeddingVariable<Device>& variable, const Tensor& keys,
+                                 const Tensor& grads) {
+    if (keys.dims() != 1) {
+      return errors::InvalidArgument("keys for Embedding Variable '", variable.name(),
+                                     "' must be a vector, got shape ", keys.shape().DebugString());
+    }
+    const int64_t n = keys.dim_size(0);
+    const int64_t dim = variable.embedding_dim();
+    if (grads.dims() != 2 || grads.dim_size(0) != n || grads.dim_size(1) != dim) {
+      return errors::InvalidArgument("gradient of Embedding Variable '", variable.name(),
+                                     "' must have shape [", n, ", ", dim, "], got ",
+                                     grads.shape().DebugString());
+    }
+    if (variable.mode() != TableMode::kTraining) {
+      return errors::FailedPrecondition(
+          "Embedding Variable '", variable.name(),
+          "' was loaded from a SavedModel for serving and cannot be trained (the export has no "
+          "optimizer slots); train from a checkpoint instead");
+    }
+    return absl::OkStatus();
+  }
+
   OptimizerInfo info_;
   OptimizerSpec spec_;
   std::vector<std::string> slot_names_;
   std::vector<float> slot_initial_values_;
-  bool keys_are_unique_ = false;
+  std::vector<bool> keys_are_unique_;
 };
 
 REGISTER_KERNEL_BUILDER(Name("SokEv>SparseApplyOptimizer").Device(tensorflow::DEVICE_CPU),
@@ -170,7 +220,7 @@ REGISTER_KERNEL_BUILDER(Name("SokEv>SparseApplyOptimizer").Device(tensorflow::DE
 #if GOOGLE_CUDA
 REGISTER_KERNEL_BUILDER(Name("SokEv>SparseApplyOptimizer")
                             .Device(tensorflow::DEVICE_GPU)
-                            .HostMemory("resource")
+                            .HostMemory("resources")
                             .HostMemory("hyperparameters")
                             .HostMemory("global_step"),
                         SparseApplyOptimizerOp<GPUDevice>);

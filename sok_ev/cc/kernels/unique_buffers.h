@@ -15,8 +15,11 @@ namespace sok_ev {
 // indexed by entry or by sample.
 template <typename Key>
 struct TableBatch {
-  const Key* keys = nullptr;            // (nnz,)
-  const int64_t* sample_ids = nullptr;  // (nnz,)
+  const Key* keys = nullptr;  // (nnz,)
+  // Entry j's sample is sample_ids[j * sample_id_stride]: a SparseTensor's
+  // (nnz, rank) indices read in place.
+  const int64_t* sample_ids = nullptr;  // (nnz * sample_id_stride,)
+  int64_t sample_id_stride = 1;
   int64_t nnz = 0;
   int64_t batch = 0;
   int64_t* unique_index = nullptr;  // (nnz,) out: each entry's unique key

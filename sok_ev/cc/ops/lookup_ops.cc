@@ -16,12 +16,14 @@ namespace sok_ev {
 
 using tensorflow::shape_inference::InferenceContext;
 
-// weights[t] is empty when weighted[t] is false.
+// indices[t] and dense_shapes[t] are the SparseTensor's own: the kernel
+// reads the sample ids (column 0) and the batch size (element 0) in place,
+// so no per-table slice op runs. weights[t] is empty when weighted[t] is false.
 REGISTER_OP("SokEv>UniqueKeys")
     .Input("keys: Tkeys")
-    .Input("sample_ids: N * int64")
+    .Input("indices: N * int64")
     .Input("weights: N * float")
-    .Input("batch_sizes: int64")
+    .Input("dense_shapes: N * int64")
     .Output("unique_keys: Tkeys")
     .Output("counts: N * int64")
     .Output("unique_index: N * int64")
@@ -46,8 +48,9 @@ REGISTER_OP("SokEv>UniqueKeys")
       return absl::OkStatus();
     })
     .Doc(
-        "Checks each table's entries (sample_ids non-decreasing in [0, "
-        "batch_sizes[t]), one weight per entry when weighted) before anything "
+        "Checks each table's entries (sample ids indices[t][:, 0] "
+        "non-decreasing in [0, dense_shapes[t][0]), one weight per entry when "
+        "weighted) before anything "
         "else runs, then, per table: unique_keys[unique_index[j]] == keys[j]; "
         "counts are each unique key's occurrences; unique key u's entries are "
         "order[segments[u] .. segments[u + 1]); sample b's entries are "
