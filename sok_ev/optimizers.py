@@ -366,7 +366,7 @@ class _EmbeddingVariableProcessor(optimizer_module._OptimizableVariable):  # pyl
 
 def _grouping_apply_gradients(original):
 
-    def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+    def apply_gradients(self, grads_and_vars, global_step=None, name=None, **kwargs):
         grads_and_vars = tuple(grads_and_vars)
         expected = sum(
             1 for g, v in grads_and_vars if g is not None and isinstance(v, EmbeddingVariable))
@@ -374,11 +374,11 @@ def _grouping_apply_gradients(original):
         # those keep one op per variable.
         if expected < 2 or tf.distribute.has_strategy() or id(self) in getattr(
                 _pending, "by_optimizer", {}):
-            return original(self, grads_and_vars, global_step=global_step, name=name)
+            return original(self, grads_and_vars, global_step=global_step, name=name, **kwargs)
         by_optimizer = _pending.__dict__.setdefault("by_optimizer", {})
         pending = by_optimizer[id(self)] = _PendingUpdates(expected)
         try:
-            result = original(self, grads_and_vars, global_step=global_step, name=name)
+            result = original(self, grads_and_vars, global_step=global_step, name=name, **kwargs)
         finally:
             del by_optimizer[id(self)]
         if len(pending.pairs) != expected:

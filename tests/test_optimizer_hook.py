@@ -18,6 +18,9 @@ from sok_ev_reference import graph_session, sok_ev_import_root
 # What sok_ev/optimizers.py replaces, and the parameters it relies on.
 HOOKED = {
     "_get_processor": ["v"],
+    "Optimizer.apply_gradients": [
+        "self", "grads_and_vars", "global_step", "name", "skip_gradients_aggregation"
+    ],
     "Optimizer._zeros_slot": ["self", "var", "slot_name", "op_name"],
     "Optimizer._get_or_make_slot": ["self", "var", "val", "slot_name", "op_name"],
     "Optimizer._get_or_make_slot_with_initializer": [
