@@ -26,7 +26,6 @@
 
 namespace sok_ev {
 
-using tensorflow::DataType;
 using tensorflow::OpInputList;
 using tensorflow::OpKernel;
 using tensorflow::OpKernelConstruction;
