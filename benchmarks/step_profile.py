@@ -61,3 +61,100 @@ def top(times, count):
     """The `count` largest entries of profile()'s dict, as [kind, op, ms]."""
     ranked = sorted(times.items(), key=lambda item: -item[1])[:count]
     return [[kind, op, round(ms, 3)] for (kind, op), ms in ranked]
+
+
+def gpu_timeline(step_stats, gap_us=20.0):
+    """The GPU's side of one traced step (a StepStats proto): when each op
+  type's kernels ran, how busy the GPU was, and where it sat idle. Unlike
+  profile()'s sums, this reads the critical path: the wall from the first
+  kernel to the last, the union of kernel time within it, and the idle gaps
+  longer than `gap_us` with the kernels on either side.
+
+  Kernels are the nodes of "stream:N" devices ("stream:all" repeats them);
+  each is attributed to an op by its node name's part before ':' when it has
+  one (TensorFlow names a traced kernel "op_name:kernel").
+
+  Returns:
+    dict(span_ms, busy_ms, first_kernel_ms, ops={op: [first_ms, last_ms,
+    kernels, kernel_ms]}, launches={op type: [first_ms, last_ms, nodes,
+    ms]} (the GPU ops as their executor ran them on the host), gaps=[[at_ms,
+    idle_ms, before, after]]), times relative to the step's first node.
+  """
+    nodes, kernels, launches = [], [], {}
+    for device in step_stats.dev_stats:
+        name = device.device.lower()
+        kind = device_kind(device.device)
+        for node in device.node_stats:
+            start = node.all_start_micros
+            end = start + max(node.all_end_rel_micros, 0)
+            nodes.append(start)
+            if "stream:" in name and "stream:all" not in name:
+                kernels.append((start, end, node.node_name))
+            elif kind == "GPU op":
+                entry = launches.setdefault(op_type(node), [start, end, 0, 0.0])
+                entry[0], entry[1] = min(entry[0], start), max(entry[1], end)
+                entry[2] += 1
+                entry[3] += (end - start) / 1e3
+    if not nodes:
+        return dict(span_ms=0.0, busy_ms=0.0, first_kernel_ms=0.0, ops={}, launches={}, gaps=[])
+    origin = min(nodes)
+    launches = {
+        op: [(a - origin) / 1e3, (b - origin) / 1e3, n, ms]
+        for op, (a, b, n, ms) in launches.items()
+    }
+    if not kernels:
+        return dict(span_ms=0.0,
+                    busy_ms=0.0,
+                    first_kernel_ms=0.0,
+                    ops={},
+                    launches=launches,
+                    gaps=[])
+    kernels.sort()
+    ops, gaps, busy = {}, [], 0.0
+    reach, reach_name = kernels[0][0], kernels[0][2]
+    for start, end, name in kernels:
+        if start - reach > gap_us:
+            gaps.append([(reach - origin) / 1e3, (start - reach) / 1e3, reach_name, name])
+        busy += max(0, end - max(start, reach))
+        if end > reach:
+            reach, reach_name = end, name
+        op = name.split(":", 1)[0]
+        entry = ops.setdefault(op, [start, end, 0, 0.0])
+        entry[0], entry[1] = min(entry[0], start), max(entry[1], end)
+        entry[2] += 1
+        entry[3] += (end - start) / 1e3
+    ops = {op: [(a - origin) / 1e3, (b - origin) / 1e3, n, ms] for op, (a, b, n, ms) in ops.items()}
+    return dict(span_ms=(reach - kernels[0][0]) / 1e3,
+                busy_ms=busy / 1e3,
+                first_kernel_ms=(kernels[0][0] - origin) / 1e3,
+                ops=ops,
+                launches=launches,
+                gaps=gaps)
+
+
+def print_timeline(timeline, label="", min_launch_ms=0.02):
+    """Prints gpu_timeline()'s dict: the ops in the order their kernels
+  started, the GPU ops' host time (those of at least min_launch_ms), then
+  the gaps."""
+    print(f"[timeline{label}] first kernel at {timeline['first_kernel_ms']:.3f} ms, kernels span "
+          f"{timeline['span_ms']:.3f} ms, GPU busy {timeline['busy_ms']:.3f} ms")
+    for op, (first, last, n, ms) in sorted(timeline["ops"].items(), key=lambda item: item[1][0]):
+        print(f"[timeline{label}]   {first:8.3f} .. {last:8.3f} ms  {n:5d} kernels "
+              f"{ms:7.3f} ms  {op}")
+    for op, (first, last, n, ms) in sorted(timeline["launches"].items(),
+                                           key=lambda item: item[1][0]):
+        if ms >= min_launch_ms:
+            print(f"[timeline{label}]   host {first:8.3f} .. {last:8.3f} ms  {n:5d} nodes "
+                  f"{ms:7.3f} ms  {op}")
+    for at, idle, before, after in timeline["gaps"]:
+        print(f"[timeline{label}]   idle {idle:.3f} ms at {at:.3f}: {before} -> {after}")
+
+
+if __name__ == "__main__":
+    import sys  # pylint: disable=import-outside-toplevel
+    from tensorflow.core.framework import step_stats_pb2  # pylint: disable=import-outside-toplevel
+    for path in sys.argv[1:]:
+        stats = step_stats_pb2.StepStats()
+        with open(path, "rb") as f:
+            stats.ParseFromString(f.read())
+        print_timeline(gpu_timeline(stats), f" {path}")

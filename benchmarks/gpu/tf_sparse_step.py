@@ -72,6 +72,11 @@ def parse_args(argv=None):
     parser.add_argument("--profile",
                         action="store_true",
                         help="core part: print the step's kernels by GPU time (torch.profiler)")
+    parser.add_argument("--trace-steps",
+                        type=int,
+                        default=0,
+                        help="tf part: trace this many sok-ev graph-mode steps after the timed "
+                        "ones, print their GPU timeline and save their step stats to --json-dir")
     parser.add_argument("--dry-run-on-cpu",
                         action="store_true",
                         help="run the tf part on a machine without GPU (checks the script only)")
@@ -251,6 +256,10 @@ def run_tf(tf, sok, ops, args, hot, mode, model, rows, values, sparse, memory):
                     times.append(time.perf_counter() - start)
                 out["host_syncs_per_step"] = (sess.run(syncs) - syncs_before) / steps
                 out["table_bytes"] = memory() - before
+                if model == "sok_ev":
+                    trace_steps(
+                        tf, args, hot,
+                        lambda s, **kw: sess.run([train, loss], {index: s % args.sets}, **kw))
     else:
         values_var = tf.Variable(values, trainable=False)
         tables, _ = build(values_var, 0)
@@ -288,6 +297,22 @@ def run_tf(tf, sok, ops, args, hot, mode, model, rows, values, sparse, memory):
     else:
         del out["host_syncs_per_step"]
     return out
+
+
+def trace_steps(tf, args, hot, run):
+    """--trace-steps graph-mode steps traced (RunOptions.FULL_TRACE): each
+    step's GPU timeline printed (step_profile.gpu_timeline) and its step
+    stats saved as tf_sparse_step_trace_<hot>hot_<s>.pb in --json-dir."""
+    import step_profile  # pylint: disable=import-outside-toplevel
+    options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
+    for s in range(args.trace_steps):
+        metadata = tf.compat.v1.RunMetadata()
+        run(s, options=options, run_metadata=metadata)
+        path = os.path.join(args.json_dir, f"tf_sparse_step_trace_{hot}hot_{s}.pb")
+        with open(path, "wb") as f:
+            f.write(metadata.step_stats.SerializeToString())
+        step_profile.print_timeline(step_profile.gpu_timeline(metadata.step_stats),
+                                    f" {hot}-hot step {s}")
 
 
 # --------------------------------------------------------------------------- PyTorch
