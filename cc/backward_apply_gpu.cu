@@ -14,10 +14,9 @@ namespace {
 constexpr int kThreads = 256;
 
 // A group of kLanes lanes per unique key (several keys per warp keep more
-// independent loads in flight: each key is a chain of dependent reads). The
-// sum is combine_backward's (accumulate_key: same sums, same order); the
-// update is update_element (cc/optimizers.h), reading the summed gradient
-// from this group's shared row.
+// independent loads in flight). The gradient is combine_backward's
+// (key_gradient: the same sums); the update is update_element
+// (cc/optimizers.h), reading the gradient from this group's shared row.
 //   shared memory: (kThreads / kLanes, dim) floats
 template <int kLanes>
 __global__ void __launch_bounds__(kThreads)
@@ -36,8 +35,8 @@ __global__ void __launch_bounds__(kThreads)
        u += (int64_t(gridDim.x) * blockDim.x) / kLanes) {
     const int64_t row_id = row_ids[u];
     for (int64_t c0 = 0; c0 < dim; c0 += kLanes * 8) {
-      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      accumulate_key<kLanes>(gradients, u, c0, rank, acc);
+      float acc[8];
+      key_gradient<kLanes>(gradients, u, c0, rank, acc);
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
         const int64_t c = c0 + e * kLanes + rank;
@@ -57,7 +56,7 @@ __global__ void __launch_bounds__(kThreads)
 // dim % 4 == 0, dim <= 32 * kCount (<= 256): 8 lanes a key, lane `rank`
 // owns the float4 columns (v * 8 + rank) * 4, v < kCount. The row's value
 // and its kSlots optimizer slots are loaded as soon as row_ids[u] is known,
-// in parallel with the gradient chain; the gradient sum stays in registers;
+// in parallel with the gradient's; the gradient stays in registers;
 // the update is update_element itself on a 4-float register row (slots at
 // 1, 2, 3), so the arithmetic and its bits are the generic kernel's.
 template <int kCount, int kSlots, int kMinBlocks>
@@ -87,7 +86,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 #pragma unroll
     for (int v = 0; v < kCount; ++v) {
       const int64_t c = (v * kLanes + rank) * 4;
-      acc[v] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       if (c < dim) {
         value[v] = *reinterpret_cast<const float4*>(row + c);
 #pragma unroll
@@ -96,8 +94,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
         }
       }
     }
-    // The generic kernel's sums, in the same order.
-    accumulate_key_vec<kCount, 1>(gradients, u, rank, acc);
+    key_gradient_vec<kCount>(gradients, u, rank, acc);
 #pragma unroll
     for (int v = 0; v < kCount; ++v) {
       const int64_t c = (v * kLanes + rank) * 4;
@@ -141,7 +138,7 @@ Status combine_backward_apply(const GpuContext& context, HashTable<Key>& table,
   SegmentGradientSums sums;
   SOK_EV_RETURN_IF_ERROR(sums.prepare(context, grad_out, weights, row_offsets, batch, nnz, combiner,
                                       order, segments, num_unique, max_unique, max_key_entries,
-                                      table.dim()));
+                                      table.dim(), /*sums=*/nullptr));
   const SegmentGradients& gradients = sums.view();
   const TableView<Key> view = table.view();
   const int used_slots = num_slots(spec.kind, spec.centered);
@@ -151,8 +148,8 @@ Status combine_backward_apply(const GpuContext& context, HashTable<Key>& table,
     const unsigned blocks = grid_for(max_unique * 8, kThreads);
     // Latency-bound: cap registers so that more keys are in flight (4 blocks
     // an SM = 64 registers where the row fits; 1.94 vs 2.33 ms at 92). From
-    // 4 float4 columns a lane on, 64 registers spill (700 bytes for dim 128
-    // with Adagrad, with the chunked sums of segment_sum_gpu.h): 2 blocks.
+    // 4 float4 columns a lane on, 64 registers spill (dim 128 with Adagrad:
+    // 56 bytes, 2026-11-23): 2 blocks.
 #define SOK_EV_BACKWARD_APPLY_VEC(kCount, kSlots)                                                \
   backward_apply_vec_kernel<kCount, kSlots,                                                      \
                             (kCount <= 2) ? ((kSlots >= 2) ? 2 : 4)                              \

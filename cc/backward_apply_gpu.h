@@ -22,7 +22,8 @@ namespace gpu {
 //   order, segments, num_unique: from unique_keys_segmented (device)
 //   max_unique: host upper bound of *num_unique (sizes the launch)
 //   max_key_entries: host bound on any key's entries (nnz when unknown; 1
-//     when the keys are distinct, which skips the long-key chunk pass)
+//     when the keys are distinct: each key's one entry is read in place,
+//     with no sums pass)
 //   row_ids: (num_unique,) the unique keys' rows (find_or_insert)
 template <typename Key>
 Status combine_backward_apply(const GpuContext& context, HashTable<Key>& table,

@@ -58,78 +58,18 @@ __global__ void fill_kernel(int64_t* values, const SampleIdTables tables, int co
   for (int t = threadIdx.x; t < count; t += blockDim.x) values[t] = tables.tables[t].nnz;
 }
 
-// kLanes lanes per unique key, 8 columns a lane per pass over the row.
-//   grad_unique: (num_unique, dim) out
-template <int kLanes>
-__global__ void __launch_bounds__(kThreads)
-    segment_sum_kernel(SegmentGradients s, int64_t num_unique, float* grad_unique) {
-  const int rank = threadIdx.x % kLanes;
-  for (int64_t u = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / kLanes; u < num_unique;
-       u += (int64_t(gridDim.x) * blockDim.x) / kLanes) {
-    float* destination = grad_unique + u * s.dim;
-    for (int64_t c0 = 0; c0 < s.dim; c0 += kLanes * 8) {
-      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      accumulate_key<kLanes>(s, u, c0, rank, acc);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        const int64_t c = c0 + e * kLanes + rank;
-        if (c < s.dim) destination[c] = acc[e];
-      }
-    }
-  }
-}
-
-// segment_sum_kernel with 16-byte loads and stores (dim % 4 == 0, dim <=
-// 32 * kCount, aligned rows): 8 lanes a key.
-template <int kCount>
-__global__ void __launch_bounds__(kThreads)
-    segment_sum_vec_kernel(SegmentGradients s, int64_t num_unique, float* grad_unique) {
-  const int rank = threadIdx.x & 7;
-  for (int64_t u = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 8; u < num_unique;
-       u += (int64_t(gridDim.x) * blockDim.x) / 8) {
-    float4 acc[kCount];
-#pragma unroll
-    for (int v = 0; v < kCount; ++v) acc[v] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    accumulate_key_vec<kCount>(s, u, rank, acc);
-    float* destination = grad_unique + u * s.dim;
-#pragma unroll
-    for (int v = 0; v < kCount; ++v) {
-      const int64_t c = (v * 8 + rank) * 4;
-      if (c < s.dim) *reinterpret_cast<float4*>(destination + c) = acc[v];
-    }
-  }
-}
-
+// Each unique key's gradient written straight into grad_unique by the
+// segment sums (cc/segment_sum_gpu.h).
 Status combine_backward_impl(const GpuContext& context, const float* grad_out, const int64_t* order,
                              const int64_t* segments, int64_t num_unique, const float* weights,
                              const int64_t* row_offsets, int64_t batch, int64_t nnz, int64_t dim,
                              Combiner combiner, float* grad_unique) {
   if (num_unique <= 0) return Status::Ok();
   if (dim < 1) return Status::InvalidArgument("combine_backward: dim must be >= 1");
-  cudaStream_t stream = stream_of(context);
   SegmentGradientSums sums;
-  SOK_EV_RETURN_IF_ERROR(sums.prepare(context, grad_out, weights, row_offsets, batch, nnz, combiner,
-                                      order, segments, /*num_unique=*/nullptr, num_unique,
-                                      /*max_key_entries=*/nnz, dim));
-  const SegmentGradients& s = sums.view();
-  const bool aligned = reinterpret_cast<uintptr_t>(grad_out) % 16 == 0 &&
-                       reinterpret_cast<uintptr_t>(grad_unique) % 16 == 0;
-  const unsigned blocks = grid_for(num_unique * 8, kThreads);
-  if (dim % 4 == 0 && dim <= 256 && aligned) {
-    if (dim <= 32) {
-      segment_sum_vec_kernel<1><<<blocks, kThreads, 0, stream>>>(s, num_unique, grad_unique);
-    } else if (dim <= 64) {
-      segment_sum_vec_kernel<2><<<blocks, kThreads, 0, stream>>>(s, num_unique, grad_unique);
-    } else if (dim <= 128) {
-      segment_sum_vec_kernel<4><<<blocks, kThreads, 0, stream>>>(s, num_unique, grad_unique);
-    } else {
-      segment_sum_vec_kernel<8><<<blocks, kThreads, 0, stream>>>(s, num_unique, grad_unique);
-    }
-  } else {
-    segment_sum_kernel<8><<<blocks, kThreads, 0, stream>>>(s, num_unique, grad_unique);
-  }
-  SOK_EV_LAUNCH_CHECK("segment_sum");
-  return Status::Ok();
+  return sums.prepare(context, grad_out, weights, row_offsets, batch, nnz, combiner, order,
+                      segments, /*num_unique=*/nullptr, num_unique, /*max_key_entries=*/nnz, dim,
+                      grad_unique);
 }
 
 }  // namespace

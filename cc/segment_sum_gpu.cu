@@ -1,5 +1,5 @@
 // SegmentGradientSums::prepare: see cc/segment_sum_gpu.h.
-#include <cub/device/device_scan.cuh>
+#include <algorithm>
 
 #include "cc/lower_bound_gpu.h"
 #include "cc/segment_sum_gpu.h"
@@ -57,42 +57,148 @@ __global__ void sorted_samples_kernel(const int64_t* order, const int64_t* row_o
   }
 }
 
-// counts[u]: key u's chunks of chunk_length entries, 0 unless it has more
-// than kChunkEntries entries; counts[u] = 0 past the device count too.
-//   counts: (max_unique + 1,) out
-__global__ void chunk_counts_kernel(const int64_t* segments, const int64_t* num_unique,
-                                    int64_t max_unique, int64_t* counts) {
-  const int64_t count = num_unique != nullptr ? *num_unique : max_unique;
-  for (int64_t u = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; u <= max_unique;
-       u += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t length = u < count ? segments[u + 1] - segments[u] : 0;
-    const int64_t chunk = chunk_length(length);
-    counts[u] = length > kChunkEntries ? (length + chunk - 1) / chunk : 0;
+// kWidth consecutive floats at p: one 16-byte access for 4 (p aligned).
+template <int kWidth>
+__device__ __forceinline__ void load_columns(const float* p, float (&out)[kWidth]) {
+  if constexpr (kWidth == 4) {
+    const float4 v = __ldg(reinterpret_cast<const float4*>(p));
+    out[0] = v.x;
+    out[1] = v.y;
+    out[2] = v.z;
+    out[3] = v.w;
+  } else {
+    out[0] = __ldg(p);
   }
 }
 
-// A warp per chunk: its entries' sum, row by row of 256 columns.
-//   chunk_offsets: (max_unique + 1,), its last entry the number of chunks
-//   partials: (chunks, dim) out
-__global__ void chunk_sums_kernel(SegmentGradients s, int64_t max_unique, float* partials) {
+template <int kWidth>
+__device__ __forceinline__ void store_columns(float* p, const float (&in)[kWidth]) {
+  if constexpr (kWidth == 4) {
+    *reinterpret_cast<float4*>(p) = make_float4(in[0], in[1], in[2], in[3]);
+  } else {
+    p[0] = in[0];
+  }
+}
+
+// A warp per tile of kTileEntries grouped entries, in order: lane l holds
+// entry k0 + l's key, sample, weight and denominator; the warp walks the
+// entries with 8 rows' loads in flight and writes each key whose entries
+// all lie in the tile to sums, and the part of a key that crosses the
+// tile's edge to the tile's partial rows: head (the key began in an earlier
+// tile) or tail (it began here and goes on). kVec: float4 columns
+// 4 * lane + 128 j (dim % 4 == 0, aligned rows); else columns lane + 32 j.
+//   sums: (count, dim) out  partials: head (tiles, dim), then tail (tiles, dim)
+template <bool kVec>
+__global__ void __launch_bounds__(kThreads)
+    tile_sums_kernel(SegmentGradients s, const int64_t* num_unique, int64_t max_unique, int64_t nnz,
+                     float* sums, float* partials) {
+  constexpr int kWidth = kVec ? 4 : 1;
+  constexpr int kAhead = 8;
+  const unsigned all = 0xffffffffu;
   const int lane = threadIdx.x & 31;
-  const int64_t chunks = s.chunk_offsets[max_unique];
-  for (int64_t chunk = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5; chunk < chunks;
-       chunk += (int64_t(gridDim.x) * blockDim.x) >> 5) {
-    // The key owning the chunk: the last u with chunk_offsets[u] <= chunk.
-    const int64_t u = lower_bound(s.chunk_offsets, max_unique + 1, chunk + 1) - 1;
-    const int64_t length = chunk_length(s.segments[u + 1] - s.segments[u]);
-    const int64_t lo = s.segments[u] + (chunk - s.chunk_offsets[u]) * length;
-    const int64_t hi = lo + length < s.segments[u + 1] ? lo + length : s.segments[u + 1];
-    float* destination = partials + chunk * s.dim;
-    for (int64_t c0 = 0; c0 < s.dim; c0 += 32 * 8) {
-      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      accumulate_entries<32>(s, lo, hi, c0, lane, acc);
+  const int64_t dim = s.dim;
+  const int64_t tiles = (nnz + kTileEntries - 1) / kTileEntries;
+  const int64_t count = num_unique != nullptr ? *num_unique : max_unique;
+  for (int64_t tile = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5; tile < tiles;
+       tile += (int64_t(gridDim.x) * blockDim.x) >> 5) {
+    const int64_t k0 = tile * kTileEntries;
+    const int n = static_cast<int>(nnz - k0 < kTileEntries ? nnz - k0 : kTileEntries);
+    int64_t key = 0, bag = 0;
+    float w = 0.0f, denominator = 1.0f;
+    if (lane < n) {
+      // The last key whose entries start at or before k0 + lane (keys
+      // without entries have equal segments and are skipped).
+      key = lower_bound(s.segments, count + 1, k0 + lane + 1) - 1;
+      bag = s.sorted_bag[k0 + lane];
+      w = s.sorted_weight != nullptr ? s.sorted_weight[k0 + lane] : 1.0f;
+      if (s.combiner != Combiner::kSum) denominator = s.bag_scale[bag];
+    }
+    // Where each lane's entry ends a key's part: the part's row, in sums,
+    // or -1 (the tile's head row) or -2 (its tail row).
+    const int64_t first_key = __shfl_sync(all, key, 0);
+    const int64_t last_key = __shfl_sync(all, key, n - 1);
+    const bool first_began_before = s.segments[first_key] < k0;
+    const bool last_goes_on = s.segments[last_key + 1] > k0 + n;
+    const int64_t next_key = __shfl_down_sync(all, key, 1);
+    const unsigned ends = __ballot_sync(all, lane < n && (lane == n - 1 || next_key != key));
+    const int64_t destination = (key == first_key && first_began_before) ? -1
+                                : (key == last_key && last_goes_on)      ? -2
+                                                                         : key;
+    for (int64_t c0 = 0; c0 < dim; c0 += 32 * kWidth) {
+      const int64_t c = c0 + kWidth * lane;
+      const bool active = c < dim;
+      float acc[kWidth] = {};
+      for (int a0 = 0; a0 < n; a0 += kAhead) {
+        float x[kAhead][kWidth];
 #pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        const int64_t c = c0 + e * 32 + lane;
-        if (c < s.dim) destination[c] = acc[e];
+        for (int a = 0; a < kAhead; ++a) {
+          const int64_t row = __shfl_sync(all, bag, (a0 + a) & 31);
+          if (a0 + a < n && active) load_columns<kWidth>(s.grad_out + row * dim + c, x[a]);
+        }
+#pragma unroll
+        for (int a = 0; a < kAhead; ++a) {
+          const int at = a0 + a;  // the same in every lane
+          if (at >= n) break;
+          const float wa = __shfl_sync(all, w, at);
+          const float da = __shfl_sync(all, denominator, at);
+          if (active) {
+#pragma unroll
+            for (int e = 0; e < kWidth; ++e) acc[e] += entry_gradient(x[a][e], wa, da, s.combiner);
+          }
+          if (ends & (1u << at)) {
+            const int64_t part = __shfl_sync(all, destination, at);
+            float* out = part == -1   ? partials + tile * dim
+                         : part == -2 ? partials + (tiles + tile) * dim
+                                      : sums + part * dim;
+            if (active) store_columns<kWidth>(out + c, acc);
+#pragma unroll
+            for (int e = 0; e < kWidth; ++e) acc[e] = 0.0f;
+          }
+        }
       }
+    }
+  }
+}
+
+// A warp per key: a key whose entries cross tiles gets its tail part (the
+// tile it began in) plus the head parts of the tiles after, in order; a key
+// without entries gets zeros. Keys inside one tile are done.
+template <bool kVec>
+__global__ void __launch_bounds__(kThreads)
+    crossing_sums_kernel(SegmentGradients s, const int64_t* num_unique, int64_t max_unique,
+                         int64_t nnz, float* sums, const float* partials) {
+  constexpr int kWidth = kVec ? 4 : 1;
+  constexpr int kAhead = 8;
+  const int lane = threadIdx.x & 31;
+  const int64_t dim = s.dim;
+  const int64_t tiles = (nnz + kTileEntries - 1) / kTileEntries;
+  const int64_t count = num_unique != nullptr ? *num_unique : max_unique;
+  for (int64_t u = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5; u < count;
+       u += (int64_t(gridDim.x) * blockDim.x) >> 5) {
+    const int64_t begin = s.segments[u], end = s.segments[u + 1];
+    const int64_t first = begin / kTileEntries, last = (end - 1) / kTileEntries;
+    if (begin < end && first == last) continue;
+    for (int64_t c0 = 0; c0 < dim; c0 += 32 * kWidth) {
+      const int64_t c = c0 + kWidth * lane;
+      if (c >= dim) continue;
+      float acc[kWidth] = {};
+      if (begin < end) {
+        load_columns<kWidth>(partials + (tiles + first) * dim + c, acc);
+        for (int64_t t0 = first + 1; t0 <= last; t0 += kAhead) {
+          float x[kAhead][kWidth];
+#pragma unroll
+          for (int a = 0; a < kAhead; ++a) {
+            if (t0 + a <= last) load_columns<kWidth>(partials + (t0 + a) * dim + c, x[a]);
+          }
+#pragma unroll
+          for (int a = 0; a < kAhead; ++a) {
+            if (t0 + a > last) break;
+#pragma unroll
+            for (int e = 0; e < kWidth; ++e) acc[e] += x[a][e];
+          }
+        }
+      }
+      store_columns<kWidth>(sums + u * dim + c, acc);
     }
   }
 }
@@ -107,7 +213,8 @@ Status SegmentGradientSums::prepare(const GpuContext& context, const float* grad
                                     const float* weights, const int64_t* row_offsets, int64_t batch,
                                     int64_t nnz, Combiner combiner, const int64_t* order,
                                     const int64_t* segments, const int64_t* num_unique,
-                                    int64_t max_unique, int64_t max_key_entries, int64_t dim) {
+                                    int64_t max_unique, int64_t max_key_entries, int64_t dim,
+                                    float* sums) {
   cudaStream_t stream = stream_of(context);
   const int64_t entries = nnz > 0 ? nnz : 1;
   // A sum of unweighted entries reads no denominator and no weight.
@@ -150,38 +257,41 @@ Status SegmentGradientSums::prepare(const GpuContext& context, const float* grad
       SOK_EV_LAUNCH_CHECK("sorted_entries");
     }
   }
-  // No key can be long: every key sums its entries directly.
-  if (max_unique <= 0 || nnz <= kChunkEntries || max_key_entries <= kChunkEntries) {
-    return Status::Ok();
+  // Distinct keys with nowhere asked to write: each key's one entry is read
+  // in place.
+  if (max_unique <= 0 || (sums == nullptr && max_key_entries <= 1)) return Status::Ok();
+  if (sums == nullptr) {
+    sums_ = scratch(context, max_unique * dim * sizeof(float));
+    if (!sums_->ok()) return Status::Internal("segment gradients: out of device memory");
+    sums = sums_->as<float>();
   }
-  counts_ = scratch(context, (max_unique + 1) * sizeof(int64_t));
-  chunk_offsets_ = scratch(context, (max_unique + 1) * sizeof(int64_t));
-  if (!counts_->ok() || !chunk_offsets_->ok()) {
-    return Status::Internal("segment gradients: out of device memory");
-  }
-  chunk_counts_kernel<<<grid_for(max_unique + 1, kThreads), kThreads, 0, stream>>>(
-      segments, num_unique, max_unique, counts_->as<int64_t>());
-  SOK_EV_LAUNCH_CHECK("chunk_counts");
-  size_t scan_bytes = 0;
-  SOK_EV_CUDA_RETURN(cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes, counts_->as<int64_t>(),
-                                                   chunk_offsets_->as<int64_t>(), max_unique + 1,
-                                                   stream));
-  scan_temp_ = scratch(context, scan_bytes);
-  if (!scan_temp_->ok()) return Status::Internal("segment gradients: out of device memory");
-  SOK_EV_CUDA_RETURN(
-      cub::DeviceScan::ExclusiveSum(scan_temp_->get(), scan_bytes, counts_->as<int64_t>(),
-                                    chunk_offsets_->as<int64_t>(), max_unique + 1, stream));
-  // A long key has length > kChunkEntries and chunks of at least that, so
-  // ceil(length / chunk) < 2 * length / kChunkEntries: the chunks are fewer
-  // than 2 nnz / kChunkEntries.
-  const int64_t max_chunks = 2 * nnz / kChunkEntries + 1;
-  partials_ = scratch(context, max_chunks * dim * sizeof(float));
+  view_.sums = sums;
+  const int64_t tiles = (nnz + kTileEntries - 1) / kTileEntries;
+  partials_ = scratch(context, std::max<int64_t>(2 * tiles * dim, 1) * sizeof(float));
   if (!partials_->ok()) return Status::Internal("segment gradients: out of device memory");
-  view_.chunk_offsets = chunk_offsets_->as<int64_t>();
-  view_.partials = partials_->as<float>();
-  chunk_sums_kernel<<<grid_for(max_chunks * 32, kThreads), kThreads, 0, stream>>>(
-      view_, max_unique, partials_->as<float>());
-  SOK_EV_LAUNCH_CHECK("chunk_sums");
+  const bool vec = dim % 4 == 0 && reinterpret_cast<uintptr_t>(grad_out) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(sums) % 16 == 0;
+  float* partials = partials_->as<float>();
+  if (tiles > 0) {
+    const unsigned blocks = grid_for(tiles * 32, kThreads);
+    if (vec) {
+      tile_sums_kernel<true>
+          <<<blocks, kThreads, 0, stream>>>(view_, num_unique, max_unique, nnz, sums, partials);
+    } else {
+      tile_sums_kernel<false>
+          <<<blocks, kThreads, 0, stream>>>(view_, num_unique, max_unique, nnz, sums, partials);
+    }
+    SOK_EV_LAUNCH_CHECK("tile_sums");
+  }
+  const unsigned blocks = grid_for(max_unique * 32, kThreads);
+  if (vec) {
+    crossing_sums_kernel<true>
+        <<<blocks, kThreads, 0, stream>>>(view_, num_unique, max_unique, nnz, sums, partials);
+  } else {
+    crossing_sums_kernel<false>
+        <<<blocks, kThreads, 0, stream>>>(view_, num_unique, max_unique, nnz, sums, partials);
+  }
+  SOK_EV_LAUNCH_CHECK("crossing_sums");
   return Status::Ok();
 }
 

@@ -1,18 +1,19 @@
 // The gradient of each unique key's row, shared by gpu::combine_backward and
-// gpu::combine_backward_apply so that both give the same bits: the sum,
-// over the key's entries, of w_j * div_no_nan(grad_out[sample of j],
-// denominator of that sample) ('sum': w_j * grad_out[sample of j]).
+// gpu::combine_backward_apply so that both give the same bits: the sum, over
+// the key's entries, of w_j * div_no_nan(grad_out[sample of j], denominator
+// of that sample) ('sum': w_j * grad_out[sample of j]).
 //
-// Unique u's entries are order[segments[u] .. segments[u + 1]) and are
-// summed in that order. A key with more than kChunkEntries entries (a
-// Zipf-hot key has thousands in a Criteo batch) is summed in two passes:
-// its entries in chunks of chunk_length(entries), every chunk of the batch
-// in parallel, then its chunks' partial sums in order. Otherwise one group
-// of lanes walks the hottest key's entries alone while the GPU waits: on the
-// Criteo shape that was 95% of the step (327 ms, H200, 2026-11-22). The
-// kernels are latency bound (each group waits on its loads), so the longest
-// walk sets their time: chunks of about sqrt(entries) make the chunk walk
-// and the partials walk equally short.
+// Unique u's entries are order[segments[u] .. segments[u + 1]), the
+// "grouped entries" segments[u] .. segments[u + 1] - 1. They are summed in
+// tiles of kTileEntries grouped entries, a warp a tile, whatever the keys:
+// each warp walks its tile in order with 8 rows' loads in flight, so the
+// work is even however Zipf-hot a key is, and the kernel runs at the rate of
+// the memory, not of one key's chain of dependent loads. (Summing key by
+// key was latency bound: 25% occupancy and about 1 TB/s on the Criteo
+// shape, 47-65 us a table, H200, 2026-11-23.) A key inside one tile is the
+// sum of its entries in order, as on the CPU; a key that crosses tiles is
+// the sum, in tile order, of its parts' sums. The bits depend only on the
+// grouped order, never on scheduling.
 // CUDA only.
 #ifndef SOK_EV_CC_SEGMENT_SUM_GPU_H_
 #define SOK_EV_CC_SEGMENT_SUM_GPU_H_
@@ -29,52 +30,44 @@
 namespace sok_ev {
 namespace gpu {
 
-constexpr int64_t kChunkEntries = 32;
+constexpr int64_t kTileEntries = 32;  // a warp's tile: a grouped entry a lane
 
-// Entries per chunk of a key with `entries` > kChunkEntries: the least
-// kChunkEntries + 16 i whose square reaches `entries` (integer arithmetic,
-// so every kernel splits a key the same way).
-__host__ __device__ __forceinline__ int64_t chunk_length(int64_t entries) {
-  int64_t length = kChunkEntries;
-  while (length * length < entries) length += 16;
-  return length;
-}
-
-// What the kernels read, by value.
+// What the consumers of the sums read, by value.
 struct SegmentGradients {
-  const float* grad_out = nullptr;         // (batch, dim)
-  const int64_t* segments = nullptr;       // (num_unique + 1,)
-  const int64_t* sorted_bag = nullptr;     // (nnz,) the sample of grouped entry k
-  const float* sorted_weight = nullptr;    // (nnz,) its weight; null: all 1
-  const float* bag_scale = nullptr;        // (batch,) each sample's denominator
-  const int64_t* chunk_offsets = nullptr;  // (num_unique + 1,): u's chunks are
-                                           // [chunk_offsets[u], chunk_offsets[u + 1])
-  const float* partials = nullptr;         // (chunks, dim) each chunk's sum
+  const float* grad_out = nullptr;       // (batch, dim)
+  const int64_t* segments = nullptr;     // (num_unique + 1,)
+  const int64_t* sorted_bag = nullptr;   // (nnz,) the sample of grouped entry k
+  const float* sorted_weight = nullptr;  // (nnz,) its weight; null: all 1
+  const float* bag_scale = nullptr;      // (batch,) each sample's denominator
+  const float* sums = nullptr;           // (num_unique, dim) each key's gradient;
+                                         // null: every key has one entry, read in place
   Combiner combiner = Combiner::kSum;
   int64_t dim = 0;
 };
 
-// Builds SegmentGradients and owns its scratch: one pass over the samples
-// (denominators), one over the entries (their samples and weights in
-// grouped order), and the chunk sums of the long keys. A sum of unweighted
-// entries skips the samples' pass: it finds each entry's sample in the row
-// offsets.
+// Computes SegmentGradients and owns its scratch: one pass over the samples
+// (denominators) and one over the entries (their samples and weights in
+// grouped order), then the tile sums and the sums of the keys that cross
+// tiles. A sum of unweighted entries skips the samples' pass: it finds each
+// entry's sample in the row offsets.
 class SegmentGradientSums {
  public:
   //   grad_out: (batch, dim)  weights: (nnz,) or null  row_offsets: (batch + 1,)
   //   order: (nnz,)  segments: (max_unique + 1,)
   //   num_unique: device, or null when max_unique is the exact count
-  //   max_key_entries: a bound on any key's entries (nnz when unknown); keys
-  //     that cannot be long skip the chunk pass and its launches
+  //   max_key_entries: a bound on any key's entries (nnz when unknown)
+  //   sums: (max_unique, dim) where each key's gradient goes, or null: into
+  //     scratch this object owns, or, with max_key_entries 1 (distinct
+  //     keys), nowhere: each key's one entry is read in place
   Status prepare(const GpuContext& context, const float* grad_out, const float* weights,
                  const int64_t* row_offsets, int64_t batch, int64_t nnz, Combiner combiner,
                  const int64_t* order, const int64_t* segments, const int64_t* num_unique,
-                 int64_t max_unique, int64_t max_key_entries, int64_t dim);
+                 int64_t max_unique, int64_t max_key_entries, int64_t dim, float* sums);
   const SegmentGradients& view() const { return view_; }
 
  private:
-  std::unique_ptr<ScratchBuffer> entry_bag_, bag_scale_, sorted_bag_, sorted_weight_, counts_,
-      chunk_offsets_, scan_temp_, partials_;
+  std::unique_ptr<ScratchBuffer> entry_bag_, bag_scale_, sorted_bag_, sorted_weight_, sums_,
+      partials_;
   SegmentGradients view_;
 };
 
@@ -83,127 +76,56 @@ __device__ __forceinline__ float entry_gradient(float g, float w, float denomina
   return combiner == Combiner::kSum ? w * g : w * div_no_nan(g, denominator);
 }
 
-// Adds grouped entries [lo, hi) to this lane's 8 columns c0 + e * kLanes +
-// rank, in entry order; kAhead entries' loads are issued before their sums.
+// Key u's one entry, when view.sums is null: its gradient at column c.
+__device__ __forceinline__ float single_entry_gradient(const SegmentGradients& s, int64_t u,
+                                                       int64_t c) {
+  const int64_t k = s.segments[u];
+  const int64_t bag = s.sorted_bag[k];
+  const float w = s.sorted_weight != nullptr ? s.sorted_weight[k] : 1.0f;
+  const float denominator = s.combiner == Combiner::kSum ? 1.0f : s.bag_scale[bag];
+  return 0.0f + entry_gradient(s.grad_out[bag * s.dim + c], w, denominator, s.combiner);
+}
+
+// Key u's gradient at this lane's 8 columns c0 + e * kLanes + rank.
 template <int kLanes>
-__device__ __forceinline__ void accumulate_entries(const SegmentGradients& s, int64_t lo,
-                                                   int64_t hi, int64_t c0, int rank,
-                                                   float (&acc)[8]) {
-  constexpr int kAhead = 4;
-  for (int64_t k = lo; k < hi; k += kAhead) {
-    int64_t bag[kAhead];
-    float w[kAhead], denominator[kAhead], x[kAhead][8];
+__device__ __forceinline__ void key_gradient(const SegmentGradients& s, int64_t u, int64_t c0,
+                                             int rank, float (&grad)[8]) {
 #pragma unroll
-    for (int a = 0; a < kAhead; ++a) {
-      const bool valid = k + a < hi;
-      bag[a] = valid ? s.sorted_bag[k + a] : 0;
-      w[a] = !valid ? 0.0f : s.sorted_weight != nullptr ? s.sorted_weight[k + a] : 1.0f;
-    }
-#pragma unroll
-    for (int a = 0; a < kAhead; ++a) {
-      denominator[a] = s.combiner == Combiner::kSum ? 1.0f : s.bag_scale[bag[a]];
-      const float* g = s.grad_out + bag[a] * s.dim;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        const int64_t c = c0 + e * kLanes + rank;
-        x[a][e] = (k + a < hi && c < s.dim) ? g[c] : 0.0f;
-      }
-    }
-#pragma unroll
-    for (int a = 0; a < kAhead; ++a) {
-      if (k + a >= hi) break;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        if (c0 + e * kLanes + rank < s.dim) {
-          acc[e] += entry_gradient(x[a][e], w[a], denominator[a], s.combiner);
-        }
-      }
-    }
+  for (int e = 0; e < 8; ++e) {
+    const int64_t c = c0 + e * kLanes + rank;
+    grad[e] = c >= s.dim          ? 0.0f
+              : s.sums != nullptr ? s.sums[u * s.dim + c]
+                                  : single_entry_gradient(s, u, c);
   }
 }
 
-// Key u's gradient at this lane's 8 columns, added to acc.
-template <int kLanes>
-__device__ __forceinline__ void accumulate_key(const SegmentGradients& s, int64_t u, int64_t c0,
-                                               int rank, float (&acc)[8]) {
-  const int64_t first = s.chunk_offsets != nullptr ? s.chunk_offsets[u] : 0;
-  const int64_t last = s.chunk_offsets != nullptr ? s.chunk_offsets[u + 1] : 0;
-  if (first == last) {
-    accumulate_entries<kLanes>(s, s.segments[u], s.segments[u + 1], c0, rank, acc);
-    return;
+// key_gradient with 16-byte loads: lane `rank` of 8 owns the float4 columns
+// (v * 8 + rank) * 4, v < kCount (dim % 4 == 0, rows 16-byte aligned).
+template <int kCount>
+__device__ __forceinline__ void key_gradient_vec(const SegmentGradients& s, int64_t u, int rank,
+                                                 float4 (&grad)[kCount]) {
+  int64_t bag = 0;
+  float w = 1.0f, denominator = 1.0f;
+  if (s.sums == nullptr) {
+    const int64_t k = s.segments[u];
+    bag = s.sorted_bag[k];
+    if (s.sorted_weight != nullptr) w = s.sorted_weight[k];
+    if (s.combiner != Combiner::kSum) denominator = s.bag_scale[bag];
   }
-#pragma unroll 4
-  for (int64_t chunk = first; chunk < last; ++chunk) {
-    const float* partial = s.partials + chunk * s.dim;
+  const float* row = s.sums != nullptr ? s.sums + u * s.dim : s.grad_out + bag * s.dim;
 #pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      const int64_t c = c0 + e * kLanes + rank;
-      if (c < s.dim) acc[e] += partial[c];
-    }
-  }
-}
-
-// accumulate_key with 16-byte loads: 8 lanes a key, lane `rank` owns the
-// float4 columns (v * 8 + rank) * 4, v < kCount (dim % 4 == 0, grad_out
-// 16-byte aligned). The same sums in the same order; kAhead entries' loads
-// in flight (1 in kernels whose register cap cannot hold more).
-template <int kCount, int kAhead = (kCount <= 4 ? 4 : 2)>
-__device__ __forceinline__ void accumulate_key_vec(const SegmentGradients& s, int64_t u, int rank,
-                                                   float4 (&acc)[kCount]) {
-  const int64_t first = s.chunk_offsets != nullptr ? s.chunk_offsets[u] : 0;
-  const int64_t last = s.chunk_offsets != nullptr ? s.chunk_offsets[u + 1] : 0;
-  if (first != last) {
-#pragma unroll 4
-    for (int64_t chunk = first; chunk < last; ++chunk) {
-      const float* partial = s.partials + chunk * s.dim;
-#pragma unroll
-      for (int v = 0; v < kCount; ++v) {
-        const int64_t c = (v * 8 + rank) * 4;
-        if (c < s.dim) {
-          const float4 x = *reinterpret_cast<const float4*>(partial + c);
-          acc[v].x += x.x;
-          acc[v].y += x.y;
-          acc[v].z += x.z;
-          acc[v].w += x.w;
-        }
-      }
-    }
-    return;
-  }
-  const int64_t hi = s.segments[u + 1];
-  for (int64_t k = s.segments[u]; k < hi; k += kAhead) {
-    int64_t bag[kAhead];
-    float w[kAhead], denominator[kAhead];
-    float4 x[kAhead][kCount];
-#pragma unroll
-    for (int a = 0; a < kAhead; ++a) {
-      const bool valid = k + a < hi;
-      bag[a] = valid ? s.sorted_bag[k + a] : 0;
-      w[a] = !valid ? 0.0f : s.sorted_weight != nullptr ? s.sorted_weight[k + a] : 1.0f;
-    }
-#pragma unroll
-    for (int a = 0; a < kAhead; ++a) {
-      denominator[a] = s.combiner == Combiner::kSum ? 1.0f : s.bag_scale[bag[a]];
-      const float* g = s.grad_out + bag[a] * s.dim;
-#pragma unroll
-      for (int v = 0; v < kCount; ++v) {
-        const int64_t c = (v * 8 + rank) * 4;
-        x[a][v] = (k + a < hi && c < s.dim) ? __ldg(reinterpret_cast<const float4*>(g + c))
-                                            : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      }
-    }
-#pragma unroll
-    for (int a = 0; a < kAhead; ++a) {
-      if (k + a >= hi) break;
-#pragma unroll
-      for (int v = 0; v < kCount; ++v) {
-        if ((v * 8 + rank) * 4 < s.dim) {
-          acc[v].x += entry_gradient(x[a][v].x, w[a], denominator[a], s.combiner);
-          acc[v].y += entry_gradient(x[a][v].y, w[a], denominator[a], s.combiner);
-          acc[v].z += entry_gradient(x[a][v].z, w[a], denominator[a], s.combiner);
-          acc[v].w += entry_gradient(x[a][v].w, w[a], denominator[a], s.combiner);
-        }
-      }
+  for (int v = 0; v < kCount; ++v) {
+    const int64_t c = (v * 8 + rank) * 4;
+    grad[v] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (c >= s.dim) continue;
+    const float4 x = __ldg(reinterpret_cast<const float4*>(row + c));
+    if (s.sums != nullptr) {
+      grad[v] = x;
+    } else {
+      grad[v].x += entry_gradient(x.x, w, denominator, s.combiner);
+      grad[v].y += entry_gradient(x.y, w, denominator, s.combiner);
+      grad[v].z += entry_gradient(x.z, w, denominator, s.combiner);
+      grad[v].w += entry_gradient(x.w, w, denominator, s.combiner);
     }
   }
 }
