@@ -9,13 +9,13 @@
 #
 # Toolchain: CUDA 13 (/usr/local/cuda's nvcc), device code for sm_90 only.
 # PyPI's CUDA 12 nvcc package carries ptxas but no nvcc driver or front end,
-# so the CUDA 12.5 that TensorFlow was built with cannot compile SOK here; the
-# device's driver is CUDA 13, and Horovod there is a CUDA 13 build next to
-# TensorFlow's CUDA 12 runtime, as SOK is. Headers and link-time libraries that
+# so the CUDA 12.5 that TensorFlow was built with cannot compile SOK here (the
+# device's driver is CUDA 13). Headers and link-time libraries that
 # /usr/local/cuda lacks come from CUDA 13 wheels (NCCL, cuRAND, cuSPARSE) and
 # from TensorFlow's wheel (cuBLAS, cuDNN and NVML headers; none is linked).
-# At run time SOK needs libcudart.so.13, libcurand.so.10, libnccl.so.2 and
-# libcuda.so.1, all on the device's LD_LIBRARY_PATH after /tmp/gpu-tf/env.sh.
+# CUDA 13's runtime is linked in statically and hidden (8. below): at run time
+# SOK needs no libcudart, only libcurand.so.10, libnccl.so.2 and the driver
+# (libcuda.so.1, dlopened), on the device's LD_LIBRARY_PATH after /tmp/gpu-tf/env.sh.
 #
 # The patches (each applied with a check that its anchor is still there):
 #  1. CMakeLists.txt: `find_package(MPI REQUIRED)` is dropped. SOK uses MPI
@@ -45,6 +45,15 @@
 #     although KernelParams::init ran. When it is not positive, the values
 #     it got go to stderr once and the current device's own SM count and
 #     threads per SM are used instead, so the lookup can go on.
+#  8. Link flags, no source change: libtensorflow_framework.so.2 exports
+#     unversioned cudart symbols (its stub forwarding to CUDA 12.5's runtime),
+#     and glibc lets them satisfy SOK's cuda*@libcudart.so.13 references: SOK's
+#     CUDA 13 code ran on CUDA 12.5's runtime (patch 6 read num_sms 1, fields
+#     at offsets that moved in cudaDeviceProp; HKV's illegal access). Each
+#     library now takes libcudart_static.a whole, before its objects and
+#     TensorFlow on the link line (CMake's Static runtime alone comes after
+#     TensorFlow, whose definitions then win), hidden by --exclude-libs.
+#     check_sok_libs.sh fails on any UND cuda* symbol or NEEDED libcudart.
 set -euo pipefail
 export TF_CPP_MIN_LOG_LEVEL=3
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -218,14 +227,17 @@ src=$cache/src/merlin-sok-$sok_version
 
 echo "==> configure ($($cuda/bin/nvcc --version | tail -1))"
 build=$cache/build
+# 8.: CUDA 13's runtime in each library, before TensorFlow's exported stub, hidden.
+[[ -f $cuda/lib64/libcudart_static.a ]] || { echo "no $cuda/lib64/libcudart_static.a" >&2; exit 2; }
+cudart_static="-Wl,--whole-archive $cuda/lib64/libcudart_static.a -Wl,--no-whole-archive -Wl,--exclude-libs,ALL"
 # CMake imports TensorFlow through `python`: the venv's comes first on PATH.
 PATH=$venv/bin:$cuda/bin:$PATH NCCL_DIR=$cuda_extra nice -n 19 cmake -S "$src" -B "$build" -G Ninja \
     -DSKBUILD=ON -DSM=90 -DCMAKE_BUILD_TYPE=Release -DUSE_NVTX=OFF -DENABLE_DEEPREC=OFF \
-    -DCMAKE_CUDA_COMPILER=$cuda/bin/nvcc -DCMAKE_CUDA_RUNTIME_LIBRARY=Shared \
+    -DCMAKE_CUDA_COMPILER=$cuda/bin/nvcc -DCMAKE_CUDA_RUNTIME_LIBRARY=Static \
     -DCUDAToolkit_ROOT=$cuda -DCUDA_cuda_driver_LIBRARY="$cuda_extra/lib/libcuda.so" \
     -DCUDA_curand_LIBRARY="$cuda_extra/lib/libcurand.so" -DCUDA_cusparse_LIBRARY="$cuda_extra/lib/libcusparse.so" \
     -DCMAKE_CXX_FLAGS="-I$cuda_extra/include" -DCMAKE_CUDA_FLAGS="-I$cuda_extra/include" \
-    -DCMAKE_SHARED_LINKER_FLAGS="-L$cuda_extra/lib -Wl,--as-needed" >"$work/configure.log" 2>&1 ||
+    -DCMAKE_SHARED_LINKER_FLAGS="-L$cuda_extra/lib -Wl,--as-needed $cudart_static" >"$work/configure.log" 2>&1 ||
     { tail -40 "$work/configure.log"; exit 1; }
 
 echo "==> build (nice, $jobs jobs; log $cache/build.log)"
@@ -251,4 +263,5 @@ cp "$src/LICENSE.txt" "$out/sok/"
 } >"$out/MANIFEST"
 echo "$out: $(du -sm "$out" | cut -f1) MiB"
 ((($(du -sk "$out" | cut -f1) + 1023) / 1024 <= limit_mib)) || { echo "too large to carry with .device" >&2; exit 1; }
-bash "$root/benchmarks/peers/check_sok_libs.sh" "$out"
+bash "$root/benchmarks/peers/check_sok_libs.sh" "$out" ||
+    { echo "check_sok_libs.sh failed: $out is not fit to carry" >&2; exit 1; }

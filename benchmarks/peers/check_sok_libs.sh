@@ -6,6 +6,9 @@
 # device), then whether `import sparse_operation_kit` loads the three
 # libraries into TensorFlow 2.21 here (the driver replaced by the empty stub:
 # lazy binding lets a library load whose driver calls are never made).
+# Fails if a library has an undefined cuda* (runtime) symbol or needs a
+# libcudart: TensorFlow's exported CUDA 12.5 stub would then serve SOK's CUDA 13
+# calls (build_sok.sh, 8.). Driver symbols (cu*) are fine.
 #   bash benchmarks/peers/check_sok_libs.sh [.peers]
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -23,6 +26,14 @@ for so in "$lib"/*.so; do
     echo "== $(basename "$so") ($(du -k "$so" | cut -f1) KiB)"
     ldd "$so" | grep -vE 'linux-vdso|ld-linux' | sed 's/ (0x.*//; s/^\s*/   /'
     ldd "$so" | grep -q 'not found' && rc=1
+    cudart_und=$(readelf -W --dyn-syms "$so" | awk '$7 == "UND" {print $8}' | sed 's/@.*//' | grep -E '^(__)?cuda' | sort -u)
+    cudart_needed=$(readelf -d "$so" | sed -n 's/.*(NEEDED).*\[\(libcudart[^]]*\)\]/\1/p')
+    echo "   cuda runtime: $(echo "$cudart_und" | grep -c .) undefined cuda* symbols, NEEDED libcudart: ${cudart_needed:-none}"
+    if [[ -n $cudart_und || -n $cudart_needed ]]; then
+        echo "$cudart_und" | head -20 | sed 's/^/     UND /'
+        echo "   FAIL: its CUDA runtime calls are left to whichever cudart is loaded first (TensorFlow's)"
+        rc=1
+    fi
     deps=$(ldd "$so" | awk '$3 ~ /^\// {print $3} $1 ~ /ld-linux/ {print $1}')
     # shellcheck disable=SC2086
     unresolved=$(comm -23 <(nm -D --undefined-only "$so" | awk '$1 == "U" {print $2}' | sed 's/@.*//' | sort -u) \
