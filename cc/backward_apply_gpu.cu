@@ -147,13 +147,16 @@ Status combine_backward_apply(const GpuContext& context, HashTable<Key>& table,
   if (view.dim % 4 == 0 && view.dim <= 256 && aligned && used_slots <= 3) {
     const unsigned blocks = grid_for(max_unique * 8, kThreads);
     // Latency-bound: cap registers so that more keys are in flight (4 blocks
-    // an SM = 64 registers where the row fits; 1.94 vs 2.33 ms at 92). From
-    // 4 float4 columns a lane on, 64 registers spill (dim 128 with Adagrad:
-    // 56 bytes, 2026-11-23): 2 blocks.
+    // an SM = 64 registers where the row fits; 1.94 vs 2.33 ms at 92). Dim
+    // 128 with one slot (Adagrad) spills at 64 registers (56 bytes) but
+    // hardly at 80 (24 bytes; 108 uncapped, clang, 2026-11-23): 3 blocks;
+    // wider rows: 2, or 1.
 #define SOK_EV_BACKWARD_APPLY_VEC(kCount, kSlots)                                                \
   backward_apply_vec_kernel<kCount, kSlots,                                                      \
                             (kCount <= 2) ? ((kSlots >= 2) ? 2 : 4)                              \
-                                          : ((4 * kCount * (kSlots + 2) <= 80) ? 2 : 1)>         \
+                                          : ((4 * kCount * (kSlots + 2) <= 48)   ? 3             \
+                                             : (4 * kCount * (kSlots + 2) <= 80) ? 2             \
+                                                                                 : 1)>           \
       <<<blocks, kThreads, 0, stream>>>(spec, view.rows, view.row_width, view.versions, row_ids, \
                                         gradients, num_unique, global_step)
 #define SOK_EV_BACKWARD_APPLY_SLOTS(kCount) \

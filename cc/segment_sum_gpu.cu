@@ -82,18 +82,20 @@ __device__ __forceinline__ void store_columns(float* p, const float (&in)[kWidth
 
 // A warp per tile of kTileEntries grouped entries, in order: lane l holds
 // entry k0 + l's key, sample, weight and denominator; the warp walks the
-// entries with 8 rows' loads in flight and writes each key whose entries
+// entries with kAhead rows' loads in flight and writes each key whose entries
 // all lie in the tile to sums, and the part of a key that crosses the
 // tile's edge to the tile's partial rows: head (the key began in an earlier
 // tile) or tail (it began here and goes on). kVec: float4 columns
 // 4 * lane + 128 j (dim % 4 == 0, aligned rows); else columns lane + 32 j.
 //   sums: (count, dim) out  partials: head (tiles, dim), then tail (tiles, dim)
 template <bool kVec>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 3)
     tile_sums_kernel(SegmentGradients s, const int64_t* num_unique, int64_t max_unique, int64_t nnz,
                      float* sums, float* partials) {
   constexpr int kWidth = kVec ? 4 : 1;
-  constexpr int kAhead = 8;
+  // 3 blocks an SM: 80 registers (104 uncapped, 4 bytes spilled; with 8
+  // float4 rows ahead 72 bytes spill; clang, 2026-11-23).
+  constexpr int kAhead = kVec ? 4 : 8;
   const unsigned all = 0xffffffffu;
   const int lane = threadIdx.x & 31;
   const int64_t dim = s.dim;
@@ -160,45 +162,58 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// A warp per key: a key whose entries cross tiles gets its tail part (the
-// tile it began in) plus the head parts of the tiles after, in order; a key
-// without entries gets zeros. Keys inside one tile are done.
+// A lane per key finds the keys whose entries cross tiles; the warp then
+// sums each such key's parts, its tail part (the tile it began in) and the
+// head parts of the tiles after, in order. A key without entries gets
+// zeros. Keys inside one tile are done.
 template <bool kVec>
 __global__ void __launch_bounds__(kThreads)
     crossing_sums_kernel(SegmentGradients s, const int64_t* num_unique, int64_t max_unique,
                          int64_t nnz, float* sums, const float* partials) {
   constexpr int kWidth = kVec ? 4 : 1;
-  constexpr int kAhead = 8;
+  constexpr int kAhead = 4;
+  const unsigned all = 0xffffffffu;
   const int lane = threadIdx.x & 31;
   const int64_t dim = s.dim;
   const int64_t tiles = (nnz + kTileEntries - 1) / kTileEntries;
   const int64_t count = num_unique != nullptr ? *num_unique : max_unique;
-  for (int64_t u = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5; u < count;
-       u += (int64_t(gridDim.x) * blockDim.x) >> 5) {
-    const int64_t begin = s.segments[u], end = s.segments[u + 1];
-    const int64_t first = begin / kTileEntries, last = (end - 1) / kTileEntries;
-    if (begin < end && first == last) continue;
-    for (int64_t c0 = 0; c0 < dim; c0 += 32 * kWidth) {
-      const int64_t c = c0 + kWidth * lane;
-      if (c >= dim) continue;
-      float acc[kWidth] = {};
-      if (begin < end) {
-        load_columns<kWidth>(partials + (tiles + first) * dim + c, acc);
-        for (int64_t t0 = first + 1; t0 <= last; t0 += kAhead) {
-          float x[kAhead][kWidth];
+  for (int64_t base = ((blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5) * 32; base < count;
+       base += ((int64_t(gridDim.x) * blockDim.x) >> 5) * 32) {
+    int64_t begin = 0, end = 0;
+    bool crossing = false;
+    if (base + lane < count) {
+      begin = s.segments[base + lane];
+      end = s.segments[base + lane + 1];
+      crossing = begin == end || begin / kTileEntries != (end - 1) / kTileEntries;
+    }
+    for (unsigned todo = __ballot_sync(all, crossing); todo != 0; todo &= todo - 1) {
+      const int source = __ffs(todo) - 1;
+      const int64_t u = base + source;
+      const int64_t key_begin = __shfl_sync(all, begin, source);
+      const int64_t key_end = __shfl_sync(all, end, source);
+      const int64_t first = key_begin / kTileEntries, last = (key_end - 1) / kTileEntries;
+      for (int64_t c0 = 0; c0 < dim; c0 += 32 * kWidth) {
+        const int64_t c = c0 + kWidth * lane;
+        if (c >= dim) continue;
+        float acc[kWidth] = {};
+        if (key_begin < key_end) {
+          load_columns<kWidth>(partials + (tiles + first) * dim + c, acc);
+          for (int64_t t0 = first + 1; t0 <= last; t0 += kAhead) {
+            float x[kAhead][kWidth];
 #pragma unroll
-          for (int a = 0; a < kAhead; ++a) {
-            if (t0 + a <= last) load_columns<kWidth>(partials + (t0 + a) * dim + c, x[a]);
-          }
+            for (int a = 0; a < kAhead; ++a) {
+              if (t0 + a <= last) load_columns<kWidth>(partials + (t0 + a) * dim + c, x[a]);
+            }
 #pragma unroll
-          for (int a = 0; a < kAhead; ++a) {
-            if (t0 + a > last) break;
+            for (int a = 0; a < kAhead; ++a) {
+              if (t0 + a > last) break;
 #pragma unroll
-            for (int e = 0; e < kWidth; ++e) acc[e] += x[a][e];
+              for (int e = 0; e < kWidth; ++e) acc[e] += x[a][e];
+            }
           }
         }
+        store_columns<kWidth>(sums + u * dim + c, acc);
       }
-      store_columns<kWidth>(sums + u * dim + c, acc);
     }
   }
 }
@@ -283,7 +298,7 @@ Status SegmentGradientSums::prepare(const GpuContext& context, const float* grad
     }
     SOK_EV_LAUNCH_CHECK("tile_sums");
   }
-  const unsigned blocks = grid_for(max_unique * 32, kThreads);
+  const unsigned blocks = grid_for(max_unique, kThreads);
   if (vec) {
     crossing_sums_kernel<true>
         <<<blocks, kThreads, 0, stream>>>(view_, num_unique, max_unique, nnz, sums, partials);

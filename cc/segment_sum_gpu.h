@@ -6,7 +6,7 @@
 // Unique u's entries are order[segments[u] .. segments[u + 1]), the
 // "grouped entries" segments[u] .. segments[u + 1] - 1. They are summed in
 // tiles of kTileEntries grouped entries, a warp a tile, whatever the keys:
-// each warp walks its tile in order with 8 rows' loads in flight, so the
+// each warp walks its tile in order with several rows' loads in flight, so the
 // work is even however Zipf-hot a key is, and the kernel runs at the rate of
 // the memory, not of one key's chain of dependent loads. (Summing key by
 // key was latency bound: 25% occupancy and about 1 TB/s on the Criteo

@@ -9,9 +9,11 @@ sum combiner, loss = sum of every output), one tf.function step per call:
   sok_ev       sok_ev.lookup_sparse over Embedding Variables, raw 63-bit keys
   sok_dynamic  sok.lookup_sparse over sok.DynamicVariable (HKV, "hybrid"), the
                same raw keys; capacity 2^20 a table, all in HBM
+  sok_dynamic_det  the same over sok.DynamicVariable on SOK's other hash
+               table (DET, "hbm"), default capacity
   sok_static   sok.lookup_sparse over sok.Variable (rows x 128 a table,
                split over the GPUs), the ids themselves
-SOK's DynamicVariable is updated through its sok.OptimizerWrapper around the
+SOK's DynamicVariables are updated through its sok.OptimizerWrapper around the
 same Adagrad; its Variable, a ResourceVariable, by the Adagrad itself (the
 wrapper calls DynamicVariable.to_static on every variable).
 
@@ -44,8 +46,13 @@ from results import publish  # pylint: disable=wrong-import-position
 # The data: tf_sparse_step.py's generator and key mapping, not a copy.
 from tf_sparse_step import ACCUMULATOR, add_workload_arguments, DIM, LR, TABLES, batch_ids, raw_keys, rows_per_table  # pylint: disable=wrong-import-position
 
-IMPLS = ("sok_ev", "sok_dynamic", "sok_static")
-NAMES = {"sok_ev": "sok-ev", "sok_dynamic": "SOK DynamicVariable", "sok_static": "SOK Variable"}
+IMPLS = ("sok_ev", "sok_dynamic", "sok_dynamic_det", "sok_static")
+NAMES = {
+    "sok_ev": "sok-ev",
+    "sok_dynamic": "SOK DynamicVariable (HKV)",
+    "sok_dynamic_det": "SOK DynamicVariable (DET)",
+    "sok_static": "SOK Variable"
+}
 # HKV's table per SOK table: a power of two at most half full with the keys of
 # the default --rows (385K a table), values in HBM (GiB per table).
 HKV_CAPACITY, HKV_HBM_GIB = 1 << 20, 1
@@ -102,6 +109,14 @@ def make_tables(tf, lib, impl, rows):
                                 max_hbm_for_vectors=HKV_HBM_GIB,
                                 name=f"peer_t{t}") for t in range(TABLES)
         ]
+    if impl == "sok_dynamic_det":
+        return [
+            lib.DynamicVariable(dimension=DIM,
+                                var_type="hbm",
+                                initializer="random",
+                                key_type=tf.int64,
+                                name=f"peer_t{t}") for t in range(TABLES)
+        ]
     return [
         lib.Variable(shape=[rows, DIM], initializer=uniform, dtype=tf.float32, name=f"peer_t{t}")
         for t in range(TABLES)
@@ -128,7 +143,7 @@ def run(args):
                   device=gpu_name(tf, args))
     tables = make_tables(tf, lib, args.impl, rows)
     opt = tf.compat.v1.train.AdagradOptimizer(LR, ACCUMULATOR)
-    if args.impl == "sok_dynamic":  # SOK's wrapper updates DynamicVariables only
+    if args.impl.startswith("sok_dynamic"):  # SOK's wrapper updates DynamicVariables only
         opt = lib.OptimizerWrapper(opt)
     if hashed:  # every key present before timing, as tf_sparse_step.py does
         started = time.perf_counter()
@@ -197,26 +212,28 @@ def report(args):
     ours = found["sok_ev", 1]
     ms = lambda impl, gpus, hot: found.get((impl, gpus), {}).get(f"{hot}hot", {}).get("ms")
     cell = lambda v, fmt="{:.2f}": fmt.format(v) if v is not None else "—"
+    sok_library = next((found[impl, 1]["library"] for impl in IMPLS[1:] if (impl, 1) in found), "—")
     lines = [
         f"\n## sok-ev vs NVIDIA SOK 2.1.0 in TensorFlow, {datetime.date.today()}", "",
         f"Machine: {ours['device']} (device tool), TensorFlow {ours['tf_version']}; sok-ev "
-        f"`{ours['library']}`, SOK `{found.get(('sok_dynamic', 1), {}).get('library', '—')}` "
+        f"`{ours['library']}`, SOK `{sok_library}` "
         f"(benchmarks/peers/build_sok.sh). Command: `python3 benchmarks/peers/sok_vs_sok_ev.py "
         f"--impl IMPL` per implementation, 2 GPUs under `horovodrun --gloo -np 2` one GPU a rank "
         f"(tests/gpu/run_on_device.sh peers). {TABLES} tables, batch {args.batch} a GPU, dim {DIM}, "
         f"{args.rows} keys pre-filled, Zipf 1.1, Adagrad (tf.compat.v1.train; SOK's "
         f"DynamicVariable through sok.OptimizerWrapper), sum; tf.function, median ms per step of {args.steps}.",
-        "", "| hotness | GPUs | sok-ev | SOK DynamicVariable (HKV) | SOK Variable (static) | "
-        "dynamic ÷ sok-ev | static ÷ sok-ev |", "|---|---|---|---|---|---|---|"
+        "", "| hotness | GPUs | sok-ev | SOK DynamicVariable (HKV) | SOK DynamicVariable (DET) | "
+        "SOK Variable (static) | HKV ÷ sok-ev | DET ÷ sok-ev | static ÷ sok-ev |",
+        "|---|---|---|---|---|---|---|---|---|"
     ]
     for hot in [int(h) for h in args.hotness.split(",")]:
         for gpus in (1, 2):
-            a, d, s = (ms(i, gpus, hot) for i in IMPLS)
+            a, d, e, s = (ms(i, gpus, hot) for i in IMPLS)
             if a is None:
                 continue
-            lines.append(f"| {hot} | {gpus} | {cell(a)} | {cell(d)} | {cell(s)} | "
-                         f"{cell(d / a if d else None, '{:.2f}×')} | "
-                         f"{cell(s / a if s else None, '{:.2f}×')} |")
+            ratio = lambda t: cell(t / a if t else None, "{:.2f}×")
+            lines.append(f"| {hot} | {gpus} | {cell(a)} | {cell(d)} | {cell(e)} | {cell(s)} | "
+                         f"{ratio(d)} | {ratio(e)} | {ratio(s)} |")
     lines += ["", "Weak scaling 1 → 2 GPUs (t1 ÷ t2, 1.00 = perfect):", ""]
     for hot in [int(h) for h in args.hotness.split(",")]:
         parts = []

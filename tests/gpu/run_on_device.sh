@@ -267,11 +267,15 @@ part_peers() { # sok-ev and SOK, one implementation a process (benchmarks/peers/
             if CUDA_VISIBLE_DEVICES=0 peers_run 60 "$PY" "$peers/sok_smoke.py" "$kind"; then
                 [[ $kind == static ]] && timed+=(sok_static)
                 [[ $kind == hybrid ]] && timed+=(sok_dynamic)
+                [[ $kind == hbm ]] && timed+=(sok_dynamic_det)
             else
                 rc=1
                 echo "=== $kind under cuda-gdb" >>"$OUT/peers_smoke.log"
+                # Stopping at each C++ throw: a SOK op's exception reaches
+                # TensorFlow's pybind11 without the GIL and dies there, unread.
                 (cd "$run" && CUDA_VISIBLE_DEVICES=0 timeout -k 10 "$(limit 150)" cuda-gdb -batch \
-                    -ex run -ex "bt 40" -ex "info registers" -ex 'x/6i $pc' \
+                    -ex "catch throw" -ex run -ex "bt 25" -ex continue -ex "bt 25" \
+                    -ex continue -ex "bt 40" -ex "info registers" -ex 'x/6i $pc' \
                     --args "$PY" "$peers/sok_smoke.py" "$kind") >>"$OUT/peers_smoke.log" 2>&1
             fi
         done
