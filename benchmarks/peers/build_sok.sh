@@ -5,7 +5,7 @@
 # part `peers`). SOK's own code never enters the repository: the sdist is
 # downloaded into a cache outside it and patched in a temporary directory.
 #
-#   bash benchmarks/peers/build_sok.sh   (about 35 min on 2 cores; cache: SOK_PEERS_CACHE)
+#   bash benchmarks/peers/build_sok.sh   (about 10 min from scratch; cache: SOK_PEERS_CACHE)
 #
 # Toolchain: CUDA 13 (/usr/local/cuda's nvcc), device code for sm_90 only.
 # PyPI's CUDA 12 nvcc package carries ptxas but no nvcc driver or front end,
