@@ -142,6 +142,36 @@ def test_hot_keys_with_thousands_of_entries_sum_like_the_reference(dim, combiner
     assert rel_err(grad.cpu().numpy(), ref) < 1e-5
 
 
+@pytest.mark.parametrize("dim", [4, 7, 128])
+def test_keys_on_tile_edges_and_across_many_tiles_sum_like_the_reference(dim):
+    # Segment sums run in tiles of 32 grouped entries (cc/segment_sum_gpu.h).
+    # Keys of exactly one tile, keys ending or starting on a tile edge, keys
+    # without entries between them, and one key over 31 tiles. A key inside
+    # one tile is the float32 sum of its entries in grouped order, bit for
+    # bit; a key across tiles only rounds differently.
+    lengths = np.array([32, 0, 31, 1, 33, 0, 0, 64, 1000, 2, 30, 0], np.int64)
+    num_unique = len(lengths)
+    index = RNG.permutation(np.repeat(np.arange(num_unique), lengths)).astype(np.int64)
+    nnz = len(index)
+    offsets = np.arange(nnz + 1, dtype=np.int64)  # one entry a sample
+    grad_out = RNG.standard_normal((nnz, dim)).astype(np.float32)
+    order, segments = grouping(index, num_unique)
+    grad = sg.combine_backward(tensor(grad_out), tensor(order), tensor(segments), num_unique,
+                               tensor(offsets), poison((num_unique, dim), torch.float32), None,
+                               "sum").cpu().numpy()
+    ref = combine_backward_reference(grad_out, index, None, offsets, "sum", num_unique)
+    assert rel_err(grad, ref) < 1e-5
+    for u in range(num_unique):
+        begin, end = segments[u], segments[u + 1]
+        if begin == end:
+            assert np.array_equal(grad[u], np.zeros(dim, np.float32)), f"key {u}"
+        elif begin // 32 == (end - 1) // 32:
+            in_order = np.zeros(dim, np.float32)
+            for k in range(begin, end):
+                in_order = in_order + grad_out[order[k]]
+            assert np.array_equal(grad[u], in_order), f"key {u}"
+
+
 @pytest.mark.parametrize("combiner", ["mean", "sqrtn"])
 def test_samples_whose_weights_sum_to_zero_give_zeros_and_zero_gradient(combiner):
     # tf.nn.embedding_lookup_sparse divides with div_no_nan: sample 0's
