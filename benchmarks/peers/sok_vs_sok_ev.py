@@ -98,24 +98,21 @@ def make_tables(tf, lib, impl, rows):
             lib.get_embedding_variable(f"peer_t{t}", embedding_dim=DIM, initializer=uniform)
             for t in range(TABLES)
         ]
-    if impl == "sok_dynamic":
+    if impl.startswith("sok_dynamic"):
+        # HKV ("hybrid") with its capacity, all in HBM; DET ("hbm") as it comes.
+        if impl == "sok_dynamic_det":
+            table_options = dict(var_type="hbm")
+        else:
+            table_options = dict(var_type="hybrid",
+                                 init_capacity=HKV_CAPACITY,
+                                 max_capacity=HKV_CAPACITY,
+                                 max_hbm_for_vectors=HKV_HBM_GIB)
         return [
             lib.DynamicVariable(dimension=DIM,
-                                var_type="hybrid",
                                 initializer="random",
                                 key_type=tf.int64,
-                                init_capacity=HKV_CAPACITY,
-                                max_capacity=HKV_CAPACITY,
-                                max_hbm_for_vectors=HKV_HBM_GIB,
-                                name=f"peer_t{t}") for t in range(TABLES)
-        ]
-    if impl == "sok_dynamic_det":
-        return [
-            lib.DynamicVariable(dimension=DIM,
-                                var_type="hbm",
-                                initializer="random",
-                                key_type=tf.int64,
-                                name=f"peer_t{t}") for t in range(TABLES)
+                                name=f"peer_t{t}",
+                                **table_options) for t in range(TABLES)
         ]
     return [
         lib.Variable(shape=[rows, DIM], initializer=uniform, dtype=tf.float32, name=f"peer_t{t}")
