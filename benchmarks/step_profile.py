@@ -80,7 +80,7 @@ def gpu_timeline(step_stats, gap_us=20.0):
     ms]} (the GPU ops as their executor ran them on the host), gaps=[[at_ms,
     idle_ms, before, after]]), times relative to the step's first node.
   """
-    nodes, kernels, launches = [], [], {}
+    nodes, kernels, launches, ops = [], [], {}, {}
     for device in step_stats.dev_stats:
         name = device.device.lower()
         kind = device_kind(device.device)
@@ -91,45 +91,38 @@ def gpu_timeline(step_stats, gap_us=20.0):
             if "stream:" in name and "stream:all" not in name:
                 kernels.append((start, end, node.node_name))
             elif kind == "GPU op":
-                entry = launches.setdefault(op_type(node), [start, end, 0, 0.0])
-                entry[0], entry[1] = min(entry[0], start), max(entry[1], end)
-                entry[2] += 1
-                entry[3] += (end - start) / 1e3
+                _widen(launches, op_type(node), start, end)
     if not nodes:
         return dict(span_ms=0.0, busy_ms=0.0, first_kernel_ms=0.0, ops={}, launches={}, gaps=[])
     origin = min(nodes)
-    launches = {
-        op: [(a - origin) / 1e3, (b - origin) / 1e3, n, ms]
-        for op, (a, b, n, ms) in launches.items()
-    }
-    if not kernels:
-        return dict(span_ms=0.0,
-                    busy_ms=0.0,
-                    first_kernel_ms=0.0,
-                    ops={},
-                    launches=launches,
-                    gaps=[])
     kernels.sort()
-    ops, gaps, busy = {}, [], 0.0
-    reach, reach_name = kernels[0][0], kernels[0][2]
+    first = kernels[0][0] if kernels else origin
+    reach, reach_name, busy, gaps = first, "", 0.0, []
     for start, end, name in kernels:
         if start - reach > gap_us:
             gaps.append([(reach - origin) / 1e3, (start - reach) / 1e3, reach_name, name])
         busy += max(0, end - max(start, reach))
         if end > reach:
             reach, reach_name = end, name
-        op = name.split(":", 1)[0]
-        entry = ops.setdefault(op, [start, end, 0, 0.0])
-        entry[0], entry[1] = min(entry[0], start), max(entry[1], end)
-        entry[2] += 1
-        entry[3] += (end - start) / 1e3
-    ops = {op: [(a - origin) / 1e3, (b - origin) / 1e3, n, ms] for op, (a, b, n, ms) in ops.items()}
-    return dict(span_ms=(reach - kernels[0][0]) / 1e3,
+        _widen(ops, name.split(":", 1)[0], start, end)
+    relative = lambda windows: {
+        key: [(a - origin) / 1e3, (b - origin) / 1e3, n, ms]
+        for key, (a, b, n, ms) in windows.items()
+    }
+    return dict(span_ms=(reach - first) / 1e3,
                 busy_ms=busy / 1e3,
-                first_kernel_ms=(kernels[0][0] - origin) / 1e3,
-                ops=ops,
-                launches=launches,
+                first_kernel_ms=(first - origin) / 1e3,
+                ops=relative(ops),
+                launches=relative(launches),
                 gaps=gaps)
+
+
+def _widen(windows, key, start, end):
+    """windows[key] = [first start, last end, nodes, ms summed] (us, us, count, ms)."""
+    entry = windows.setdefault(key, [start, end, 0, 0.0])
+    entry[0], entry[1] = min(entry[0], start), max(entry[1], end)
+    entry[2] += 1
+    entry[3] += (end - start) / 1e3
 
 
 def print_timeline(timeline, label="", min_launch_ms=0.02):
