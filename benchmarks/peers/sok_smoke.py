@@ -39,7 +39,9 @@ def main(kind):
     print(f"[{kind}] lookup:", sok.lookup_sparse([table], [ids], combiners=["sum"]), flush=True)
     with tf.GradientTape() as tape:
         loss = tf.reduce_sum(sok.lookup_sparse([table], [ids], combiners=["sum"])[0])
-    opt.apply_gradients(zip(tape.gradient(loss, [table]), [table]))
+    grads = tape.gradient(loss, [table])
+    print(f"[{kind}] gradient done", flush=True)  # which op a crash is in
+    opt.apply_gradients(zip(grads, [table]))
     print(f"[{kind}] step done", flush=True)
     return 0
 
