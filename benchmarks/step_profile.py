@@ -63,6 +63,77 @@ def top(times, count):
     return [[kind, op, round(ms, 3)] for (kind, op), ms in ranked]
 
 
+# Where xspace_step_stats() puts the TensorFlow ops the profiler saw run on
+# the host (GPU ops' launches and CPU ops alike).
+HOST_OPS_DEVICE = "/host:CPU/tf_ops"
+
+# Stats of a profiler GPU event that name the TensorFlow op that launched it.
+_OP_ANNOTATIONS = ("tf_op", "kernel_annotation", "level 0")
+
+
+def xspace_step_stats(xspace):
+    """TensorFlow's profiler record (an XSpace proto, the .xplane.pb that
+  tf.profiler.experimental.stop() writes) as a StepStats proto, so that
+  gpu_timeline() reads tf.function steps as it reads Session ones:
+
+    each GPU stream line    -> "/device:GPU:N/stream:<line id>", a node per
+                               event named "<op name>:<kernel>" (the op from
+                               the event's annotation stat);
+    each host "name:Type"   -> HOST_OPS_DEVICE, labelled "name = Type()".
+
+  Returns:
+    (StepStats, sorted stat names of GPU events that carried no op
+    annotation: empty when every kernel was attributed).
+  """
+    from tensorflow.core.framework import step_stats_pb2  # pylint: disable=import-outside-toplevel
+    stats, unattributed = step_stats_pb2.StepStats(), set()
+    host_ops = None
+    for plane in xspace.planes:
+        stat_name = {key: value.name for key, value in plane.stat_metadata.items()}
+        gpu = plane.name.startswith("/device:GPU:")
+        if not gpu and plane.name != "/host:CPU":
+            continue
+        lines = plane.lines
+        if gpu and any(line.name.startswith("Stream") for line in lines):
+            # The streams alone: a GPU plane may also hold lines derived from them.
+            lines = [line for line in lines if line.name.startswith("Stream")]
+        for line in lines:
+            if gpu:
+                device = stats.dev_stats.add(device=f"{plane.name}/stream:{line.id}")
+            for event in line.events:
+                kernel = plane.event_metadata[event.metadata_id].name
+                start_ns = line.timestamp_ns + event.offset_ps / 1e3
+                if gpu:
+                    op = _annotation(event, stat_name)
+                    if op is None:
+                        unattributed.update(
+                            stat_name.get(stat.metadata_id, "?") for stat in event.stats)
+                        op = "?"
+                    node = device.node_stats.add(node_name=f"{op.split(':', 1)[0]}:{kernel}")
+                else:
+                    name, _, kind = kernel.partition(":")
+                    if not name or not kind or " " in kind or "::" in kernel:
+                        continue
+                    if host_ops is None:
+                        host_ops = stats.dev_stats.add(device=HOST_OPS_DEVICE)
+                    node = host_ops.node_stats.add(node_name=name,
+                                                   timeline_label=f"{name} = {kind}()")
+                node.all_start_micros = int(start_ns / 1e3)
+                node.all_end_rel_micros = int(event.duration_ps / 1e6)
+    return stats, sorted(unattributed)
+
+
+def _annotation(event, stat_name):
+    """The op annotation ("name:Type", its "#...#" suffix cut) of a profiler
+  GPU event, or None."""
+    for stat in event.stats:
+        if stat_name.get(stat.metadata_id) in _OP_ANNOTATIONS:
+            text = stat.str_value or stat_name.get(stat.ref_value, "")
+            if text:
+                return text.split("#", 1)[0]
+    return None
+
+
 def gpu_timeline(step_stats, gap_us=20.0):
     """The GPU's side of one traced step (a StepStats proto): when each op
   type's kernels ran, how busy the GPU was, and where it sat idle. Unlike
@@ -90,7 +161,7 @@ def gpu_timeline(step_stats, gap_us=20.0):
             nodes.append(start)
             if "stream:" in name and "stream:all" not in name:
                 kernels.append((start, end, node.node_name))
-            elif kind == "GPU op":
+            elif kind == "GPU op" or device.device == HOST_OPS_DEVICE:
                 _widen(launches, op_type(node), start, end)
     if not nodes:
         return dict(span_ms=0.0, busy_ms=0.0, first_kernel_ms=0.0, ops={}, launches={}, gaps=[])

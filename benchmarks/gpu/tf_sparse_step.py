@@ -4,9 +4,17 @@ benchmark), against every baseline in the same call, on the same data.
 
 Workload (Criteo shape): 26 tables, batch 65536, one-hot and 10-hot, dim
 128, Zipf(1.1) ids over tables pre-filled with --rows keys in all (10M:
-385K a table), Adagrad (lr 0.01, initial accumulator 0.1), sum combiner,
-loss = sum of every output. Ids are drawn once, in NumPy, from fixed seeds,
-identically in every process.
+385K a table), Adagrad (lr 0.01, initial accumulator 0.1), sum combiner. Ids are drawn
+once, in NumPy, from fixed seeds, identically in every process.
+
+Every side takes the same given upstream gradient, ones for every output (the
+gradient of loss = sum of every output), as torch's backward(grad) and the core
+step do: the step is the sparse work alone. TensorFlow gets it through
+tf.gradients(grad_ys=) / GradientTape.gradient(output_gradients=). Graph mode
+also times both TensorFlow sides with that loss computed in the graph
+("sum loss": 26 reductions, and 26 broadcasts for their gradients, which the
+sparse sides share). The SparseTensors' indices are built once, like torch's
+offsets.
 
 Three processes in turn (TensorFlow and PyTorch never share one):
   tf     sok-ev (Embedding Variables + lookup_sparse + the stock Adagrad) in
@@ -15,7 +23,8 @@ Three processes in turn (TensorFlow and PyTorch never share one):
          host syncs per step (SokEv>GpuHostSyncs) and the GPU table memory
          per key (TF allocator, before/after). In graph mode sok-ev also runs
          with every table on TF's own stream (SOK_EV_GPU_TABLE_STREAMS=1),
-         against the default side streams (side_streams_gpu.h).
+         against the default side streams (side_streams_gpu.h), and both
+         sides run with the sum loss.
   core   the harness running the same stages on the same data
          (core_step.py), and the device-to-device copy bandwidth.
   torch  torch.nn.EmbeddingBag(sparse=True) + torch.optim.Adagrad, every
@@ -30,10 +39,13 @@ to $OUT/tf_sparse_step_results.md).
 import argparse
 import datetime
 import gc
+import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -75,8 +87,9 @@ def parse_args(argv=None):
     parser.add_argument("--trace-steps",
                         type=int,
                         default=0,
-                        help="tf part: trace this many sok-ev graph-mode steps after the timed "
-                        "ones, print their GPU timeline and save their step stats to --json-dir")
+                        help="tf part: trace this many sok-ev steps after the timed ones, in "
+                        "graph mode and in tf.function, print their GPU timeline and save their "
+                        "step stats to --json-dir")
     parser.add_argument("--dry-run-on-cpu",
                         action="store_true",
                         help="run the tf part on a machine without GPU (checks the script only)")
@@ -142,11 +155,6 @@ def part_tf(args):
                    sok_ev_file=sok.__file__,
                    default_table_streams=os.environ.get("SOK_EV_GPU_TABLE_STREAMS", "built-in"))
 
-    def sparse(values, hot):
-        n = args.batch * hot
-        j = tf.range(n, dtype=tf.int64)
-        return tf.SparseTensor(tf.stack([j // hot, j % hot], axis=1), values, [args.batch, hot])
-
     def memory():
         if args.dry_run_on_cpu:
             return 0
@@ -164,6 +172,7 @@ def part_tf(args):
             models = ["sok_ev", "dense"]
             if mode == "graph":
                 models += [f"sok_ev_streams{n}" for n in stream_settings(args)]
+                models += ["sok_ev_sumloss", "dense_sumloss"]
             for model in models:
                 key = f"{model}_{mode}_{hot}hot"
                 print(f"[tf] {key}", flush=True)
@@ -172,7 +181,7 @@ def part_tf(args):
                     # Read at each op.
                     os.environ["SOK_EV_GPU_TABLE_STREAMS"] = model[len("sok_ev_streams"):]
                 results[key] = run_tf(tf, sok, ops, args, hot, mode, model, rows,
-                                      dense_values if model == "dense" else our_values, sparse,
+                                      dense_values if model.startswith("dense") else our_values,
                                       memory)
                 if default is None:
                     os.environ.pop("SOK_EV_GPU_TABLE_STREAMS", None)
@@ -188,14 +197,20 @@ def stream_settings(args):
     return [int(n) for n in args.table_streams.split(",") if n]
 
 
-def run_tf(tf, sok, ops, args, hot, mode, model, rows, values, sparse, memory):
+def run_tf(tf, sok, ops, args, hot, mode, model, rows, values, memory):
     """Times one (model, mode): returns ms per step and, for sok-ev, host
-    syncs per step and table bytes per key."""
-    ours = model != "dense"
+    syncs per step and table bytes per key. A model is "sok_ev" or "dense",
+    with "_streams<n>" (SOK_EV_GPU_TABLE_STREAMS, set by the caller) or
+    "_sumloss" (the loss computed in the graph) in graph mode."""
+    ours = model.startswith("sok_ev")
+    sum_loss = model.endswith("_sumloss")
     steps = args.steps if ours else args.dense_steps
     out = {}
+    n = args.batch * hot
+    # Built once, like torch's offsets: bag j // hot, position j % hot.
+    indices = np.stack([np.arange(n) // hot, np.arange(n) % hot], axis=1).astype(np.int64)
 
-    def build(values_var, index):
+    def build():
         if ours:
             tables = [
                 sok.get_embedding_variable(f"{model}_{mode}_{hot}_t{t}",
@@ -208,9 +223,11 @@ def run_tf(tf, sok, ops, args, hot, mode, model, rows, values, sparse, memory):
                 tf.Variable(tf.random.uniform([rows, DIM], -0.05, 0.05), name=f"dense_{t}")
                 for t in range(TABLES)
             ]
-        batch = values_var[index]
-        ids = [sparse(batch[t], hot) for t in range(TABLES)]
-        return tables, ids
+        return tables
+
+    def sparse_batch(values_var, indices_var, index):
+        batch, ids = values_var[index], indices_var.read_value()
+        return [tf.SparseTensor(ids, batch[t], [args.batch, hot]) for t in range(TABLES)]
 
     def lookup(tables, ids):
         if ours:
@@ -218,6 +235,11 @@ def run_tf(tf, sok, ops, args, hot, mode, model, rows, values, sparse, memory):
         return [
             tf.nn.embedding_lookup_sparse(v, i, None, combiner="sum") for v, i in zip(tables, ids)
         ]
+
+    def upstream(ones_var):
+        """The outputs' gradient: ones, one tensor made once and shared by
+        every table, as torch's backward(grad)."""
+        return [ones_var.read_value()] * TABLES
 
     def prefill_op(tables):
         ops_ = []
@@ -237,10 +259,20 @@ def run_tf(tf, sok, ops, args, hot, mode, model, rows, values, sparse, memory):
             with tf.compat.v1.Session(graph=graph, config=config) as sess:
                 holder = tf.compat.v1.placeholder(tf.int64, values.shape)
                 values_var = tf.Variable(holder, trainable=False, name="batches")
+                indices_var = tf.Variable(indices, trainable=False, name="indices")
+                ones_var = tf.Variable(tf.ones([args.batch, DIM]), trainable=False, name="ones")
                 index = tf.compat.v1.placeholder(tf.int32, [])
-                tables, ids = build(values_var, index)
-                loss = tf.add_n([tf.reduce_sum(e) for e in lookup(tables, ids)])
-                train = tf.compat.v1.train.AdagradOptimizer(LR, ACCUMULATOR).minimize(loss)
+                tables = build()
+                outputs = lookup(tables, sparse_batch(values_var, indices_var, index))
+                opt = tf.compat.v1.train.AdagradOptimizer(LR, ACCUMULATOR)
+                if sum_loss:
+                    fetch = tf.add_n([tf.reduce_sum(e) for e in outputs])
+                    train = opt.minimize(fetch)
+                else:
+                    grads = tf.gradients(outputs, tables, grad_ys=upstream(ones_var))
+                    train = opt.apply_gradients(zip(grads, tables))
+                    # Every output is computed, as torch's forward is.
+                    fetch = tf.group(*outputs)
                 fill = prefill_op(tables) if ours else None
                 syncs = ops().sok_ev_gpu_host_syncs()
                 sess.run(tf.compat.v1.global_variables_initializer(), {holder: values})
@@ -252,17 +284,19 @@ def run_tf(tf, sok, ops, args, hot, mode, model, rows, values, sparse, memory):
                     if s == 3:
                         syncs_before = sess.run(syncs)
                     start = time.perf_counter()
-                    sess.run([train, loss], {index: s % args.sets})
+                    sess.run([train, fetch], {index: s % args.sets})
                     times.append(time.perf_counter() - start)
                 out["host_syncs_per_step"] = (sess.run(syncs) - syncs_before) / steps
                 out["table_bytes"] = memory() - before
                 if model == "sok_ev":
                     trace_steps(
                         tf, args, hot,
-                        lambda s, **kw: sess.run([train, loss], {index: s % args.sets}, **kw))
+                        lambda s, **kw: sess.run([train, fetch], {index: s % args.sets}, **kw))
     else:
         values_var = tf.Variable(values, trainable=False)
-        tables, _ = build(values_var, 0)
+        indices_var = tf.Variable(indices, trainable=False)
+        ones_var = tf.Variable(tf.ones([args.batch, DIM]), trainable=False)
+        tables = build()
         opt = tf.compat.v1.train.AdagradOptimizer(LR, ACCUMULATOR)
         before = memory()
         if ours:
@@ -270,13 +304,12 @@ def run_tf(tf, sok, ops, args, hot, mode, model, rows, values, sparse, memory):
 
         @tf.function
         def step(i):
-            batch = values_var[i]
-            ids = [sparse(batch[t], hot) for t in range(TABLES)]
             with tf.GradientTape() as tape:
-                loss = tf.add_n([tf.reduce_sum(e) for e in lookup(tables, ids)])
-            grads = tape.gradient(loss, tables)
+                outputs = lookup(tables, sparse_batch(values_var, indices_var, i))
+            grads = tape.gradient(outputs, tables, output_gradients=upstream(ones_var))
             opt.apply_gradients(zip(grads, tables))
-            return loss
+            with tf.control_dependencies(outputs):  # every output is computed
+                return tf.identity(i)
 
         times = []
         for s in range(steps + 3):
@@ -287,7 +320,9 @@ def run_tf(tf, sok, ops, args, hot, mode, model, rows, values, sparse, memory):
             times.append(time.perf_counter() - start)
         out["host_syncs_per_step"] = (int(ops().sok_ev_gpu_host_syncs()) - syncs_before) / steps
         out["table_bytes"] = memory() - before
-        del tables, opt, values_var
+        if model == "sok_ev":
+            trace_function_steps(tf, args, hot, lambda s: step(tf.constant(s % args.sets)).numpy())
+        del tables, opt, values_var, indices_var, ones_var
     timed = np.array(times[3:]) * 1e3
     out.update(ms=float(np.median(timed)), ms_min=float(timed.min()), ms_max=float(timed.max()))
     if ours:
@@ -313,6 +348,38 @@ def trace_steps(tf, args, hot, run):
             f.write(metadata.step_stats.SerializeToString())
         step_profile.print_timeline(step_profile.gpu_timeline(metadata.step_stats),
                                     f" {hot}-hot step {s}")
+
+
+def trace_function_steps(tf, args, hot, run):
+    """--trace-steps tf.function steps (`run(s)`) under TensorFlow's
+    profiler (tf.profiler.experimental, which a Session's RunOptions cannot
+    reach): their GPU timeline printed and saved, as StepStats
+    (step_profile.xspace_step_stats), as tf_sparse_step_fn_trace_<hot>hot.pb
+    in --json-dir."""
+    if not args.trace_steps:
+        return
+    import step_profile  # pylint: disable=import-outside-toplevel
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2  # pylint: disable=import-outside-toplevel
+    logdir = tempfile.mkdtemp(prefix="sok_ev_fn_trace_")
+    tf.profiler.experimental.start(logdir)
+    for s in range(args.trace_steps):
+        run(s)
+    tf.profiler.experimental.stop()
+    paths = glob.glob(os.path.join(logdir, "plugins", "profile", "*", "*.xplane.pb"))
+    if not paths:
+        print(f"[timeline] tf.function {hot}-hot: the profiler wrote no .xplane.pb in {logdir}")
+        return
+    xspace = xplane_pb2.XSpace()
+    with open(paths[0], "rb") as f:
+        xspace.ParseFromString(f.read())
+    stats, unattributed = step_profile.xspace_step_stats(xspace)
+    if unattributed:
+        print(f"[timeline] kernels without an op annotation; their stats: {unattributed}")
+    with open(os.path.join(args.json_dir, f"tf_sparse_step_fn_trace_{hot}hot.pb"), "wb") as f:
+        f.write(stats.SerializeToString())
+    step_profile.print_timeline(step_profile.gpu_timeline(stats),
+                                f" tf.function {hot}-hot, {args.trace_steps} steps")
+    shutil.rmtree(logdir, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------- PyTorch
@@ -510,6 +577,19 @@ def report(args):
                            f"({tf_r[f'sok_ev_streams{n}_graph_{hot}hot']['ms'] / spread:.2f}×)"
                            for n in stream_settings(args))
         lines.append(f"- {hot}-hot: default {spread:.2f}; {others}")
+    lines += [
+        "",
+        "With the loss in the graph (graph mode; loss = sum of every output, its 26 reductions "
+        "and 26 broadcast gradients on both TensorFlow sides; torch and the core step take "
+        "the upstream gradient as given):",
+        "",
+    ]
+    for hot in [int(h) for h in args.hotness.split(",")]:
+        ours = tf_r[f"sok_ev_sumloss_graph_{hot}hot"]["ms"]
+        dense = tf_r[f"dense_sumloss_graph_{hot}hot"]["ms"]
+        torch_ms = torch_r[f"torch_{hot}hot"]["ms"]
+        lines.append(f"- {hot}-hot: sok-ev {ours:.2f}, dense TF {dense:.2f} ms: "
+                     f"dense ÷ sok-ev {dense / ours:.1f}×, torch ÷ sok-ev {torch_ms / ours:.2f}×")
     text = "\n".join(lines) + "\n"
     publish(text, args.results, os.path.join(args.json_dir, "tf_sparse_step_results.md"))
 
