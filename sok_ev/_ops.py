@@ -76,3 +76,27 @@ def ops():
                               f"It was built for {describe_build(info)}; {installed} is "
                               f"installed. {hint}") from error
     return _library
+
+
+def host_memory_input(value, dtype):
+    """`value` as an op input that the GPU kernels read in host memory
+  (`.HostMemory(...)` in their registration: dense shapes, optimizer
+  hyperparameters, the step).
+
+  A value known when the graph is built becomes a constant on the CPU. Left
+  to the placer, its constant would sit on the GPU beside the op and be
+  copied back to the host, a wait on the GPU, in every step. Any other value
+  passes through (cast to `dtype`).
+
+  Args:
+    value: a tensor or anything tf.convert_to_tensor takes.
+    dtype: the input's dtype.
+
+  Returns:
+    A tensor of `dtype`.
+  """
+    static = tf.get_static_value(value)
+    if static is None:
+        return tf.cast(value, dtype)
+    with tf.device("/device:CPU:0"):
+        return tf.constant(static, dtype)

@@ -20,7 +20,7 @@ import tensorflow as tf
 from sok_ev import communication
 from sok_ev import embedding_gradients
 from sok_ev import row_exchange
-from sok_ev._ops import ops
+from sok_ev._ops import host_memory_input, ops
 from sok_ev.embedding_variable import EmbeddingVariable
 
 COMBINERS = ("sum", "mean", "sqrtn")
@@ -165,9 +165,10 @@ def lookup_sparse(
             for w in sp_weights
         ]
         (unique_keys, counts, unique_index, order, segments,
-         row_offsets) = ops().sok_ev_unique_keys(keys, [ids.indices for ids in indices],
-                                                 weights, [ids.dense_shape for ids in indices],
-                                                 weighted=weighted)
+         row_offsets) = ops().sok_ev_unique_keys(
+             keys, [ids.indices for ids in indices],
+             weights, [host_memory_input(ids.dense_shape, tf.int64) for ids in indices],
+             weighted=weighted)
         for variable in params:
             variable._record_access()  # pylint: disable=protected-access
         if communication.world_size() == 1:

@@ -33,7 +33,7 @@ from tensorflow.python.trackable import base as trackable
 from tensorflow.python.training import optimizer as optimizer_module
 
 from sok_ev import embedding_gradients
-from sok_ev._ops import ops
+from sok_ev._ops import host_memory_input, ops
 from sok_ev.embedding_variable import EmbeddingVariable
 
 _train = tf.compat.v1.train
@@ -301,8 +301,9 @@ def fused_update(grads_and_variables,
         check_gradient(grad, variable)
     if not pairs:
         return []
-    hyperparameters = tf.stack([tf.cast(h, tf.float32) for h in hyperparameters])
-    step = tf.cast(step, tf.int64)
+    hyperparameters = host_memory_input(tf.stack([tf.cast(h, tf.float32) for h in hyperparameters]),
+                                        tf.float32)
+    step = host_memory_input(step, tf.int64)
     by_device = {}
     for grad, variable in pairs:
         by_device.setdefault(variable.handle.device, []).append((grad, variable))

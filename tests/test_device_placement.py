@@ -76,3 +76,41 @@ def test_every_sok_ev_op_of_a_training_step_runs_on_the_expected_device(sok, rng
     misplaced = {op: sorted(devices) for op, devices in ran.items() if devices != {expected}}
     assert not misplaced, (f"SokEv ops not (only) on {expected}: {misplaced}; all: "
                            f"{ {op: sorted(d) for op, d in ran.items()} }")
+
+
+def _cpu_placed(tensor):
+    return "CPU" in tensor.op.device.upper()
+
+
+def test_constant_host_memory_inputs_are_built_on_the_cpu(sok, rng):
+    # The GPU kernels read dense shapes, hyperparameters and the step in host
+    # memory; a constant of them placed beside the op on the GPU would be
+    # copied back to the host in every step. A dense shape fed at run time
+    # still reaches the op as it is.
+    with ref.graph_session() as sess:
+        matrix = ref.random_matrix(rng, 8, 4)
+        ev = ref.matrix_ev(sok, "host_inputs", matrix)
+        constant_ids = tf.SparseTensor([[0, 0], [1, 0]], tf.constant([1, 3], tf.int64), [2, 1])
+        fed_ids = tf.compat.v1.sparse_placeholder(tf.int64, shape=[None, None])
+        with tf.device(_expected_device()):
+            constant_out, fed_out = sok.lookup_sparse([ev, ev], [constant_ids, fed_ids])
+            train = tf.compat.v1.train.AdagradOptimizer(0.1).minimize(
+                tf.reduce_sum(constant_out) + tf.reduce_sum(fed_out))
+        graph = sess.graph
+        unique = [op for op in graph.get_operations() if op.type == "SokEv>UniqueKeys"]
+        apply = [op for op in graph.get_operations() if op.type == "SokEv>SparseApplyOptimizer"]
+        assert len(unique) == 1 and len(apply) == 1
+        shapes = unique[0].inputs[-2:]  # dense_shapes, in table order
+        assert _cpu_placed(shapes[0]) and shapes[0].op.type == "Const"
+        assert not _cpu_placed(shapes[1]), shapes[1].op.device
+        hyperparameters, step = apply[0].inputs[-2:]
+        assert _cpu_placed(hyperparameters) and hyperparameters.op.type == "Const"
+        assert _cpu_placed(step) and step.op.type == "Const"
+
+        sess.run(tf.compat.v1.global_variables_initializer())
+        fed = tf.compat.v1.SparseTensorValue([[0, 0], [1, 0], [1, 1]], [1, 3, 5], [2, 2])
+        rows = sess.run(constant_out, {fed_ids: fed})
+        np.testing.assert_array_equal(rows, ref.initial_rows(matrix, [1, 3]))
+        sess.run(train, {fed_ids: fed})
+        trained = sess.run(constant_out, {fed_ids: fed})
+        assert np.all(trained != rows)  # the step ran with these inputs
