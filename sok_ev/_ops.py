@@ -86,7 +86,10 @@ def host_memory_input(value, dtype):
   A value known when the graph is built becomes a constant on the CPU. Left
   to the placer, its constant would sit on the GPU beside the op and be
   copied back to the host, a wait on the GPU, in every step. Any other value
-  passes through (cast to `dtype`).
+  passes through (cast to `dtype`). The constant leaves any colocation in
+  force (optimizers build updates colocated with the variable): colocated
+  with a GPU variable it could not be placed, and it must never pull a
+  variable's group to the CPU.
 
   Args:
     value: a tensor or anything tf.convert_to_tensor takes.
@@ -98,5 +101,5 @@ def host_memory_input(value, dtype):
     static = tf.get_static_value(value)
     if static is None:
         return tf.cast(value, dtype)
-    with tf.device("/device:CPU:0"):
+    with tf.compat.v1.colocate_with(None, ignore_existing=True), tf.device("/device:CPU:0"):
         return tf.constant(static, dtype)

@@ -79,7 +79,10 @@ def test_every_sok_ev_op_of_a_training_step_runs_on_the_expected_device(sok, rng
 
 
 def _cpu_placed(tensor):
-    return "CPU" in tensor.op.device.upper()
+    """Requested on the CPU, and colocated with nothing else (a colocation
+    with a GPU variable could not be placed, or would move its group)."""
+    op = tensor.op
+    return "CPU" in op.device.upper() and op.colocation_groups() == [f"loc:@{op.name}".encode()]
 
 
 def test_constant_host_memory_inputs_are_built_on_the_cpu(sok, rng):
