@@ -78,7 +78,7 @@ namespace gpu {
 
 // One table's sample ids, for row_offsets_from_sample_ids.
 struct SampleIds {
-  const int64_t* sample_ids;  // (nnz * stride,) device
+  const int64_t* sample_ids;  // (nnz * stride,) device; null: entry j is sample j
   int64_t stride;
   int64_t nnz;
   int64_t batch;

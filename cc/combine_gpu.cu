@@ -34,13 +34,18 @@ struct SampleIdTables {
 
 // blockIdx.y picks the table. Thread j checks entry j and writes row
 // offset j. first_invalid[t] starts at nnz and takes the smallest bad entry
-// (atomicMin: the answer does not depend on scheduling).
+// (atomicMin: the answer does not depend on scheduling). Null sample ids:
+// entry j is sample j, always valid.
 __global__ void row_offsets_kernel(SampleIdTables tables, int64_t* first_invalid) {
   const SampleIds table = tables.tables[blockIdx.y];
   const int64_t stride = table.stride;
   const int64_t end = table.nnz > table.batch ? table.nnz : table.batch + 1;
   for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < end;
        j += int64_t(gridDim.x) * blockDim.x) {
+    if (table.sample_ids == nullptr) {
+      if (table.row_offsets != nullptr && j <= table.batch) table.row_offsets[j] = j;
+      continue;
+    }
     if (first_invalid != nullptr && j < table.nnz) {
       const int64_t id = table.sample_ids[j * stride];
       if (id < 0 || id >= table.batch || (j > 0 && id < table.sample_ids[(j - 1) * stride])) {

@@ -29,6 +29,15 @@ void unique_keys(const CpuContext& context, const Key* keys, int64_t n, Key* uni
 void group_entries_by_key(const int64_t* inverse, int64_t n, const int64_t* counts,
                           int64_t num_unique, int64_t* order, int64_t* segments);
 
+// Each unique key's occurrences, summed over its entries, when an entry
+// stands for several occurrences (an owner's keys: each worker sends its
+// unique keys once, with their counts in its batch):
+// counts[u] = sum of occurrences[order[j]], j in [segments[u], segments[u + 1]).
+//   occurrences: (n,)  order: (n,)  segments: (num_unique + 1,)
+//   counts: (num_unique,) out
+void sum_occurrences_by_key(const int64_t* occurrences, const int64_t* order,
+                            const int64_t* segments, int64_t num_unique, int64_t* counts);
+
 }  // namespace cpu
 
 namespace gpu {
@@ -38,6 +47,13 @@ namespace gpu {
 template <typename Key>
 void unique_keys(const GpuContext& context, const Key* keys, int64_t n, Key* unique_keys,
                  int64_t* inverse, int64_t* counts, int64_t* num_unique);
+
+// cpu::sum_occurrences_by_key with device pointers; the number of unique
+// keys is read on the device (no sync), at most max_unique.
+//   num_unique: (1,) device
+void sum_occurrences_by_key(const GpuContext& context, const int64_t* occurrences,
+                            const int64_t* order, const int64_t* segments,
+                            const int64_t* num_unique, int64_t max_unique, int64_t* counts);
 
 }  // namespace gpu
 }  // namespace sok_ev

@@ -60,6 +60,15 @@ void group_entries_by_key(const int64_t* inverse, int64_t n, const int64_t* coun
   for (int64_t i = 0; i < n; ++i) order[cursor[inverse[i]]++] = i;
 }
 
+void sum_occurrences_by_key(const int64_t* occurrences, const int64_t* order,
+                            const int64_t* segments, int64_t num_unique, int64_t* counts) {
+  for (int64_t u = 0; u < num_unique; ++u) {
+    int64_t sum = 0;
+    for (int64_t j = segments[u]; j < segments[u + 1]; ++j) sum += occurrences[order[j]];
+    counts[u] = sum;
+  }
+}
+
 template void unique_keys<int32_t>(const CpuContext&, const int32_t*, int64_t, int32_t*, int64_t*,
                                    int64_t*, int64_t*);
 template void unique_keys<int64_t>(const CpuContext&, const int64_t*, int64_t, int64_t*, int64_t*,

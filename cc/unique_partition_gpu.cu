@@ -23,6 +23,19 @@ __global__ void iota_kernel(int64_t* values, int64_t n) {
   }
 }
 
+// Thread u sums unique key u's occurrences (cc/unique.h).
+__global__ void sum_occurrences_kernel(const int64_t* occurrences, const int64_t* order,
+                                       const int64_t* segments, const int64_t* num_unique,
+                                       int64_t* counts) {
+  const int64_t count = *num_unique;
+  for (int64_t u = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; u < count;
+       u += int64_t(gridDim.x) * blockDim.x) {
+    int64_t sum = 0;
+    for (int64_t j = segments[u]; j < segments[u + 1]; ++j) sum += occurrences[order[j]];
+    counts[u] = sum;
+  }
+}
+
 // 1 where a run of equal keys starts; with tables, a new table starts a run
 // too (equal keys of different tables are different).
 //   sorted: (n,)  tables: (n,) or null  heads: (n,) out
@@ -297,6 +310,15 @@ void fill_iota(const GpuContext& context, int64_t* values, int64_t n) {
   if (n <= 0) return;
   iota_kernel<<<grid_for(n, kThreads), kThreads, 0, stream_of(context)>>>(values, n);
   record_error(cuda_status(cudaGetLastError(), "fill_iota"));
+}
+
+void sum_occurrences_by_key(const GpuContext& context, const int64_t* occurrences,
+                            const int64_t* order, const int64_t* segments,
+                            const int64_t* num_unique, int64_t max_unique, int64_t* counts) {
+  if (max_unique <= 0) return;
+  sum_occurrences_kernel<<<grid_for(max_unique, kThreads), kThreads, 0, stream_of(context)>>>(
+      occurrences, order, segments, num_unique, counts);
+  record_error(cuda_status(cudaGetLastError(), "sum_occurrences_by_key"));
 }
 
 template void unique_keys<int32_t>(const GpuContext&, const int32_t*, int64_t, int32_t*, int64_t*,

@@ -7,7 +7,8 @@ of one call, with W workers:
 
   unique_keys[N] --PartitionByOwner--> keys grouped by owner, counts [N, W]
     --alltoall #1 (int64 rows, all tables together)-->
-  each owner: FindOrInsert of the keys it received, with its own tables
+  each owner: UniqueOwnedKeys (a key asked by several workers once), then
+    FindOrInsertCombine of them, one row per key received, with its tables
     --alltoall #2 (float32, all tables together, rows flattened; or bfloat16 /
     float16 with lookup_sparse's exchange_dtype: sok_ev.row_exchange)-->
   rows back in unique_keys order.
@@ -27,11 +28,11 @@ reduce-scatter: 8 * nnz * (W - 1) + 4 * batch * N * dim * (W - 1) bytes
 (and the rows part again for the gradients).
 benchmarks/cpu_weak_scaling.py measures both on a Criteo-like batch.
 
-Backward is TensorFlow's autodiff over the same path: the float alltoall's
-gradient is the reverse alltoall (Horovod registers it), the permutations are
-gathers with gather gradients, and FindOrInsert's gradient gives each owner
-IndexedSlices keyed by the keys it received, duplicates from several workers
-included (the fused optimizer op sums them). Each owner then applies the
+Backward is TensorFlow's autodiff over the same path: the row messages'
+gradients are the reverse messages (registered below), and
+FindOrInsertCombine's gradient (CombineBackward) sums each owned key's
+gradients from every worker that asked for it, so each owner gets
+IndexedSlices keyed by its distinct keys. Each owner then applies the
 optimizer to its shard only: an Embedding Variable's gradient is never
 allreduced (`sok_ev.embedding_gradients` refuses it; the keys each owner
 looks up are marked here for that guard).
@@ -116,11 +117,23 @@ def find_or_insert(params, unique_keys, counts, exchange_dtype=tf.float32):
             N=len(params),
             fingerprint=fingerprint,
             table_names=[v.name for v in params])
-        owned_keys = [embedding_gradients.mark(k, v) for k, v in zip(owned_keys, params)]
-        values = ops().sok_ev_find_or_insert([v.handle for v in params],
-                                             owned_keys,
-                                             owned_counts,
-                                             embedding_dims=dims)
+        # A key several workers asked for arrives once from each: found once,
+        # and its gradients summed once here (CombineBackward), so the
+        # optimizer gets distinct keys.
+        (unique_keys, unique_counts, unique_index, order, segments,
+         row_offsets) = ops().sok_ev_unique_owned_keys(owned_keys, owned_counts)
+        unique_keys = [embedding_gradients.mark(k, v) for k, v in zip(unique_keys, params)]
+        values = ops().sok_ev_find_or_insert_combine([v.handle for v in params],
+                                                     unique_keys,
+                                                     unique_counts,
+                                                     unique_index,
+                                                     order,
+                                                     segments,
+                                                     row_offsets,
+                                                     [tf.zeros([0], tf.float32)] * len(params),
+                                                     embedding_dims=dims,
+                                                     combiners=["sum"] * len(params),
+                                                     weighted=[False] * len(params))
         return row_exchange.exchange_rows(values, sender_counts, owner_counts, positions, dims,
                                           exchange_dtype)
 

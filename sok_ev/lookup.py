@@ -244,5 +244,6 @@ def _combine_forward_gradient(op, *grads):
     return list(_combine_backward(op, grads, first=2 * n)) + [None] * (5 * n)
 
 
-for _op_name in ("SokEv>UniqueKeys", "SokEv>PartitionByOwner", "SokEv>CombineBackward"):
+for _op_name in ("SokEv>UniqueKeys", "SokEv>UniqueOwnedKeys", "SokEv>PartitionByOwner",
+                 "SokEv>CombineBackward"):
     tf.no_gradient(_op_name)

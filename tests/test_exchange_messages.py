@@ -6,6 +6,9 @@ every sender's message, in sender order), int32 and int64 tables side by
 side, empty tables and empty blocks:
 * the keys message carries every (key, occurrences) row to its owner, grouped
   by table then sender, and the owner learns how many came from whom;
+* the owner deduplicates what it received (UniqueOwnedKeys): each key once,
+  its occurrences summed over the workers that sent it, every received key
+  its own sample, its entries grouped by key in arrival order;
 * the header check fails, naming the cause, when a worker sent "stopped" or
   another lookup's fingerprint, before any key is read;
 * the rows message moves rows table by table and back, and with positions
@@ -99,6 +102,45 @@ def test_key_message_delivers_each_key_and_its_occurrences_to_its_owner(num_work
                 [len(expected[s][t][owner][0]) for s in range(num_workers)])
         if owner != num_workers - 1:
             assert keys[2].shape[0] == 0  # the placed table's keys all go to its worker
+
+
+@pytest.mark.parametrize("num_workers", [1, 2, 3])
+def test_owned_keys_are_deduplicated_with_their_occurrences_summed(num_workers):
+    # What an owner receives: each worker's unique keys, one after another, so
+    # a key several workers asked for arrives once from each.
+    rng = np.random.default_rng(10 + num_workers)
+    dtypes = [np.int64, np.int32, np.int64]
+    received_keys, received_counts = [], []
+    for t, dtype in enumerate(dtypes):
+        blocks = [
+            rng.choice(np.arange(-30, 30), size=int(rng.integers(0, 25)), replace=False)
+            for _ in range(num_workers)
+        ] if t != 2 else [np.zeros([0], np.int64)] * num_workers  # an empty table
+        received_keys.append(np.concatenate(blocks).astype(dtype))
+        received_counts.append(rng.integers(1, 6, size=len(received_keys[-1])).astype(np.int64))
+    (unique_keys, counts, unique_index, order, segments,
+     row_offsets) = ops().sok_ev_unique_owned_keys([tf.constant(k) for k in received_keys],
+                                                   [tf.constant(c) for c in received_counts])
+    for t, (keys, occurrences) in enumerate(zip(received_keys, received_counts)):
+        uniq, index = unique_keys[t].numpy(), unique_index[t].numpy()
+        assert unique_keys[t].dtype == tf.as_dtype(dtypes[t])
+        np.testing.assert_array_equal(np.sort(uniq), np.unique(keys))
+        np.testing.assert_array_equal(uniq[index], keys)
+        want_counts = np.zeros(len(uniq), np.int64)
+        np.add.at(want_counts, index, occurrences)
+        np.testing.assert_array_equal(counts[t].numpy(), want_counts)
+        np.testing.assert_array_equal(row_offsets[t].numpy(), np.arange(len(keys) + 1))
+        bounds, entries = segments[t].numpy(), order[t].numpy()
+        assert bounds[0] == 0 and bounds[-1] == len(keys)
+        for u in range(len(uniq)):
+            np.testing.assert_array_equal(entries[bounds[u]:bounds[u + 1]],
+                                          np.flatnonzero(index == u))
+
+
+def test_owned_keys_with_a_count_missing_fail_naming_the_occurrences():
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"occurrences\[0\] must have shape"):
+        ops().sok_ev_unique_owned_keys([tf.constant([3, 4, 3], tf.int64)],
+                                       [tf.constant([1, 1], tf.int64)])
 
 
 def _header_message(headers):

@@ -47,6 +47,10 @@ def my_feeds(scenario, step):
     return batches[RANK], targets[RANK]
 
 
+# What run_graph saw of its graph, for record_case.
+_state = {}
+
+
 def run_graph(scenario, targets_gpu):
     with tf.Graph().as_default() as graph:
         tables = harness.make_tables(targets_gpu)
@@ -60,7 +64,11 @@ def run_graph(scenario, targets_gpu):
         ]
         loss, embeddings = model(tables, sparse_ids, ys)
         train = tf.compat.v1.train.AdagradOptimizer(harness.LEARNING_RATE).minimize(loss)
-        exports = [v.export() for v in tables]
+        exports = [v.export_full()[:3] for v in tables]
+        applies = [op for op in graph.get_operations() if op.type == "SokEv>SparseApplyOptimizer"]
+        _state["keys_are_unique"] = [
+            flag for op in applies for flag in op.get_attr("keys_are_unique")
+        ]
         losses, embs = [], []
         with tf.compat.v1.Session(graph=graph) as session:
             session.run(tf.compat.v1.global_variables_initializer())
@@ -77,7 +85,7 @@ def run_graph(scenario, targets_gpu):
                 step_loss, step_embs, _ = session.run([loss, embeddings, train], feed)
                 losses.append(step_loss)
                 embs.append(step_embs)
-            shards = session.run(exports)
+            shards = [_shard(*export) for export in session.run(exports)]
     return losses, embs, shards
 
 
@@ -115,8 +123,15 @@ def run_eager(scenario, targets_gpu):
         step_loss, step_embs = train_step(*flat)
         losses.append(step_loss.numpy())
         embs.append([e.numpy() for e in step_embs])
-    shards = [[x.numpy() for x in v.export()] for v in tables]
+    shards = [_shard(*(x.numpy() for x in v.export_full()[:3])) for v in tables]
     return losses, embs, shards
+
+
+def _shard(keys, rows, frequencies):
+    """A shard as (keys, values, frequencies): export_full's rows hold the
+    value, then the optimizer's slots."""
+    dim = rows.shape[1] // 2  # Adagrad: the value and its accumulator
+    return keys, rows[:, :dim], frequencies
 
 
 def record_case(results, case):
@@ -128,6 +143,9 @@ def record_case(results, case):
         results[f"{case}/emb{t}"] = np.stack([e[t] for e in embs])
         results[f"{case}/keys{t}"] = shards[t][0].astype(np.int64)
         results[f"{case}/values{t}"] = shards[t][1]
+        results[f"{case}/frequencies{t}"] = shards[t][2]
+    if mode == "graph":
+        results[f"{case}/keys_are_unique"] = np.array(_state.pop("keys_are_unique"))
 
 
 def _message_of(build):

@@ -15,6 +15,7 @@ Tolerance: both sides do the same float32 arithmetic in a different order
 by the owner instead of over the global batch), so results differ by a few
 ulps of values of order 1-10: rtol = atol = 1e-5.
 """
+import collections
 import functools
 
 import numpy as np
@@ -33,18 +34,20 @@ def reference(scenario, workers):
     Returns:
       dict: "loss" [steps], "emb" list over steps of per-table [B, dim]
       arrays, "tables" the final dense tables, "seen" per table the set of
-      keys looked up over all steps.
+      keys looked up over all steps, "occurrences" per table a Counter of
+      each key's occurrences in every step's global batch.
     """
     tables = [tf.Variable(harness.initial_dense_table(t)) for t in harness.TABLES]
     optimizer = tf.compat.v1.train.AdagradOptimizer(harness.LEARNING_RATE)
-    losses, embeddings, seen = [], [], [set() for _ in harness.TABLES]
+    losses, embeddings = [], []
+    occurrences = [collections.Counter() for _ in harness.TABLES]
     for step in range(harness.STEPS):
         batches, targets = harness.make_step_data(scenario, workers, step)
         with tf.GradientTape() as tape:
             step_embeddings, loss = [], 0.0
             for t, table in enumerate(harness.TABLES):
                 batch = harness.global_batch(batches, t)
-                seen[t].update(batch.values.tolist())
+                occurrences[t].update(batch.values.tolist())
                 ids = tf.SparseTensor(batch.indices, batch.values,
                                       [batch.batch_size, table["hotness"]])
                 emb = tf.nn.embedding_lookup_sparse(tables[t], ids, None, combiner="sum")
@@ -59,7 +62,8 @@ def reference(scenario, workers):
         "loss": np.array(losses),
         "emb": embeddings,
         "tables": [t.numpy() for t in tables],
-        "seen": seen
+        "seen": [set(counts) for counts in occurrences],
+        "occurrences": occurrences
     }
 
 
@@ -112,6 +116,40 @@ def test_final_tables_match_single_process(lookup_run, workers, case):
                                    rtol=RTOL,
                                    atol=ATOL,
                                    err_msg=f"table {t}")
+
+
+@pytest.mark.parametrize("workers,case", ALL_CASES, ids=IDS)
+def test_each_key_frequency_counts_its_occurrences_in_every_worker_batch(lookup_run, workers, case):
+    """A key several workers look up reaches its owner once from each, with
+    its count in that worker's batch; the owner's frequency is the sum: the
+    key's occurrences in the global batch, over every step (DeepRec's
+    frequency)."""
+    result = lookup_run(workers)
+    ref = reference(case.split(":")[0], workers)
+    for t in range(len(harness.TABLES)):
+        stored = {}
+        for r in range(workers):
+            keys = result.results[r][f"{case}/keys{t}"]
+            frequencies = result.results[r][f"{case}/frequencies{t}"]
+            stored.update(zip(keys.tolist(), frequencies.tolist()))
+        assert stored == dict(ref["occurrences"][t]), f"table {t}"
+
+
+GRAPH_CASES = [(w, case) for w, case in ALL_CASES if case.endswith(":graph")]
+
+
+@pytest.mark.parametrize("workers,case",
+                         GRAPH_CASES,
+                         ids=[f"{w}workers-{case}" for w, case in GRAPH_CASES])
+def test_owners_apply_their_keys_as_distinct_without_a_second_deduplication(
+        lookup_run, workers, case):
+    """The owner deduplicated what every worker sent in the forward pass
+    (UniqueOwnedKeys), so the optimizer's fused apply is told its keys are
+    distinct and skips its own sort."""
+    result = lookup_run(workers)
+    for r in range(workers):
+        flags = result.results[r][f"{case}/keys_are_unique"]
+        assert flags.size == len(harness.TABLES) and flags.all(), f"worker {r}: {flags}"
 
 
 @pytest.mark.parametrize("workers,case", ALL_CASES, ids=IDS)

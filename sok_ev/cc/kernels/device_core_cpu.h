@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <memory>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -265,11 +266,16 @@ class Core<CPUDevice> {
     std::vector<int64_t> num_unique(n, 0);
     TF_RETURN_IF_ERROR(ForEachTable(n, costs.data(), [&](int t, Core& core) {
       const TableBatch<Key>& table = tables[t];
-      (*first_invalid)[t] = cpu::first_invalid_sample_id(table.sample_ids, table.sample_id_stride,
-                                                         table.nnz, table.batch);
-      if ((*first_invalid)[t] != table.nnz) return absl::OkStatus();
-      cpu::row_offsets_from_sample_ids(table.sample_ids, table.sample_id_stride, table.nnz,
-                                       table.batch, table.row_offsets);
+      if (table.sample_ids == nullptr) {  // entry j is sample j
+        (*first_invalid)[t] = table.nnz;
+        std::iota(table.row_offsets, table.row_offsets + table.nnz + 1, int64_t{0});
+      } else {
+        (*first_invalid)[t] = cpu::first_invalid_sample_id(table.sample_ids, table.sample_id_stride,
+                                                           table.nnz, table.batch);
+        if ((*first_invalid)[t] != table.nnz) return absl::OkStatus();
+        cpu::row_offsets_from_sample_ids(table.sample_ids, table.sample_id_stride, table.nnz,
+                                         table.batch, table.row_offsets);
+      }
       unique[t].resize(table.nnz);
       counts[t].resize(table.nnz);
       cpu::unique_keys(core.context_, table.keys, table.nnz, unique[t].data(), table.unique_index,
@@ -286,6 +292,10 @@ class Core<CPUDevice> {
       std::copy(counts[t].begin(), counts[t].begin() + num_unique[t], out[t].counts);
       cpu::group_entries_by_key(tables[t].unique_index, tables[t].nnz, out[t].counts, num_unique[t],
                                 tables[t].order, out[t].segments);
+      if (tables[t].occurrences != nullptr) {
+        cpu::sum_occurrences_by_key(tables[t].occurrences, tables[t].order, out[t].segments,
+                                    num_unique[t], out[t].counts);
+      }
       return absl::OkStatus();
     });
   }

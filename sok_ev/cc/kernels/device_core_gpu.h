@@ -35,6 +35,7 @@
 #include "cc/optimizers.h"
 #include "cc/partition.h"
 #include "cc/status_gpu.h"
+#include "cc/unique.h"
 #include "cc/unique_partition_gpu.h"
 #include "sok_ev/cc/kernels/export_buffers.h"
 #include "sok_ev/cc/kernels/scratch_vector.h"
@@ -409,6 +410,20 @@ class Core<GPUDevice> {
                              VectorData<Key>(unique_tensor), VectorData<int64_t>(counts_tensor),
                              VectorData<int64_t>(inverse_tensor), VectorData<int64_t>(order_tensor),
                              VectorData<int64_t>(segments_tensor), readback + num_tables);
+    if (tables[0].occurrences != nullptr) {  // every table's, or none (the op's)
+      tensorflow::Tensor occurrences_tensor;
+      TF_RETURN_IF_ERROR(Scratch<int64_t>(size, &occurrences_tensor));
+      std::vector<gpu::CopyJob<int64_t>> gather;
+      for (int t = 0; t < num_tables; ++t) {
+        gather.push_back({tables[t].occurrences,
+                          VectorData<int64_t>(occurrences_tensor) + key_offsets[t], tables[t].nnz,
+                          0});
+      }
+      gpu::batched_copy(context_, gather);
+      gpu::sum_occurrences_by_key(context_, VectorData<int64_t>(occurrences_tensor), order,
+                                  segments, readback + 2 * num_tables, n,
+                                  VectorData<int64_t>(counts_tensor));
+    }
     TF_RETURN_IF_ERROR(Pending());
     std::vector<int64_t> host(2 * num_tables + 1);
     TF_RETURN_IF_ERROR(CopyToHost(readback, 2 * num_tables + 1, host.data()));

@@ -40,6 +40,7 @@ class CombineAttributes {
  public:
   explicit CombineAttributes(OpKernelConstruction* context) {
     std::vector<std::string> names;
+    if (!context->HasAttr("weighted")) return;  // UniqueOwnedKeys: no weights
     OP_REQUIRES_OK(context, context->GetAttr("weighted", &weighted_));
     if (!context->HasAttr("combiners")) return;
     OP_REQUIRES_OK(context, context->GetAttr("combiners", &names));
@@ -83,18 +84,23 @@ class CombineAttributes {
 
 // Checks every table's batch, then deduplicates and indexes it. Tables are
 // grouped by key dtype: one core call (one grouped sort and one host sync on
-// the GPU) per dtype present.
+// the GPU) per dtype present. One kernel serves two ops:
+//   SokEv>UniqueKeys       a batch's SparseTensors (indices, dense_shapes,
+//                          weights), checked first;
+//   SokEv>UniqueOwnedKeys  the keys an owner received from every worker:
+//                          entry j is sample j, and stands for
+//                          occurrences[j] occurrences of its key.
 template <typename Device>
 class UniqueKeysOp : public OpKernel {
  public:
-  explicit UniqueKeysOp(OpKernelConstruction* context) : OpKernel(context), attributes_(context) {}
+  explicit UniqueKeysOp(OpKernelConstruction* context)
+      : OpKernel(context),
+        attributes_(context),
+        owned_(context->def().op() == "SokEv>UniqueOwnedKeys") {}
 
   void Compute(OpKernelContext* context) override {
-    OpInputList keys, indices, weights, dense_shapes;
+    OpInputList keys;
     OP_REQUIRES_OK(context, context->input_list("keys", &keys));
-    OP_REQUIRES_OK(context, context->input_list("indices", &indices));
-    OP_REQUIRES_OK(context, context->input_list("weights", &weights));
-    OP_REQUIRES_OK(context, context->input_list("dense_shapes", &dense_shapes));  // host
     const int num_tables = keys.size();
     OpOutputList unique_keys, counts, unique_index, order, segments, row_offsets;
     OP_REQUIRES_OK(context, context->output_list("unique_keys", &unique_keys));
@@ -104,32 +110,21 @@ class UniqueKeysOp : public OpKernel {
     OP_REQUIRES_OK(context, context->output_list("segments", &segments));
     OP_REQUIRES_OK(context, context->output_list("row_offsets", &row_offsets));
     // Shapes first (host), and the outputs sized by the batch.
-    std::vector<int64_t> batch(num_tables);
+    std::vector<EntryInputs> entries(num_tables);
     for (int t = 0; t < num_tables; ++t) {
       OP_REQUIRES(context, keys[t].dims() == 1,
-                  errors::InvalidArgument("indices[", t, "] values must be a vector, got shape ",
+                  errors::InvalidArgument(owned_ ? "keys[" : "indices[", t,
+                                          owned_ ? "] must be a vector, got shape "
+                                                 : "] values must be a vector, got shape ",
                                           keys[t].shape().DebugString()));
       const int64_t nnz = keys[t].dim_size(0);
-      OP_REQUIRES(
-          context,
-          indices[t].dims() == 2 && indices[t].dim_size(0) == nnz && indices[t].dim_size(1) >= 1,
-          errors::InvalidArgument("indices[", t, "] must have indices of shape [", nnz,
-                                  ", rank] for its ", nnz, " values, got ",
-                                  indices[t].shape().DebugString()));
-      OP_REQUIRES(
-          context,
-          dense_shapes[t].dims() == 1 && dense_shapes[t].NumElements() == indices[t].dim_size(1),
-          errors::InvalidArgument("indices[", t, "] has indices of rank ", indices[t].dim_size(1),
-                                  " but dense_shape of shape ",
-                                  dense_shapes[t].shape().DebugString()));
-      batch[t] = dense_shapes[t].flat<int64_t>()(0);
-      OP_REQUIRES(context, batch[t] >= 0,
-                  errors::InvalidArgument("indices[", t, "] has a negative batch size ", batch[t]));
-      OP_REQUIRES_OK(context, attributes_.CheckWeights(t, weights[t], nnz));
+      OP_REQUIRES_OK(context, owned_ ? ReadOccurrences(context, t, nnz, &entries[t])
+                                     : ReadSampleIds(context, t, nnz, &entries[t]));
       Tensor* unused;
       OP_REQUIRES_OK(context, unique_index.allocate(t, TensorShape({nnz}), &unused));
       OP_REQUIRES_OK(context, order.allocate(t, TensorShape({nnz}), &unused));
-      OP_REQUIRES_OK(context, row_offsets.allocate(t, TensorShape({batch[t] + 1}), &unused));
+      OP_REQUIRES_OK(context,
+                     row_offsets.allocate(t, TensorShape({entries[t].batch + 1}), &unused));
     }
     Core<Device> core(context);
     for (tensorflow::DataType dtype : {tensorflow::DT_INT32, tensorflow::DT_INT64}) {
@@ -145,10 +140,11 @@ class UniqueKeysOp : public OpKernel {
             for (int t : group) {
               TableBatch<Key> table;
               table.keys = keys[t].flat<Key>().data();
-              table.sample_ids = indices[t].flat<int64_t>().data();
-              table.sample_id_stride = indices[t].dim_size(1);
+              table.sample_ids = entries[t].sample_ids;
+              table.sample_id_stride = entries[t].sample_id_stride;
+              table.occurrences = entries[t].occurrences;
               table.nnz = keys[t].dim_size(0);
-              table.batch = batch[t];
+              table.batch = entries[t].batch;
               table.unique_index = unique_index[t]->flat<int64_t>().data();
               table.order = order[t]->flat<int64_t>().data();
               table.row_offsets = row_offsets[t]->flat<int64_t>().data();
@@ -180,6 +176,56 @@ class UniqueKeysOp : public OpKernel {
   }
 
  private:
+  // What a table's entries are besides their keys (TableBatch's fields).
+  struct EntryInputs {
+    const int64_t* sample_ids = nullptr;
+    int64_t sample_id_stride = 1;
+    const int64_t* occurrences = nullptr;
+    int64_t batch = 0;
+  };
+
+  // UniqueKeys: table t's SparseTensor indices and dense shape (host), and
+  // its weights when weighted.
+  absl::Status ReadSampleIds(OpKernelContext* context, int t, int64_t nnz, EntryInputs* out) {
+    OpInputList indices, weights, dense_shapes;
+    TF_RETURN_IF_ERROR(context->input_list("indices", &indices));
+    TF_RETURN_IF_ERROR(context->input_list("weights", &weights));
+    TF_RETURN_IF_ERROR(context->input_list("dense_shapes", &dense_shapes));  // host
+    if (indices[t].dims() != 2 || indices[t].dim_size(0) != nnz || indices[t].dim_size(1) < 1) {
+      return errors::InvalidArgument("indices[", t, "] must have indices of shape [", nnz,
+                                     ", rank] for its ", nnz, " values, got ",
+                                     indices[t].shape().DebugString());
+    }
+    if (dense_shapes[t].dims() != 1 || dense_shapes[t].NumElements() != indices[t].dim_size(1)) {
+      return errors::InvalidArgument("indices[", t, "] has indices of rank ",
+                                     indices[t].dim_size(1), " but dense_shape of shape ",
+                                     dense_shapes[t].shape().DebugString());
+    }
+    out->batch = dense_shapes[t].flat<int64_t>()(0);
+    if (out->batch < 0) {
+      return errors::InvalidArgument("indices[", t, "] has a negative batch size ", out->batch);
+    }
+    TF_RETURN_IF_ERROR(attributes_.CheckWeights(t, weights[t], nnz));
+    out->sample_ids = indices[t].flat<int64_t>().data();
+    out->sample_id_stride = indices[t].dim_size(1);
+    return absl::OkStatus();
+  }
+
+  // UniqueOwnedKeys: one occurrence count per received key.
+  static absl::Status ReadOccurrences(OpKernelContext* context, int t, int64_t nnz,
+                                      EntryInputs* out) {
+    OpInputList occurrences;
+    TF_RETURN_IF_ERROR(context->input_list("occurrences", &occurrences));
+    if (occurrences[t].dims() != 1 || occurrences[t].dim_size(0) != nnz) {
+      return errors::InvalidArgument("occurrences[", t, "] must have shape [", nnz,
+                                     "], one count per key, got ",
+                                     occurrences[t].shape().DebugString());
+    }
+    out->occurrences = occurrences[t].flat<int64_t>().data();
+    out->batch = nnz;
+    return absl::OkStatus();
+  }
+
   // The error for table t's first bad entry j, naming its row (and the one
   // before it), read back from the device.
   template <typename Key>
@@ -201,6 +247,7 @@ class UniqueKeysOp : public OpKernel {
   }
 
   CombineAttributes attributes_;
+  const bool owned_;  // SokEv>UniqueOwnedKeys
 };
 
 template <typename Device>
@@ -228,29 +275,39 @@ class PartitionByOwnerOp : public OpKernel {
     Tensor* counts;
     OP_REQUIRES_OK(context, context->allocate_output(
                                 "counts", TensorShape({keys.size(), num_workers_}), &counts));
-    Core<Device> core(context);
-    for (int t = 0; t < keys.size(); ++t) {
-      const int64_t n = keys[t].NumElements();
-      Tensor *grouped, *order;
-      OP_REQUIRES_OK(context, keys_by_owner.allocate(t, keys[t].shape(), &grouped));
-      OP_REQUIRES_OK(context, positions.allocate(t, TensorShape({n}), &order));
-      int64_t* table_counts = counts->flat<int64_t>().data() + t * num_workers_;  // (W,)
-      OP_REQUIRES_OK(
-          context, DispatchKeyType(keys[t].dtype(), "unique_keys", [&](auto key) {
-            using Key = decltype(key);
-            const Key* in = keys[t].flat<Key>().data();
-            Key* out = grouped->flat<Key>().data();
-            int64_t* where = order->flat<int64_t>().data();
-            if (target_workers_[t] < 0) {
-              return core.PartitionByOwner(in, n, num_workers_, out, where, table_counts);
-            }
-            // A table placed whole on one worker: every key goes there. A
-            // partition over one worker is stable, so it copies the keys, counts
-            // positions up from 0 and writes n into the target's count.
-            TF_RETURN_IF_ERROR(core.SetZero(table_counts, num_workers_));
-            return core.PartitionByOwner(in, n, 1, out, where, table_counts + target_workers_[t]);
-          }));
+    const int num_tables = keys.size();
+    std::vector<Tensor*> grouped(num_tables), order(num_tables);
+    std::vector<int64_t> costs(num_tables);
+    for (int t = 0; t < num_tables; ++t) {
+      costs[t] = keys[t].NumElements();
+      OP_REQUIRES_OK(context, keys_by_owner.allocate(t, keys[t].shape(), &grouped[t]));
+      OP_REQUIRES_OK(context, positions.allocate(t, TensorShape({costs[t]}), &order[t]));
     }
+    // Tables side by side (on the GPU each partition is a few small launches).
+    Core<Device> core(context);
+    OP_REQUIRES_OK(
+        context,
+        ForEachTable(
+            core, num_tables, costs.data(), /*same_stream=*/nullptr,
+            [&](int t, Core<Device>& table_core) -> absl::Status {
+              const int64_t n = costs[t];
+              int64_t* table_counts = counts->flat<int64_t>().data() + t * num_workers_;  // (W,)
+              return DispatchKeyType(keys[t].dtype(), "unique_keys", [&](auto key) {
+                using Key = decltype(key);
+                const Key* in = keys[t].flat<Key>().data();
+                Key* out = grouped[t]->flat<Key>().data();
+                int64_t* where = order[t]->flat<int64_t>().data();
+                if (target_workers_[t] < 0) {
+                  return table_core.PartitionByOwner(in, n, num_workers_, out, where, table_counts);
+                }
+                // A table placed whole on one worker: every key goes there. A
+                // partition over one worker is stable, so it copies the keys,
+                // counts positions up from 0 and writes n into the target's count.
+                TF_RETURN_IF_ERROR(table_core.SetZero(table_counts, num_workers_));
+                return table_core.PartitionByOwner(in, n, 1, out, where,
+                                                   table_counts + target_workers_[t]);
+              });
+            }));
   }
 
  private:
@@ -522,6 +579,7 @@ class CombineBackwardOp : public OpKernel {
 #define SOK_EV_REGISTER_CPU(name, kernel) \
   REGISTER_KERNEL_BUILDER(Name("SokEv>" name).Device(tensorflow::DEVICE_CPU), kernel<CPUDevice>)
 SOK_EV_REGISTER_CPU("UniqueKeys", UniqueKeysOp);
+SOK_EV_REGISTER_CPU("UniqueOwnedKeys", UniqueKeysOp);
 SOK_EV_REGISTER_CPU("PartitionByOwner", PartitionByOwnerOp);
 SOK_EV_REGISTER_CPU("FindOrInsert", FindOrInsertOp);
 SOK_EV_REGISTER_CPU("FindOrInsertCombine", FindOrInsertCombineOp);
@@ -535,6 +593,7 @@ SOK_EV_REGISTER_CPU("CombineBackward", CombineBackwardOp);
 using tensorflow::DEVICE_GPU;
 REGISTER_KERNEL_BUILDER(Name("SokEv>UniqueKeys").Device(DEVICE_GPU).HostMemory("dense_shapes"),
                         UniqueKeysOp<GPUDevice>);
+REGISTER_KERNEL_BUILDER(Name("SokEv>UniqueOwnedKeys").Device(DEVICE_GPU), UniqueKeysOp<GPUDevice>);
 REGISTER_KERNEL_BUILDER(Name("SokEv>PartitionByOwner").Device(DEVICE_GPU),
                         PartitionByOwnerOp<GPUDevice>);
 REGISTER_KERNEL_BUILDER(Name("SokEv>FindOrInsert").Device(DEVICE_GPU).HostMemory("resources"),

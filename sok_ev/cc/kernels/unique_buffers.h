@@ -17,9 +17,13 @@ template <typename Key>
 struct TableBatch {
   const Key* keys = nullptr;  // (nnz,)
   // Entry j's sample is sample_ids[j * sample_id_stride]: a SparseTensor's
-  // (nnz, rank) indices read in place.
+  // (nnz, rank) indices read in place. Null: entry j is sample j (batch ==
+  // nnz), as for the keys an owner received.
   const int64_t* sample_ids = nullptr;  // (nnz * sample_id_stride,)
   int64_t sample_id_stride = 1;
+  // Null: each entry is one occurrence of its key. Otherwise entry j stands
+  // for occurrences[j] of them, and a unique key's count is their sum.
+  const int64_t* occurrences = nullptr;  // (nnz,)
   int64_t nnz = 0;
   int64_t batch = 0;
   int64_t* unique_index = nullptr;  // (nnz,) out: each entry's unique key

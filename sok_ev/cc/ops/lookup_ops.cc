@@ -2,7 +2,8 @@
 // every table of one sok_ev.lookup_sparse call at once.
 //   one worker:   UniqueKeys -> FindOrInsertCombine
 //   many workers: UniqueKeys -> PartitionByOwner -> all-to-all
-//                 -> FindOrInsert (owners) -> all-to-all back -> CombineForward
+//                 -> UniqueOwnedKeys -> FindOrInsertCombine (owners)
+//                 -> all-to-all back -> CombineForward
 //   backward:     CombineBackward (per unique key), then the optimizer's
 //                 SparseApplyOptimizer (sok_ev/cc/ops/optimizer_ops.cc)
 // Kernels: sok_ev/cc/kernels/lookup_kernels.cc.
@@ -55,6 +56,44 @@ REGISTER_OP("SokEv>UniqueKeys")
         "counts are each unique key's occurrences; unique key u's entries are "
         "order[segments[u] .. segments[u + 1]); sample b's entries are "
         "[row_offsets[b], row_offsets[b + 1]).");
+
+// The owner's side of a lookup over several workers: each worker sent its
+// unique keys once, with their occurrences in its batch, so a key asked by
+// several workers arrives several times. Deduplicated here, the owner finds
+// each key once (FindOrInsertCombine with one entry per sample hands every
+// received key its row) and its gradients arrive summed per key
+// (CombineBackward), so the optimizer needs no second deduplication.
+REGISTER_OP("SokEv>UniqueOwnedKeys")
+    .Input("keys: Tkeys")
+    .Input("occurrences: N * int64")
+    .Output("unique_keys: Tkeys")
+    .Output("counts: N * int64")
+    .Output("unique_index: N * int64")
+    .Output("order: N * int64")
+    .Output("segments: N * int64")
+    .Output("row_offsets: N * int64")
+    .Attr("Tkeys: list({int32, int64})")
+    .Attr("N: int >= 1")
+    .SetShapeFn([](InferenceContext* c) {
+      int n;
+      TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+      for (int t = 0; t < n; ++t) {
+        const auto nnz = c->Dim(c->input(t), 0);
+        tensorflow::shape_inference::DimensionHandle samples;
+        TF_RETURN_IF_ERROR(c->Add(nnz, 1, &samples));
+        c->set_output(t, c->Vector(InferenceContext::kUnknownDim));          // unique_keys
+        c->set_output(n + t, c->Vector(InferenceContext::kUnknownDim));      // counts
+        c->set_output(2 * n + t, c->Vector(nnz));                            // unique_index
+        c->set_output(3 * n + t, c->Vector(nnz));                            // order
+        c->set_output(4 * n + t, c->Vector(InferenceContext::kUnknownDim));  // segments
+        c->set_output(5 * n + t, c->Vector(samples));                        // row_offsets
+      }
+      return absl::OkStatus();
+    })
+    .Doc(
+        "UniqueKeys for keys[t] where entry j is sample j (row_offsets[j] == j) "
+        "and stands for occurrences[t][j] occurrences of its key: counts[t][u] "
+        "sums them over unique key u's entries.");
 
 REGISTER_OP("SokEv>PartitionByOwner")
     .Input("unique_keys: Tkeys")
