@@ -49,6 +49,20 @@ template <typename Key>
 void partition_by_owner(const GpuContext& context, const Key* keys, int64_t n, int32_t num_workers,
                         Key* keys_by_owner, int64_t* positions, int64_t* counts);
 
+// partition_by_owner for the keys of num_tables tables in one sort (one
+// launch sequence instead of one per table). Table t's keys are
+// keys[key_offsets[t] .. key_offsets[t + 1]); with target_workers[t] >= 0
+// they all go to that worker, else each to owner_of. Table t's results stay
+// at its own entries, positions global (subtract key_offsets[t]):
+//   keys_by_owner, positions: (n,) out
+//   counts: (num_tables * num_workers,) out, table t's at t * num_workers
+//   key_offsets: (num_tables + 1,) device   target_workers: (num_tables,) device
+template <typename Key>
+void partition_by_owner_grouped(const GpuContext& context, const Key* keys, int64_t n,
+                                const int64_t* key_offsets, const int64_t* target_workers,
+                                int num_tables, int32_t num_workers, Key* keys_by_owner,
+                                int64_t* positions, int64_t* counts);
+
 }  // namespace gpu
 }  // namespace sok_ev
 

@@ -109,11 +109,22 @@ __global__ void scatter_unique_kernel(const Key* sorted, const int64_t* position
   }
 }
 
+// Entry i's bucket: its table times num_workers plus its owner (the
+// table's target worker when it has one). Sorted by bucket, the keys group
+// by table, then by owner.
+//   key_offsets: (num_tables + 1,) or null (one table)
+//   target_workers: (num_tables,) or null (every table sharded)
 template <typename Key>
-__global__ void owners_kernel(const Key* keys, int64_t n, int32_t num_workers, int32_t* owners) {
+__global__ void buckets_kernel(const Key* keys, int64_t n, const int64_t* key_offsets,
+                               const int64_t* target_workers, int num_tables, int32_t num_workers,
+                               int32_t* buckets) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
-    owners[i] = owner_of(keys[i], num_workers);
+    const int64_t t =
+        key_offsets == nullptr ? 0 : lower_bound(key_offsets, int64_t(num_tables) + 1, i + 1) - 1;
+    const int64_t target = target_workers == nullptr ? -1 : target_workers[t];
+    const int32_t owner = target >= 0 ? int32_t(target) : owner_of(keys[i], num_workers);
+    buckets[i] = int32_t(t) * num_workers + owner;
   }
 }
 
@@ -127,13 +138,13 @@ __global__ void gather_keys_kernel(const Key* keys, const int64_t* positions, in
   }
 }
 
-// counts[w] = number of sorted owners equal to w, by binary search for the
-// first index of each owner (owners are sorted).
-__global__ void owner_counts_kernel(const int32_t* sorted_owners, int64_t n, int32_t num_workers,
-                                    int64_t* counts) {
-  for (int32_t w = blockIdx.x * blockDim.x + threadIdx.x; w < num_workers;
-       w += gridDim.x * blockDim.x) {
-    counts[w] = lower_bound(sorted_owners, n, w + 1) - lower_bound(sorted_owners, n, w);
+// counts[b] = number of sorted buckets equal to b, by binary search for the
+// first index of each bucket (buckets are sorted).
+__global__ void bucket_counts_kernel(const int32_t* sorted_buckets, int64_t n, int32_t num_buckets,
+                                     int64_t* counts) {
+  for (int32_t b = blockIdx.x * blockDim.x + threadIdx.x; b < num_buckets;
+       b += gridDim.x * blockDim.x) {
+    counts[b] = lower_bound(sorted_buckets, n, b + 1) - lower_bound(sorted_buckets, n, b);
   }
 }
 
@@ -227,44 +238,49 @@ Status unique_keys_impl(const GpuContext& context, const Key* keys, int64_t n,
   return Status::Ok();
 }
 
+// partition_by_owner_grouped; one table when key_offsets is null. One
+// stable radix sort by bucket (buckets_kernel) for every table.
 template <typename Key>
-Status partition_impl(const GpuContext& context, const Key* keys, int64_t n, int32_t num_workers,
-                      Key* keys_by_owner, int64_t* positions, int64_t* counts) {
+Status partition_impl(const GpuContext& context, const Key* keys, int64_t n,
+                      const int64_t* key_offsets, const int64_t* target_workers, int num_tables,
+                      int32_t num_workers, Key* keys_by_owner, int64_t* positions,
+                      int64_t* counts) {
   cudaStream_t stream = stream_of(context);
-  if (num_workers < 1) {
-    return Status::InvalidArgument("partition_by_owner: num_workers must be >= 1");
+  if (num_workers < 1 || num_tables < 1) {
+    return Status::InvalidArgument("partition_by_owner: num_workers and num_tables must be >= 1");
   }
+  const int32_t num_buckets = num_tables * num_workers;
   if (n <= 0) {
-    SOK_EV_CUDA_RETURN(cudaMemsetAsync(counts, 0, num_workers * sizeof(int64_t), stream));
+    SOK_EV_CUDA_RETURN(cudaMemsetAsync(counts, 0, num_buckets * sizeof(int64_t), stream));
     return Status::Ok();
   }
-  ScratchBuffer owners(context, n * sizeof(int32_t));
-  ScratchBuffer sorted_owners(context, n * sizeof(int32_t));
+  ScratchBuffer buckets(context, n * sizeof(int32_t));
+  ScratchBuffer sorted_buckets(context, n * sizeof(int32_t));
   ScratchBuffer positions_in(context, n * sizeof(int64_t));
-  if (!owners.ok() || !sorted_owners.ok() || !positions_in.ok()) {
+  if (!buckets.ok() || !sorted_buckets.ok() || !positions_in.ok()) {
     return Status::Internal("partition_by_owner: out of device memory");
   }
-  owners_kernel<Key>
-      <<<grid_for(n, kThreads), kThreads, 0, stream>>>(keys, n, num_workers, owners.as<int32_t>());
-  SOK_EV_LAUNCH_CHECK("owners");
+  buckets_kernel<Key><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
+      keys, n, key_offsets, target_workers, num_tables, num_workers, buckets.as<int32_t>());
+  SOK_EV_LAUNCH_CHECK("buckets");
   iota_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(positions_in.as<int64_t>(), n);
   SOK_EV_LAUNCH_CHECK("iota");
-  const int end_bit = bits_for(num_workers);
+  const int end_bit = bits_for(num_buckets);
   size_t sort_bytes = 0;
   SOK_EV_CUDA_RETURN(cub::DeviceRadixSort::SortPairs(
-      nullptr, sort_bytes, owners.as<int32_t>(), sorted_owners.as<int32_t>(),
+      nullptr, sort_bytes, buckets.as<int32_t>(), sorted_buckets.as<int32_t>(),
       positions_in.as<int64_t>(), positions, n, 0, end_bit, stream));
   ScratchBuffer temp(context, sort_bytes);
   if (!temp.ok()) return Status::Internal("partition_by_owner: out of device memory");
   SOK_EV_CUDA_RETURN(cub::DeviceRadixSort::SortPairs(
-      temp.get(), sort_bytes, owners.as<int32_t>(), sorted_owners.as<int32_t>(),
+      temp.get(), sort_bytes, buckets.as<int32_t>(), sorted_buckets.as<int32_t>(),
       positions_in.as<int64_t>(), positions, n, 0, end_bit, stream));
   gather_keys_kernel<Key>
       <<<grid_for(n, kThreads), kThreads, 0, stream>>>(keys, positions, n, keys_by_owner);
   SOK_EV_LAUNCH_CHECK("gather_keys");
-  owner_counts_kernel<<<grid_for(num_workers, kThreads), kThreads, 0, stream>>>(
-      sorted_owners.as<int32_t>(), n, num_workers, counts);
-  SOK_EV_LAUNCH_CHECK("owner_counts");
+  bucket_counts_kernel<<<grid_for(num_buckets, kThreads), kThreads, 0, stream>>>(
+      sorted_buckets.as<int32_t>(), n, num_buckets, counts);
+  SOK_EV_LAUNCH_CHECK("bucket_counts");
   return Status::Ok();
 }
 
@@ -303,7 +319,18 @@ void unique_keys_grouped(const GpuContext& context, const Key* keys, int64_t n,
 template <typename Key>
 void partition_by_owner(const GpuContext& context, const Key* keys, int64_t n, int32_t num_workers,
                         Key* keys_by_owner, int64_t* positions, int64_t* counts) {
-  record_error(partition_impl(context, keys, n, num_workers, keys_by_owner, positions, counts));
+  record_error(partition_impl(context, keys, n, /*key_offsets=*/nullptr,
+                              /*target_workers=*/nullptr, 1, num_workers, keys_by_owner, positions,
+                              counts));
+}
+
+template <typename Key>
+void partition_by_owner_grouped(const GpuContext& context, const Key* keys, int64_t n,
+                                const int64_t* key_offsets, const int64_t* target_workers,
+                                int num_tables, int32_t num_workers, Key* keys_by_owner,
+                                int64_t* positions, int64_t* counts) {
+  record_error(partition_impl(context, keys, n, key_offsets, target_workers, num_tables,
+                              num_workers, keys_by_owner, positions, counts));
 }
 
 void fill_iota(const GpuContext& context, int64_t* values, int64_t n) {
@@ -339,6 +366,13 @@ template void partition_by_owner<int32_t>(const GpuContext&, const int32_t*, int
                                           int32_t*, int64_t*, int64_t*);
 template void partition_by_owner<int64_t>(const GpuContext&, const int64_t*, int64_t, int32_t,
                                           int64_t*, int64_t*, int64_t*);
+
+template void partition_by_owner_grouped<int32_t>(const GpuContext&, const int32_t*, int64_t,
+                                                  const int64_t*, const int64_t*, int, int32_t,
+                                                  int32_t*, int64_t*, int64_t*);
+template void partition_by_owner_grouped<int64_t>(const GpuContext&, const int64_t*, int64_t,
+                                                  const int64_t*, const int64_t*, int, int32_t,
+                                                  int64_t*, int64_t*, int64_t*);
 
 }  // namespace gpu
 }  // namespace sok_ev

@@ -327,12 +327,27 @@ class Core<CPUDevice> {
     return CheckDistinctOnHost(keys, n, where);
   }
 
-  //   keys, keys_by_owner, positions: (n,)  counts: (num_workers,) out
+  // Every table's unique keys grouped by the worker they go to, tables side
+  // by side (ForEachTable). A partition over one worker is stable, so a
+  // table placed whole on its target copies its keys, counts positions up
+  // from 0 and writes n into the target's count.
   template <typename Key>
-  absl::Status PartitionByOwner(const Key* keys, int64_t n, int32_t num_workers, Key* keys_by_owner,
-                                int64_t* positions, int64_t* counts) {
-    cpu::partition_by_owner(context_, keys, n, num_workers, keys_by_owner, positions, counts);
-    return absl::OkStatus();
+  absl::Status PartitionByOwner(const std::vector<OwnerBatch<Key>>& tables, int32_t num_workers) {
+    const int n = static_cast<int>(tables.size());
+    std::vector<int64_t> costs(n);
+    for (int t = 0; t < n; ++t) costs[t] = tables[t].n;
+    return ForEachTable(n, costs.data(), [&](int t, Core& core) {
+      const OwnerBatch<Key>& table = tables[t];
+      if (table.target_worker < 0) {
+        cpu::partition_by_owner(core.context_, table.keys, table.n, num_workers,
+                                table.keys_by_owner, table.positions, table.counts);
+      } else {
+        std::fill(table.counts, table.counts + num_workers, 0);
+        cpu::partition_by_owner(core.context_, table.keys, table.n, 1, table.keys_by_owner,
+                                table.positions, table.counts + table.target_worker);
+      }
+      return absl::OkStatus();
+    });
   }
 
   //   unique_values: (num_unique, dim)  unique_index: (nnz,)  weights: (nnz,)

@@ -499,11 +499,48 @@ class Core<GPUDevice> {
     return CheckDistinctOnHost(host.data(), n, where);
   }
 
-  //   keys, keys_by_owner, positions: (n,)  counts: (num_workers,) out
+  // Core<CPUDevice>::PartitionByOwner's contract, every table in one sort
+  // (gpu::partition_by_owner_grouped): the per-table buffers are gathered
+  // into one and scattered back by batched copies, a few launches in all.
   template <typename Key>
-  absl::Status PartitionByOwner(const Key* keys, int64_t n, int32_t num_workers, Key* keys_by_owner,
-                                int64_t* positions, int64_t* counts) {
-    gpu::partition_by_owner(context_, keys, n, num_workers, keys_by_owner, positions, counts);
+  absl::Status PartitionByOwner(const std::vector<OwnerBatch<Key>>& tables, int32_t num_workers) {
+    const int num_tables = static_cast<int>(tables.size());
+    // key_offsets (num_tables + 1), then target_workers (num_tables).
+    std::vector<int64_t> parameters(2 * num_tables + 1, 0);
+    for (int t = 0; t < num_tables; ++t) {
+      parameters[t + 1] = parameters[t] + tables[t].n;
+      parameters[num_tables + 1 + t] = tables[t].target_worker;
+    }
+    const int64_t n = parameters[num_tables];
+    const int64_t size = std::max<int64_t>(n, 1);
+    tensorflow::Tensor parameters_tensor, keys_tensor, grouped_tensor, positions_tensor,
+        counts_tensor;
+    TF_RETURN_IF_ERROR(Scratch<int64_t>(2 * num_tables + 1, &parameters_tensor));
+    TF_RETURN_IF_ERROR(Scratch<Key>(size, &keys_tensor));
+    TF_RETURN_IF_ERROR(Scratch<Key>(size, &grouped_tensor));
+    TF_RETURN_IF_ERROR(Scratch<int64_t>(size, &positions_tensor));
+    TF_RETURN_IF_ERROR(Scratch<int64_t>(int64_t{num_tables} * num_workers, &counts_tensor));
+    int64_t* device_parameters = VectorData<int64_t>(parameters_tensor);
+    gpu::upload_values(context_, parameters, device_parameters);
+    Key* keys = VectorData<Key>(keys_tensor);
+    Key* grouped = VectorData<Key>(grouped_tensor);
+    int64_t* positions = VectorData<int64_t>(positions_tensor);
+    int64_t* counts = VectorData<int64_t>(counts_tensor);
+    std::vector<gpu::CopyJob<Key>> gather, key_jobs;
+    std::vector<gpu::CopyJob<int64_t>> index_jobs;
+    for (int t = 0; t < num_tables; ++t) {
+      const int64_t first = parameters[t];
+      gather.push_back({tables[t].keys, keys + first, tables[t].n, Key{0}});
+      key_jobs.push_back({grouped + first, tables[t].keys_by_owner, tables[t].n, Key{0}});
+      index_jobs.push_back({positions + first, tables[t].positions, tables[t].n, first});
+      index_jobs.push_back({counts + int64_t{t} * num_workers, tables[t].counts, num_workers, 0});
+    }
+    gpu::batched_copy(context_, gather);
+    gpu::partition_by_owner_grouped(context_, keys, n, device_parameters,
+                                    device_parameters + num_tables + 1, num_tables, num_workers,
+                                    grouped, positions, counts);
+    gpu::batched_copy(context_, key_jobs);
+    gpu::batched_copy(context_, index_jobs);
     return Pending();
   }
 

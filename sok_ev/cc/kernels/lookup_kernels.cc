@@ -277,37 +277,32 @@ class PartitionByOwnerOp : public OpKernel {
                                 "counts", TensorShape({keys.size(), num_workers_}), &counts));
     const int num_tables = keys.size();
     std::vector<Tensor*> grouped(num_tables), order(num_tables);
-    std::vector<int64_t> costs(num_tables);
     for (int t = 0; t < num_tables; ++t) {
-      costs[t] = keys[t].NumElements();
       OP_REQUIRES_OK(context, keys_by_owner.allocate(t, keys[t].shape(), &grouped[t]));
-      OP_REQUIRES_OK(context, positions.allocate(t, TensorShape({costs[t]}), &order[t]));
+      OP_REQUIRES_OK(context,
+                     positions.allocate(t, TensorShape({keys[t].NumElements()}), &order[t]));
     }
-    // Tables side by side (on the GPU each partition is a few small launches).
+    // Every table of a key dtype in one core call (one sort on the GPU).
     Core<Device> core(context);
-    OP_REQUIRES_OK(
-        context,
-        ForEachTable(
-            core, num_tables, costs.data(), /*same_stream=*/nullptr,
-            [&](int t, Core<Device>& table_core) -> absl::Status {
-              const int64_t n = costs[t];
-              int64_t* table_counts = counts->flat<int64_t>().data() + t * num_workers_;  // (W,)
-              return DispatchKeyType(keys[t].dtype(), "unique_keys", [&](auto key) {
-                using Key = decltype(key);
-                const Key* in = keys[t].flat<Key>().data();
-                Key* out = grouped[t]->flat<Key>().data();
-                int64_t* where = order[t]->flat<int64_t>().data();
-                if (target_workers_[t] < 0) {
-                  return table_core.PartitionByOwner(in, n, num_workers_, out, where, table_counts);
-                }
-                // A table placed whole on one worker: every key goes there. A
-                // partition over one worker is stable, so it copies the keys,
-                // counts positions up from 0 and writes n into the target's count.
-                TF_RETURN_IF_ERROR(table_core.SetZero(table_counts, num_workers_));
-                return table_core.PartitionByOwner(in, n, 1, out, where,
-                                                   table_counts + target_workers_[t]);
-              });
-            }));
+    for (tensorflow::DataType dtype : {tensorflow::DT_INT32, tensorflow::DT_INT64}) {
+      OP_REQUIRES_OK(context, DispatchKeyType(dtype, "unique_keys", [&](auto key) {
+                       using Key = decltype(key);
+                       std::vector<OwnerBatch<Key>> tables;
+                       for (int t = 0; t < num_tables; ++t) {
+                         if (keys[t].dtype() != dtype) continue;
+                         OwnerBatch<Key> table;
+                         table.keys = keys[t].flat<Key>().data();
+                         table.n = keys[t].NumElements();
+                         table.target_worker = target_workers_[t];
+                         table.keys_by_owner = grouped[t]->flat<Key>().data();
+                         table.positions = order[t]->flat<int64_t>().data();
+                         table.counts = counts->flat<int64_t>().data() + t * num_workers_;
+                         tables.push_back(table);
+                       }
+                       if (tables.empty()) return absl::OkStatus();
+                       return core.PartitionByOwner(tables, num_workers_);
+                     }));
+    }
   }
 
  private:

@@ -1,6 +1,6 @@
-// What the UniqueKeys stage reads and writes per table, device-neutral: the
-// outputs sized by the batch are allocated up front; those sized by the
-// number of unique keys once the core knows it.
+// What the grouped UniqueKeys and PartitionByOwner stages read and write per
+// table, device-neutral: the outputs sized by the batch are allocated up
+// front; those sized by the number of unique keys once the core knows it.
 #ifndef SOK_EV_CC_KERNELS_UNIQUE_BUFFERS_H_
 #define SOK_EV_CC_KERNELS_UNIQUE_BUFFERS_H_
 
@@ -37,6 +37,17 @@ struct UniqueBuffers {
   Key* unique_keys = nullptr;   // (num_unique,)
   int64_t* counts = nullptr;    // (num_unique,)
   int64_t* segments = nullptr;  // (num_unique + 1,)
+};
+
+// One table's unique keys for PartitionByOwner, and where its keys go.
+template <typename Key>
+struct OwnerBatch {
+  const Key* keys = nullptr;  // (n,)
+  int64_t n = 0;
+  int32_t target_worker = -1;    // -1: each key to owner_of(key); else all there
+  Key* keys_by_owner = nullptr;  // (n,) out, grouped by owner, stable
+  int64_t* positions = nullptr;  // (n,) out: keys_by_owner[j] == keys[positions[j]]
+  int64_t* counts = nullptr;     // (num_workers,) out: keys for each worker
 };
 
 // Called once per table with its number of unique keys; fills *buffers.
