@@ -17,6 +17,27 @@ namespace sok_ev {
 
 using tensorflow::shape_inference::InferenceContext;
 
+// The six output lists of UniqueKeys and UniqueOwnedKeys, N tables each:
+// unique_keys, counts and segments sized by the unique keys; unique_index and
+// order by the entries (input t); row_offsets by the samples, entries + 1
+// when each entry is its own sample.
+static absl::Status UniqueShapes(InferenceContext* c, bool entry_per_sample) {
+  int n;
+  TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+  for (int t = 0; t < n; ++t) {
+    const auto nnz = c->Dim(c->input(t), 0);
+    tensorflow::shape_inference::DimensionHandle samples = c->UnknownDim();
+    if (entry_per_sample) TF_RETURN_IF_ERROR(c->Add(nnz, 1, &samples));
+    c->set_output(t, c->Vector(InferenceContext::kUnknownDim));          // unique_keys
+    c->set_output(n + t, c->Vector(InferenceContext::kUnknownDim));      // counts
+    c->set_output(2 * n + t, c->Vector(nnz));                            // unique_index
+    c->set_output(3 * n + t, c->Vector(nnz));                            // order
+    c->set_output(4 * n + t, c->Vector(InferenceContext::kUnknownDim));  // segments
+    c->set_output(5 * n + t, c->Vector(samples));                        // row_offsets
+  }
+  return absl::OkStatus();
+}
+
 // indices[t] and dense_shapes[t] are the SparseTensor's own: the kernel
 // reads the sample ids (column 0) and the batch size (element 0) in place,
 // so no per-table slice op runs. weights[t] is empty when weighted[t] is false.
@@ -34,20 +55,7 @@ REGISTER_OP("SokEv>UniqueKeys")
     .Attr("Tkeys: list({int32, int64})")
     .Attr("N: int >= 1")
     .Attr("weighted: list(bool)")
-    .SetShapeFn([](InferenceContext* c) {
-      int n;
-      TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
-      for (int t = 0; t < n; ++t) {
-        const auto nnz = c->Dim(c->input(t), 0);
-        c->set_output(t, c->Vector(InferenceContext::kUnknownDim));          // unique_keys
-        c->set_output(n + t, c->Vector(InferenceContext::kUnknownDim));      // counts
-        c->set_output(2 * n + t, c->Vector(nnz));                            // unique_index
-        c->set_output(3 * n + t, c->Vector(nnz));                            // order
-        c->set_output(4 * n + t, c->Vector(InferenceContext::kUnknownDim));  // segments
-        c->set_output(5 * n + t, c->Vector(InferenceContext::kUnknownDim));  // row_offsets
-      }
-      return absl::OkStatus();
-    })
+    .SetShapeFn([](InferenceContext* c) { return UniqueShapes(c, /*entry_per_sample=*/false); })
     .Doc(
         "Checks each table's entries (sample ids indices[t][:, 0] "
         "non-decreasing in [0, dense_shapes[t][0]), one weight per entry when "
@@ -74,22 +82,7 @@ REGISTER_OP("SokEv>UniqueOwnedKeys")
     .Output("row_offsets: N * int64")
     .Attr("Tkeys: list({int32, int64})")
     .Attr("N: int >= 1")
-    .SetShapeFn([](InferenceContext* c) {
-      int n;
-      TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
-      for (int t = 0; t < n; ++t) {
-        const auto nnz = c->Dim(c->input(t), 0);
-        tensorflow::shape_inference::DimensionHandle samples;
-        TF_RETURN_IF_ERROR(c->Add(nnz, 1, &samples));
-        c->set_output(t, c->Vector(InferenceContext::kUnknownDim));          // unique_keys
-        c->set_output(n + t, c->Vector(InferenceContext::kUnknownDim));      // counts
-        c->set_output(2 * n + t, c->Vector(nnz));                            // unique_index
-        c->set_output(3 * n + t, c->Vector(nnz));                            // order
-        c->set_output(4 * n + t, c->Vector(InferenceContext::kUnknownDim));  // segments
-        c->set_output(5 * n + t, c->Vector(samples));                        // row_offsets
-      }
-      return absl::OkStatus();
-    })
+    .SetShapeFn([](InferenceContext* c) { return UniqueShapes(c, /*entry_per_sample=*/true); })
     .Doc(
         "UniqueKeys for keys[t] where entry j is sample j (row_offsets[j] == j) "
         "and stands for occurrences[t][j] occurrences of its key: counts[t][u] "
