@@ -207,8 +207,60 @@ patch("HugeCTR/embedding/operators/generic_lookup.cuh",
       "    warp_num_per_block = block_size / 32;\n"
       "    saturate_num = sms * warp_num_per_sm * multiple_num;\n"
       "  }\n")
+# 9. HKV's training crash (session 11): thrust's reduction inside HKV, called
+#    from the optimizer's DummyVarSparseRead, threw "invalid device ordinal"
+#    (CUB's answer when cudaGetDevice fails on the calling thread) through the
+#    TF kernel, and TensorFlow died translating the C++ exception. Every
+#    kernel in the six patched files now (a) makes its thread's current
+#    device, in SOK's private runtime, the device of the op's stream, saying
+#    once on stderr when it had to and what cudaGetDevice answered; (b) turns
+#    a thrown std::exception into the op's error Status.
+binder = (
+    "namespace sok_ev_patch9 {\n"
+    "inline void BindDevice(tensorflow::OpKernelContext* ctx, const char* op) {\n"
+    "  auto* device_ctx = ctx->op_device_context();\n"
+    "  if (device_ctx == nullptr || device_ctx->stream() == nullptr) return;  // a CPU kernel\n"
+    "  cudaStream_t stream = stream_executor::gpu::AsGpuStreamValue(device_ctx->stream());\n"
+    "  int wanted = -1, current = -1;\n"
+    "  const cudaError_t stream_status = cudaStreamGetDevice(stream, &wanted);\n"
+    "  const cudaError_t current_status = cudaGetDevice(&current);\n"
+    "  if (stream_status == cudaSuccess && current_status == cudaSuccess && wanted == current) return;\n"
+    "  static std::atomic<int> reports{0};\n"
+    "  if (reports.fetch_add(1) < 8) {\n"
+    "    int count = -1;\n"
+    "    const cudaError_t count_status = cudaGetDeviceCount(&count);\n"
+    "    fprintf(stderr, \"[sok-ev patch 9] %s: stream's device %d (%s), thread's device %d (%s), \"\n"
+    "            \"device count %d (%s); binding the stream's device\\n\", op, wanted,\n"
+    "            cudaGetErrorString(stream_status), current, cudaGetErrorString(current_status), count,\n"
+    "            cudaGetErrorString(count_status));\n"
+    "  }\n"
+    "  cudaGetLastError();  // drop the failed query's error, not sticky\n"
+    "  if (stream_status == cudaSuccess) cudaSetDevice(wanted);\n"
+    "}\n"
+    "}  // namespace sok_ev_patch9\n")
+guarded = ("  void Compute(OpKernelContext* ctx) override {\n"
+           "    sok_ev_patch9::BindDevice(ctx, this->name().c_str());\n"
+           "    try {\n"
+           "      ComputeUnguarded(ctx);\n"
+           "    } catch (const std::exception& error) {\n"
+           "      ctx->CtxFailure(__FILE__, __LINE__,\n"
+           "                      errors::Internal(\"SOK op \", this->name(), \" threw: \", error.what()));\n"
+           "    }\n"
+           "  }\n"
+           "  void ComputeUnguarded(OpKernelContext* ctx) {\n")
+unguarded = "  void Compute(OpKernelContext* ctx) override {\n"
+guarded_kernels = 0
+for path in files:
+    text = open(path).read()
+    count = text.count(unguarded)
+    patch(path, "}  // namespace stream_executor\n",
+          "}  // namespace stream_executor\n#include <atomic>\n#include <cstdio>\n" + binder)
+    if count:
+        patch(path, unguarded, guarded, count=count)
+        guarded_kernels += count
+assert guarded_kernels == 23, guarded_kernels
 print(f"patched CMakeLists.txt, {len(files)} kernels, gpu_resource_impl.hpp, concurrent_unordered_map.cuh, "
-      "lookup.py, kernel_params.cpp, generic_lookup.cuh")
+      f"lookup.py, kernel_params.cpp, generic_lookup.cuh, {guarded_kernels} guarded Compute methods")
 PY
 
 mkdir -p "$cache/src/merlin-sok-$sok_version"

@@ -47,7 +47,8 @@
 #   peers              sok-ev against NVIDIA SOK 2.1.0 (benchmarks/peers/): the
 #                      step of sok_vs_sok_ev.py per implementation on GPU 0
 #                      while feature_probe.py runs on GPU 1, then each step
-#                      under horovodrun -np 2; needs .peers/ carried too
+#                      under horovodrun -np 2 (one GPU: the probe after the
+#                      timings, no 2-GPU runs); needs .peers/ carried too
 #                      (benchmarks/peers/build_sok.sh): carry=[".device", ".peers"].
 #                      SOK kinds whose sok_smoke.py step crashes are not timed;
 #                      their cuda-gdb backtraces and compute-sanitizer
@@ -298,6 +299,12 @@ part_peers() { # sok-ev and SOK, one implementation a process (benchmarks/peers/
             --json-dir "$OUT" "${small[@]}" $( ((dry)) && echo --dry-run-on-cpu) || rc=1
     done
     [[ -n $probe_pid ]] && wait "$probe_pid"
+    if ((gpus < 2 && !dry)); then # one GPU: the probe after the timings, on the same GPU
+        for impl in "${impls[@]}"; do
+            (cd "$run" && CUDA_VISIBLE_DEVICES=0 timeout -k 10 "$(limit 120)" "$PY" \
+                "$peers/feature_probe.py" --impl "$impl" --json-dir "$OUT")
+        done >"$OUT/probe.log" 2>&1
+    fi
     if ((gpus >= 2)) || { ((dry)) && command -v horovodrun >/dev/null; }; then
         local launch=("$root/tests/multiworker/one_gpu_per_rank.sh")
         ((dry)) && launch=()
@@ -307,7 +314,7 @@ part_peers() { # sok-ev and SOK, one implementation a process (benchmarks/peers/
                 $( ((dry)) && echo --dry-run-on-cpu) || rc=1
         done
     else
-        echo "=== one GPU: no 2-GPU runs, probe not run" >>"$OUT/peers.log"
+        echo "=== one GPU: no 2-GPU runs" >>"$OUT/peers.log"
     fi
     peers_run 30 "$PY" "$peers/sok_vs_sok_ev.py" --report --json-dir "$OUT" "${small[@]}" || rc=1
     peers_run 30 "$PY" "$peers/feature_probe.py" --report --json-dir "$OUT" || rc=1
