@@ -54,6 +54,10 @@
 #     TensorFlow on the link line (CMake's Static runtime alone comes after
 #     TensorFlow, whose definitions then win), hidden by --exclude-libs.
 #     check_sok_libs.sh fails on any UND cuda* symbol or NEEDED libcudart.
+#  9. Every SOK kernel binds its stream's device and returns a thrown
+#     std::exception as its error Status (HKV's crash was one, lost in TF).
+# 10. HKV sums its bucket sizes on the host instead of thrust::reduce, whose
+#     CUB failed with "invalid device ordinal" (diagnostic printed once).
 set -euo pipefail
 export TF_CPP_MIN_LOG_LEVEL=3
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -259,8 +263,46 @@ for path in files:
         patch(path, unguarded, guarded, count=count)
         guarded_kernels += count
 assert guarded_kernels == 23, guarded_kernels
+# 10. Workaround, with a diagnostic: patch 9's run showed the thread's device
+#     right (no binding needed) and HKV's thrust::reduce of its bucket sizes
+#     still failing with "invalid device ordinal", which CUB returns when its
+#     cached device count is not above the current device. HKV's two such
+#     reductions (fast_load_factor, size) now copy the bucket sizes to the
+#     host and sum them there; the first call prints what CUB and the runtime
+#     report, for the record.
+hkv = "third_party/HierarchicalKV/include/merlin_hashtable.cuh"
+patch(hkv, "namespace nv {\nnamespace merlin {\n",
+      "namespace nv {\nnamespace merlin {\n"
+      "namespace sok_ev_patch10 {\n"
+      "inline int64_t sum_bucket_sizes(const int* sizes, size_t n, cudaStream_t stream) {\n"
+      "  static std::atomic<bool> reported{false};\n"
+      "  if (!reported.exchange(true)) {\n"
+      "    int count = -1;\n"
+      "    const cudaError_t status = cudaGetDeviceCount(&count);\n"
+      "    fprintf(stderr, \"[sok-ev patch 10] HKV bucket sizes summed on the host; cub::DeviceCount() \"\n"
+      "            \"%d, cub::CurrentDevice() %d, cudaGetDeviceCount %d (%s)\\n\", cub::DeviceCount(),\n"
+      "            cub::CurrentDevice(), count, cudaGetErrorString(status));\n"
+      "  }\n"
+      "  std::vector<int> host(n);\n"
+      "  CUDA_CHECK(cudaMemcpyAsync(host.data(), sizes, n * sizeof(int), cudaMemcpyDeviceToHost, stream));\n"
+      "  CUDA_CHECK(cudaStreamSynchronize(stream));\n"
+      "  int64_t total = 0;\n"
+      "  for (int size : host) total += size;\n"
+      "  return total;\n"
+      "}\n"
+      "}  // namespace sok_ev_patch10\n")
+patch(hkv, "    int size = thrust::reduce(thrust_par.on(stream), size_ptr, size_ptr + N, 0,\n"
+           "                              thrust::plus<int>());\n",
+      "    int size = static_cast<int>(\n"
+      "        sok_ev_patch10::sum_bucket_sizes(table_->buckets_size, N, stream));\n")
+patch(hkv, "      h_size += thrust::reduce(thrust_par.on(stream), size_ptr + start_i,\n"
+           "                               size_ptr + end_i, 0, thrust::plus<int>());\n",
+      "      h_size += sok_ev_patch10::sum_bucket_sizes(table_->buckets_size + start_i,\n"
+      "                                                 end_i - start_i, stream);\n")
+patch(hkv, "#include <atomic>\n", "#include <atomic>\n#include <cstdio>\n#include <vector>\n")
 print(f"patched CMakeLists.txt, {len(files)} kernels, gpu_resource_impl.hpp, concurrent_unordered_map.cuh, "
-      f"lookup.py, kernel_params.cpp, generic_lookup.cuh, {guarded_kernels} guarded Compute methods")
+      f"lookup.py, kernel_params.cpp, generic_lookup.cuh, {guarded_kernels} guarded Compute methods, "
+      "merlin_hashtable.cuh")
 PY
 
 mkdir -p "$cache/src/merlin-sok-$sok_version"
