@@ -45,11 +45,13 @@ class Impl:
             lib.init(use_legacy_optimizer=False)
         self.lib = lib
 
-    def table(self, key_dtype=None, target_gpu=None):
+    def table(self, key_dtype=None, target_gpu=None, name=None):
+        """A fresh table; `name` defaults to a new one (SOK's load finds a
+        table's files by its name, so a restore passes the saved one)."""
         tf, lib = self.tf, self.lib
         key_dtype = key_dtype or tf.int64
         self.count += 1
-        name = f"probe_{self.count}"
+        name = name or f"probe_{self.count}"
         uniform = tf.random_uniform_initializer(-1.0, 1.0)
         mode = None if target_gpu is None else f"localized:{target_gpu}"
         if self.name == "sok_ev":
@@ -82,7 +84,8 @@ class Impl:
 
     def optimizer(self):
         opt = self.tf.compat.v1.train.AdagradOptimizer(0.1, 0.1)
-        return self.lib.OptimizerWrapper(opt) if self.name == "sok_dynamic" else opt
+        # SOK's dump/load take its OptimizerWrapper (or a Keras optimizer).
+        return opt if self.name == "sok_ev" else self.lib.OptimizerWrapper(opt)
 
 
 def sparse(tf, rows, dtype=None, shape=None, values_dtype=None):
@@ -155,7 +158,7 @@ def case_checkpoint(impl):
     else:
         impl.lib.dump(path, [table], opt)
         names = sorted(os.listdir(path))
-        fresh, fresh_opt = impl.table(), impl.optimizer()
+        fresh, fresh_opt = impl.table(name=table.name.split(":")[0]), impl.optimizer()
         impl.lib.load(path, [fresh], fresh_opt)
         what = "sok.dump: " + ", ".join(names)
     after = rows_of(impl, fresh, keys, tf.int64)
