@@ -42,26 +42,64 @@ void row_offsets_from_sample_ids(const int64_t* sample_ids, int64_t stride, int6
   for (int64_t b = 0; b < batch; ++b) row_offsets[b + 1] += row_offsets[b];
 }
 
+namespace {
+
+// combine_forward on samples [first, last).
+SOK_EV_ROW_LOOPS void combine_samples(const float* unique_values, const int64_t* unique_index,
+                                      const float* weights, const int64_t* row_offsets,
+                                      int64_t first, int64_t last, int64_t dim, Combiner combiner,
+                                      float* out) {
+  for (int64_t b = first; b < last; ++b) {
+    // The output never overlaps the table rows: restrict lets it vectorise.
+    float* __restrict__ sample = out + b * dim;
+    std::fill(sample, sample + dim, 0.0f);
+    const int64_t begin = row_offsets[b], end = row_offsets[b + 1];
+    for (int64_t j = begin; j < end; ++j) {
+      const float w = weights ? weights[j] : 1.0f;
+      const float* __restrict__ row = unique_values + unique_index[j] * dim;
+      for (int64_t c = 0; c < dim; ++c) sample[c] += w * row[c];
+    }
+    if (combiner != Combiner::kSum && begin < end) {
+      const float denominator = combine_denominator(combiner, weights, begin, end);
+      for (int64_t c = 0; c < dim; ++c) sample[c] = div_no_nan(sample[c], denominator);
+    }
+  }
+}
+
+// combine_backward on unique keys [first, last); entry_sample[j] is entry
+// j's sample, denominator[b] sample b's combine_denominator.
+SOK_EV_ROW_LOOPS void combine_backward_keys(const float* grad_out, const int64_t* order,
+                                            const int64_t* segments, const float* weights,
+                                            const int64_t* entry_sample, const float* denominator,
+                                            int64_t first, int64_t last, int64_t dim,
+                                            Combiner combiner, float* grad_unique) {
+  for (int64_t u = first; u < last; ++u) {
+    float* __restrict__ row = grad_unique + u * dim;
+    std::fill(row, row + dim, 0.0f);
+    for (int64_t k = segments[u]; k < segments[u + 1]; ++k) {
+      const int64_t j = order[k];
+      const int64_t b = entry_sample[j];
+      const float w = weights ? weights[j] : 1.0f;
+      const float* __restrict__ g = grad_out + b * dim;
+      if (combiner == Combiner::kSum) {
+        for (int64_t c = 0; c < dim; ++c) row[c] += w * g[c];
+      } else {
+        const float d = denominator[b];
+        for (int64_t c = 0; c < dim; ++c) row[c] += w * div_no_nan(g[c], d);
+      }
+    }
+  }
+}
+
+}  // namespace
+
 void combine_forward(const CpuContext& context, const float* unique_values,
                      const int64_t* unique_index, const float* weights, const int64_t* row_offsets,
                      int64_t batch, int64_t dim, Combiner combiner, float* out) {
   const int64_t average_hotness = batch > 0 ? row_offsets[batch] / batch + 1 : 1;
   context.parallel_for(batch, average_hotness * dim, [&](int64_t first, int64_t last) {
-    for (int64_t b = first; b < last; ++b) {
-      // The output never overlaps the table rows: restrict lets it vectorise.
-      float* __restrict__ sample = out + b * dim;
-      std::fill(sample, sample + dim, 0.0f);
-      const int64_t begin = row_offsets[b], end = row_offsets[b + 1];
-      for (int64_t j = begin; j < end; ++j) {
-        const float w = weights ? weights[j] : 1.0f;
-        const float* __restrict__ row = unique_values + unique_index[j] * dim;
-        for (int64_t c = 0; c < dim; ++c) sample[c] += w * row[c];
-      }
-      if (combiner != Combiner::kSum && begin < end) {
-        const float denominator = combine_denominator(combiner, weights, begin, end);
-        for (int64_t c = 0; c < dim; ++c) sample[c] = div_no_nan(sample[c], denominator);
-      }
-    }
+    combine_samples(unique_values, unique_index, weights, row_offsets, first, last, dim, combiner,
+                    out);
   });
 }
 
@@ -80,29 +118,16 @@ void combine_backward(const CpuContext& context, const float* grad_out, const in
   }
   const int64_t average_count = num_unique > 0 ? nnz / num_unique + 1 : 1;
   context.parallel_for(num_unique, average_count * dim, [&](int64_t first, int64_t last) {
-    for (int64_t u = first; u < last; ++u) {
-      float* __restrict__ row = grad_unique + u * dim;
-      std::fill(row, row + dim, 0.0f);
-      for (int64_t k = segments[u]; k < segments[u + 1]; ++k) {
-        const int64_t j = order[k];
-        const int64_t b = entry_sample[j];
-        const float w = weights ? weights[j] : 1.0f;
-        const float* __restrict__ g = grad_out + b * dim;
-        if (combiner == Combiner::kSum) {
-          for (int64_t c = 0; c < dim; ++c) row[c] += w * g[c];
-        } else {
-          const float d = denominator[b];
-          for (int64_t c = 0; c < dim; ++c) row[c] += w * div_no_nan(g[c], d);
-        }
-      }
-    }
+    combine_backward_keys(grad_out, order, segments, weights, entry_sample.data(),
+                          denominator.data(), first, last, dim, combiner, grad_unique);
   });
 }
 
-void combine_backward_serial(const float* grad_out, const int64_t* order, const int64_t* segments,
-                             int64_t num_unique, const float* weights, const int64_t* row_offsets,
-                             int64_t batch, int64_t nnz, int64_t dim, Combiner combiner,
-                             float* grad_unique) {
+SOK_EV_ROW_LOOPS void combine_backward_serial(const float* grad_out, const int64_t* order,
+                                              const int64_t* segments, int64_t num_unique,
+                                              const float* weights, const int64_t* row_offsets,
+                                              int64_t batch, int64_t nnz, int64_t dim,
+                                              Combiner combiner, float* grad_unique) {
   std::vector<int64_t> entry_key(nnz);
   for (int64_t u = 0; u < num_unique; ++u) {
     for (int64_t k = segments[u]; k < segments[u + 1]; ++k) entry_key[order[k]] = u;

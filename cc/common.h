@@ -18,6 +18,16 @@
 #define SOK_EV_HOST_DEVICE inline
 #endif
 
+// Marks the CPU core's hot row loops: besides the baseline x86-64 code, GCC
+// builds an AVX2 clone that the loader picks on CPUs that have AVX2 (an
+// ifunc), so the wheel still runs on any x86-64. Neither clone uses FMA
+// (-ffp-contract=off), so both give the same bits.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
+#define SOK_EV_ROW_LOOPS __attribute__((target_clones("avx2", "default")))
+#else
+#define SOK_EV_ROW_LOOPS
+#endif
+
 namespace sok_ev {
 
 // Result of a core call. The framework layer turns a failed Status into its

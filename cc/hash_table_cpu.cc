@@ -122,13 +122,14 @@ struct HashTable<Key>::Shard {
     return reinterpret_cast<float*>(records.data() + id * record_bytes + sizeof(Header));
   }
 
-  // Index slot of `key` (*found = true) or the empty slot where it would go.
-  int64_t probe(Key key, uint64_t hash, bool* found) const {
+  // Index slot of `key` (*found = true) or the empty slot where it would go,
+  // probing from slot `start` (tag_of(hash) & (capacity - 1) for a whole probe).
+  int64_t probe_from(Key key, uint64_t hash, int64_t start, bool* found) const {
     const uint64_t* e = entries();
     const int64_t mask = capacity - 1;
     const uint32_t tag = tag_of(hash);
     const int64_t bits = static_cast<int64_t>(key_bits(key));
-    int64_t i = tag & mask;
+    int64_t i = start;
     while (e[i] != kEmptyEntry) {
       if (static_cast<uint32_t>(e[i] >> 32) == tag && header(id_of(e[i]))->key == bits) {
         *found = true;
@@ -137,6 +138,21 @@ struct HashTable<Key>::Shard {
       i = (i + 1) & mask;
     }
     *found = false;
+    return i;
+  }
+  int64_t probe(Key key, uint64_t hash, bool* found) const {
+    return probe_from(key, hash, tag_of(hash) & (capacity - 1), found);
+  }
+
+  // The first slot of `hash`'s probe that is empty or holds its tag, read
+  // from the index alone: the record there (almost always the key's) can be
+  // asked for before probe_from compares the key in it.
+  int64_t first_tag_match(uint64_t hash) const {
+    const uint64_t* e = entries();
+    const int64_t mask = capacity - 1;
+    const uint32_t tag = tag_of(hash);
+    int64_t i = tag & mask;
+    while (e[i] != kEmptyEntry && static_cast<uint32_t>(e[i] >> 32) != tag) i = (i + 1) & mask;
     return i;
   }
 
@@ -160,6 +176,41 @@ struct HashTable<Key>::Shard {
     bool found;
     const int64_t i = probe(key, bucket_hash(key), &found);
     return found ? id_of(entries()[i]) : -1;
+  }
+
+  // ids[k] = find_row(keys[positions[k]]) for k < count, each found record's
+  // first `floats` floats asked for. In chunks, three passes: ask for every
+  // key's index line, then read the index and ask for the record there, then
+  // compare the keys. Each pass's misses overlap, instead of one probe's
+  // index and record misses following each other.
+  void find_rows(const Key* keys, const int64_t* positions, int64_t count, int64_t floats,
+                 int64_t* ids) const {
+    if (this->count == 0) {
+      std::fill(ids, ids + count, int64_t{-1});
+      return;
+    }
+    constexpr int64_t kChunk = 128;  // a chunk's lines stay in L1/L2 between passes
+    uint64_t hashes[kChunk];
+    const uint64_t* e = entries();
+    const int64_t mask = capacity - 1;
+    for (int64_t first = 0; first < count; first += kChunk) {
+      const int64_t n = std::min(count - first, kChunk);
+      for (int64_t k = 0; k < n; ++k) {
+        hashes[k] = bucket_hash(keys[positions[first + k]]);
+        __builtin_prefetch(e + (tag_of(hashes[k]) & mask));
+      }
+      for (int64_t k = 0; k < n; ++k) {  // ids: a slot for now
+        const int64_t slot = first_tag_match(hashes[k]);
+        ids[first + k] = slot;
+        if (e[slot] != kEmptyEntry) prefetch_row(id_of(e[slot]), floats);
+      }
+      for (int64_t k = 0; k < n; ++k) {
+        bool found = false;
+        const int64_t slot =
+            probe_from(keys[positions[first + k]], hashes[k], ids[first + k], &found);
+        ids[first + k] = found ? id_of(e[slot]) : -1;
+      }
+    }
   }
 
   // Moves every entry into an index of new_capacity slots; false (index
@@ -413,17 +464,9 @@ Status HashTable<Key>::find_or_insert(const CpuContext& context, const Key* keys
         {
           std::shared_lock<std::shared_mutex> lock(shard.mutex);
           erasures = shard.erasures;
-          // Probe every key first (asking for its record as it is found),
-          // then copy: the records' misses overlap instead of following each
-          // probe.
+          // Find every key first (its record asked for), then copy.
           std::vector<int64_t> ids(count);
-          for (int64_t k = 0; k < count; ++k) {
-            if (k + kPrefetchDistance < count) {
-              shard.prefetch(keys[positions[k + kPrefetchDistance]]);
-            }
-            ids[k] = shard.find_row(keys[positions[k]]);
-            if (ids[k] >= 0) shard.prefetch_row(ids[k], dim_);
-          }
+          shard.find_rows(keys, positions, count, dim_, ids.data());
           for (int64_t k = 0; k < count; ++k) {
             const int64_t i = positions[k];
             if (ids[k] < 0) {
@@ -475,12 +518,11 @@ void HashTable<Key>::find(const CpuContext& context, const Key* keys, int64_t n,
   for_each_shard(context, keys, n,
                  [&](Shard& shard, const int64_t* positions, int64_t count) -> Status {
                    std::shared_lock<std::shared_mutex> lock(shard.mutex);
+                   std::vector<int64_t> ids(count);
+                   shard.find_rows(keys, positions, count, dim_, ids.data());
                    for (int64_t k = 0; k < count; ++k) {
-                     if (k + kPrefetchDistance < count) {
-                       shard.prefetch(keys[positions[k + kPrefetchDistance]]);
-                     }
                      const int64_t i = positions[k];
-                     const int64_t id = shard.find_row(keys[i]);
+                     const int64_t id = ids[k];
                      if (found) found[i] = id >= 0;
                      if (id >= 0) {
                        std::memcpy(values + i * dim_, shard.row(id), dim_ * sizeof(float));

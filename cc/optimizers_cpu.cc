@@ -13,6 +13,11 @@ namespace {
 constexpr int64_t kPrefetchDistance = 8;
 constexpr int64_t kFloatsPerLine = 16;
 
+void prefetch_floats(const float* p, int64_t count) {
+  for (int64_t c = 0; c < count; c += kFloatsPerLine) __builtin_prefetch(p + c);
+  __builtin_prefetch(p + count - 1);  // the last line when p is not line-aligned
+}
+
 void prefetch_row(const OptimizerSpec& spec, float* row, int64_t dim) {
   const int slots = num_slots(spec.kind, spec.centered);
   for (int64_t c = 0; c < dim; c += kFloatsPerLine) {
@@ -21,18 +26,55 @@ void prefetch_row(const OptimizerSpec& spec, float* row, int64_t dim) {
   }
 }
 
+// apply_optimizer on rows [begin, end) with kKind's update. Inlined into
+// each clone of apply_to_rows, so the row arithmetic is compiled for it too.
+template <OptimizerKind kKind>
+__attribute__((always_inline)) inline void apply_to_rows_as(const OptimizerSpec& spec,
+                                                            float* const* rows, const float* grads,
+                                                            const int64_t* grad_rows, int64_t begin,
+                                                            int64_t end, int64_t dim) {
+  // grad_rows come in the table's shard order, so the gradients are read at
+  // random too: they are asked for ahead with the rows.
+  auto grad = [&](int64_t i) { return grads + (grad_rows ? grad_rows[i] : i) * dim; };
+  auto prefetch = [&](int64_t i) {
+    prefetch_row(spec, rows[i], dim);
+    if (grad_rows) prefetch_floats(grad(i), dim);
+  };
+  for (int64_t i = begin; i < std::min(end, begin + kPrefetchDistance); ++i) prefetch(i);
+  for (int64_t i = begin; i < end; ++i) {
+    if (i + kPrefetchDistance < end) prefetch(i + kPrefetchDistance);
+    update_row_as<kKind>(spec, rows[i], grad(i), dim);
+  }
+}
+
+SOK_EV_ROW_LOOPS void apply_to_rows(const OptimizerSpec& spec, float* const* rows,
+                                    const float* grads, const int64_t* grad_rows, int64_t begin,
+                                    int64_t end, int64_t dim) {
+  switch (spec.kind) {
+    case OptimizerKind::kSgd:
+      return apply_to_rows_as<OptimizerKind::kSgd>(spec, rows, grads, grad_rows, begin, end, dim);
+    case OptimizerKind::kAdagrad:
+      return apply_to_rows_as<OptimizerKind::kAdagrad>(spec, rows, grads, grad_rows, begin, end,
+                                                       dim);
+    case OptimizerKind::kAdam:
+      return apply_to_rows_as<OptimizerKind::kAdam>(spec, rows, grads, grad_rows, begin, end, dim);
+    case OptimizerKind::kFtrl:
+      return apply_to_rows_as<OptimizerKind::kFtrl>(spec, rows, grads, grad_rows, begin, end, dim);
+    case OptimizerKind::kMomentum:
+      return apply_to_rows_as<OptimizerKind::kMomentum>(spec, rows, grads, grad_rows, begin, end,
+                                                        dim);
+    case OptimizerKind::kRmsProp:
+      return apply_to_rows_as<OptimizerKind::kRmsProp>(spec, rows, grads, grad_rows, begin, end,
+                                                       dim);
+  }
+}
+
 }  // namespace
 
 void apply_optimizer(const CpuContext& context, const OptimizerSpec& spec, float* const* rows,
                      const float* grads, const int64_t* grad_rows, int64_t n, int64_t dim) {
   context.parallel_for(n, 8 * dim, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < std::min(end, begin + kPrefetchDistance); ++i) {
-      prefetch_row(spec, rows[i], dim);
-    }
-    for (int64_t i = begin; i < end; ++i) {
-      if (i + kPrefetchDistance < end) prefetch_row(spec, rows[i + kPrefetchDistance], dim);
-      update_row(spec, rows[i], grads + (grad_rows ? grad_rows[i] : i) * dim, dim);
-    }
+    apply_to_rows(spec, rows, grads, grad_rows, begin, end, dim);
   });
 }
 

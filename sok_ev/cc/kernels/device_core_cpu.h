@@ -261,8 +261,9 @@ class Core<CPUDevice> {
     const int n = static_cast<int>(tables.size());
     std::vector<int64_t> costs(n);
     for (int t = 0; t < n; ++t) costs[t] = tables[t].nnz;
-    std::vector<std::vector<Key>> unique(n);
-    std::vector<std::vector<int64_t>> counts(n);
+    // Sized by the entries, filled up to num_unique: no zero fill.
+    std::vector<std::unique_ptr<Key[]>> unique(n);
+    std::vector<std::unique_ptr<int64_t[]>> counts(n);
     std::vector<int64_t> num_unique(n, 0);
     TF_RETURN_IF_ERROR(ForEachTable(n, costs.data(), [&](int t, Core& core) {
       const TableBatch<Key>& table = tables[t];
@@ -276,10 +277,10 @@ class Core<CPUDevice> {
         cpu::row_offsets_from_sample_ids(table.sample_ids, table.sample_id_stride, table.nnz,
                                          table.batch, table.row_offsets);
       }
-      unique[t].resize(table.nnz);
-      counts[t].resize(table.nnz);
-      cpu::unique_keys(core.context_, table.keys, table.nnz, unique[t].data(), table.unique_index,
-                       counts[t].data(), &num_unique[t]);
+      unique[t].reset(new Key[table.nnz]);
+      counts[t].reset(new int64_t[table.nnz]);
+      cpu::unique_keys(core.context_, table.keys, table.nnz, unique[t].get(), table.unique_index,
+                       counts[t].get(), &num_unique[t]);
       return absl::OkStatus();
     }));
     for (int t = 0; t < n; ++t) {
@@ -288,8 +289,8 @@ class Core<CPUDevice> {
     std::vector<UniqueBuffers<Key>> out(n);
     for (int t = 0; t < n; ++t) TF_RETURN_IF_ERROR(allocate(t, num_unique[t], &out[t]));
     return ForEachTable(n, costs.data(), [&](int t, Core&) {
-      std::copy(unique[t].begin(), unique[t].begin() + num_unique[t], out[t].unique_keys);
-      std::copy(counts[t].begin(), counts[t].begin() + num_unique[t], out[t].counts);
+      std::copy(unique[t].get(), unique[t].get() + num_unique[t], out[t].unique_keys);
+      std::copy(counts[t].get(), counts[t].get() + num_unique[t], out[t].counts);
       cpu::group_entries_by_key(tables[t].unique_index, tables[t].nnz, out[t].counts, num_unique[t],
                                 tables[t].order, out[t].segments);
       if (tables[t].occurrences != nullptr) {
