@@ -171,9 +171,11 @@ SOK_EV_HOST_DEVICE void update_row_as(const OptimizerSpec& spec, float* row, con
     update_element_as<kKind>(spec, value, s0, s1, s2, g[c], c, adam_lr);
 }
 
-// Applies one update to a whole row (the CPU twin's unit of work).
-SOK_EV_HOST_DEVICE void update_row(const OptimizerSpec& spec, float* row, const float* grad,
-                                   int64_t dim) {
+// Applies one update to a whole row (the CPU twin's unit of work). Always
+// inlined, so each clone of a SOK_EV_ROW_LOOPS caller compiles it for its ISA.
+SOK_EV_HOST_DEVICE __attribute__((always_inline)) void update_row(const OptimizerSpec& spec,
+                                                                  float* row, const float* grad,
+                                                                  int64_t dim) {
   switch (spec.kind) {
     case OptimizerKind::kSgd:
       return update_row_as<OptimizerKind::kSgd>(spec, row, grad, dim);

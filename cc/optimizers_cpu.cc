@@ -26,13 +26,10 @@ void prefetch_row(const OptimizerSpec& spec, float* row, int64_t dim) {
   }
 }
 
-// apply_optimizer on rows [begin, end) with kKind's update. Inlined into
-// each clone of apply_to_rows, so the row arithmetic is compiled for it too.
-template <OptimizerKind kKind>
-__attribute__((always_inline)) inline void apply_to_rows_as(const OptimizerSpec& spec,
-                                                            float* const* rows, const float* grads,
-                                                            const int64_t* grad_rows, int64_t begin,
-                                                            int64_t end, int64_t dim) {
+// apply_optimizer on rows [begin, end).
+SOK_EV_ROW_LOOPS void apply_to_rows(const OptimizerSpec& spec, float* const* rows,
+                                    const float* grads, const int64_t* grad_rows, int64_t begin,
+                                    int64_t end, int64_t dim) {
   // grad_rows come in the table's shard order, so the gradients are read at
   // random too: they are asked for ahead with the rows.
   auto grad = [&](int64_t i) { return grads + (grad_rows ? grad_rows[i] : i) * dim; };
@@ -43,29 +40,7 @@ __attribute__((always_inline)) inline void apply_to_rows_as(const OptimizerSpec&
   for (int64_t i = begin; i < std::min(end, begin + kPrefetchDistance); ++i) prefetch(i);
   for (int64_t i = begin; i < end; ++i) {
     if (i + kPrefetchDistance < end) prefetch(i + kPrefetchDistance);
-    update_row_as<kKind>(spec, rows[i], grad(i), dim);
-  }
-}
-
-SOK_EV_ROW_LOOPS void apply_to_rows(const OptimizerSpec& spec, float* const* rows,
-                                    const float* grads, const int64_t* grad_rows, int64_t begin,
-                                    int64_t end, int64_t dim) {
-  switch (spec.kind) {
-    case OptimizerKind::kSgd:
-      return apply_to_rows_as<OptimizerKind::kSgd>(spec, rows, grads, grad_rows, begin, end, dim);
-    case OptimizerKind::kAdagrad:
-      return apply_to_rows_as<OptimizerKind::kAdagrad>(spec, rows, grads, grad_rows, begin, end,
-                                                       dim);
-    case OptimizerKind::kAdam:
-      return apply_to_rows_as<OptimizerKind::kAdam>(spec, rows, grads, grad_rows, begin, end, dim);
-    case OptimizerKind::kFtrl:
-      return apply_to_rows_as<OptimizerKind::kFtrl>(spec, rows, grads, grad_rows, begin, end, dim);
-    case OptimizerKind::kMomentum:
-      return apply_to_rows_as<OptimizerKind::kMomentum>(spec, rows, grads, grad_rows, begin, end,
-                                                        dim);
-    case OptimizerKind::kRmsProp:
-      return apply_to_rows_as<OptimizerKind::kRmsProp>(spec, rows, grads, grad_rows, begin, end,
-                                                       dim);
+    update_row(spec, rows[i], grad(i), dim);
   }
 }
 
