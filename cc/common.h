@@ -64,6 +64,9 @@ enum class Combiner : int32_t {
 struct CpuContext {
   using Work = std::function<void(int64_t begin, int64_t end)>;
   std::function<void(int64_t total, int64_t cost_per_unit, const Work& work)> parallel_for;
+  // Threads parallel_for may spread over (1: it runs every range in turn on
+  // the calling thread), so a core function can size its units of work.
+  int parallelism = 1;
 
   // A context that runs every range on the calling thread.
   static CpuContext Serial() {

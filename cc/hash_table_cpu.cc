@@ -19,7 +19,6 @@ namespace {
 // Blocks this large are mapped pages: their growth moves no bytes and their
 // memory goes back to the system when freed (malloc would keep it).
 constexpr size_t kMapBytes = size_t{64} << 10;
-constexpr int kShardBits = 6;
 // Keys ahead whose index lines a lookup loop prefetches (their misses then
 // overlap instead of coming one after another).
 constexpr int64_t kPrefetchDistance = 8;
@@ -43,6 +42,46 @@ uint64_t make_entry(uint32_t tag, int64_t id) {
 void atomic_add(int64_t* target, int64_t delta) {
   __atomic_fetch_add(target, delta, __ATOMIC_RELAXED);
 }
+
+// Holds the locks of the shards in `mask` (bit s: shards[s]), shared or
+// exclusive, taken in ascending shard order.
+template <typename Shard, bool kExclusive>
+class ShardLocks {
+ public:
+  ShardLocks(Shard* shards, uint64_t mask) : shards_(shards), mask_(mask) {
+    for (uint64_t m = mask_; m != 0; m &= m - 1) {
+      auto& mutex = shards_[__builtin_ctzll(m)].mutex;
+      if (kExclusive) {
+        mutex.lock();
+      } else {
+        mutex.lock_shared();
+      }
+    }
+  }
+  ~ShardLocks() { unlock(); }
+  ShardLocks(const ShardLocks&) = delete;
+  ShardLocks& operator=(const ShardLocks&) = delete;
+
+  void unlock() {
+    for (uint64_t m = mask_; m != 0; m &= m - 1) {
+      auto& mutex = shards_[__builtin_ctzll(m)].mutex;
+      if (kExclusive) {
+        mutex.unlock();
+      } else {
+        mutex.unlock_shared();
+      }
+    }
+    mask_ = 0;
+  }
+
+ private:
+  Shard* shards_;
+  uint64_t mask_;
+};
+
+// Below this many keys a batch is one group of shards: splitting it would
+// cost more than it spreads.
+constexpr int64_t kMinKeysToSplit = 2048;
 
 }  // namespace
 
@@ -156,12 +195,6 @@ struct HashTable<Key>::Shard {
     return i;
   }
 
-  // Asks for the index line `key`'s probe starts on, ahead of probing it.
-  void prefetch(Key key) const {
-    if (count == 0) return;
-    __builtin_prefetch(entries() + (tag_of(bucket_hash(key)) & (capacity - 1)));
-  }
-
   // Asks for row `id`'s record: its header and first `floats` floats.
   void prefetch_row(int64_t id, int64_t floats) const {
     const char* r = records.data() + id * record_bytes;
@@ -176,41 +209,6 @@ struct HashTable<Key>::Shard {
     bool found;
     const int64_t i = probe(key, bucket_hash(key), &found);
     return found ? id_of(entries()[i]) : -1;
-  }
-
-  // ids[k] = find_row(keys[positions[k]]) for k < count, each found record's
-  // first `floats` floats asked for. In chunks, three passes: ask for every
-  // key's index line, then read the index and ask for the record there, then
-  // compare the keys. Each pass's misses overlap, instead of one probe's
-  // index and record misses following each other.
-  void find_rows(const Key* keys, const int64_t* positions, int64_t count, int64_t floats,
-                 int64_t* ids) const {
-    if (this->count == 0) {
-      std::fill(ids, ids + count, int64_t{-1});
-      return;
-    }
-    constexpr int64_t kChunk = 128;  // a chunk's lines stay in L1/L2 between passes
-    uint64_t hashes[kChunk];
-    const uint64_t* e = entries();
-    const int64_t mask = capacity - 1;
-    for (int64_t first = 0; first < count; first += kChunk) {
-      const int64_t n = std::min(count - first, kChunk);
-      for (int64_t k = 0; k < n; ++k) {
-        hashes[k] = bucket_hash(keys[positions[first + k]]);
-        __builtin_prefetch(e + (tag_of(hashes[k]) & mask));
-      }
-      for (int64_t k = 0; k < n; ++k) {  // ids: a slot for now
-        const int64_t slot = first_tag_match(hashes[k]);
-        ids[first + k] = slot;
-        if (e[slot] != kEmptyEntry) prefetch_row(id_of(e[slot]), floats);
-      }
-      for (int64_t k = 0; k < n; ++k) {
-        bool found = false;
-        const int64_t slot =
-            probe_from(keys[positions[first + k]], hashes[k], ids[first + k], &found);
-        ids[first + k] = found ? id_of(e[slot]) : -1;
-      }
-    }
   }
 
   // Moves every entry into an index of new_capacity slots; false (index
@@ -446,45 +444,148 @@ Status HashTable<Key>::for_each_shard(
 }
 
 template <typename Key>
+typename HashTable<Key>::Shard& HashTable<Key>::shard_of(uint64_t hash) const {
+  return shards_[hash & (kNumShards - 1)];
+}
+
+template <typename Key>
+typename HashTable<Key>::Batch HashTable<Key>::split(const CpuContext& context, const Key* keys,
+                                                     int64_t n) const {
+  Batch batch;
+  batch.hashes.reset(new uint64_t[std::max<int64_t>(1, n)]);
+  uint64_t* hashes = batch.hashes.get();
+  int group_bits = 0;  // groups of kNumShards >> group_bits consecutive shards
+  if (context.parallelism > 1 && n >= kMinKeysToSplit) {
+    while (group_bits < kShardBits && (1 << group_bits) < 2 * context.parallelism) ++group_bits;
+  }
+  const int groups = 1 << group_bits;
+  const int shift = kShardBits - group_bits;
+  batch.shards.assign(groups, 0);
+  batch.offsets.assign(groups + 1, 0);
+  for (int64_t i = 0; i < n; ++i) {
+    hashes[i] = bucket_hash(keys[i]);
+    const int s = static_cast<int>(hashes[i] & (kNumShards - 1));
+    batch.shards[s >> shift] |= uint64_t{1} << s;
+    ++batch.offsets[(s >> shift) + 1];
+  }
+  for (int g = 0; g < groups; ++g) batch.offsets[g + 1] += batch.offsets[g];
+  if (groups > 1) {
+    std::vector<int64_t> cursor(batch.offsets.begin(), batch.offsets.end() - 1);
+    batch.positions.resize(n);
+    for (int64_t i = 0; i < n; ++i) {
+      batch.positions[cursor[(hashes[i] & (kNumShards - 1)) >> shift]++] = i;
+    }
+  }
+  return batch;
+}
+
+template <typename Key>
+template <typename Work>
+Status HashTable<Key>::for_each_group(const CpuContext& context, const Batch& batch,
+                                      int64_t cost_per_key, const Work& work) const {
+  if (batch.groups() == 1) {
+    return batch.group_size(0) == 0 ? Status::Ok() : work(0, nullptr, batch.group_size(0));
+  }
+  std::mutex error_mutex;
+  Status first_error;
+  const int64_t cost = std::max<int64_t>(1, batch.offsets.back() / batch.groups()) * cost_per_key;
+  context.parallel_for(batch.groups(), cost, [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g) {
+      const int group = static_cast<int>(g);
+      if (batch.group_size(group) == 0) continue;
+      Status status = work(group, batch.group_positions(group), batch.group_size(group));
+      if (!status.ok()) {
+        std::lock_guard<std::mutex> lock(error_mutex);
+        if (first_error.ok()) first_error = std::move(status);
+      }
+    }
+  });
+  return first_error;
+}
+
+template <typename Key>
+void HashTable<Key>::find_rows(const Key* keys, const uint64_t* hashes, const int64_t* positions,
+                               int64_t count, int64_t floats, int64_t* ids) const {
+  // In chunks, three passes: ask for every key's index line, then read the
+  // index and ask for the record there, then compare the keys. Each pass's
+  // misses overlap, instead of one probe's index and record misses following
+  // each other.
+  constexpr int64_t kChunk = 128;  // a chunk's lines stay in L1/L2 between passes
+  int64_t slots[kChunk];
+  for (int64_t first = 0; first < count; first += kChunk) {
+    const int64_t n = std::min(count - first, kChunk);
+    auto at = [&](int64_t k) { return positions ? positions[first + k] : first + k; };
+    for (int64_t k = 0; k < n; ++k) {
+      const uint64_t hash = hashes[at(k)];
+      const Shard& shard = shard_of(hash);
+      if (shard.count != 0)
+        __builtin_prefetch(shard.entries() + (tag_of(hash) & (shard.capacity - 1)));
+    }
+    for (int64_t k = 0; k < n; ++k) {
+      const uint64_t hash = hashes[at(k)];
+      const Shard& shard = shard_of(hash);
+      if (shard.count == 0) {
+        slots[k] = -1;
+        continue;
+      }
+      slots[k] = shard.first_tag_match(hash);
+      const uint64_t entry = shard.entries()[slots[k]];
+      if (entry != kEmptyEntry) shard.prefetch_row(id_of(entry), floats);
+    }
+    for (int64_t k = 0; k < n; ++k) {
+      const int64_t i = at(k);
+      if (slots[k] < 0) {
+        ids[i] = -1;
+        continue;
+      }
+      const Shard& shard = shard_of(hashes[i]);
+      bool found = false;
+      const int64_t slot = shard.probe_from(keys[i], hashes[i], slots[k], &found);
+      ids[i] = found ? id_of(shard.entries()[slot]) : -1;
+    }
+  }
+}
+
+template <typename Key>
 Status HashTable<Key>::find_or_insert(const CpuContext& context, const Key* keys, int64_t n,
                                       float* values, const int64_t* frequencies,
                                       bool remember_rows) {
-  // No erase can match this: a shard whose rows may have changed owner while
-  // it was unlocked is not remembered.
+  // No erase count can match this: a shard whose rows may have changed owner
+  // while it was unlocked is not remembered.
   constexpr uint64_t kNotRemembered = ~uint64_t{0};
-  RememberedRows found;
-  if (remember_rows) {
-    found.ids.resize(n);
-    found.erasures.assign(kNumShards, kNotRemembered);
-  }
-  const Status status = for_each_shard(
-      context, keys, n, [&](Shard& shard, const int64_t* positions, int64_t count) -> Status {
+  const Batch batch = split(context, keys, n);
+  const uint64_t* hashes = batch.hashes.get();
+  std::unique_ptr<int64_t[]> ids(new int64_t[std::max<int64_t>(1, n)]);
+  std::vector<uint64_t> erasures(kNumShards, kNotRemembered);  // seen under the shared locks
+  auto frequency = [&](int64_t i) { return frequencies ? frequencies[i] : int64_t{1}; };
+  const Status status = for_each_group(
+      context, batch, dim_ + 64, [&](int g, const int64_t* positions, int64_t count) -> Status {
         std::vector<int64_t> missing;
-        uint64_t erasures;
+        uint64_t missing_shards = 0;
         {
-          std::shared_lock<std::shared_mutex> lock(shard.mutex);
-          erasures = shard.erasures;
+          ShardLocks<Shard, false> lock(shards_.get(), batch.shards[g]);
+          for (uint64_t m = batch.shards[g]; m != 0; m &= m - 1) {
+            erasures[__builtin_ctzll(m)] = shards_[__builtin_ctzll(m)].erasures;
+          }
           // Find every key first (its record asked for), then copy.
-          std::vector<int64_t> ids(count);
-          shard.find_rows(keys, positions, count, dim_, ids.data());
+          find_rows(keys, hashes, positions, count, dim_, ids.get());
           for (int64_t k = 0; k < count; ++k) {
-            const int64_t i = positions[k];
-            if (ids[k] < 0) {
+            const int64_t i = positions ? positions[k] : k;
+            const int64_t id = ids[i];
+            if (id < 0) {
               missing.push_back(i);
+              missing_shards |= uint64_t{1} << (hashes[i] & (kNumShards - 1));
               continue;
             }
-            std::memcpy(values + i * dim_, shard.row(ids[k]), dim_ * sizeof(float));
-            atomic_add(&shard.header(ids[k])->frequency, frequencies ? frequencies[i] : 1);
-            if (remember_rows) found.ids[i] = ids[k];
+            const Shard& shard = shard_of(hashes[i]);
+            std::memcpy(values + i * dim_, shard.row(id), dim_ * sizeof(float));
+            atomic_add(&shard.header(id)->frequency, frequency(i));
           }
         }
-        const size_t s = static_cast<size_t>(&shard - shards_.get());
-        if (missing.empty()) {
-          if (remember_rows) found.erasures[s] = erasures;
-          return Status::Ok();
-        }
-        std::unique_lock<std::shared_mutex> lock(shard.mutex);
+        if (missing.empty()) return Status::Ok();
+        ShardLocks<Shard, true> lock(shards_.get(), missing_shards);
         for (int64_t i : missing) {
+          Shard& shard = shard_of(hashes[i]);
           // Another thread, or an earlier duplicate in this batch, may have
           // inserted the key since the shared lock was released.
           int64_t id = shard.find_row(keys[i]);
@@ -496,16 +597,22 @@ Status HashTable<Key>::find_or_insert(const CpuContext& context, const Key* keys
             fill_initial_row(keys[i], shard.row(id));
           }
           std::memcpy(values + i * dim_, shard.row(id), dim_ * sizeof(float));
-          shard.header(id)->frequency += frequencies ? frequencies[i] : 1;
-          if (remember_rows) found.ids[i] = id;
+          shard.header(id)->frequency += frequency(i);
+          ids[i] = id;
         }
         // The rows found under the shared lock still hold their keys unless
         // a key was erased in between.
-        if (remember_rows && shard.erasures == erasures) found.erasures[s] = erasures;
+        for (uint64_t m = missing_shards; m != 0; m &= m - 1) {
+          const int s = __builtin_ctzll(m);
+          if (shards_[s].erasures != erasures[s]) erasures[s] = kNotRemembered;
+        }
         return Status::Ok();
       });
   if (remember_rows && status.ok()) {
+    RememberedRows found;
     found.keys.assign(keys, keys + n);
+    found.ids.assign(ids.get(), ids.get() + n);
+    found.erasures = std::move(erasures);
     std::lock_guard<std::mutex> lock(remembered_mutex_);
     remembered_ = std::move(found);
   }
@@ -515,25 +622,27 @@ Status HashTable<Key>::find_or_insert(const CpuContext& context, const Key* keys
 template <typename Key>
 void HashTable<Key>::find(const CpuContext& context, const Key* keys, int64_t n, float* values,
                           bool* found, bool initial_for_missing) const {
-  for_each_shard(context, keys, n,
-                 [&](Shard& shard, const int64_t* positions, int64_t count) -> Status {
-                   std::shared_lock<std::shared_mutex> lock(shard.mutex);
-                   std::vector<int64_t> ids(count);
-                   shard.find_rows(keys, positions, count, dim_, ids.data());
-                   for (int64_t k = 0; k < count; ++k) {
-                     const int64_t i = positions[k];
-                     const int64_t id = ids[k];
-                     if (found) found[i] = id >= 0;
-                     if (id >= 0) {
-                       std::memcpy(values + i * dim_, shard.row(id), dim_ * sizeof(float));
-                     } else if (initial_for_missing) {
-                       initial_row(initializer_, keys[i], dim_, values + i * dim_);
-                     } else {
-                       std::fill(values + i * dim_, values + (i + 1) * dim_, 0.0f);
-                     }
-                   }
-                   return Status::Ok();
-                 });
+  const Batch batch = split(context, keys, n);
+  const uint64_t* hashes = batch.hashes.get();
+  std::unique_ptr<int64_t[]> ids(new int64_t[std::max<int64_t>(1, n)]);
+  for_each_group(
+      context, batch, dim_ + 64, [&](int g, const int64_t* positions, int64_t count) -> Status {
+        ShardLocks<Shard, false> lock(shards_.get(), batch.shards[g]);
+        find_rows(keys, hashes, positions, count, dim_, ids.get());
+        for (int64_t k = 0; k < count; ++k) {
+          const int64_t i = positions ? positions[k] : k;
+          const int64_t id = ids[i];
+          if (found) found[i] = id >= 0;
+          if (id >= 0) {
+            std::memcpy(values + i * dim_, shard_of(hashes[i]).row(id), dim_ * sizeof(float));
+          } else if (initial_for_missing) {
+            initial_row(initializer_, keys[i], dim_, values + i * dim_);
+          } else {
+            std::fill(values + i * dim_, values + (i + 1) * dim_, 0.0f);
+          }
+        }
+        return Status::Ok();
+      });
 }
 
 template <typename Key>
@@ -587,45 +696,57 @@ Status HashTable<Key>::update_rows(const CpuContext& context, const Key* keys, i
       remembered_ = RememberedRows();
     }
   }
-  return for_each_shard(
-      context, keys, n, [&](Shard& shard, const int64_t* positions, int64_t count) -> Status {
-        std::unique_lock<std::shared_mutex> lock(shard.mutex);
-        // Inserts first: they may move the records, so row pointers come after.
-        std::vector<int64_t> ids(count);
-        const size_t s = static_cast<size_t>(&shard - shards_.get());
-        if (!remembered.keys.empty() && remembered.erasures[s] == shard.erasures) {
-          // Every key was found or inserted by the lookup.
-          for (int64_t k = 0; k < count; ++k) {
-            ids[k] = remembered.ids[positions[k]];
-            if (k < kPrefetchDistance) shard.prefetch_row(ids[k], shard.width);
-          }
-        } else {
-          for (int64_t k = 0; k < count; ++k) {
-            if (k + kPrefetchDistance < count) {
-              shard.prefetch(keys[positions[k + kPrefetchDistance]]);
-            }
-            const Key key = keys[positions[k]];
-            ids[k] = shard.find_row(key);
-            if (ids[k] < 0) {
-              if (size_t bytes = shard.insert_absent(key, &ids[k])) {
-                lock.unlock();
-                return out_of_memory("new keys", bytes);
-              }
-              fill_initial_row(key, shard.row(ids[k]));
-            }
-          }
-        }
-        std::vector<float*> rows(count);
-        for (int64_t k = 0; k < count; ++k) {
-          if (k + kPrefetchDistance < count) {
-            shard.prefetch_row(ids[k + kPrefetchDistance], shard.width);
-          }
-          shard.header(ids[k])->version = global_step;
-          rows[k] = shard.row(ids[k]);
-        }
-        update(positions, rows.data(), count);
-        return Status::Ok();
-      });
+  const Batch batch = split(context, keys, n);
+  const uint64_t* hashes = batch.hashes.get();
+  std::unique_ptr<int64_t[]> ids(new int64_t[std::max<int64_t>(1, n)]);
+  return for_each_group(context, batch, row_width() + 64,
+                        [&](int g, const int64_t* positions, int64_t count) -> Status {
+                          const uint64_t shards = batch.shards[g];
+                          ShardLocks<Shard, true> lock(shards_.get(), shards);
+                          auto at = [&](int64_t k) { return positions ? positions[k] : k; };
+                          // Every key was found or inserted by the lookup when no shard of the
+                          // group has had an erase since.
+                          bool known = !remembered.keys.empty();
+                          for (uint64_t m = shards; known && m != 0; m &= m - 1) {
+                            const int s = __builtin_ctzll(m);
+                            known = remembered.erasures[s] == shards_[s].erasures;
+                          }
+                          const int64_t width = shards_[0].width;
+                          if (known) {
+                            for (int64_t k = 0; k < count; ++k) ids[at(k)] = remembered.ids[at(k)];
+                          } else {
+                            find_rows(keys, hashes, positions, count, width, ids.get());
+                            // Inserts first: they may move the records, so row pointers come after.
+                            for (int64_t k = 0; k < count; ++k) {
+                              const int64_t i = at(k);
+                              if (ids[i] >= 0) continue;
+                              Shard& shard = shard_of(hashes[i]);
+                              ids[i] = shard.find_row(keys[i]);  // a repeated key was just inserted
+                              if (ids[i] >= 0) continue;
+                              if (size_t bytes = shard.insert_absent(keys[i], &ids[i])) {
+                                lock.unlock();
+                                return out_of_memory("new keys", bytes);
+                              }
+                              fill_initial_row(keys[i], shard.row(ids[i]));
+                            }
+                          }
+                          std::unique_ptr<float*[]> rows(new float*[count]);
+                          for (int64_t k = 0; k < std::min(count, kPrefetchDistance); ++k) {
+                            shard_of(hashes[at(k)]).prefetch_row(ids[at(k)], width);
+                          }
+                          for (int64_t k = 0; k < count; ++k) {
+                            if (k + kPrefetchDistance < count) {
+                              const int64_t ahead = at(k + kPrefetchDistance);
+                              shard_of(hashes[ahead]).prefetch_row(ids[ahead], width);
+                            }
+                            const int64_t i = at(k);
+                            const Shard& shard = shard_of(hashes[i]);
+                            shard.header(ids[i])->version = global_step;
+                            rows[k] = shard.row(ids[i]);
+                          }
+                          update(positions, rows.get(), count);
+                          return Status::Ok();
+                        });
 }
 
 template <typename Key>

@@ -41,6 +41,7 @@ class Core<CPUDevice> {
     tensorflow::thread::ThreadPool* pool =
         context->device()->tensorflow_cpu_worker_threads()->workers;
     num_threads_ = pool->NumThreads();
+    context_.parallelism = num_threads_;
     context_.parallel_for = [pool](int64_t total, int64_t cost_per_unit,
                                    const CpuContext::Work& work) {
       pool->ParallelFor(total, cost_per_unit, work);
