@@ -310,6 +310,21 @@ def build_tf_function(tf, args, inputs):
     return lambda i: step(batches[i % len(batches)])
 
 
+def build_empty_tf_function(tf, args, inputs):
+    """A tf.function taking the step's SparseTensors that does nothing (one
+  counter add): what TensorFlow's argument handling alone costs a call."""
+    del args  # the same arguments as build_tf_function's
+    batches = [[tf.SparseTensor(i, k, s) for i, k, s in batch] for batch in inputs]
+    counter = tf.Variable(0, dtype=tf.int64)
+
+    @tf.function(reduce_retracing=True)
+    def step(sps):
+        del sps
+        counter.assign_add(1)
+
+    return lambda i: step(batches[i % len(batches)])
+
+
 # --------------------------------------------------------------------------- driver
 
 
@@ -484,8 +499,15 @@ def python_time(args):
             args.inputs = os.path.join(tmp, f"tables_{tables}.npz")
             write_inputs(args, hotness, args.inputs)
             inputs = read_inputs(args)
-            for mode in args.modes:
-                step = (build_graph if mode == "graph" else build_tf_function)(tf, args, inputs)
+            modes = list(
+                args.modes) + (["tf.function, empty body"] if "tf.function" in args.modes else [])
+            for mode in modes:
+                builders = {
+                    "graph": build_graph,
+                    "tf.function": build_tf_function,
+                    "tf.function, empty body": build_empty_tf_function
+                }
+                step = builders[mode](tf, args, inputs)
                 for i in range(args.warmup):
                     step(i)
                 python_ms, wall_ms = [], []
@@ -503,10 +525,16 @@ def python_time(args):
                 print(rows[-1], flush=True)
     args.tables = counts[0]
     verdicts = []
+    empty = results_by_mode.pop("tf.function, empty body", None)
     for mode, by_count in results_by_mode.items():
         ratio = by_count[counts[0]] / by_count[1]
         verdicts.append(f"- {mode}: {counts[0]} tables' Python time is **{ratio:.2f}x** one "
                         f"table's (target <= 1x: {'met' if ratio <= 1 else 'missed'})")
+        print(verdicts[-1], flush=True)
+    if empty:
+        verdicts.append(f"- a tf.function with an empty body and the same arguments costs "
+                        f"{empty[counts[0]]:.3f} ms of Python a call with {counts[0]} tables, "
+                        f"{empty[1]:.3f} with one: TensorFlow's handling of the arguments")
         print(verdicts[-1], flush=True)
     section = "\n".join([
         f"\n## Python time per step of the grouped lookup, {counts[0]} tables vs 1 "
@@ -518,7 +546,9 @@ def python_time(args):
         f"- setup: sok_ev step (one lookup_sparse call, Adagrad), batch {args.batch}, dim "
         f"{args.dim}, vocab {args.vocab}/table, hotness {hotness}; Python time = the step's "
         f"wall time minus the time inside TensorFlow's runtime call (tf.function: its "
-        f"execute; graph: Session's run); {args.warmup} warm-up + {args.reps} steps", "",
+        f"execute; graph: Session's run); {args.warmup} warm-up + {args.reps} steps; "
+        f"'tf.function, empty body': a tf.function taking the same SparseTensors that does "
+        f"nothing (TensorFlow's own cost of the arguments, which every side pays)", "",
         "| mode | tables | Python ms a step (median) | p10 | p90 | step wall ms |",
         "|---|---|---|---|---|---|"
     ] + rows + [""] + verdicts + [""])
