@@ -49,32 +49,23 @@ template <typename Shard, bool kExclusive>
 class ShardLocks {
  public:
   ShardLocks(Shard* shards, uint64_t mask) : shards_(shards), mask_(mask) {
-    for (uint64_t m = mask_; m != 0; m &= m - 1) {
-      auto& mutex = shards_[__builtin_ctzll(m)].mutex;
-      if (kExclusive) {
-        mutex.lock();
-      } else {
-        mutex.lock_shared();
-      }
-    }
+    for_each_mutex([](auto& mutex) { kExclusive ? mutex.lock() : mutex.lock_shared(); });
   }
   ~ShardLocks() { unlock(); }
   ShardLocks(const ShardLocks&) = delete;
   ShardLocks& operator=(const ShardLocks&) = delete;
 
   void unlock() {
-    for (uint64_t m = mask_; m != 0; m &= m - 1) {
-      auto& mutex = shards_[__builtin_ctzll(m)].mutex;
-      if (kExclusive) {
-        mutex.unlock();
-      } else {
-        mutex.unlock_shared();
-      }
-    }
+    for_each_mutex([](auto& mutex) { kExclusive ? mutex.unlock() : mutex.unlock_shared(); });
     mask_ = 0;
   }
 
  private:
+  template <typename F>
+  void for_each_mutex(const F& f) {
+    for (uint64_t m = mask_; m != 0; m &= m - 1) f(shards_[__builtin_ctzll(m)].mutex);
+  }
+
   Shard* shards_;
   uint64_t mask_;
 };
