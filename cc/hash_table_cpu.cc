@@ -395,46 +395,6 @@ void HashTable<Key>::fill_initial_row(Key key, float* row) const {
 }
 
 template <typename Key>
-void HashTable<Key>::group_by_shard(const Key* keys, int64_t n, std::vector<int64_t>* order,
-                                    std::vector<int64_t>* offsets) const {
-  std::vector<uint8_t> shard(n);
-  offsets->assign(kNumShards + 1, 0);
-  for (int64_t i = 0; i < n; ++i) {
-    shard[i] = static_cast<uint8_t>(bucket_hash(keys[i]) & (kNumShards - 1));
-    ++(*offsets)[shard[i] + 1];
-  }
-  for (int s = 0; s < kNumShards; ++s) (*offsets)[s + 1] += (*offsets)[s];
-  std::vector<int64_t> cursor(offsets->begin(), offsets->end() - 1);
-  order->resize(n);
-  for (int64_t i = 0; i < n; ++i) (*order)[cursor[shard[i]]++] = i;
-}
-
-template <typename Key>
-Status HashTable<Key>::for_each_shard(
-    const CpuContext& context, const Key* keys, int64_t n,
-    const std::function<Status(Shard&, const int64_t*, int64_t)>& work) const {
-  if (n == 0) return Status::Ok();
-  std::vector<int64_t> order, offsets;
-  group_by_shard(keys, n, &order, &offsets);
-  std::mutex error_mutex;
-  Status first_error;
-  // Cost per shard: its share of keys times a row's worth of floats.
-  const int64_t cost = std::max<int64_t>(1, n / kNumShards) * (dim_ + 64);
-  context.parallel_for(kNumShards, cost, [&](int64_t begin, int64_t end) {
-    for (int64_t s = begin; s < end; ++s) {
-      const int64_t count = offsets[s + 1] - offsets[s];
-      if (count == 0) continue;
-      Status status = work(shards_[s], order.data() + offsets[s], count);
-      if (!status.ok()) {
-        std::lock_guard<std::mutex> lock(error_mutex);
-        if (first_error.ok()) first_error = std::move(status);
-      }
-    }
-  });
-  return first_error;
-}
-
-template <typename Key>
 typename HashTable<Key>::Shard& HashTable<Key>::shard_of(uint64_t hash) const {
   return shards_[hash & (kNumShards - 1)];
 }
@@ -640,37 +600,44 @@ template <typename Key>
 Status HashTable<Key>::insert_or_assign(const CpuContext& context, const Key* keys, int64_t n,
                                         const float* rows, const int64_t* frequencies,
                                         const int64_t* versions) {
-  return for_each_shard(
-      context, keys, n, [&](Shard& shard, const int64_t* positions, int64_t count) -> Status {
-        std::unique_lock<std::shared_mutex> lock(shard.mutex);
-        for (int64_t k = 0; k < count; ++k) {
-          const int64_t i = positions[k];
-          int64_t id = shard.find_row(keys[i]);
-          if (id < 0) {
-            if (size_t bytes = shard.insert_absent(keys[i], &id)) {
-              lock.unlock();
-              return out_of_memory("restored keys", bytes);
-            }
-          }
-          std::memcpy(shard.row(id), rows + i * shard.width, shard.width * sizeof(float));
-          if (frequencies) shard.header(id)->frequency = frequencies[i];
-          if (versions) shard.header(id)->version = versions[i];
-        }
-        return Status::Ok();
-      });
+  const Batch batch = split(context, keys, n);
+  const uint64_t* hashes = batch.hashes.get();
+  return for_each_group(context, batch, row_width() + 64,
+                        [&](int g, const int64_t* positions, int64_t count) -> Status {
+                          ShardLocks<Shard, true> lock(shards_.get(), batch.shards[g]);
+                          for (int64_t k = 0; k < count; ++k) {
+                            const int64_t i = positions ? positions[k] : k;
+                            Shard& shard = shard_of(hashes[i]);
+                            int64_t id = shard.find_row(keys[i]);
+                            if (id < 0) {
+                              if (size_t bytes = shard.insert_absent(keys[i], &id)) {
+                                lock.unlock();
+                                return out_of_memory("restored keys", bytes);
+                              }
+                            }
+                            std::memcpy(shard.row(id), rows + i * shard.width,
+                                        shard.width * sizeof(float));
+                            if (frequencies) shard.header(id)->frequency = frequencies[i];
+                            if (versions) shard.header(id)->version = versions[i];
+                          }
+                          return Status::Ok();
+                        });
 }
 
 template <typename Key>
 int64_t HashTable<Key>::erase(const CpuContext& context, const Key* keys, int64_t n) {
+  const Batch batch = split(context, keys, n);
   std::atomic<int64_t> erased{0};
-  for_each_shard(context, keys, n,
-                 [&](Shard& shard, const int64_t* positions, int64_t count) -> Status {
-                   std::unique_lock<std::shared_mutex> lock(shard.mutex);
-                   int64_t local = 0;
-                   for (int64_t k = 0; k < count; ++k) local += shard.erase(keys[positions[k]]);
-                   erased += local;
-                   return Status::Ok();
-                 });
+  for_each_group(context, batch, 64, [&](int g, const int64_t* positions, int64_t count) -> Status {
+    ShardLocks<Shard, true> lock(shards_.get(), batch.shards[g]);
+    int64_t local = 0;
+    for (int64_t k = 0; k < count; ++k) {
+      const int64_t i = positions ? positions[k] : k;
+      local += shard_of(batch.hashes[i]).erase(keys[i]);
+    }
+    erased += local;
+    return Status::Ok();
+  });
   return erased.load();
 }
 

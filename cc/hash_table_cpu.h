@@ -204,14 +204,6 @@ class HashTable {
   void find_rows(const Key* keys, const uint64_t* hashes, const int64_t* positions, int64_t count,
                  int64_t floats, int64_t* ids) const;
   Shard& shard_of(uint64_t hash) const;
-  // Positions of `keys` grouped by shard: positions of shard s are
-  // order[offsets[s] .. offsets[s + 1]).
-  void group_by_shard(const Key* keys, int64_t n, std::vector<int64_t>* order,
-                      std::vector<int64_t>* offsets) const;
-  // Runs work(shard, positions, count) for every shard that has keys and
-  // returns the first failure.
-  Status for_each_shard(const CpuContext& context, const Key* keys, int64_t n,
-                        const std::function<Status(Shard&, const int64_t*, int64_t)>& work) const;
   // Fills a new row: initial value, then every slot's initial value.
   void fill_initial_row(Key key, float* row) const;
   // The error for `bytes` the system did not give (names the table).

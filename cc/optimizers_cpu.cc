@@ -30,8 +30,8 @@ void prefetch_row(const OptimizerSpec& spec, float* row, int64_t dim) {
 SOK_EV_ROW_LOOPS void apply_to_rows(const OptimizerSpec& spec, float* const* rows,
                                     const float* grads, const int64_t* grad_rows, int64_t begin,
                                     int64_t end, int64_t dim) {
-  // grad_rows come in the table's shard order, so the gradients are read at
-  // random too: they are asked for ahead with the rows.
+  // grad_rows, when given, come in the table's shard order, so the gradients
+  // are read at random too: they are asked for ahead with the rows.
   auto grad = [&](int64_t i) { return grads + (grad_rows ? grad_rows[i] : i) * dim; };
   auto prefetch = [&](int64_t i) {
     prefetch_row(spec, rows[i], dim);

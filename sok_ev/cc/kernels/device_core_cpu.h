@@ -244,7 +244,7 @@ class Core<CPUDevice> {
     return ToTfStatus(table.update_rows(
         spread ? context_ : serial_, unique, num_unique, global_step,
         [&](const int64_t* positions, float* const* rows, int64_t count) {
-          // Already inside a per-shard task: no nested pool.
+          // Already inside a task of a group of shards: no nested pool.
           cpu::apply_optimizer(serial_, spec, rows, summed, positions, count, dim);
         }));
   }
