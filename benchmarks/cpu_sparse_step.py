@@ -25,6 +25,15 @@ hotness 1 is one-hot, hotness h > 1 ragged (hotness uniform in [1, 2h - 1]).
 Inputs are read from variables, so Grappler cannot constant-fold the dense
 path's unique / segment-id work, and a few distinct batches are cycled.
 
+Modes: graph (a tf.compat.v1.Session), tf.function (the step takes one
+SparseTensor per table: 3 tensors each, which TensorFlow handles one by one
+at every call), and tf.function-packed (the step takes every table's ids as
+ONE RaggedTensor [tables, batch, None], 3 tensors in all). With packed ids
+sok_ev passes the RaggedTensor to lookup_sparse as it is; the dense and TFRA
+sides slice out each table's RaggedTensor (ids[t]) and look it up as their
+APIs take it (tf.nn.embedding_lookup_sparse takes a RaggedTensor; TFRA's
+lookup a SparseTensor, via .to_sparse()).
+
 The driver alternates the workers: each turn one worker runs --block steps
 while the others wait on a pipe, and the order rotates every round, so
 background load hits all sides alike. Each step is timed inside its worker
@@ -41,7 +50,7 @@ own group.
 Prints one markdown table per run (median, p10, p90 ms per step, baseline /
 sok_ev ratios) and appends it to benchmarks/RESULTS.md (--no-append to skip).
 
-  python benchmarks/cpu_sparse_step.py                  # 2 hotness x 2 modes, ~10 min
+  python benchmarks/cpu_sparse_step.py                  # 2 hotness x 3 modes, ~15 min
   python benchmarks/cpu_sparse_step.py --batch 16384 --dim 64 --vocab 1000000 --hotness 1
   python benchmarks/cpu_sparse_step.py --sides sok_ev dense --modes graph --no-append
   python benchmarks/cpu_sparse_step.py --python-time --hotness 1   # 26 tables vs 1
@@ -71,7 +80,7 @@ SIDES = {
     "dense-tf2.16": ("dense", VENV_TF216),
     "tfra-tf2.16": ("tfra", VENV_TF216),
 }
-MODES = ("graph", "tf.function")
+MODES = ("graph", "tf.function", "tf.function-packed")
 
 
 def parse_args(argv=None):
@@ -181,7 +190,7 @@ def worker(args):
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     inputs = read_inputs(args)
     start = time.perf_counter()
-    step = (build_graph if args.mode == "graph" else build_tf_function)(tf, args, inputs)
+    step = build_step(tf, args, inputs, args.mode)
     for i in range(args.warmup):
         step(i)
     print(json.dumps({
@@ -210,16 +219,22 @@ def step_loss(tf, outputs):
 
 def lookups(tf, args, tables, sps, tag=""):
     """The side's embeddings of one batch (a list of [batch, dim] tensors),
-  and what the optimizer trains (None: the tables)."""
+  and what the optimizer trains (None: the tables). sps: one SparseTensor
+  per table, or every table's ids packed in one RaggedTensor."""
+    packed = isinstance(sps, tf.RaggedTensor)
     if args.worker == "sok_ev":
         import sok_ev  # pylint: disable=import-outside-toplevel
         return sok_ev.lookup_sparse(tables, sps, combiners=["sum"] * len(tables)), None
+    if packed:
+        sps = [sps[t] for t in range(len(tables))]  # each table's [batch, None]
     if args.worker == "dense":
         return [
             tf.nn.embedding_lookup_sparse(v, sp, None, combiner="sum")
             for v, sp in zip(tables, sps)
         ], None
     from tensorflow_recommenders_addons import dynamic_embedding as de  # pylint: disable=import-outside-toplevel
+    if packed:
+        sps = [sp.to_sparse() for sp in sps]
     outputs, trainables = [], []
     for t, (v, sp) in enumerate(zip(tables, sps)):
         # In graph mode each lookup makes the TrainableWrapper the optimizer
@@ -288,9 +303,29 @@ def build_graph(tf, args, inputs):
     return lambda i, **run: sess.run(train_ops[i % len(train_ops)], **run)
 
 
-def build_tf_function(tf, args, inputs):
-    """The step as a tf.function on eager variables; returns step(i)."""
-    batches = [[tf.SparseTensor(i, k, s) for i, k, s in batch] for batch in inputs]
+def build_step(tf, args, inputs, mode):
+    """The step of `mode` (MODES); returns step(i)."""
+    if mode == "graph":
+        return build_graph(tf, args, inputs)
+    return build_tf_function(tf, args, inputs, packed=mode == "tf.function-packed")
+
+
+def packed_batch(tf, batch):
+    """One batch's tables as one RaggedTensor [tables, batch, None]."""
+    return tf.ragged.stack([
+        tf.RaggedTensor.from_value_rowids(keys, indices[:, 0], nrows=shape[0])
+        for indices, keys, shape in batch
+    ])
+
+
+def build_tf_function(tf, args, inputs, packed=False):
+    """The step as a tf.function on eager variables; returns step(i).
+  packed: the step takes one RaggedTensor, not a SparseTensor per table."""
+    batches = [
+        packed_batch(tf, batch) if packed else [tf.SparseTensor(i, k, s)
+                                                for i, k, s in batch]
+        for batch in inputs
+    ]
     tables = make_tables(tf, args, "fn_")
     optimizer = make_optimizer(tf, args)
     if args.worker == "tfra":
@@ -502,12 +537,10 @@ def python_time(args):
             modes = list(
                 args.modes) + (["tf.function, empty body"] if "tf.function" in args.modes else [])
             for mode in modes:
-                builders = {
-                    "graph": build_graph,
-                    "tf.function": build_tf_function,
-                    "tf.function, empty body": build_empty_tf_function
-                }
-                step = builders[mode](tf, args, inputs)
+                if mode == "tf.function, empty body":
+                    step = build_empty_tf_function(tf, args, inputs)
+                else:
+                    step = build_step(tf, args, inputs, mode)
                 for i in range(args.warmup):
                     step(i)
                 python_ms, wall_ms = [], []

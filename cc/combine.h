@@ -43,6 +43,22 @@ int64_t first_invalid_sample_id(const int64_t* sample_ids, int64_t stride, int64
 void row_offsets_from_sample_ids(const int64_t* sample_ids, int64_t stride, int64_t nnz,
                                  int64_t batch, int64_t* row_offsets);
 
+// A RaggedTensor's row splits, read in place: sample b's entries are
+// [row_splits[b] - first_entry, row_splits[b + 1] - first_entry), where
+// first_entry is the table's first entry in a batch packing many tables.
+
+// The first b in [0, batch] at which the splits stop describing nnz entries
+// from first_entry: row_splits[0] != first_entry, a split below the one
+// before it, or row_splits[batch] != first_entry + nnz; batch + 1 when the
+// splits are valid (what row_offsets_from_row_splits and the combines need).
+//   row_splits: (batch + 1,)
+int64_t first_invalid_row_split(const int64_t* row_splits, int64_t first_entry, int64_t nnz,
+                                int64_t batch);
+
+// row_offsets[b] = row_splits[b] - first_entry for b in [0, batch].
+void row_offsets_from_row_splits(const int64_t* row_splits, int64_t first_entry, int64_t batch,
+                                 int64_t* row_offsets);
+
 //   unique_values: (num_unique, dim)   unique_index: (nnz,)
 //   weights:       (nnz,) or null      row_offsets:  (batch + 1,)
 //   out:           (batch, dim) out, every element written
@@ -76,19 +92,24 @@ void combine_backward_serial(const float* grad_out, const int64_t* order, const 
 namespace gpu {
 // The same contracts with device pointers, work ordered on context.stream.
 
-// One table's sample ids, for row_offsets_from_sample_ids.
+// One table's sample ids (or row splits), for row_offsets_from_sample_ids.
 struct SampleIds {
   const int64_t* sample_ids;  // (nnz * stride,) device; null: entry j is sample j
   int64_t stride;
   int64_t nnz;
   int64_t batch;
-  int64_t* row_offsets;  // (batch + 1,) device out, or null
+  int64_t* row_offsets;                 // (batch + 1,) device out, or null
+  const int64_t* row_splits = nullptr;  // (batch + 1,) device: used instead of sample_ids
+  int64_t first_entry = 0;              // with row_splits: see cpu::first_invalid_row_split
 };
 
-// cpu::first_invalid_sample_id and cpu::row_offsets_from_sample_ids for many
-// tables in one launch: table t's answer goes to first_invalid[t] (when
-// first_invalid is not null) and its offsets to tables[t].row_offsets (when
-// not null; meaningless where the ids are invalid).
+// cpu::first_invalid_sample_id and cpu::row_offsets_from_sample_ids (or,
+// for tables given by row splits, their _row_split twins) for many tables in
+// one launch: table t's answer goes to first_invalid[t] (when first_invalid
+// is not null) and its offsets to tables[t].row_offsets (when not null;
+// meaningless where the ids are invalid). first_invalid[t] is nnz when table
+// t is valid; for row splits an invalid table gets nnz + 1 (the sample is
+// found on the host, cpu::first_invalid_row_split, on the error path).
 //   tables: (num_tables,) host   first_invalid: (num_tables,) device out
 void row_offsets_from_sample_ids(const GpuContext& context, const SampleIds* tables, int num_tables,
                                  int64_t* first_invalid);

@@ -42,6 +42,20 @@ void row_offsets_from_sample_ids(const int64_t* sample_ids, int64_t stride, int6
   for (int64_t b = 0; b < batch; ++b) row_offsets[b + 1] += row_offsets[b];
 }
 
+int64_t first_invalid_row_split(const int64_t* row_splits, int64_t first_entry, int64_t nnz,
+                                int64_t batch) {
+  if (row_splits[0] != first_entry) return 0;
+  for (int64_t b = 1; b <= batch; ++b) {
+    if (row_splits[b] < row_splits[b - 1]) return b;
+  }
+  return row_splits[batch] == first_entry + nnz ? batch + 1 : batch;
+}
+
+void row_offsets_from_row_splits(const int64_t* row_splits, int64_t first_entry, int64_t batch,
+                                 int64_t* row_offsets) {
+  for (int64_t b = 0; b <= batch; ++b) row_offsets[b] = row_splits[b] - first_entry;
+}
+
 namespace {
 
 // combine_forward on samples [first, last).

@@ -42,6 +42,17 @@ __global__ void row_offsets_kernel(SampleIdTables tables, int64_t* first_invalid
   const int64_t end = table.nnz > table.batch ? table.nnz : table.batch + 1;
   for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < end;
        j += int64_t(gridDim.x) * blockDim.x) {
+    if (table.row_splits != nullptr) {
+      if (j > table.batch) continue;
+      const int64_t split = table.row_splits[j];
+      const bool bad = (j == 0 && split != table.first_entry) ||
+                       (j > 0 && split < table.row_splits[j - 1]) ||
+                       (j == table.batch && split != table.first_entry + table.nnz);
+      // Every bad sample stores the same value: the race is benign.
+      if (bad && first_invalid != nullptr) first_invalid[blockIdx.y] = table.nnz + 1;
+      if (table.row_offsets != nullptr) table.row_offsets[j] = split - table.first_entry;
+      continue;
+    }
     if (table.sample_ids == nullptr) {
       if (table.row_offsets != nullptr && j <= table.batch) table.row_offsets[j] = j;
       continue;

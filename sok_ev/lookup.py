@@ -5,6 +5,13 @@ One call runs each stage once for all tables, each stage one native op:
   UniqueKeys -> (one worker)   FindOrInsertCombine
              -> (workers > 1)  sok_ev.distributed exchange -> CombineForward
 
+The ids come as one SparseTensor (or rank-2 RaggedTensor) per table, or
+packed: one RaggedTensor [num_tables, batch, None] for all of them, which
+UniquePackedKeys reads in place. A tf.function takes the packed form as 3
+tensors however many tables there are; TensorFlow's handling of each
+function argument (about 15 us per tensor on a CPU) otherwise costs more
+than the lookup's own Python.
+
 UniqueKeys checks the batch (rows in order and inside it, one weight per
 value) before any table changes, deduplicates each table's keys and indexes
 the entries by sample (row offsets) and by key (order, segments). The
@@ -33,17 +40,59 @@ def _as_list(value, argument):
                     f"{type(value).__name__}")
 
 
+def _as_sparse_tensor(value, argument, what):
+    """A per-table SparseTensor from a SparseTensor or a rank-2 RaggedTensor."""
+    if isinstance(value, tf.RaggedTensor):
+        if value.ragged_rank != 1 or value.flat_values.shape.rank != 1:
+            raise ValueError(f"lookup_sparse: {argument} must be a rank-2 tf.RaggedTensor "
+                             f"([batch, None]), got shape {value.shape}")
+        return value.to_sparse()
+    if not isinstance(value, tf.SparseTensor):
+        raise TypeError(f"lookup_sparse: {argument} must be a tf.SparseTensor or "
+                        f"tf.RaggedTensor{what}, got {type(value).__name__}")
+    return value
+
+
+def _check_packed(params, indices, sp_weights):
+    """Validates a packed batch: one RaggedTensor [num_tables, batch, None]."""
+    if indices.ragged_rank != 2 or indices.flat_values.shape.rank != 1:
+        raise ValueError("lookup_sparse: indices as one tf.RaggedTensor must have shape "
+                         f"[num_tables, batch, None] (ragged_rank 2), got shape {indices.shape} "
+                         f"with ragged_rank {indices.ragged_rank}")
+    num_tables = indices.shape[0]
+    if num_tables is not None and num_tables != len(params):
+        raise ValueError(f"lookup_sparse: indices packs {num_tables} tables but params has "
+                         f"{len(params)}; its first dimension is the table")
+    for t, variable in enumerate(params):
+        if indices.dtype != variable.key_dtype:
+            raise TypeError(f"lookup_sparse: indices has {indices.dtype.name} values, but "
+                            f"Embedding Variable '{variable.name}' (params[{t}]) has key_dtype "
+                            f"{variable.key_dtype.name}")
+    if sp_weights is None:
+        return None
+    if not isinstance(sp_weights, tf.RaggedTensor) or sp_weights.ragged_rank != 2:
+        raise TypeError("lookup_sparse: with indices packed in one tf.RaggedTensor, sp_weights "
+                        "must be None or a tf.RaggedTensor of the same row splits, got "
+                        f"{type(sp_weights).__name__}")
+    if not sp_weights.dtype.is_floating:
+        raise TypeError(f"lookup_sparse: sp_weights must have float values, got "
+                        f"{sp_weights.dtype.name}")
+    return sp_weights
+
+
 def _check_arguments(params, indices, combiners, sp_weights):
-    """Validates the arguments; returns (params, indices, combiners, weights)."""
+    """Validates the arguments; returns (params, indices, combiners, weights):
+  indices a list of SparseTensors, or the one packed RaggedTensor (then
+  weights is None or a RaggedTensor, not a list)."""
     params = _as_list(params, "params")
-    indices = _as_list(indices, "indices")
     if not params:
         raise ValueError("lookup_sparse: params is empty; pass one Embedding "
                          "Variable per table")
-    if len(indices) != len(params):
-        raise ValueError(f"lookup_sparse: indices has {len(indices)} entries but "
-                         f"params has {len(params)}; pass one SparseTensor per "
-                         "Embedding Variable")
+    for t, variable in enumerate(params):
+        if not isinstance(variable, EmbeddingVariable):
+            raise TypeError(f"lookup_sparse: params[{t}] must be an Embedding "
+                            "Variable (sok_ev.get_embedding_variable), got "
+                            f"{type(variable).__name__}")
     if combiners is None:
         combiners = ["sum"] * len(params)
     elif isinstance(combiners, str):
@@ -52,21 +101,26 @@ def _check_arguments(params, indices, combiners, sp_weights):
     if len(combiners) != len(params):
         raise ValueError(f"lookup_sparse: combiners has {len(combiners)} entries "
                          f"but params has {len(params)}")
+    for t, combiner in enumerate(combiners):
+        if combiner not in COMBINERS:
+            raise ValueError(f"lookup_sparse: combiners[{t}] must be one of "
+                             f"{COMBINERS}, got {combiner!r}")
+    if isinstance(indices, tf.RaggedTensor):
+        return params, indices, combiners, _check_packed(params, indices, sp_weights)
+    indices = _as_list(indices, "indices")
+    if len(indices) != len(params):
+        raise ValueError(f"lookup_sparse: indices has {len(indices)} entries but "
+                         f"params has {len(params)}; pass one SparseTensor per "
+                         "Embedding Variable")
     if sp_weights is None:
         sp_weights = [None] * len(params)
     sp_weights = _as_list(sp_weights, "sp_weights")
     if len(sp_weights) != len(params):
         raise ValueError(f"lookup_sparse: sp_weights has {len(sp_weights)} entries "
                          f"but params has {len(params)}")
-    for t, (variable, ids, combiner,
-            weights) in enumerate(zip(params, indices, combiners, sp_weights)):
-        if not isinstance(variable, EmbeddingVariable):
-            raise TypeError(f"lookup_sparse: params[{t}] must be an Embedding "
-                            "Variable (sok_ev.get_embedding_variable), got "
-                            f"{type(variable).__name__}")
-        if not isinstance(ids, tf.SparseTensor):
-            raise TypeError(f"lookup_sparse: indices[{t}] must be a tf.SparseTensor, "
-                            f"got {type(ids).__name__}")
+    indices = list(indices)
+    for t, (variable, ids, weights) in enumerate(zip(params, indices, sp_weights)):
+        ids = indices[t] = _as_sparse_tensor(ids, f"indices[{t}]", "")
         rank = ids.indices.shape[-1] if ids.indices.shape.rank == 2 else None
         if rank is not None and rank != 2:
             raise ValueError(f"lookup_sparse: indices[{t}] must have rank 2 "
@@ -75,13 +129,8 @@ def _check_arguments(params, indices, combiners, sp_weights):
             raise TypeError(f"lookup_sparse: indices[{t}] has {ids.values.dtype.name} "
                             f"values, but Embedding Variable '{variable.name}' has "
                             f"key_dtype {variable.key_dtype.name}")
-        if combiner not in COMBINERS:
-            raise ValueError(f"lookup_sparse: combiners[{t}] must be one of "
-                             f"{COMBINERS}, got {combiner!r}")
         if weights is not None:
-            if not isinstance(weights, tf.SparseTensor):
-                raise TypeError(f"lookup_sparse: sp_weights[{t}] must be a "
-                                f"tf.SparseTensor or None, got {type(weights).__name__}")
+            weights = sp_weights[t] = _as_sparse_tensor(weights, f"sp_weights[{t}]", " or None")
             if not weights.values.dtype.is_floating:
                 raise TypeError(f"lookup_sparse: sp_weights[{t}] must have float "
                                 f"values, got {weights.values.dtype.name}")
@@ -101,27 +150,35 @@ def _check_placement(params):
 @tf.autograph.experimental.do_not_convert
 def lookup_sparse(
     params: Sequence[EmbeddingVariable],
-    indices: Sequence[tf.SparseTensor],
+    indices: Union[Sequence[Union[tf.SparseTensor, tf.RaggedTensor]], tf.RaggedTensor],
     combiners: Optional[Union[str, Sequence[str]]] = None,
-    sp_weights: Optional[Sequence[Optional[tf.SparseTensor]]] = None,
+    sp_weights: Optional[Union[Sequence[Optional[Union[tf.SparseTensor, tf.RaggedTensor]]],
+                               tf.RaggedTensor]] = None,
     exchange_dtype: Union[tf.DType, str] = tf.float32,
 ) -> List[tf.Tensor]:
     """Looks up and combines rows of many Embedding Variables in one call.
 
-  Shapes: for table t, `indices[t]` is a `[batch_t, max_hotness]` SparseTensor
-  whose values are keys (int32 or int64, the variable's key_dtype); rows may
-  be ragged, and an empty row gives a zero vector. Absent keys are inserted
-  with their initial values.
+  Shapes: table t's ids are a `[batch_t, max_hotness]` batch whose values are
+  keys (int32 or int64, the variable's key_dtype); rows may be ragged, and an
+  empty row gives a zero vector. Absent keys are inserted with their initial
+  values.
 
   Args:
     params: list of N Embedding Variables.
-    indices: list of N `tf.SparseTensor`s of rank 2, rows in order (as
-      tf.sparse.reorder leaves them).
+    indices: the ids, in one of two forms:
+      - a list of N, each a `tf.SparseTensor` of rank 2 with rows in order
+        (as tf.sparse.reorder leaves them) or a rank-2 `tf.RaggedTensor`;
+      - packed: one `tf.RaggedTensor` of shape `[N, batch, None]`
+        (ragged_rank 2; e.g. `tf.ragged.stack` of the N rank-2 batches), its
+        dtype every variable's key_dtype. Table t's batch is `indices[t]`.
+        A tf.function receives it as 3 tensors whatever N is, where a list
+        costs 2-3 tensors per table.
     combiners: list of N of 'sum', 'mean', 'sqrtn' (default 'sum'), or one
       string for all; the meaning of tf.nn.embedding_lookup_sparse.
-    sp_weights: None, or a list of N entries each None or a float
-      SparseTensor with the same indices as `indices[t]`. Weights receive no
-      gradient.
+    sp_weights: None, or weights in the form of `indices`: a list of N
+      entries each None or a float SparseTensor (RaggedTensor) with the same
+      indices (row splits) as `indices[t]`; packed, one float RaggedTensor
+      with the row splits of `indices`. Weights receive no gradient.
     exchange_dtype: with more than one worker, what the looked-up rows and
       their gradients cross the network as: tf.float32 (default, exact),
       tf.bfloat16 or tf.float16 (half the bytes), as a tf.DType or its name.
@@ -142,33 +199,42 @@ def lookup_sparse(
     TypeError: an argument of the wrong type or dtype (named in the message),
       or an exchange_dtype that is neither a tf.DType nor a string.
     ValueError: lists of different lengths, an unknown combiner, a
-      SparseTensor not of rank 2, a target_gpu outside [-1, world size), or
-      an exchange_dtype other than float32, bfloat16 and float16. Raised
+      SparseTensor or list RaggedTensor not of rank 2, a packed RaggedTensor
+      not of shape [N, batch, None], a target_gpu outside [-1, world size),
+      or an exchange_dtype other than float32, bfloat16 and float16. Raised
       before any table changes.
-    tf.errors.InvalidArgumentError: at run time, rows out of order or outside
-      the batch.
+    tf.errors.InvalidArgumentError: at run time, before any table changes:
+      rows out of order or outside the batch, a packed batch whose first
+      dimension is not N or whose row splits are malformed, weights that do
+      not match the ids.
 
   Example:
     >>> var = sok_ev.get_embedding_variable("var_0", embedding_dim=3)
     >>> ids = tf.SparseTensor([[0, 0], [0, 1], [1, 0]], [7, 7, 42], [2, 2])
     >>> emb, = sok_ev.lookup_sparse([var], [ids], combiners=["mean"])
+    >>> packed = tf.ragged.constant([[[7, 7], [42]], [[], [5]]], tf.int64)
+    >>> a, b = sok_ev.lookup_sparse([var, var_1], packed)  # 2 tables, batch 2
   """
     params, indices, combiners, sp_weights = _check_arguments(params, indices, combiners,
                                                               sp_weights)
     exchange_dtype = row_exchange.check_exchange_dtype(exchange_dtype)
     _check_placement(params)
-    weighted = [w is not None for w in sp_weights]
     with tf.name_scope("sok_ev_lookup_sparse"):
-        keys = [ids.values for ids in indices]
-        weights = [
-            tf.zeros([0], tf.float32) if w is None else tf.cast(w.values, tf.float32)
-            for w in sp_weights
-        ]
-        (unique_keys, counts, unique_index, order, segments,
-         row_offsets) = ops().sok_ev_unique_keys(
-             keys, [ids.indices for ids in indices],
-             weights, [host_memory_input(ids.dense_shape, tf.int64) for ids in indices],
-             weighted=weighted)
+        if isinstance(indices, tf.RaggedTensor):
+            weighted = [sp_weights is not None] * len(params)
+            (unique_keys, counts, unique_index, order, segments, row_offsets,
+             weights) = _unique_packed_keys(indices, sp_weights, weighted)
+        else:
+            weighted = [w is not None for w in sp_weights]
+            weights = [
+                tf.zeros([0], tf.float32) if w is None else tf.cast(w.values, tf.float32)
+                for w in sp_weights
+            ]
+            (unique_keys, counts, unique_index, order, segments,
+             row_offsets) = ops().sok_ev_unique_keys(
+                 [ids.values for ids in indices], [ids.indices for ids in indices],
+                 weights, [host_memory_input(ids.dense_shape, tf.int64) for ids in indices],
+                 weighted=weighted)
         for variable in params:
             variable._record_access()  # pylint: disable=protected-access
         if communication.world_size() == 1:
@@ -197,6 +263,26 @@ def lookup_sparse(
                                             weights,
                                             combiners=combiners,
                                             weighted=weighted)
+
+
+def _unique_packed_keys(indices, sp_weights, weighted):
+    """UniquePackedKeys over the RaggedTensor [num_tables, batch, None]."""
+    row_splits = tf.cast(indices.values.row_splits, tf.int64)
+    table_splits = tf.cast(indices.row_splits, tf.int64)
+    # Each table's first key. Clipped so that a malformed table_splits
+    # reaches the kernel's check (which names it) rather than Gather's.
+    entry_splits = tf.gather(
+        row_splits, tf.clip_by_value(table_splits, 0,
+                                     tf.size(row_splits, out_type=tf.int64) - 1))
+    weights = (tf.zeros([0], tf.float32) if sp_weights is None else tf.cast(
+        sp_weights.flat_values, tf.float32))
+    return ops().sok_ev_unique_packed_keys(indices.flat_values,
+                                           row_splits,
+                                           host_memory_input(table_splits, tf.int64),
+                                           host_memory_input(entry_splits, tf.int64),
+                                           weights,
+                                           N=len(weighted),
+                                           weighted=weighted)
 
 
 def _combine_backward(op, grads, first):
@@ -244,6 +330,6 @@ def _combine_forward_gradient(op, *grads):
     return list(_combine_backward(op, grads, first=2 * n)) + [None] * (5 * n)
 
 
-for _op_name in ("SokEv>UniqueKeys", "SokEv>UniqueOwnedKeys", "SokEv>PartitionByOwner",
-                 "SokEv>CombineBackward"):
+for _op_name in ("SokEv>UniqueKeys", "SokEv>UniquePackedKeys", "SokEv>UniqueOwnedKeys",
+                 "SokEv>PartitionByOwner", "SokEv>CombineBackward"):
     tf.no_gradient(_op_name)

@@ -172,7 +172,7 @@ def part_tf(args):
             models = ["sok_ev", "dense"]
             if mode == "graph":
                 models += [f"sok_ev_streams{n}" for n in stream_settings(args)]
-                models += ["sok_ev_sumloss", "dense_sumloss"]
+                models += ["sok_ev_sumloss", "dense_sumloss", "sok_ev_packed"]
             for model in models:
                 key = f"{model}_{mode}_{hot}hot"
                 print(f"[tf] {key}", flush=True)
@@ -200,10 +200,12 @@ def stream_settings(args):
 def run_tf(tf, sok, ops, args, hot, mode, model, rows, values, memory):
     """Times one (model, mode): returns ms per step and, for sok-ev, host
     syncs per step and table bytes per key. A model is "sok_ev" or "dense",
-    with "_streams<n>" (SOK_EV_GPU_TABLE_STREAMS, set by the caller) or
-    "_sumloss" (the loss computed in the graph) in graph mode."""
+    with "_streams<n>" (SOK_EV_GPU_TABLE_STREAMS, set by the caller),
+    "_sumloss" (the loss computed in the graph) or, for sok-ev, "_packed"
+    (the ids as one RaggedTensor [26, batch, hot]) in graph mode."""
     ours = model.startswith("sok_ev")
     sum_loss = model.endswith("_sumloss")
+    packed = model.endswith("_packed")
     steps = args.steps if ours else args.dense_steps
     out = {}
     n = args.batch * hot
@@ -227,6 +229,9 @@ def run_tf(tf, sok, ops, args, hot, mode, model, rows, values, memory):
 
     def sparse_batch(values_var, indices_var, index):
         batch, ids = values_var[index], indices_var.read_value()
+        if packed:  # every table's keys side by side, hot a sample
+            return tf.RaggedTensor.from_uniform_row_length(
+                tf.RaggedTensor.from_uniform_row_length(tf.reshape(batch, [-1]), hot), args.batch)
         return [tf.SparseTensor(ids, batch[t], [args.batch, hot]) for t in range(TABLES)]
 
     def lookup(tables, ids):
@@ -577,6 +582,18 @@ def report(args):
                            f"({tf_r[f'sok_ev_streams{n}_graph_{hot}hot']['ms'] / spread:.2f}×)"
                            for n in stream_settings(args))
         lines.append(f"- {hot}-hot: default {spread:.2f}; {others}")
+    lines += [
+        "",
+        "Packed ids (graph mode): sok-ev with every table's ids in one RaggedTensor "
+        "[26, batch, hot] (lookup_sparse's packed form, read in place by UniquePackedKeys), "
+        "against one SparseTensor per table:",
+        "",
+    ]
+    for hot in [int(h) for h in args.hotness.split(",")]:
+        listed = tf_r[f"sok_ev_graph_{hot}hot"]["ms"]
+        packed = tf_r[f"sok_ev_packed_graph_{hot}hot"]["ms"]
+        lines.append(f"- {hot}-hot: packed {packed:.2f} ms, SparseTensors {listed:.2f} ms "
+                     f"({listed / packed:.2f}×)")
     lines += [
         "",
         "With the loss in the graph (graph mode; loss = sum of every output, its 26 reductions "

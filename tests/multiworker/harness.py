@@ -152,15 +152,17 @@ def horovod_available():
 
 # SCENARIO:PLACEMENT:MODE. Every placement runs in both modes on 2 workers;
 # 3 workers run each placement once, alternating the mode, to bound CI time.
+# Mode "packed" is "eager" with the ids packed in RaggedTensors.
 CASES = {
     2: [
         "random:sharded:graph", "random:sharded:eager", "random:target:graph",
         "random:target:eager", "random:mixed:graph", "random:mixed:eager", "empty:sharded:eager",
-        "one_owner:sharded:graph", "duplicates:mixed:eager"
+        "one_owner:sharded:graph", "duplicates:mixed:eager", "random:mixed:packed",
+        "empty:sharded:packed"
     ],
     3: [
         "random:sharded:eager", "random:target:graph", "random:mixed:eager", "empty:mixed:graph",
-        "one_owner:sharded:eager", "duplicates:sharded:graph"
+        "one_owner:sharded:eager", "duplicates:sharded:graph", "random:sharded:packed"
     ],
 }
 LAUNCH_TIMEOUT = 240  # seconds; a healthy launch takes well under half

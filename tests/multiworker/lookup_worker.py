@@ -37,7 +37,15 @@ def placement(name):
 
 
 def model(tables, sparse_ids, targets):
-    embeddings = sok_ev.lookup_sparse(tables, sparse_ids, combiners=["sum"] * len(tables))
+    """sparse_ids: a list of SparseTensors (one lookup of every table), or of
+  packed RaggedTensors [1, batch, None] (one packed lookup per table: the
+  tables' key dtypes differ)."""
+    if isinstance(sparse_ids[0], tf.RaggedTensor):
+        embeddings = [
+            sok_ev.lookup_sparse([v], ids, "sum")[0] for v, ids in zip(tables, sparse_ids)
+        ]
+    else:
+        embeddings = sok_ev.lookup_sparse(tables, sparse_ids, combiners=["sum"] * len(tables))
     loss = tf.add_n([0.5 * tf.reduce_sum(tf.square(e - y)) for e, y in zip(embeddings, targets)])
     return loss, embeddings
 
@@ -89,7 +97,9 @@ def run_graph(scenario, targets_gpu):
     return losses, embs, shards
 
 
-def run_eager(scenario, targets_gpu):
+def run_eager(scenario, targets_gpu, packed=False):
+    """A tf.function step; `packed`: each table's ids as one RaggedTensor
+  [1, batch, None] (lookup_sparse's packed form) instead of a SparseTensor."""
     tables = harness.make_tables(targets_gpu)
     optimizer = tf.compat.v1.train.AdagradOptimizer(harness.LEARNING_RATE)
     signature = []
@@ -104,6 +114,8 @@ def run_eager(scenario, targets_gpu):
     @tf.function(input_signature=signature)
     def train_step(*flat):
         sparse_ids = [tf.SparseTensor(*flat[4 * t:4 * t + 3]) for t in range(len(tables))]
+        if packed:
+            sparse_ids = [tf.expand_dims(tf.RaggedTensor.from_sparse(ids), 0) for ids in sparse_ids]
         ys = [flat[4 * t + 3] for t in range(len(tables))]
         with tf.GradientTape() as tape:
             loss, embeddings = model(tables, sparse_ids, ys)
@@ -136,8 +148,10 @@ def _shard(keys, rows, frequencies):
 
 def record_case(results, case):
     scenario, placement_name, mode = case.split(":")
-    run = run_graph if mode == "graph" else run_eager
-    losses, embs, shards = run(scenario, placement(placement_name))
+    if mode == "graph":
+        losses, embs, shards = run_graph(scenario, placement(placement_name))
+    else:
+        losses, embs, shards = run_eager(scenario, placement(placement_name), mode == "packed")
     results[f"{case}/loss"] = np.array(losses, np.float64)
     for t in range(len(harness.TABLES)):
         results[f"{case}/emb{t}"] = np.stack([e[t] for e in embs])

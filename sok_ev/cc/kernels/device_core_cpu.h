@@ -249,9 +249,10 @@ class Core<CPUDevice> {
         }));
   }
 
-  // Every table's sample ids are checked first: first_invalid[t] (host) is
-  // the first bad entry of table t, or its nnz, and if any table has one
-  // nothing is allocated. Then per table: row offsets, unique keys in
+  // Every table's sample ids (or row splits) are checked first:
+  // first_invalid[t] (host) is the first bad entry of table t (nnz + 1 for
+  // bad row splits), or its nnz, and if any table has one nothing is
+  // allocated. Then per table: row offsets, unique keys in
   // first-occurrence order (buffers from `allocate`), entries grouped by key.
   // Tables run side by side (ForEachTable), so each one's passes stay on one
   // thread; only the allocations are serial.
@@ -268,7 +269,14 @@ class Core<CPUDevice> {
     std::vector<int64_t> num_unique(n, 0);
     TF_RETURN_IF_ERROR(ForEachTable(n, costs.data(), [&](int t, Core& core) {
       const TableBatch<Key>& table = tables[t];
-      if (table.sample_ids == nullptr) {  // entry j is sample j
+      if (table.row_splits != nullptr) {
+        const bool valid = cpu::first_invalid_row_split(table.row_splits, table.first_entry,
+                                                        table.nnz, table.batch) > table.batch;
+        (*first_invalid)[t] = valid ? table.nnz : table.nnz + 1;  // gpu::SampleIds' convention
+        if (!valid) return absl::OkStatus();
+        cpu::row_offsets_from_row_splits(table.row_splits, table.first_entry, table.batch,
+                                         table.row_offsets);
+      } else if (table.sample_ids == nullptr) {  // entry j is sample j
         (*first_invalid)[t] = table.nnz;
         std::iota(table.row_offsets, table.row_offsets + table.nnz + 1, int64_t{0});
       } else {

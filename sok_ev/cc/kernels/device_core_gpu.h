@@ -370,7 +370,8 @@ class Core<GPUDevice> {
     for (int t = 0; t < num_tables; ++t) {
       key_offsets[t + 1] = key_offsets[t] + tables[t].nnz;
       sample_ids[t] = {tables[t].sample_ids, tables[t].sample_id_stride, tables[t].nnz,
-                       tables[t].batch, tables[t].row_offsets};
+                       tables[t].batch,      tables[t].row_offsets,      tables[t].row_splits,
+                       tables[t].first_entry};
     }
     const int64_t n = key_offsets[num_tables];
     // first_invalid (num_tables) then unique_offsets (num_tables + 1).
@@ -390,8 +391,13 @@ class Core<GPUDevice> {
     TF_RETURN_IF_ERROR(Scratch<int64_t>(size, &inverse_tensor));
     TF_RETURN_IF_ERROR(Scratch<int64_t>(size, &order_tensor));
     TF_RETURN_IF_ERROR(Scratch<int64_t>(n + 1, &segments_tensor));
-    const Key* keys = num_tables == 1 ? tables[0].keys : nullptr;
-    if (num_tables > 1) {
+    // Tables packed side by side already (a RaggedTensor's) need no gather.
+    bool packed = true;
+    for (int t = 1; t < num_tables; ++t) {
+      packed = packed && tables[t].keys == tables[0].keys + key_offsets[t];
+    }
+    const Key* keys = packed ? tables[0].keys : nullptr;
+    if (!packed) {
       TF_RETURN_IF_ERROR(Scratch<Key>(size, &keys_tensor));
       std::vector<gpu::CopyJob<Key>> gather;
       for (int t = 0; t < num_tables; ++t) {

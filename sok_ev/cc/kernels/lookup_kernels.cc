@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "cc/combine.h"
 #include "sok_ev/cc/kernels/device_core.h"
 #include "sok_ev/cc/kernels/embedding_variable.h"
 #include "sok_ev/cc/kernels/kernel_utils.h"
@@ -84,24 +85,30 @@ class CombineAttributes {
 
 // Checks every table's batch, then deduplicates and indexes it. Tables are
 // grouped by key dtype: one core call (one grouped sort and one host sync on
-// the GPU) per dtype present. One kernel serves two ops:
-//   SokEv>UniqueKeys       a batch's SparseTensors (indices, dense_shapes,
-//                          weights), checked first;
-//   SokEv>UniqueOwnedKeys  the keys an owner received from every worker:
-//                          entry j is sample j, and stands for
-//                          occurrences[j] occurrences of its key.
+// the GPU) per dtype present. One kernel serves three ops:
+//   SokEv>UniqueKeys        a batch's SparseTensors (indices, dense_shapes,
+//                           weights), checked first;
+//   SokEv>UniquePackedKeys  one RaggedTensor packing every table: table t is
+//                           a slice of its values and row splits, checked
+//                           first;
+//   SokEv>UniqueOwnedKeys   the keys an owner received from every worker:
+//                           entry j is sample j, and stands for
+//                           occurrences[j] occurrences of its key.
 template <typename Device>
 class UniqueKeysOp : public OpKernel {
  public:
   explicit UniqueKeysOp(OpKernelConstruction* context)
       : OpKernel(context),
         attributes_(context),
-        owned_(context->def().op() == "SokEv>UniqueOwnedKeys") {}
+        form_(context->def().op() == "SokEv>UniqueOwnedKeys"    ? Form::kOwned
+              : context->def().op() == "SokEv>UniquePackedKeys" ? Form::kPacked
+                                                                : Form::kSparse) {}
 
   void Compute(OpKernelContext* context) override {
-    OpInputList keys;
-    OP_REQUIRES_OK(context, context->input_list("keys", &keys));
-    const int num_tables = keys.size();
+    std::vector<TableInput> inputs;
+    OP_REQUIRES_OK(context, form_ == Form::kPacked ? ReadPacked(context, &inputs)
+                                                   : ReadLists(context, &inputs));
+    const int num_tables = inputs.size();
     OpOutputList unique_keys, counts, unique_index, order, segments, row_offsets;
     OP_REQUIRES_OK(context, context->output_list("unique_keys", &unique_keys));
     OP_REQUIRES_OK(context, context->output_list("counts", &counts));
@@ -109,28 +116,18 @@ class UniqueKeysOp : public OpKernel {
     OP_REQUIRES_OK(context, context->output_list("order", &order));
     OP_REQUIRES_OK(context, context->output_list("segments", &segments));
     OP_REQUIRES_OK(context, context->output_list("row_offsets", &row_offsets));
-    // Shapes first (host), and the outputs sized by the batch.
-    std::vector<EntryInputs> entries(num_tables);
+    // The outputs sized by the batch.
     for (int t = 0; t < num_tables; ++t) {
-      OP_REQUIRES(context, keys[t].dims() == 1,
-                  errors::InvalidArgument(owned_ ? "keys[" : "indices[", t,
-                                          owned_ ? "] must be a vector, got shape "
-                                                 : "] values must be a vector, got shape ",
-                                          keys[t].shape().DebugString()));
-      const int64_t nnz = keys[t].dim_size(0);
-      OP_REQUIRES_OK(context, owned_ ? ReadOccurrences(context, t, nnz, &entries[t])
-                                     : ReadSampleIds(context, t, nnz, &entries[t]));
       Tensor* unused;
-      OP_REQUIRES_OK(context, unique_index.allocate(t, TensorShape({nnz}), &unused));
-      OP_REQUIRES_OK(context, order.allocate(t, TensorShape({nnz}), &unused));
-      OP_REQUIRES_OK(context,
-                     row_offsets.allocate(t, TensorShape({entries[t].batch + 1}), &unused));
+      OP_REQUIRES_OK(context, unique_index.allocate(t, TensorShape({inputs[t].nnz}), &unused));
+      OP_REQUIRES_OK(context, order.allocate(t, TensorShape({inputs[t].nnz}), &unused));
+      OP_REQUIRES_OK(context, row_offsets.allocate(t, TensorShape({inputs[t].batch + 1}), &unused));
     }
     Core<Device> core(context);
     for (tensorflow::DataType dtype : {tensorflow::DT_INT32, tensorflow::DT_INT64}) {
       std::vector<int> group;  // the tables of this key dtype
       for (int t = 0; t < num_tables; ++t) {
-        if (keys[t].dtype() == dtype) group.push_back(t);
+        if (inputs[t].dtype == dtype) group.push_back(t);
       }
       if (group.empty()) continue;
       OP_REQUIRES_OK(
@@ -138,13 +135,16 @@ class UniqueKeysOp : public OpKernel {
             using Key = decltype(key);
             std::vector<TableBatch<Key>> tables;
             for (int t : group) {
+              const TableInput& input = inputs[t];
               TableBatch<Key> table;
-              table.keys = keys[t].flat<Key>().data();
-              table.sample_ids = entries[t].sample_ids;
-              table.sample_id_stride = entries[t].sample_id_stride;
-              table.occurrences = entries[t].occurrences;
-              table.nnz = keys[t].dim_size(0);
-              table.batch = entries[t].batch;
+              table.keys = static_cast<const Key*>(input.keys);
+              table.sample_ids = input.sample_ids;
+              table.sample_id_stride = input.sample_id_stride;
+              table.row_splits = input.row_splits;
+              table.first_entry = input.first_entry;
+              table.occurrences = input.occurrences;
+              table.nnz = input.nnz;
+              table.batch = input.batch;
               table.unique_index = unique_index[t]->flat<int64_t>().data();
               table.order = order[t]->flat<int64_t>().data();
               table.row_offsets = row_offsets[t]->flat<int64_t>().data();
@@ -167,30 +167,64 @@ class UniqueKeysOp : public OpKernel {
             TF_RETURN_IF_ERROR(core.UniqueKeys(tables, allocate, &first_invalid));
             for (size_t g = 0; g < tables.size(); ++g) {
               if (first_invalid[g] != tables[g].nnz) {
-                return InvalidSampleId(core, group[g], tables[g], first_invalid[g]);
+                return tables[g].row_splits != nullptr
+                           ? InvalidRowSplits(core, group[g], tables[g])
+                           : InvalidSampleId(core, group[g], tables[g], first_invalid[g]);
               }
             }
             return absl::OkStatus();
           }));
     }
+    if (form_ == Form::kPacked) OP_REQUIRES_OK(context, SliceWeights(context, core, inputs));
   }
 
  private:
-  // What a table's entries are besides their keys (TableBatch's fields).
-  struct EntryInputs {
+  enum class Form { kSparse, kPacked, kOwned };
+
+  // One table's keys and what its entries are (TableBatch's input fields).
+  struct TableInput {
+    tensorflow::DataType dtype = tensorflow::DT_INVALID;
+    const void* keys = nullptr;
+    int64_t nnz = 0;
+    int64_t batch = 0;
     const int64_t* sample_ids = nullptr;
     int64_t sample_id_stride = 1;
+    const int64_t* row_splits = nullptr;
+    int64_t first_entry = 0;
     const int64_t* occurrences = nullptr;
-    int64_t batch = 0;
   };
+
+  // UniqueKeys and UniqueOwnedKeys: one keys tensor per table.
+  absl::Status ReadLists(OpKernelContext* context, std::vector<TableInput>* inputs) {
+    OpInputList keys;
+    TF_RETURN_IF_ERROR(context->input_list("keys", &keys));
+    const bool owned = form_ == Form::kOwned;
+    inputs->resize(keys.size());
+    for (int t = 0; t < keys.size(); ++t) {
+      if (keys[t].dims() != 1) {
+        return errors::InvalidArgument(
+            owned ? "keys[" : "indices[", t,
+            owned ? "] must be a vector, got shape " : "] values must be a vector, got shape ",
+            keys[t].shape().DebugString());
+      }
+      TableInput& input = (*inputs)[t];
+      input.dtype = keys[t].dtype();
+      input.keys = keys[t].data();
+      input.nnz = keys[t].dim_size(0);
+      TF_RETURN_IF_ERROR(owned ? ReadOccurrences(context, t, &input)
+                               : ReadSampleIds(context, t, &input));
+    }
+    return absl::OkStatus();
+  }
 
   // UniqueKeys: table t's SparseTensor indices and dense shape (host), and
   // its weights when weighted.
-  absl::Status ReadSampleIds(OpKernelContext* context, int t, int64_t nnz, EntryInputs* out) {
+  absl::Status ReadSampleIds(OpKernelContext* context, int t, TableInput* out) {
     OpInputList indices, weights, dense_shapes;
     TF_RETURN_IF_ERROR(context->input_list("indices", &indices));
     TF_RETURN_IF_ERROR(context->input_list("weights", &weights));
     TF_RETURN_IF_ERROR(context->input_list("dense_shapes", &dense_shapes));  // host
+    const int64_t nnz = out->nnz;
     if (indices[t].dims() != 2 || indices[t].dim_size(0) != nnz || indices[t].dim_size(1) < 1) {
       return errors::InvalidArgument("indices[", t, "] must have indices of shape [", nnz,
                                      ", rank] for its ", nnz, " values, got ",
@@ -212,17 +246,107 @@ class UniqueKeysOp : public OpKernel {
   }
 
   // UniqueOwnedKeys: one occurrence count per received key.
-  static absl::Status ReadOccurrences(OpKernelContext* context, int t, int64_t nnz,
-                                      EntryInputs* out) {
+  static absl::Status ReadOccurrences(OpKernelContext* context, int t, TableInput* out) {
     OpInputList occurrences;
     TF_RETURN_IF_ERROR(context->input_list("occurrences", &occurrences));
-    if (occurrences[t].dims() != 1 || occurrences[t].dim_size(0) != nnz) {
-      return errors::InvalidArgument("occurrences[", t, "] must have shape [", nnz,
+    if (occurrences[t].dims() != 1 || occurrences[t].dim_size(0) != out->nnz) {
+      return errors::InvalidArgument("occurrences[", t, "] must have shape [", out->nnz,
                                      "], one count per key, got ",
                                      occurrences[t].shape().DebugString());
     }
     out->occurrences = occurrences[t].flat<int64_t>().data();
-    out->batch = nnz;
+    out->batch = out->nnz;
+    return absl::OkStatus();
+  }
+
+  // UniquePackedKeys: every table's slice of the packed batch, from the
+  // table and entry splits (host). The row splits inside each table are
+  // device memory, checked by the core.
+  absl::Status ReadPacked(OpKernelContext* context, std::vector<TableInput>* inputs) {
+    const Tensor& keys = context->input(0);
+    const Tensor& row_splits = context->input(1);
+    const Tensor& table_splits = context->input(2);  // host
+    const Tensor& entry_splits = context->input(3);  // host
+    const Tensor& weights = context->input(4);
+    const int num_tables = num_outputs() / 7;
+    if (keys.dims() != 1) {
+      return errors::InvalidArgument("indices: flat_values must be a vector, got shape ",
+                                     keys.shape().DebugString());
+    }
+    if (row_splits.dims() != 1 || row_splits.NumElements() < 1) {
+      return errors::InvalidArgument(
+          "indices: values.row_splits must be a non-empty vector, "
+          "got shape ",
+          row_splits.shape().DebugString());
+    }
+    const int64_t nnz = keys.NumElements(), num_samples = row_splits.NumElements() - 1;
+    TF_RETURN_IF_ERROR(CheckSplits(table_splits, num_tables, num_samples, "indices.row_splits",
+                                   "samples (indices.values.nrows())"));
+    TF_RETURN_IF_ERROR(CheckSplits(entry_splits, num_tables, nnz,
+                                   "indices.values.row_splits at indices.row_splits",
+                                   "keys (indices.flat_values)"));
+    for (int t = 0; t < num_tables; ++t) {
+      // Every table's weights are the one packed tensor's.
+      TF_RETURN_IF_ERROR(attributes_.CheckWeights(t, weights, weights.NumElements()));
+      if (attributes_.WeightsOrNull(t, weights) != nullptr && weights.NumElements() != nnz) {
+        return errors::InvalidArgument("sp_weights has ", weights.NumElements(),
+                                       " values (flat_values), but indices has ", nnz);
+      }
+    }
+    const auto tables = table_splits.flat<int64_t>();
+    const auto entries = entry_splits.flat<int64_t>();
+    const char* key_bytes = static_cast<const char*>(keys.data());
+    inputs->resize(num_tables);
+    for (int t = 0; t < num_tables; ++t) {
+      TableInput& input = (*inputs)[t];
+      input.dtype = keys.dtype();
+      input.keys = key_bytes + entries(t) * tensorflow::DataTypeSize(keys.dtype());
+      input.nnz = entries(t + 1) - entries(t);
+      input.batch = tables(t + 1) - tables(t);
+      input.row_splits = row_splits.flat<int64_t>().data() + tables(t);
+      input.first_entry = entries(t);
+    }
+    return absl::OkStatus();
+  }
+
+  // splits (host): num_tables + 1 values from 0 to `total`, none below the
+  // one before it.
+  static absl::Status CheckSplits(const Tensor& splits, int num_tables, int64_t total,
+                                  const char* name, const char* what) {
+    if (splits.dims() != 1 || splits.NumElements() != num_tables + 1) {
+      return errors::InvalidArgument(name, " must have ", num_tables + 1,
+                                     " values (one table per Embedding Variable, plus one), got "
+                                     "shape ",
+                                     splits.shape().DebugString());
+    }
+    const auto values = splits.flat<int64_t>();
+    for (int t = 0; t <= num_tables; ++t) {
+      if ((t == 0 && values(t) != 0) || (t > 0 && values(t) < values(t - 1)) ||
+          (t == num_tables && values(t) != total)) {
+        return errors::InvalidArgument(name, " must run from 0 to the ", total, " ", what,
+                                       " without decreasing, got ", values(t), " at position ", t);
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // UniquePackedKeys' table_weights: each weighted table's slice of the
+  // weights (the combining ops take one weights tensor per table).
+  absl::Status SliceWeights(OpKernelContext* context, Core<Device>& core,
+                            const std::vector<TableInput>& inputs) {
+    const Tensor& weights = context->input(4);
+    OpOutputList table_weights;
+    TF_RETURN_IF_ERROR(context->output_list("table_weights", &table_weights));
+    for (size_t t = 0; t < inputs.size(); ++t) {
+      const float* source = attributes_.WeightsOrNull(t, weights);
+      Tensor* out;
+      TF_RETURN_IF_ERROR(
+          table_weights.allocate(t, TensorShape({source ? inputs[t].nnz : 0}), &out));
+      if (source != nullptr && inputs[t].nnz > 0) {
+        TF_RETURN_IF_ERROR(
+            core.Copy(out->flat<float>().data(), source + inputs[t].first_entry, inputs[t].nnz));
+      }
+    }
     return absl::OkStatus();
   }
 
@@ -246,8 +370,23 @@ class UniqueKeysOp : public OpKernel {
                                    "; reorder the SparseTensor with tf.sparse.reorder");
   }
 
+  // The error for table t of a packed batch whose row splits are bad, naming
+  // the first bad one, read back from the device.
+  template <typename Key>
+  static absl::Status InvalidRowSplits(Core<Device>& core, int t, const TableBatch<Key>& table) {
+    std::vector<int64_t> splits(table.batch + 1);
+    TF_RETURN_IF_ERROR(core.CopyToHost(table.row_splits, table.batch + 1, splits.data()));
+    const int64_t b =
+        cpu::first_invalid_row_split(splits.data(), table.first_entry, table.nnz, table.batch);
+    return errors::InvalidArgument(
+        "indices[", t, "]: the row splits of its ", table.batch, " samples must run from ",
+        table.first_entry, " to ", table.first_entry + table.nnz,
+        " (its keys in indices.flat_values) without decreasing, got ", splits[b], " at sample ", b,
+        b > 0 ? " after " : "", b > 0 ? std::to_string(splits[b - 1]) : "");
+  }
+
   CombineAttributes attributes_;
-  const bool owned_;  // SokEv>UniqueOwnedKeys
+  const Form form_;
 };
 
 template <typename Device>
@@ -575,6 +714,7 @@ class CombineBackwardOp : public OpKernel {
   REGISTER_KERNEL_BUILDER(Name("SokEv>" name).Device(tensorflow::DEVICE_CPU), kernel<CPUDevice>)
 SOK_EV_REGISTER_CPU("UniqueKeys", UniqueKeysOp);
 SOK_EV_REGISTER_CPU("UniqueOwnedKeys", UniqueKeysOp);
+SOK_EV_REGISTER_CPU("UniquePackedKeys", UniqueKeysOp);
 SOK_EV_REGISTER_CPU("PartitionByOwner", PartitionByOwnerOp);
 SOK_EV_REGISTER_CPU("FindOrInsert", FindOrInsertOp);
 SOK_EV_REGISTER_CPU("FindOrInsertCombine", FindOrInsertCombineOp);
@@ -589,6 +729,11 @@ using tensorflow::DEVICE_GPU;
 REGISTER_KERNEL_BUILDER(Name("SokEv>UniqueKeys").Device(DEVICE_GPU).HostMemory("dense_shapes"),
                         UniqueKeysOp<GPUDevice>);
 REGISTER_KERNEL_BUILDER(Name("SokEv>UniqueOwnedKeys").Device(DEVICE_GPU), UniqueKeysOp<GPUDevice>);
+REGISTER_KERNEL_BUILDER(Name("SokEv>UniquePackedKeys")
+                            .Device(DEVICE_GPU)
+                            .HostMemory("table_splits")
+                            .HostMemory("entry_splits"),
+                        UniqueKeysOp<GPUDevice>);
 REGISTER_KERNEL_BUILDER(Name("SokEv>PartitionByOwner").Device(DEVICE_GPU),
                         PartitionByOwnerOp<GPUDevice>);
 REGISTER_KERNEL_BUILDER(Name("SokEv>FindOrInsert").Device(DEVICE_GPU).HostMemory("resources"),

@@ -21,6 +21,11 @@ struct TableBatch {
   // nnz), as for the keys an owner received.
   const int64_t* sample_ids = nullptr;  // (nnz * sample_id_stride,)
   int64_t sample_id_stride = 1;
+  // Non-null (then sample_ids is null): a RaggedTensor's row splits read in
+  // place, sample b's entries being [row_splits[b], row_splits[b + 1])
+  // minus first_entry, this table's first entry in the packed batch.
+  const int64_t* row_splits = nullptr;  // (batch + 1,)
+  int64_t first_entry = 0;
   // Null: each entry is one occurrence of its key. Otherwise entry j stands
   // for occurrences[j] of them, and a unique key's count is their sum.
   const int64_t* occurrences = nullptr;  // (nnz,)

@@ -1,6 +1,6 @@
 // Op definitions of the grouped sparse-lookup pipeline: each op handles
 // every table of one sok_ev.lookup_sparse call at once.
-//   one worker:   UniqueKeys -> FindOrInsertCombine
+//   one worker:   UniqueKeys (or UniquePackedKeys) -> FindOrInsertCombine
 //   many workers: UniqueKeys -> PartitionByOwner -> all-to-all
 //                 -> UniqueOwnedKeys -> FindOrInsertCombine (owners)
 //                 -> all-to-all back -> CombineForward
@@ -64,6 +64,43 @@ REGISTER_OP("SokEv>UniqueKeys")
         "counts are each unique key's occurrences; unique key u's entries are "
         "order[segments[u] .. segments[u + 1]); sample b's entries are "
         "[row_offsets[b], row_offsets[b + 1]).");
+
+// UniqueKeys for a batch packing every table in one RaggedTensor
+// [N, batch, None] (what TensorFlow passes to a tf.function as 3 tensors,
+// however many tables): keys are its flat values, row_splits its inner row
+// splits (each sample's entries), table_splits its outer ones (each table's
+// samples), and entry_splits[t] == row_splits[table_splits[t]] each table's
+// first entry. The outputs are UniqueKeys' per table, plus each table's
+// slice of the weights (empty when not weighted) for the combining ops.
+REGISTER_OP("SokEv>UniquePackedKeys")
+    .Input("keys: Tkey")
+    .Input("row_splits: int64")
+    .Input("table_splits: int64")
+    .Input("entry_splits: int64")
+    .Input("weights: float")
+    .Output("unique_keys: N * Tkey")
+    .Output("counts: N * int64")
+    .Output("unique_index: N * int64")
+    .Output("order: N * int64")
+    .Output("segments: N * int64")
+    .Output("row_offsets: N * int64")
+    .Output("table_weights: N * float")
+    .Attr("Tkey: {int32, int64}")
+    .Attr("N: int >= 1")
+    .Attr("weighted: list(bool)")
+    .SetShapeFn([](InferenceContext* c) {
+      for (int i = 0; i < c->num_outputs(); ++i) {
+        c->set_output(i, c->Vector(InferenceContext::kUnknownDim));
+      }
+      return absl::OkStatus();
+    })
+    .Doc(
+        "Checks the packed batch (table_splits from 0 to the number of "
+        "samples, entry_splits from 0 to the number of keys, each table's row "
+        "splits non-decreasing from its first entry to its last, one weight "
+        "per key when weighted) before anything else runs, then gives table "
+        "t, whose keys are keys[entry_splits[t] .. entry_splits[t + 1]), "
+        "UniqueKeys' outputs.");
 
 // The owner's side of a lookup over several workers: each worker sent its
 // unique keys once, with their occurrences in its batch, so a key asked by
