@@ -196,15 +196,16 @@ class EmbeddingVariableSlot(trackable.Trackable):
 
 def _keys_are_distinct(indices):
     """Whether `indices` are, provably, one table's unique keys straight from
-  a lookup (an output of SokEv>UniqueKeys, or SokEv>UniqueOwnedKeys on an
-  owner, through Identity ops): the fused apply then skips deduplicating
-  them. Only graphs (Session, tf.function) show a tensor's producer; eagerly
+  a lookup (an output of SokEv>UniqueKeys or SokEv>UniquePackedKeys, or of
+  SokEv>UniqueOwnedKeys on an owner, through Identity ops): the fused apply
+  then skips deduplicating them. Only graphs (Session, tf.function) show a tensor's producer; eagerly
   the apply deduplicates."""
     tensor = indices
     while getattr(tensor, "op", None) is not None and tensor.op.type == "Identity":
         tensor = tensor.op.inputs[0]
     op = getattr(tensor, "op", None)
-    return (op is not None and op.type in ("SokEv>UniqueKeys", "SokEv>UniqueOwnedKeys") and
+    return (op is not None and
+            op.type in ("SokEv>UniqueKeys", "SokEv>UniquePackedKeys", "SokEv>UniqueOwnedKeys") and
             tensor.value_index < op.get_attr("N"))
 
 

@@ -249,15 +249,19 @@ def _apply_ops(graph):
     return [op for op in graph.get_operations() if op.type == "SokEv>SparseApplyOptimizer"]
 
 
-def test_the_gradient_of_one_lookup_is_applied_without_deduplicating_again(sok, rng):
+@pytest.mark.parametrize("form", ["sparse_list", "packed"])
+def test_the_gradient_of_one_lookup_is_applied_without_deduplicating_again(sok, rng, form):
     # A table looked up once: its gradient's keys are that lookup's unique
-    # keys, so the fused apply is told they are distinct.
+    # keys, so the fused apply is told they are distinct, whichever form
+    # the ids came in (a SparseTensor per table, or one packed RaggedTensor).
     with ref.graph_session() as sess:
         ev = ref.matrix_ev(sok, "emb", ref.random_matrix(rng, N_ROWS, DIM))
         batch = ref.random_sparse_batch(rng, BATCH, MAX_HOTNESS,
                                         ref.key_sampler(rng, "in_range", N_ROWS, np.int64),
                                         np.int64)
-        loss = tf.reduce_sum(sok.lookup_sparse([ev], [batch.sp_ids()])[0])
+        ids = ([batch.sp_ids()] if form == "sparse_list" else tf.expand_dims(
+            tf.RaggedTensor.from_sparse(batch.sp_ids()), 0))
+        loss = tf.reduce_sum(sok.lookup_sparse([ev], ids)[0])
         tf.compat.v1.train.AdagradOptimizer(0.1).minimize(loss)
         [apply] = _apply_ops(sess.graph)
         assert apply.get_attr("keys_are_unique") == [True]
