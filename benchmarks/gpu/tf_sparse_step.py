@@ -569,44 +569,41 @@ def report(args):
                 f"{ours['ms'] / c['ms']:.2f}× | {floor_ms:.2f} | {100 * floor_ms / ours['ms']:.0f}% "
                 f"| {ours['host_syncs_per_step']:.2f} | {ours['bytes_per_key']:.0f} "
                 f"({ours['bytes_per_key_ratio']:.2f}×) |")
-    lines += [
-        "",
-        "Side streams (graph mode): sok-ev with its tables spread over the default side streams "
-        f"({tf_r.get('default_table_streams', '?')}), against other `SOK_EV_GPU_TABLE_STREAMS` "
-        "settings (1: every table on TensorFlow's stream); ms, and setting ÷ default:",
-        "",
-    ]
-    for hot in [int(h) for h in args.hotness.split(",")]:
+    hotnesses = [int(h) for h in args.hotness.split(",")]
+
+    def streams_line(hot):
         spread = tf_r[f"sok_ev_graph_{hot}hot"]["ms"]
         others = ", ".join(f"{n} streams {tf_r[f'sok_ev_streams{n}_graph_{hot}hot']['ms']:.2f} "
                            f"({tf_r[f'sok_ev_streams{n}_graph_{hot}hot']['ms'] / spread:.2f}×)"
                            for n in stream_settings(args))
-        lines.append(f"- {hot}-hot: default {spread:.2f}; {others}")
-    lines += [
-        "",
-        "Packed ids (graph mode): sok-ev with every table's ids in one RaggedTensor "
-        "[26, batch, hot] (lookup_sparse's packed form, read in place by UniquePackedKeys), "
-        "against one SparseTensor per table:",
-        "",
-    ]
-    for hot in [int(h) for h in args.hotness.split(",")]:
+        return f"- {hot}-hot: default {spread:.2f}; {others}"
+
+    def packed_line(hot):
         listed = tf_r[f"sok_ev_graph_{hot}hot"]["ms"]
         packed = tf_r[f"sok_ev_packed_graph_{hot}hot"]["ms"]
-        lines.append(f"- {hot}-hot: packed {packed:.2f} ms, SparseTensors {listed:.2f} ms "
-                     f"({listed / packed:.2f}×)")
-    lines += [
-        "",
-        "With the loss in the graph (graph mode; loss = sum of every output, its 26 reductions "
-        "and 26 broadcast gradients on both TensorFlow sides; torch and the core step take "
-        "the upstream gradient as given):",
-        "",
-    ]
-    for hot in [int(h) for h in args.hotness.split(",")]:
+        return (f"- {hot}-hot: packed {packed:.2f} ms, SparseTensors {listed:.2f} ms "
+                f"({listed / packed:.2f}×)")
+
+    def sum_loss_line(hot):
         ours = tf_r[f"sok_ev_sumloss_graph_{hot}hot"]["ms"]
         dense = tf_r[f"dense_sumloss_graph_{hot}hot"]["ms"]
         torch_ms = torch_r[f"torch_{hot}hot"]["ms"]
-        lines.append(f"- {hot}-hot: sok-ev {ours:.2f}, dense TF {dense:.2f} ms: "
-                     f"dense ÷ sok-ev {dense / ours:.1f}×, torch ÷ sok-ev {torch_ms / ours:.2f}×")
+        return (f"- {hot}-hot: sok-ev {ours:.2f}, dense TF {dense:.2f} ms: "
+                f"dense ÷ sok-ev {dense / ours:.1f}×, torch ÷ sok-ev {torch_ms / ours:.2f}×")
+
+    for heading, line_of in (
+        ("Side streams (graph mode): sok-ev with its tables spread over the default side streams "
+         f"({tf_r.get('default_table_streams', '?')}), against other `SOK_EV_GPU_TABLE_STREAMS` "
+         "settings (1: every table on TensorFlow's stream); ms, and setting ÷ default:",
+         streams_line),
+        ("Packed ids (graph mode): sok-ev with every table's ids in one RaggedTensor "
+         "[26, batch, hot] (lookup_sparse's packed form, read in place by UniquePackedKeys), "
+         "against one SparseTensor per table:", packed_line),
+        ("With the loss in the graph (graph mode; loss = sum of every output, its 26 reductions "
+         "and 26 broadcast gradients on both TensorFlow sides; torch and the core step take "
+         "the upstream gradient as given):", sum_loss_line),
+    ):
+        lines += ["", heading, ""] + [line_of(hot) for hot in hotnesses]
     text = "\n".join(lines) + "\n"
     publish(text, args.results, os.path.join(args.json_dir, "tf_sparse_step_results.md"))
 
