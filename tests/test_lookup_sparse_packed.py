@@ -20,17 +20,16 @@ N_ROWS, MAX_HOTNESS = 16, 5
 DIMS = (4, 8, 3)
 
 
-def _ragged(batch):
-    """A SparseBatch as a rank-2 RaggedTensor [batch_size, None]."""
-    return tf.RaggedTensor.from_value_rowids(batch.keys,
+def _ragged(batch, values=None):
+    """A SparseBatch's keys (or `values`, one per key) as a rank-2
+  RaggedTensor [batch_size, None]."""
+    return tf.RaggedTensor.from_value_rowids(batch.keys if values is None else values,
                                              batch.indices[:, 0],
                                              nrows=batch.batch_size)
 
 
 def _ragged_weights(batch):
-    return tf.RaggedTensor.from_value_rowids(batch.weights,
-                                             batch.indices[:, 0],
-                                             nrows=batch.batch_size)
+    return _ragged(batch, batch.weights)
 
 
 def _tables_and_batches(sok, rng, unique_name, key_dtype, batch_sizes=(9, 9, 9)):

@@ -180,6 +180,8 @@ class UniqueKeysOp : public OpKernel {
 
  private:
   enum class Form { kSparse, kPacked, kOwned };
+  // UniquePackedKeys' outputs: UniqueKeys' six lists and table_weights, N each.
+  static constexpr int kPackedOutputLists = 7;
 
   // One table's keys and what its entries are (TableBatch's input fields).
   struct TableInput {
@@ -268,7 +270,7 @@ class UniqueKeysOp : public OpKernel {
     const Tensor& table_splits = context->input(2);  // host
     const Tensor& entry_splits = context->input(3);  // host
     const Tensor& weights = context->input(4);
-    const int num_tables = num_outputs() / 7;
+    const int num_tables = num_outputs() / kPackedOutputLists;
     if (keys.dims() != 1) {
       return errors::InvalidArgument("indices: flat_values must be a vector, got shape ",
                                      keys.shape().DebugString());
@@ -319,13 +321,12 @@ class UniqueKeysOp : public OpKernel {
                                      "shape ",
                                      splits.shape().DebugString());
     }
-    const auto values = splits.flat<int64_t>();
-    for (int t = 0; t <= num_tables; ++t) {
-      if ((t == 0 && values(t) != 0) || (t > 0 && values(t) < values(t - 1)) ||
-          (t == num_tables && values(t) != total)) {
-        return errors::InvalidArgument(name, " must run from 0 to the ", total, " ", what,
-                                       " without decreasing, got ", values(t), " at position ", t);
-      }
+    // The same test as a table's row splits: from 0 to `total`, none decreasing.
+    const int64_t* values = splits.flat<int64_t>().data();
+    const int64_t t = cpu::first_invalid_row_split(values, 0, total, num_tables);
+    if (t <= num_tables) {
+      return errors::InvalidArgument(name, " must run from 0 to the ", total, " ", what,
+                                     " without decreasing, got ", values[t], " at position ", t);
     }
     return absl::OkStatus();
   }
