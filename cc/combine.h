@@ -30,18 +30,14 @@ namespace cpu {
 // Entry j's sample id is sample_ids[j * stride]: a SparseTensor's indices
 // (stride = its rank) are read in place, column 0 being the sample.
 
-// The first entry whose sample id is outside [0, batch) or smaller than the
-// id before it; nnz when every id is valid (what row_offsets_from_sample_ids
-// and the combines require).
-//   sample_ids: (nnz * stride,)
-int64_t first_invalid_sample_id(const int64_t* sample_ids, int64_t stride, int64_t nnz,
-                                int64_t batch);
-
-// Turns the (valid) sample id of each entry into per-sample offsets.
-//   sample_ids:  (nnz * stride,) non-decreasing, each in [0, batch)
+// Turns the sample id of each entry into per-sample offsets, in one pass
+// that also checks the ids. Returns the first entry whose sample id is
+// outside [0, batch) or smaller than the id before it, or nnz when every id
+// is valid (what the combines require); row_offsets is meaningful only then.
+//   sample_ids:  (nnz * stride,)
 //   row_offsets: (batch + 1,) out
-void row_offsets_from_sample_ids(const int64_t* sample_ids, int64_t stride, int64_t nnz,
-                                 int64_t batch, int64_t* row_offsets);
+int64_t row_offsets_from_sample_ids(const int64_t* sample_ids, int64_t stride, int64_t nnz,
+                                    int64_t batch, int64_t* row_offsets);
 
 // A RaggedTensor's row splits, read in place: sample b's entries are
 // [row_splits[b] - first_entry, row_splits[b + 1] - first_entry), where
@@ -66,26 +62,28 @@ void combine_forward(const CpuContext& context, const float* unique_values,
                      const int64_t* unique_index, const float* weights, const int64_t* row_offsets,
                      int64_t batch, int64_t dim, Combiner combiner, float* out);
 
-// Gradient of combine_forward with respect to unique_values.
-//   grad_out:    (batch, dim)
-//   order:       (nnz,) entries grouped by unique key
-//   segments:    (num_unique + 1,) unique u's entries are
-//                order[segments[u] .. segments[u + 1])
-//   nnz:         row_offsets[batch], passed so the GPU twin needs no sync
-//   grad_unique: (num_unique, dim) out, every element written
-void combine_backward(const CpuContext& context, const float* grad_out, const int64_t* order,
+// Gradient of combine_forward with respect to unique_values: unique u's row
+// sums its entries (unique_index[j] == u) in ascending order. The entries
+// are grouped by key here (group_entries_by_key), one writer per key.
+//   grad_out:     (batch, dim)
+//   unique_index: (nnz,) from unique_keys' inverse
+//   segments:     (num_unique + 1,) from segments_from_counts
+//   nnz:          row_offsets[batch]
+//   grad_unique:  (num_unique, dim) out, every element written
+void combine_backward(const CpuContext& context, const float* grad_out, const int64_t* unique_index,
                       const int64_t* segments, int64_t num_unique, const float* weights,
                       const int64_t* row_offsets, int64_t batch, int64_t nnz, int64_t dim,
                       Combiner combiner, float* grad_unique);
 
 // The same result, bit for bit, on the calling thread: one pass over the
-// entries in sample order adds each one into its key's row, so grad_out is
-// read front to back instead of gathered in key order. Each key still sums
-// its entries in ascending order.
-void combine_backward_serial(const float* grad_out, const int64_t* order, const int64_t* segments,
-                             int64_t num_unique, const float* weights, const int64_t* row_offsets,
-                             int64_t batch, int64_t nnz, int64_t dim, Combiner combiner,
-                             float* grad_unique);
+// entries in sample order adds each one into its key's row (unique_index),
+// so grad_out is read front to back instead of gathered in key order, and
+// no grouping of the entries by key is needed. Each key still sums its
+// entries in ascending order.
+//   unique_index: (row_offsets[batch],) from unique_keys' inverse
+void combine_backward_serial(const float* grad_out, const int64_t* unique_index, int64_t num_unique,
+                             const float* weights, const int64_t* row_offsets, int64_t batch,
+                             int64_t dim, Combiner combiner, float* grad_unique);
 
 }  // namespace cpu
 
@@ -103,7 +101,7 @@ struct SampleIds {
   int64_t first_entry = 0;              // with row_splits: see cpu::first_invalid_row_split
 };
 
-// cpu::first_invalid_sample_id and cpu::row_offsets_from_sample_ids (or,
+// cpu::row_offsets_from_sample_ids (or,
 // for tables given by row splits, their _row_split twins) for many tables in
 // one launch: table t's answer goes to first_invalid[t] (when first_invalid
 // is not null) and its offsets to tables[t].row_offsets (when not null;
@@ -116,6 +114,9 @@ void row_offsets_from_sample_ids(const GpuContext& context, const SampleIds* tab
 void combine_forward(const GpuContext& context, const float* unique_values,
                      const int64_t* unique_index, const float* weights, const int64_t* row_offsets,
                      int64_t batch, int64_t dim, Combiner combiner, float* out);
+// cpu::combine_backward's result, reading the entries already grouped by key
+// (order[segments[u] .. segments[u + 1]), from gpu::unique_keys_segmented)
+// where the CPU twin groups them from unique_index itself.
 void combine_backward(const GpuContext& context, const float* grad_out, const int64_t* order,
                       const int64_t* segments, int64_t num_unique, const float* weights,
                       const int64_t* row_offsets, int64_t batch, int64_t nnz, int64_t dim,

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "cc/combine.h"
+#include "cc/unique.h"
 
 namespace sok_ev {
 namespace cpu {
@@ -24,22 +25,19 @@ float combine_denominator(Combiner combiner, const float* weights, int64_t begin
 
 }  // namespace
 
-int64_t first_invalid_sample_id(const int64_t* sample_ids, int64_t stride, int64_t nnz,
-                                int64_t batch) {
-  int64_t previous = 0;
+int64_t row_offsets_from_sample_ids(const int64_t* sample_ids, int64_t stride, int64_t nnz,
+                                    int64_t batch, int64_t* row_offsets) {
+  // row_offsets[s] is the first entry whose sample is s or later; samples up
+  // to `written` have theirs. A valid id is never below `written`.
+  int64_t written = 0;
+  row_offsets[0] = 0;
   for (int64_t j = 0; j < nnz; ++j) {
     const int64_t id = sample_ids[j * stride];
-    if (id < 0 || id >= batch || id < previous) return j;
-    previous = id;
+    if (id < written || id >= batch) return j;
+    while (written < id) row_offsets[++written] = j;
   }
+  while (written < batch) row_offsets[++written] = nnz;
   return nnz;
-}
-
-void row_offsets_from_sample_ids(const int64_t* sample_ids, int64_t stride, int64_t nnz,
-                                 int64_t batch, int64_t* row_offsets) {
-  std::fill(row_offsets, row_offsets + batch + 1, 0);
-  for (int64_t j = 0; j < nnz; ++j) ++row_offsets[sample_ids[j * stride] + 1];
-  for (int64_t b = 0; b < batch; ++b) row_offsets[b + 1] += row_offsets[b];
 }
 
 int64_t first_invalid_row_split(const int64_t* row_splits, int64_t first_entry, int64_t nnz,
@@ -117,12 +115,15 @@ void combine_forward(const CpuContext& context, const float* unique_values,
   });
 }
 
-void combine_backward(const CpuContext& context, const float* grad_out, const int64_t* order,
+void combine_backward(const CpuContext& context, const float* grad_out, const int64_t* unique_index,
                       const int64_t* segments, int64_t num_unique, const float* weights,
                       const int64_t* row_offsets, int64_t batch, int64_t nnz, int64_t dim,
                       Combiner combiner, float* grad_unique) {
-  // Each entry's sample and its sample's denominator, then one writer per
-  // unique row: no races, entries summed in the order they are grouped in.
+  // The entries grouped by key, each entry's sample and its sample's
+  // denominator, then one writer per unique row: no races, entries summed in
+  // the order they are grouped in.
+  std::vector<int64_t> order(nnz);
+  group_entries_by_key(unique_index, nnz, segments, num_unique, order.data());
   std::vector<int64_t> entry_sample(nnz);
   std::vector<float> denominator(batch);
   for (int64_t b = 0; b < batch; ++b) {
@@ -132,20 +133,15 @@ void combine_backward(const CpuContext& context, const float* grad_out, const in
   }
   const int64_t average_count = num_unique > 0 ? nnz / num_unique + 1 : 1;
   context.parallel_for(num_unique, average_count * dim, [&](int64_t first, int64_t last) {
-    combine_backward_keys(grad_out, order, segments, weights, entry_sample.data(),
+    combine_backward_keys(grad_out, order.data(), segments, weights, entry_sample.data(),
                           denominator.data(), first, last, dim, combiner, grad_unique);
   });
 }
 
-SOK_EV_ROW_LOOPS void combine_backward_serial(const float* grad_out, const int64_t* order,
-                                              const int64_t* segments, int64_t num_unique,
-                                              const float* weights, const int64_t* row_offsets,
-                                              int64_t batch, int64_t nnz, int64_t dim,
-                                              Combiner combiner, float* grad_unique) {
-  std::vector<int64_t> entry_key(nnz);
-  for (int64_t u = 0; u < num_unique; ++u) {
-    for (int64_t k = segments[u]; k < segments[u + 1]; ++k) entry_key[order[k]] = u;
-  }
+SOK_EV_ROW_LOOPS void combine_backward_serial(const float* grad_out, const int64_t* unique_index,
+                                              int64_t num_unique, const float* weights,
+                                              const int64_t* row_offsets, int64_t batch,
+                                              int64_t dim, Combiner combiner, float* grad_unique) {
   std::fill(grad_unique, grad_unique + num_unique * dim, 0.0f);
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t begin = row_offsets[b], end = row_offsets[b + 1];
@@ -153,7 +149,7 @@ SOK_EV_ROW_LOOPS void combine_backward_serial(const float* grad_out, const int64
     const float d = combine_denominator(combiner, weights, begin, end);
     for (int64_t j = begin; j < end; ++j) {
       const float w = weights ? weights[j] : 1.0f;
-      float* __restrict__ row = grad_unique + entry_key[j] * dim;
+      float* __restrict__ row = grad_unique + unique_index[j] * dim;
       if (combiner == Combiner::kSum) {
         for (int64_t c = 0; c < dim; ++c) row[c] += w * g[c];
       } else {

@@ -455,8 +455,10 @@ Status HashTable<Key>::for_each_group(const CpuContext& context, const Batch& ba
 }
 
 template <typename Key>
+template <typename Visit>
 void HashTable<Key>::find_rows(const Key* keys, const uint64_t* hashes, const int64_t* positions,
-                               int64_t count, int64_t floats, int64_t* ids) const {
+                               int64_t count, int64_t floats, int64_t* ids,
+                               const Visit& visit) const {
   // In chunks, three passes: ask for every key's index line, then read the
   // index and ask for the record there, then compare the keys. Each pass's
   // misses overlap, instead of one probe's index and record misses following
@@ -494,6 +496,7 @@ void HashTable<Key>::find_rows(const Key* keys, const uint64_t* hashes, const in
       const int64_t slot = shard.probe_from(keys[i], hashes[i], slots[k], &found);
       ids[i] = found ? id_of(shard.entries()[slot]) : -1;
     }
+    visit(first, n);
   }
 }
 
@@ -518,20 +521,23 @@ Status HashTable<Key>::find_or_insert(const CpuContext& context, const Key* keys
           for (uint64_t m = batch.shards[g]; m != 0; m &= m - 1) {
             erasures[__builtin_ctzll(m)] = shards_[__builtin_ctzll(m)].erasures;
           }
-          // Find every key first (its record asked for), then copy.
-          find_rows(keys, hashes, positions, count, dim_, ids.get());
-          for (int64_t k = 0; k < count; ++k) {
-            const int64_t i = positions ? positions[k] : k;
-            const int64_t id = ids[i];
-            if (id < 0) {
-              missing.push_back(i);
-              missing_shards |= uint64_t{1} << (hashes[i] & (kNumShards - 1));
-              continue;
-            }
-            const Shard& shard = shard_of(hashes[i]);
-            std::memcpy(values + i * dim_, shard.row(id), dim_ * sizeof(float));
-            atomic_add(&shard.header(id)->frequency, frequency(i));
-          }
+          // Each chunk's keys found (their records asked for), then copied
+          // while those records are still in cache.
+          find_rows(keys, hashes, positions, count, dim_, ids.get(),
+                    [&](int64_t first, int64_t chunk) {
+                      for (int64_t k = first; k < first + chunk; ++k) {
+                        const int64_t i = positions ? positions[k] : k;
+                        const int64_t id = ids[i];
+                        if (id < 0) {
+                          missing.push_back(i);
+                          missing_shards |= uint64_t{1} << (hashes[i] & (kNumShards - 1));
+                          continue;
+                        }
+                        const Shard& shard = shard_of(hashes[i]);
+                        std::memcpy(values + i * dim_, shard.row(id), dim_ * sizeof(float));
+                        atomic_add(&shard.header(id)->frequency, frequency(i));
+                      }
+                    });
         }
         if (missing.empty()) return Status::Ok();
         ShardLocks<Shard, true> lock(shards_.get(), missing_shards);
@@ -579,19 +585,21 @@ void HashTable<Key>::find(const CpuContext& context, const Key* keys, int64_t n,
   for_each_group(
       context, batch, dim_ + 64, [&](int g, const int64_t* positions, int64_t count) -> Status {
         ShardLocks<Shard, false> lock(shards_.get(), batch.shards[g]);
-        find_rows(keys, hashes, positions, count, dim_, ids.get());
-        for (int64_t k = 0; k < count; ++k) {
-          const int64_t i = positions ? positions[k] : k;
-          const int64_t id = ids[i];
-          if (found) found[i] = id >= 0;
-          if (id >= 0) {
-            std::memcpy(values + i * dim_, shard_of(hashes[i]).row(id), dim_ * sizeof(float));
-          } else if (initial_for_missing) {
-            initial_row(initializer_, keys[i], dim_, values + i * dim_);
-          } else {
-            std::fill(values + i * dim_, values + (i + 1) * dim_, 0.0f);
-          }
-        }
+        find_rows(
+            keys, hashes, positions, count, dim_, ids.get(), [&](int64_t first, int64_t chunk) {
+              for (int64_t k = first; k < first + chunk; ++k) {
+                const int64_t i = positions ? positions[k] : k;
+                const int64_t id = ids[i];
+                if (found) found[i] = id >= 0;
+                if (id >= 0) {
+                  std::memcpy(values + i * dim_, shard_of(hashes[i]).row(id), dim_ * sizeof(float));
+                } else if (initial_for_missing) {
+                  initial_row(initializer_, keys[i], dim_, values + i * dim_);
+                } else {
+                  std::fill(values + i * dim_, values + (i + 1) * dim_, 0.0f);
+                }
+              }
+            });
         return Status::Ok();
       });
 }
@@ -673,7 +681,8 @@ Status HashTable<Key>::update_rows(const CpuContext& context, const Key* keys, i
                           if (known) {
                             for (int64_t k = 0; k < count; ++k) ids[at(k)] = remembered.ids[at(k)];
                           } else {
-                            find_rows(keys, hashes, positions, count, width, ids.get());
+                            find_rows(keys, hashes, positions, count, width, ids.get(),
+                                      [](int64_t, int64_t) {});
                             // Inserts first: they may move the records, so row pointers come after.
                             for (int64_t k = 0; k < count; ++k) {
                               const int64_t i = at(k);

@@ -200,9 +200,12 @@ class HashTable {
                         const Work& work) const;
   // ids[p(k)] = the row of keys[p(k)] in its shard, or -1, for k < count,
   // where p(k) = positions ? positions[k] : k; each found record's first
-  // `floats` floats are asked for. The caller holds the keys' shard locks.
+  // `floats` floats are asked for. In chunks of keys: after chunk [first,
+  // first + n)'s ids are written, visit(first, n) runs while its rows are
+  // still in cache. The caller holds the keys' shard locks.
+  template <typename Visit>
   void find_rows(const Key* keys, const uint64_t* hashes, const int64_t* positions, int64_t count,
-                 int64_t floats, int64_t* ids) const;
+                 int64_t floats, int64_t* ids, const Visit& visit) const;
   Shard& shard_of(uint64_t hash) const;
   // Fills a new row: initial value, then every slot's initial value.
   void fill_initial_row(Key key, float* row) const;

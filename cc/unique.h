@@ -22,21 +22,27 @@ template <typename Key>
 void unique_keys(const CpuContext& context, const Key* keys, int64_t n, Key* unique_keys,
                  int64_t* inverse, int64_t* counts, int64_t* num_unique);
 
+// Where each unique key's entries start once grouped by key:
+// segments[u + 1] = segments[u] + counts[u], segments[0] = 0.
+//   counts: (num_unique,) from unique_keys  segments: (num_unique + 1,) out
+void segments_from_counts(const int64_t* counts, int64_t num_unique, int64_t* segments);
+
 // The entries of each unique key, in ascending order: unique u owns
 // order[segments[u] .. segments[u + 1]) (a stable counting sort by inverse).
-//   inverse: (n,) from unique_keys   counts: (num_unique,) from unique_keys
-//   order: (n,) out   segments: (num_unique + 1,) out
-void group_entries_by_key(const int64_t* inverse, int64_t n, const int64_t* counts,
-                          int64_t num_unique, int64_t* order, int64_t* segments);
+// The CPU pipeline needs it only to spread one table's backward pass over
+// threads (cpu::combine_backward), so it is built there.
+//   inverse: (n,) from unique_keys  segments: (num_unique + 1,)
+//   order: (n,) out
+void group_entries_by_key(const int64_t* inverse, int64_t n, const int64_t* segments,
+                          int64_t num_unique, int64_t* order);
 
 // Each unique key's occurrences, summed over its entries, when an entry
 // stands for several occurrences (an owner's keys: each worker sends its
 // unique keys once, with their counts in its batch):
-// counts[u] = sum of occurrences[order[j]], j in [segments[u], segments[u + 1]).
-//   occurrences: (n,)  order: (n,)  segments: (num_unique + 1,)
-//   counts: (num_unique,) out
-void sum_occurrences_by_key(const int64_t* occurrences, const int64_t* order,
-                            const int64_t* segments, int64_t num_unique, int64_t* counts);
+// counts[u] = sum of occurrences[j] over the entries j with inverse[j] == u.
+//   occurrences, inverse: (n,)  counts: (num_unique,) out
+void sum_occurrences_by_key(const int64_t* occurrences, const int64_t* inverse, int64_t n,
+                            int64_t num_unique, int64_t* counts);
 
 }  // namespace cpu
 
@@ -48,8 +54,9 @@ template <typename Key>
 void unique_keys(const GpuContext& context, const Key* keys, int64_t n, Key* unique_keys,
                  int64_t* inverse, int64_t* counts, int64_t* num_unique);
 
-// cpu::sum_occurrences_by_key with device pointers; the number of unique
-// keys is read on the device (no sync), at most max_unique.
+// cpu::sum_occurrences_by_key with device pointers, over the entries grouped
+// by key (unique u's are order[segments[u] .. segments[u + 1])); the number
+// of unique keys is read on the device (no sync), at most max_unique.
 //   num_unique: (1,) device
 void sum_occurrences_by_key(const GpuContext& context, const int64_t* occurrences,
                             const int64_t* order, const int64_t* segments,

@@ -1,4 +1,5 @@
 // CPU twin of unique_keys. See cc/unique.h.
+#include <algorithm>
 #include <vector>
 
 #include "cc/hash.h"
@@ -52,21 +53,21 @@ void unique_keys(const CpuContext& /*context*/, const Key* keys, int64_t n, Key*
   }
 }
 
-void group_entries_by_key(const int64_t* inverse, int64_t n, const int64_t* counts,
-                          int64_t num_unique, int64_t* order, int64_t* segments) {
+void segments_from_counts(const int64_t* counts, int64_t num_unique, int64_t* segments) {
   segments[0] = 0;
   for (int64_t u = 0; u < num_unique; ++u) segments[u + 1] = segments[u] + counts[u];
+}
+
+void group_entries_by_key(const int64_t* inverse, int64_t n, const int64_t* segments,
+                          int64_t num_unique, int64_t* order) {
   std::vector<int64_t> cursor(segments, segments + num_unique);
   for (int64_t i = 0; i < n; ++i) order[cursor[inverse[i]]++] = i;
 }
 
-void sum_occurrences_by_key(const int64_t* occurrences, const int64_t* order,
-                            const int64_t* segments, int64_t num_unique, int64_t* counts) {
-  for (int64_t u = 0; u < num_unique; ++u) {
-    int64_t sum = 0;
-    for (int64_t j = segments[u]; j < segments[u + 1]; ++j) sum += occurrences[order[j]];
-    counts[u] = sum;
-  }
+void sum_occurrences_by_key(const int64_t* occurrences, const int64_t* inverse, int64_t n,
+                            int64_t num_unique, int64_t* counts) {
+  std::fill(counts, counts + num_unique, int64_t{0});
+  for (int64_t i = 0; i < n; ++i) counts[inverse[i]] += occurrences[i];
 }
 
 template void unique_keys<int32_t>(const CpuContext&, const int32_t*, int64_t, int32_t*, int64_t*,

@@ -287,10 +287,11 @@ def _unique_packed_keys(indices, sp_weights, weighted):
 
 def _combine_backward(op, grads, first):
     """CombineBackward of the combining op `op` whose per-table inputs
-  order, segments, row_offsets, weights start at input index `first`."""
+  unique_index, order, segments, row_offsets, weights start at input index
+  `first`."""
     n = op.get_attr("N")
     grads = [tf.zeros_like(out) if g is None else g for g, out in zip(grads, op.outputs)]
-    pieces = [op.inputs[first + k * n:first + (k + 1) * n] for k in range(4)]
+    pieces = [op.inputs[first + k * n:first + (k + 1) * n] for k in range(5)]
     return ops().sok_ev_combine_backward(grads,
                                          *pieces,
                                          combiners=op.get_attr("combiners"),
@@ -304,7 +305,7 @@ def _find_or_insert_combine_gradient(op, *grads):
     n = op.get_attr("N")
     # inputs: resources, unique_keys, counts, unique_index, order, segments,
     # row_offsets, weights (N each)
-    grad_unique = _combine_backward(op, grads, first=4 * n)
+    grad_unique = _combine_backward(op, grads, first=3 * n)
     keys = op.inputs[n:2 * n]
     return [embedding_gradients.keyed_gradient(g, k) for g, k in zip(grad_unique, keys)
            ] + [None] * (7 * n)
@@ -327,7 +328,7 @@ def _combine_forward_gradient(op, *grads):
     n = op.get_attr("N")
     # inputs: unique_values, unique_index, order, segments, row_offsets,
     # weights (N each)
-    return list(_combine_backward(op, grads, first=2 * n)) + [None] * (5 * n)
+    return list(_combine_backward(op, grads, first=n)) + [None] * (5 * n)
 
 
 for _op_name in ("SokEv>UniqueKeys", "SokEv>UniquePackedKeys", "SokEv>UniqueOwnedKeys",

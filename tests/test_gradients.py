@@ -138,3 +138,39 @@ def test_explicit_tape_watch_of_an_ev_gives_its_gradient(sok, rng, unique_name):
     assert sorted(actual) == sorted(expected)
     for k in expected:
         np.testing.assert_array_equal(actual[k], expected[k])
+
+
+@pytest.mark.parametrize("batch_size", [12, 3000], ids=["small", "spread_over_threads"])
+@pytest.mark.parametrize("use_weights", [False, True], ids=["unweighted", "weighted"])
+@pytest.mark.parametrize("combiner", ref.COMBINERS)
+def test_backward_of_a_cpu_unique_keys_matches_tf_on_any_device(rng, combiner, use_weights,
+                                                                batch_size):
+    # UniqueKeys on the CPU writes no `order` (the CPU backward adds entries
+    # through unique_index); CombineBackward on the default device, a GPU
+    # where there is one, then groups the entries by key itself. The large
+    # batch spreads one table's backward over the CPU's threads.
+    from sok_ev._ops import ops  # pylint: disable=import-outside-toplevel
+    matrix = ref.random_matrix(rng, N_ROWS, DIM)
+    batch = ref.random_sparse_batch(rng, batch_size, MAX_HOTNESS,
+                                    ref.key_sampler(rng, "in_range", N_ROWS, np.int64), np.int64)
+    weights = tf.constant(batch.weights if use_weights else np.zeros([0], np.float32))
+    with tf.device("/CPU:0"):
+        (unique_keys, _, unique_index, order, segments,
+         row_offsets) = ops().sok_ev_unique_keys([tf.constant(batch.keys)],
+                                                 [tf.constant(batch.indices)], [weights],
+                                                 [tf.constant(batch.dense_shape, tf.int64)],
+                                                 weighted=[use_weights])
+    assert order[0].shape == (0,)
+    upstream = rng.normal(size=(batch_size, DIM)).astype(np.float32)
+
+    grad_unique = ops().sok_ev_combine_backward([tf.constant(upstream)],
+                                                unique_index,
+                                                order,
+                                                segments,
+                                                row_offsets, [weights],
+                                                combiners=[combiner],
+                                                weighted=[use_weights])[0]
+
+    expected = ref.reference_gradient(matrix, batch, combiner, use_weights, upstream)
+    actual = ref.indexed_slices_to_dict(unique_keys[0].numpy(), grad_unique.numpy())
+    ref.assert_rows_close(actual, expected, RTOL, ATOL, "gradient")

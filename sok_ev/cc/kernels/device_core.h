@@ -9,6 +9,8 @@
 // Both specialisations offer the same members:
 //   Table<Key>            cpu::HashTable<Key> / gpu::HashTable<Key>
 //   kTableIsThreadSafe    false: the variable serialises calls on its table
+//   kBackwardReadsOrder   CombineBackward sums entries grouped by key (order);
+//                         false: UniqueKeys leaves order empty
 //   Core(OpKernelContext*)
 //   NewTableAllocator()   table-lifetime memory, null when the table needs none
 //   NewTable, Size, AddSlot, FindOrInsert, FindOrInsertCombine, Find,

@@ -36,6 +36,9 @@ class Core<CPUDevice> {
   using Table = cpu::HashTable<Key>;
   // The CPU table locks its own shards, so concurrent ops may share it.
   static constexpr bool kTableIsThreadSafe = true;
+  // The backward pass adds each entry into its key's row through
+  // unique_index, in sample order: UniqueKeys writes no order.
+  static constexpr bool kBackwardReadsOrder = false;
 
   explicit Core(tensorflow::OpKernelContext* context) : op_(context) {
     tensorflow::thread::ThreadPool* pool =
@@ -253,7 +256,8 @@ class Core<CPUDevice> {
   // first_invalid[t] (host) is the first bad entry of table t (nnz + 1 for
   // bad row splits), or its nnz, and if any table has one nothing is
   // allocated. Then per table: row offsets, unique keys in
-  // first-occurrence order (buffers from `allocate`), entries grouped by key.
+  // first-occurrence order (buffers from `allocate`) and their segments;
+  // table.order is not written (kBackwardReadsOrder).
   // Tables run side by side (ForEachTable), so each one's passes stay on one
   // thread; only the allocations are serial.
   template <typename Key>
@@ -280,11 +284,9 @@ class Core<CPUDevice> {
         (*first_invalid)[t] = table.nnz;
         std::iota(table.row_offsets, table.row_offsets + table.nnz + 1, int64_t{0});
       } else {
-        (*first_invalid)[t] = cpu::first_invalid_sample_id(table.sample_ids, table.sample_id_stride,
-                                                           table.nnz, table.batch);
+        (*first_invalid)[t] = cpu::row_offsets_from_sample_ids(
+            table.sample_ids, table.sample_id_stride, table.nnz, table.batch, table.row_offsets);
         if ((*first_invalid)[t] != table.nnz) return absl::OkStatus();
-        cpu::row_offsets_from_sample_ids(table.sample_ids, table.sample_id_stride, table.nnz,
-                                         table.batch, table.row_offsets);
       }
       unique[t].reset(new Key[table.nnz]);
       counts[t].reset(new int64_t[table.nnz]);
@@ -300,10 +302,9 @@ class Core<CPUDevice> {
     return ForEachTable(n, costs.data(), [&](int t, Core&) {
       std::copy(unique[t].get(), unique[t].get() + num_unique[t], out[t].unique_keys);
       std::copy(counts[t].get(), counts[t].get() + num_unique[t], out[t].counts);
-      cpu::group_entries_by_key(tables[t].unique_index, tables[t].nnz, out[t].counts, num_unique[t],
-                                tables[t].order, out[t].segments);
+      cpu::segments_from_counts(out[t].counts, num_unique[t], out[t].segments);
       if (tables[t].occurrences != nullptr) {
-        cpu::sum_occurrences_by_key(tables[t].occurrences, tables[t].order, out[t].segments,
+        cpu::sum_occurrences_by_key(tables[t].occurrences, tables[t].unique_index, tables[t].nnz,
                                     num_unique[t], out[t].counts);
       }
       return absl::OkStatus();
@@ -370,20 +371,23 @@ class Core<CPUDevice> {
     return absl::OkStatus();
   }
 
-  //   grad_out: (batch, dim)  order: (nnz,)  segments: (num_unique + 1,)
-  //   weights: (nnz,) or null  row_offsets: (batch + 1,)
-  //   grad_unique: (num_unique, dim) out
-  absl::Status CombineBackward(const float* grad_out, const int64_t* order, const int64_t* segments,
+  // order (null when UniqueKeys ran on the CPU) is the GPU twin's; the
+  // CPU reads unique_index.
+  //   grad_out: (batch, dim)  unique_index: (nnz,)  order: (nnz,) or null
+  //   segments: (num_unique + 1,)  weights: (nnz,) or null
+  //   row_offsets: (batch + 1,)  grad_unique: (num_unique, dim) out
+  absl::Status CombineBackward(const float* grad_out, const int64_t* unique_index,
+                               const int64_t* /*order*/, const int64_t* segments,
                                int64_t num_unique, const float* weights, const int64_t* row_offsets,
                                int64_t batch, int64_t nnz, int64_t dim, Combiner combiner,
                                float* grad_unique) {
     // On one thread (a table of ForEachTable) entries go in sample order.
     if (num_threads_ == 1) {
-      cpu::combine_backward_serial(grad_out, order, segments, num_unique, weights, row_offsets,
-                                   batch, nnz, dim, combiner, grad_unique);
+      cpu::combine_backward_serial(grad_out, unique_index, num_unique, weights, row_offsets, batch,
+                                   dim, combiner, grad_unique);
     } else {
-      cpu::combine_backward(context_, grad_out, order, segments, num_unique, weights, row_offsets,
-                            batch, nnz, dim, combiner, grad_unique);
+      cpu::combine_backward(context_, grad_out, unique_index, segments, num_unique, weights,
+                            row_offsets, batch, nnz, dim, combiner, grad_unique);
     }
     return absl::OkStatus();
   }

@@ -72,6 +72,9 @@ class Core<GPUDevice> {
   using Table = gpu::HashTable<Key>;
   // The GPU table's host-side bounds and growth are not thread-safe.
   static constexpr bool kTableIsThreadSafe = false;
+  // The backward pass sums each key's entries grouped by key (order), which
+  // UniqueKeys' sort gives for free.
+  static constexpr bool kBackwardReadsOrder = true;
 
   // On TF's compute stream of the op's GPU.
   explicit Core(tensorflow::OpKernelContext* context)
@@ -560,13 +563,30 @@ class Core<GPUDevice> {
     return Pending();
   }
 
-  //   grad_out: (batch, dim)  order: (nnz,)  segments: (num_unique + 1,)
-  //   weights: (nnz,) or null  row_offsets: (batch + 1,)
-  //   grad_unique: (num_unique, dim) out
-  absl::Status CombineBackward(const float* grad_out, const int64_t* order, const int64_t* segments,
-                               int64_t num_unique, const float* weights, const int64_t* row_offsets,
-                               int64_t batch, int64_t nnz, int64_t dim, Combiner combiner,
-                               float* grad_unique) {
+  // The GPU sums each key's entries through order and segments. A null
+  // order (the lookup's UniqueKeys ran on the CPU, which writes none) is
+  // rebuilt here from unique_index: its stable sort groups the entries by
+  // key, keys 0 .. num_unique - 1 in turn, as UniqueKeys' order would.
+  //   grad_out: (batch, dim)  unique_index: (nnz,)  order: (nnz,) or null
+  //   segments: (num_unique + 1,)  weights: (nnz,) or null
+  //   row_offsets: (batch + 1,)  grad_unique: (num_unique, dim) out
+  absl::Status CombineBackward(const float* grad_out, const int64_t* unique_index,
+                               const int64_t* order, const int64_t* segments, int64_t num_unique,
+                               const float* weights, const int64_t* row_offsets, int64_t batch,
+                               int64_t nnz, int64_t dim, Combiner combiner, float* grad_unique) {
+    tensorflow::Tensor order_tensor, keys_tensor, inverse_tensor, segments_tensor, count_tensor;
+    if (order == nullptr && nnz > 0) {
+      TF_RETURN_IF_ERROR(Scratch<int64_t>(nnz, &order_tensor));
+      TF_RETURN_IF_ERROR(Scratch<int64_t>(nnz, &keys_tensor));
+      TF_RETURN_IF_ERROR(Scratch<int64_t>(nnz, &inverse_tensor));
+      TF_RETURN_IF_ERROR(Scratch<int64_t>(nnz + 1, &segments_tensor));
+      TF_RETURN_IF_ERROR(Scratch<int64_t>(1, &count_tensor));
+      gpu::unique_keys_segmented(
+          context_, unique_index, nnz, VectorData<int64_t>(keys_tensor),
+          VectorData<int64_t>(inverse_tensor), VectorData<int64_t>(order_tensor),
+          VectorData<int64_t>(segments_tensor), VectorData<int64_t>(count_tensor));
+      order = VectorData<int64_t>(order_tensor);
+    }
     gpu::combine_backward(context_, grad_out, order, segments, num_unique, weights, row_offsets,
                           batch, nnz, dim, combiner, grad_unique);
     return Pending();

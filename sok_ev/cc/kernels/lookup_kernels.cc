@@ -116,11 +116,13 @@ class UniqueKeysOp : public OpKernel {
     OP_REQUIRES_OK(context, context->output_list("order", &order));
     OP_REQUIRES_OK(context, context->output_list("segments", &segments));
     OP_REQUIRES_OK(context, context->output_list("row_offsets", &row_offsets));
-    // The outputs sized by the batch.
+    // The outputs sized by the batch; order only where the backward reads it.
+    const bool write_order = Core<Device>::kBackwardReadsOrder;
     for (int t = 0; t < num_tables; ++t) {
       Tensor* unused;
       OP_REQUIRES_OK(context, unique_index.allocate(t, TensorShape({inputs[t].nnz}), &unused));
-      OP_REQUIRES_OK(context, order.allocate(t, TensorShape({inputs[t].nnz}), &unused));
+      OP_REQUIRES_OK(context,
+                     order.allocate(t, TensorShape({write_order ? inputs[t].nnz : 0}), &unused));
       OP_REQUIRES_OK(context, row_offsets.allocate(t, TensorShape({inputs[t].batch + 1}), &unused));
     }
     Core<Device> core(context);
@@ -146,7 +148,7 @@ class UniqueKeysOp : public OpKernel {
               table.nnz = input.nnz;
               table.batch = input.batch;
               table.unique_index = unique_index[t]->flat<int64_t>().data();
-              table.order = order[t]->flat<int64_t>().data();
+              table.order = write_order ? order[t]->flat<int64_t>().data() : nullptr;
               table.row_offsets = row_offsets[t]->flat<int64_t>().data();
               tables.push_back(table);
             }
@@ -666,8 +668,9 @@ class CombineBackwardOp : public OpKernel {
       : OpKernel(context), attributes_(context) {}
 
   void Compute(OpKernelContext* context) override {
-    OpInputList grads, order, segments, row_offsets, weights;
+    OpInputList grads, unique_index, order, segments, row_offsets, weights;
     OP_REQUIRES_OK(context, context->input_list("grads", &grads));
+    OP_REQUIRES_OK(context, context->input_list("unique_index", &unique_index));
     OP_REQUIRES_OK(context, context->input_list("order", &order));
     OP_REQUIRES_OK(context, context->input_list("segments", &segments));
     OP_REQUIRES_OK(context, context->input_list("row_offsets", &row_offsets));
@@ -683,28 +686,33 @@ class CombineBackwardOp : public OpKernel {
       const int64_t batch = grads[t].dim_size(0);
       const int64_t dim = grads[t].dim_size(1);
       const int64_t num_unique = segments[t].NumElements() - 1;
-      const int64_t nnz = order[t].NumElements();
-      OP_REQUIRES(context, row_offsets[t].NumElements() == batch + 1 && num_unique >= 0,
-                  errors::InvalidArgument("table ", t, ": ", row_offsets[t].NumElements(),
-                                          " row offsets for ", batch, " samples, ",
-                                          segments[t].NumElements(), " segments"));
+      const int64_t nnz = unique_index[t].NumElements();
+      // order is empty where UniqueKeys ran on the CPU.
+      OP_REQUIRES(context,
+                  row_offsets[t].NumElements() == batch + 1 && num_unique >= 0 &&
+                      (order[t].NumElements() == nnz || order[t].NumElements() == 0),
+                  errors::InvalidArgument(
+                      "table ", t, ": ", row_offsets[t].NumElements(), " row offsets for ", batch,
+                      " samples, ", segments[t].NumElements(), " segments, ", nnz, " entries and ",
+                      order[t].NumElements(), " in their order"));
       OP_REQUIRES_OK(context, attributes_.CheckWeights(t, weights[t], nnz));
       OP_REQUIRES_OK(context, grad_unique.allocate(t, TensorShape({num_unique, dim}), &outputs[t]));
       costs[t] = nnz + batch;
     }
     Core<Device> core(context);
     OP_REQUIRES_OK(
-        context, ForEachTable(core, num_tables, costs.data(), /*same_stream=*/nullptr,
-                              [&](int t, Core<Device>& table_core) {
-                                return table_core.CombineBackward(
-                                    grads[t].flat<float>().data(), order[t].flat<int64_t>().data(),
-                                    segments[t].flat<int64_t>().data(),
-                                    segments[t].NumElements() - 1,
-                                    attributes_.WeightsOrNull(t, weights[t]),
-                                    row_offsets[t].flat<int64_t>().data(), grads[t].dim_size(0),
-                                    order[t].NumElements(), grads[t].dim_size(1),
-                                    attributes_.combiner(t), outputs[t]->flat<float>().data());
-                              }));
+        context,
+        ForEachTable(core, num_tables, costs.data(), /*same_stream=*/nullptr,
+                     [&](int t, Core<Device>& table_core) {
+                       return table_core.CombineBackward(
+                           grads[t].flat<float>().data(), unique_index[t].flat<int64_t>().data(),
+                           order[t].NumElements() == 0 ? nullptr : order[t].flat<int64_t>().data(),
+                           segments[t].flat<int64_t>().data(), segments[t].NumElements() - 1,
+                           attributes_.WeightsOrNull(t, weights[t]),
+                           row_offsets[t].flat<int64_t>().data(), grads[t].dim_size(0),
+                           unique_index[t].NumElements(), grads[t].dim_size(1),
+                           attributes_.combiner(t), outputs[t]->flat<float>().data());
+                     }));
   }
 
  private:

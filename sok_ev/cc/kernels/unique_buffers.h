@@ -32,8 +32,10 @@ struct TableBatch {
   int64_t nnz = 0;
   int64_t batch = 0;
   int64_t* unique_index = nullptr;  // (nnz,) out: each entry's unique key
-  int64_t* order = nullptr;         // (nnz,) out: entries grouped by unique key
-  int64_t* row_offsets = nullptr;   // (batch + 1,) out: each sample's entries
+  // (nnz,) out: entries grouped by unique key; null where the core's
+  // backward does not read them (Core<Device>::kBackwardReadsOrder).
+  int64_t* order = nullptr;
+  int64_t* row_offsets = nullptr;  // (batch + 1,) out: each sample's entries
 };
 
 // One table's outputs indexed by unique key.

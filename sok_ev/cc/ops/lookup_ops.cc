@@ -18,9 +18,10 @@ namespace sok_ev {
 using tensorflow::shape_inference::InferenceContext;
 
 // The six output lists of UniqueKeys and UniqueOwnedKeys, N tables each:
-// unique_keys, counts and segments sized by the unique keys; unique_index and
-// order by the entries (input t); row_offsets by the samples, entries + 1
-// when each entry is its own sample.
+// unique_keys, counts and segments sized by the unique keys; unique_index by
+// the entries (input t), order too on a GPU and empty on the CPU (whose
+// backward pass reads unique_index instead); row_offsets by the samples,
+// entries + 1 when each entry is its own sample.
 static absl::Status UniqueShapes(InferenceContext* c, bool entry_per_sample) {
   int n;
   TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
@@ -31,7 +32,7 @@ static absl::Status UniqueShapes(InferenceContext* c, bool entry_per_sample) {
     c->set_output(t, c->Vector(InferenceContext::kUnknownDim));          // unique_keys
     c->set_output(n + t, c->Vector(InferenceContext::kUnknownDim));      // counts
     c->set_output(2 * n + t, c->Vector(nnz));                            // unique_index
-    c->set_output(3 * n + t, c->Vector(nnz));                            // order
+    c->set_output(3 * n + t, c->Vector(InferenceContext::kUnknownDim));  // order
     c->set_output(4 * n + t, c->Vector(InferenceContext::kUnknownDim));  // segments
     c->set_output(5 * n + t, c->Vector(samples));                        // row_offsets
   }
@@ -62,7 +63,8 @@ REGISTER_OP("SokEv>UniqueKeys")
         "weighted) before anything "
         "else runs, then, per table: unique_keys[unique_index[j]] == keys[j]; "
         "counts are each unique key's occurrences; unique key u's entries are "
-        "order[segments[u] .. segments[u + 1]); sample b's entries are "
+        "order[segments[u] .. segments[u + 1]) on a GPU (order is empty on "
+        "the CPU, whose backward reads unique_index); sample b's entries are "
         "[row_offsets[b], row_offsets[b + 1]).");
 
 // UniqueKeys for a batch packing every table in one RaggedTensor
@@ -232,6 +234,7 @@ REGISTER_OP("SokEv>CombineForward")
 
 REGISTER_OP("SokEv>CombineBackward")
     .Input("grads: N * float")
+    .Input("unique_index: N * int64")
     .Input("order: N * int64")
     .Input("segments: N * int64")
     .Input("row_offsets: N * int64")
@@ -243,7 +246,8 @@ REGISTER_OP("SokEv>CombineBackward")
     .SetShapeFn(CombineShape)
     .Doc(
         "Gradient of the combine with respect to each unique key's row: unique "
-        "u sums its entries order[segments[u] .. segments[u + 1]) in that "
-        "order.");
+        "u sums its entries (unique_index[j] == u) in ascending order. order "
+        "lists them grouped by key (order[segments[u] .. segments[u + 1])), "
+        "or is empty: UniqueKeys ran on the CPU.");
 
 }  // namespace sok_ev
