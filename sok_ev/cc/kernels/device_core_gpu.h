@@ -334,21 +334,13 @@ class Core<GPUDevice> {
     const int64_t* order = identity;
     const int64_t* segments = identity;
     const int64_t* num_unique = identity + n;
-    tensorflow::Tensor unique_tensor, inverse_tensor, order_tensor, segments_tensor, count_tensor;
+    Segmented sorted;
     if (!keys_are_unique) {
-      TF_RETURN_IF_ERROR(Scratch<Key>(n, &unique_tensor));
-      TF_RETURN_IF_ERROR(Scratch<int64_t>(n, &inverse_tensor));
-      TF_RETURN_IF_ERROR(Scratch<int64_t>(n, &order_tensor));
-      TF_RETURN_IF_ERROR(Scratch<int64_t>(n + 1, &segments_tensor));
-      TF_RETURN_IF_ERROR(Scratch<int64_t>(1, &count_tensor));
-      gpu::unique_keys_segmented(
-          context_, keys, n, VectorData<Key>(unique_tensor), VectorData<int64_t>(inverse_tensor),
-          VectorData<int64_t>(order_tensor), VectorData<int64_t>(segments_tensor),
-          VectorData<int64_t>(count_tensor));
-      unique = VectorData<Key>(unique_tensor);
-      order = VectorData<int64_t>(order_tensor);
-      segments = VectorData<int64_t>(segments_tensor);
-      num_unique = VectorData<int64_t>(count_tensor);
+      TF_RETURN_IF_ERROR(UniqueKeysSegmented<Key>(keys, n, &sorted));
+      unique = VectorData<Key>(sorted.unique_keys);
+      order = VectorData<int64_t>(sorted.order);
+      segments = VectorData<int64_t>(sorted.segments);
+      num_unique = VectorData<int64_t>(sorted.num_unique);
     }
     TF_RETURN_IF_ERROR(Pending());
     TF_RETURN_IF_ERROR(ToTfStatus(table.find_or_insert_rows(
@@ -574,22 +566,34 @@ class Core<GPUDevice> {
                                const int64_t* order, const int64_t* segments, int64_t num_unique,
                                const float* weights, const int64_t* row_offsets, int64_t batch,
                                int64_t nnz, int64_t dim, Combiner combiner, float* grad_unique) {
-    tensorflow::Tensor order_tensor, keys_tensor, inverse_tensor, segments_tensor, count_tensor;
+    Segmented grouped;
     if (order == nullptr && nnz > 0) {
-      TF_RETURN_IF_ERROR(Scratch<int64_t>(nnz, &order_tensor));
-      TF_RETURN_IF_ERROR(Scratch<int64_t>(nnz, &keys_tensor));
-      TF_RETURN_IF_ERROR(Scratch<int64_t>(nnz, &inverse_tensor));
-      TF_RETURN_IF_ERROR(Scratch<int64_t>(nnz + 1, &segments_tensor));
-      TF_RETURN_IF_ERROR(Scratch<int64_t>(1, &count_tensor));
-      gpu::unique_keys_segmented(
-          context_, unique_index, nnz, VectorData<int64_t>(keys_tensor),
-          VectorData<int64_t>(inverse_tensor), VectorData<int64_t>(order_tensor),
-          VectorData<int64_t>(segments_tensor), VectorData<int64_t>(count_tensor));
-      order = VectorData<int64_t>(order_tensor);
+      TF_RETURN_IF_ERROR(UniqueKeysSegmented<int64_t>(unique_index, nnz, &grouped));
+      order = VectorData<int64_t>(grouped.order);
     }
     gpu::combine_backward(context_, grad_out, order, segments, num_unique, weights, row_offsets,
                           batch, nnz, dim, combiner, grad_unique);
     return Pending();
+  }
+
+  // gpu::unique_keys_segmented's outputs, in scratch memory.
+  struct Segmented {
+    tensorflow::Tensor unique_keys, inverse, order, segments, num_unique;
+  };
+
+  //   keys: (n,), n > 0
+  template <typename Key>
+  absl::Status UniqueKeysSegmented(const Key* keys, int64_t n, Segmented* out) {
+    TF_RETURN_IF_ERROR(Scratch<Key>(n, &out->unique_keys));
+    TF_RETURN_IF_ERROR(Scratch<int64_t>(n, &out->inverse));
+    TF_RETURN_IF_ERROR(Scratch<int64_t>(n, &out->order));
+    TF_RETURN_IF_ERROR(Scratch<int64_t>(n + 1, &out->segments));
+    TF_RETURN_IF_ERROR(Scratch<int64_t>(1, &out->num_unique));
+    gpu::unique_keys_segmented(context_, keys, n, VectorData<Key>(out->unique_keys),
+                               VectorData<int64_t>(out->inverse), VectorData<int64_t>(out->order),
+                               VectorData<int64_t>(out->segments),
+                               VectorData<int64_t>(out->num_unique));
+    return absl::OkStatus();
   }
 
   // Copies blocks of rows between tables and a message (cc/exchange_message.h).
