@@ -32,6 +32,13 @@ from sok_ev.embedding_variable import EmbeddingVariable
 
 COMBINERS = ("sum", "mean", "sqrtn")
 
+# Whether one worker runs the multi-worker pipeline (sok_ev.distributed, its
+# collectives over Horovod with one rank: hvd.init() must have run) instead
+# of the fused lookup. Off in training. The multi-worker tests and
+# benchmarks/gpu/tf_weak_scaling.py turn it on to check that pipeline and to
+# time its own work (everything but the transfers) on a single GPU.
+exchange_on_one_worker = False
+
 
 def _as_list(value, argument):
     if isinstance(value, (list, tuple)):
@@ -237,7 +244,7 @@ def lookup_sparse(
                  weighted=weighted)
         for variable in params:
             variable._record_access()  # pylint: disable=protected-access
-        if communication.world_size() == 1:
+        if communication.world_size() == 1 and not exchange_on_one_worker:
             return ops().sok_ev_find_or_insert_combine(
                 [v.handle for v in params],
                 unique_keys,

@@ -11,7 +11,12 @@ efficiency = t(1 GPU) / t(N GPUs).
 
 The driver (no arguments) launches, one after the other, each under
 `horovodrun --gloo` with one GPU per rank (NCCL carries the GPU tensors):
-  time      -np 1, then -np 2 (then -np 2 again per --variants, e.g. Horovod's
+  time      -np 1; -np 1 again running the multi-worker pipeline over a
+            one-rank exchange (sok_ev.lookup.exchange_on_one_worker: the
+            partition, the messages, the owner's deduplication, the combines
+            and Horovod's collectives, with nothing to transfer), which splits
+            what 2 GPUs add into the pipeline's own work and the rest
+            (transfers, waiting for the peer); then -np 2 (then -np 2 again per --variants, e.g. Horovod's
             HOROVOD_CYCLE_TIME and HOROVOD_ENABLE_ASYNC_COMPLETION, or
             lookup_sparse's exchange_dtype=bfloat16, the compressed exchange):
             ms per step, steps/s, samples/s, the
@@ -31,6 +36,8 @@ steps per timed run (benchmarks/step_profile.py; --profile-steps 0 skips them).
 
   source /tmp/gpu-tf/env.sh   # TensorFlow, Horovod + the installed sok-ev wheel
   python3 benchmarks/gpu/tf_weak_scaling.py [--hotness 1,10] [--steps 20]
+  # one GPU: the two 1-rank runs only (no 2-GPU run, no check)
+  python3 benchmarks/gpu/tf_weak_scaling.py --gpus 1
   # on a CPU machine (checks the script only: Gloo, tiny shape)
   python3 benchmarks/gpu/tf_weak_scaling.py --dry-run-on-cpu --batch 256 --rows 52000 \\
       --steps 3 --check-batch 64 --check-rows 5200
@@ -70,7 +77,10 @@ PROFILE_TOP = 8  # op types listed per traced run
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_workload_arguments(parser)
-    parser.add_argument("--gpus", type=int, default=2, help="the scaled run's world size")
+    parser.add_argument("--gpus",
+                        type=int,
+                        default=2,
+                        help="the scaled run's world size; 1: the one-rank runs only")
     parser.add_argument(
         "--variants",
         # Horovod's async completion: its GPU ops finish once
@@ -99,6 +109,9 @@ def parse_args(argv=None):
     parser.add_argument("--worker", choices=["time", "check"])
     parser.add_argument("--streams", type=int, default=0, help="check: batches fed per rank")
     parser.add_argument("--tag", default="")
+    parser.add_argument("--loopback",
+                        action="store_true",
+                        help="one rank runs the multi-worker pipeline (exchange_on_one_worker)")
     parser.add_argument("--exchange-dtype",
                         default="float32",
                         choices=sorted(ELEMENT_BYTES),
@@ -119,6 +132,7 @@ def worker(args):
     from sok_ev._ops import ops  # pylint: disable=import-outside-toplevel
     assert args.dry_run_on_cpu or tf.config.list_physical_devices("GPU"), "TensorFlow sees no GPU"
     sok.init()
+    sok.lookup.exchange_on_one_worker = args.loopback
     rank, size = hvd.rank(), hvd.size()
     # check on 1 GPU: the 2 workers' batches one after the other (the global batch)
     streams = list(range(args.streams)) if args.worker == "check" and size == 1 else [rank]
@@ -196,6 +210,9 @@ def run_step(tf, hvd, sok, ops, args, hot, values, batch, rank, size):
             out["collectives_per_step"] = sum(
                 v for k, v in kinds.items() if k.startswith("Horovod"))
             out["ops_per_step"] = sum(kinds.values())
+            if args.loopback and not out["collectives_per_step"]:
+                raise RuntimeError(f"--loopback, but the step holds no collective: {sok.__file__} "
+                                   "predates sok_ev.lookup.exchange_on_one_worker")
             # Pre-fill: rank r inserts every size-th key of each table (one lookup).
             fill = []
             for t in range(TABLES):
@@ -287,7 +304,7 @@ def horovodrun():
     return local if os.path.exists(local) else shutil.which("horovodrun")
 
 
-def launch(args, gpus, mode, tag, env=None, streams=0, exchange_dtype="float32"):
+def launch(args, gpus, mode, tag, env=None, streams=0, exchange_dtype="float32", loopback=False):
     """Runs this script's ranks under horovodrun; True when every rank wrote its
   JSON."""
     rank = [sys.executable] if args.dry_run_on_cpu else [ONE_GPU_PER_RANK, sys.executable]
@@ -296,7 +313,7 @@ def launch(args, gpus, mode, tag, env=None, streams=0, exchange_dtype="float32")
         str(gpus), "-H", f"localhost:{gpus}", *rank, __file__, *sys.argv[1:], "--worker", mode,
         "--tag", tag, "--streams",
         str(streams), "--exchange-dtype", exchange_dtype
-    ]
+    ] + (["--loopback"] if loopback else [])
     if mode == "check":
         command += ["--batch", str(args.check_batch), "--rows", str(args.check_rows)]
     print(f"[{tag}] {' '.join(command[5:])}" + (f" with {env}" if env else ""), flush=True)
@@ -412,12 +429,14 @@ def report(args, runs, verdict, compressed=None):
         "link GB/s | exchange floor (ms) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    step_ms, floors = {}, {}  # (hot, tag) -> the slowest rank's ms; hot -> floor ms
     for hot in [int(h) for h in args.hotness.split(",")]:
         t1 = base[f"{hot}hot"]["ms"]
         for tag, env in runs:
-            size = 1 if tag == "time1" else gpus
+            size = 1 if tag.startswith("time1") else gpus
             ranks = [load(args, tag, r)[f"{hot}hot"] for r in range(size)]
             ms = max(r["ms"] for r in ranks)  # the step ends when the slowest rank's does
+            step_ms[hot, tag] = ms
             cells = [
                 str(hot), tag + (f" ({env})" if env else ""),
                 str(size), f"{ms:.2f}", f"{1e3 / ms:.1f}", f"{size * args.batch * 1e3 / ms:,.0f}",
@@ -437,16 +456,31 @@ def report(args, runs, verdict, compressed=None):
                     f"{sent / 1e6:.1f} MB", f"{a2a:.2f}", f"{rate / 1e9:.1f}",
                     f"{sent / rate * 1e3:.2f}"
                 ]
+                floors.setdefault(hot, sent / rate * 1e3)
             else:
                 cells += ["0", "—", "—", "—"]
             lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
+    for hot in [int(h) for h in args.hotness.split(",")]:
+        t1, loop = step_ms[hot, "time1"], step_ms.get((hot, "time1_loopback"))
+        if loop is None:
+            continue
+        line = (f"- {hot}-hot, what the multi-worker pipeline costs: on one GPU over a one-rank "
+                f"exchange (time1_loopback: everything but the transfers) {loop:.2f} ms against "
+                f"the fused step's {t1:.2f}, so {loop - t1:.2f} ms of its own work")
+        t2 = step_ms.get((hot, f"time{gpus}"))
+        if t2 is not None and gpus > 1:
+            line += (f"; {gpus} GPUs take {t2:.2f} ms, {t2 - loop:.2f} ms more: the transfers "
+                     f"and the wait for the peer (exchange floor {floors.get(hot, 0.0):.2f} ms)")
+        lines.append(line)
     for hot, (worst, agreed) in sorted(verdict.items()):
         lines.append(f"- check, {hot}-hot: {gpus} GPUs on halves of a global batch of "
                      f"{gpus * args.check_batch} vs 1 GPU on all of it, {args.check_steps} "
                      f"steps: largest relative difference {worst:.2e} "
                      f"({'agree' if agreed else 'DISAGREE'} within {CHECK_RTOL})")
-    if not verdict:
+    if gpus == 1:
+        lines.append("- check: not run (it compares 2 GPUs with 1)")
+    elif not verdict:
         lines.append("- check: did not run to the end (see the log)")
     for hot, (worst, bound, loss_rel) in sorted((compressed or {}).items()):
         lines.append(
@@ -476,8 +510,18 @@ def main():
     if args.worker:
         return worker(args)
     os.makedirs(args.json_dir, exist_ok=True)
-    ok = launch(args, 1, "time", "time1") and launch(args, args.gpus, "time", f"time{args.gpus}")
-    runs = [("time1", ""), (f"time{args.gpus}", "")]
+    ok = launch(args, 1, "time", "time1")
+    runs = [("time1", "")]
+    if ok and launch(args, 1, "time", "time1_loopback", loopback=True):
+        runs.append(("time1_loopback", "multi-worker pipeline, one rank"))
+    if args.gpus == 1:
+        if not ok:
+            print("the timed launch failed: nothing to report", flush=True)
+            return 1
+        report(args, runs, {})
+        return 0 if len(runs) == 2 else 1
+    ok = ok and launch(args, args.gpus, "time", f"time{args.gpus}")
+    runs.append((f"time{args.gpus}", ""))
     for number, variant in enumerate(filter(None, args.variants.split(","))):
         env = dict(kv.split("=", 1) for kv in variant.split(";"))
         # lookup_sparse's option; every other key is an environment variable.

@@ -43,7 +43,8 @@
 #                      "--table-streams 1,8,16")
 #   tf-scaling         benchmarks/gpu/tf_weak_scaling.py: the TF step on 1 and
 #                      2 GPUs under horovodrun over NCCL, the 2-vs-1 check
-#                      (results and the ranks' JSON in $OUT)
+#                      (results and the ranks' JSON in $OUT); on one GPU, the
+#                      fused step against the multi-worker pipeline on one rank
 #   peers              sok-ev against NVIDIA SOK 2.1.0 (benchmarks/peers/): the
 #                      step of sok_vs_sok_ev.py per implementation on GPU 0
 #                      while feature_probe.py runs on GPU 1, then each step
@@ -352,17 +353,15 @@ if has tf-bench; then
 fi
 
 if has tf-scaling; then
-    if ((gpus < 2 && !dry)); then
-        echo "not run: weak scaling needs 2 GPUs" >"$OUT/tf-scaling.log"
-    else
-        # The ranks' files go to a folder of their own ($OUT brings back 8 files).
-        scaling=("$root/benchmarks/gpu/tf_weak_scaling.py" --json-dir "$OUT/tf-scaling")
-        # A dry run's numbers stay out of benchmarks/RESULTS.md.
-        ((dry)) && scaling+=(--dry-run-on-cpu --batch 256 --rows 52000 --steps 3 --check-batch 64
-            --check-rows 5200 --results "$OUT/RESULTS.dry.md")
-        (cd "$run" && timeout -k 10 "$(limit 560)" "$PY" "${scaling[@]}") >"$OUT/tf-scaling.log" 2>&1
-        echo "$?" >"$status/tf-scaling.rc"
-    fi
+    # The ranks' files go to a folder of their own ($OUT brings back 8 files).
+    scaling=("$root/benchmarks/gpu/tf_weak_scaling.py" --json-dir "$OUT/tf-scaling")
+    # One GPU: the fused step against the multi-worker pipeline on one rank.
+    ((gpus < 2 && !dry)) && scaling+=(--gpus 1)
+    # A dry run's numbers stay out of benchmarks/RESULTS.md.
+    ((dry)) && scaling+=(--dry-run-on-cpu --batch 256 --rows 52000 --steps 3 --check-batch 64
+        --check-rows 5200 --results "$OUT/RESULTS.dry.md")
+    (cd "$run" && timeout -k 10 "$(limit 560)" "$PY" "${scaling[@]}") >"$OUT/tf-scaling.log" 2>&1
+    echo "$?" >"$status/tf-scaling.rc"
     echo "tf-scaling: exit $(cat "$status/tf-scaling.rc" 2>/dev/null)"
 fi
 

@@ -152,8 +152,15 @@ def horovod_available():
 
 # SCENARIO:PLACEMENT:MODE. Every placement runs in both modes on 2 workers;
 # 3 workers run each placement once, alternating the mode, to bound CI time.
-# Mode "packed" is "eager" with the ids packed in RaggedTensors.
+# Mode "packed" is "eager" with the ids packed in RaggedTensors. One worker
+# runs the multi-worker pipeline over a one-rank exchange
+# (sok_ev.lookup.exchange_on_one_worker, what tf_weak_scaling.py times on
+# one GPU) in each mode; the idle-worker scenario needs a second worker.
 CASES = {
+    1: [
+        "random:sharded:graph", "random:mixed:eager", "duplicates:target:graph",
+        "random:sharded:packed"
+    ],
     2: [
         "random:sharded:graph", "random:sharded:eager", "random:target:graph",
         "random:target:eager", "random:mixed:graph", "random:mixed:eager", "empty:sharded:eager",

@@ -28,6 +28,8 @@ import sok_ev  # pylint: disable=wrong-import-position
 
 sok_ev.init()
 RANK, WORKERS = hvd.rank(), hvd.size()
+# Alone, the worker still runs the multi-worker pipeline (harness.CASES[1]).
+sok_ev.lookup.exchange_on_one_worker = WORKERS == 1
 
 
 def placement(name):
@@ -77,6 +79,8 @@ def run_graph(scenario, targets_gpu):
         _state["keys_are_unique"] = [
             flag for op in applies for flag in op.get_attr("keys_are_unique")
         ]
+        _state["key_messages"] = sum(
+            op.type == "SokEv>PackKeyMessage" for op in graph.get_operations())
         losses, embs = [], []
         with tf.compat.v1.Session(graph=graph) as session:
             session.run(tf.compat.v1.global_variables_initializer())
@@ -160,6 +164,7 @@ def record_case(results, case):
         results[f"{case}/frequencies{t}"] = shards[t][2]
     if mode == "graph":
         results[f"{case}/keys_are_unique"] = np.array(_state.pop("keys_are_unique"))
+        results[f"{case}/key_messages"] = np.array(_state.pop("key_messages"))
 
 
 def _message_of(build):

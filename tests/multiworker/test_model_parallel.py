@@ -2,7 +2,9 @@
 
 Each case (SCENARIO:PLACEMENT:MODE, see harness.CASES) trained two tables
 (dims 128 and 4, hotness 10 and 3, sum combiner) for 10 Adagrad steps on 2
-or 3 Gloo workers, each worker feeding its own part of the global batch.
+or 3 Gloo workers, each worker feeding its own part of the global batch, or
+on one worker running the same multi-worker pipeline over a one-rank
+exchange.
 The reference is one process running `tf.nn.embedding_lookup_sparse` over
 dense `tf.Variable`s that start with the same rows (row k =
 default_rows[k mod N], what `InitializerOption(default_value_dim=N)` with
@@ -78,6 +80,8 @@ def shards_of(result, case, t, workers):
 
 
 ALL_CASES = [(w, case) for w, cases in harness.CASES.items() for case in cases]
+# The world sizes with a second worker to leave idle or to own no key.
+SHARED_SIZES = [w for w in sorted(harness.CASES) if w > 1]
 IDS = [f"{w}workers-{case}" for w, case in ALL_CASES]
 
 
@@ -152,6 +156,18 @@ def test_owners_apply_their_keys_as_distinct_without_a_second_deduplication(
         assert flags.size == len(harness.TABLES) and flags.all(), f"worker {r}: {flags}"
 
 
+@pytest.mark.parametrize("workers,case",
+                         GRAPH_CASES,
+                         ids=[f"{w}workers-{case}" for w, case in GRAPH_CASES])
+def test_the_step_routes_keys_through_the_exchange_on_any_worker_count(lookup_run, workers, case):
+    """Every worker count, one included (sok_ev.lookup.exchange_on_one_worker),
+    builds the multi-worker pipeline: the step's one lookup sends one key
+    message."""
+    result = lookup_run(workers)
+    for r in range(workers):
+        assert int(result.results[r][f"{case}/key_messages"]) == 1, f"worker {r}"
+
+
 @pytest.mark.parametrize("workers,case", ALL_CASES, ids=IDS)
 def test_every_key_lives_on_exactly_its_owner(lookup_run, workers, case):
     """Each key seen is stored once, on owner_of(key) (target -1) or on the
@@ -173,7 +189,7 @@ def test_every_key_lives_on_exactly_its_owner(lookup_run, workers, case):
             assert r == owner, f"table {t}: key {key} on {r}, owner {owner}"
 
 
-@pytest.mark.parametrize("workers", sorted(harness.CASES))
+@pytest.mark.parametrize("workers", SHARED_SIZES)
 def test_worker_with_empty_batch(lookup_run, workers):
     """The last worker feeds no samples yet takes part in every exchange
     (it owns keys): its embeddings are empty and its loss is zero."""
@@ -188,7 +204,7 @@ def test_worker_with_empty_batch(lookup_run, workers):
                if placement_targets(case.split(":")[1], workers)[t] == -1)
 
 
-@pytest.mark.parametrize("workers", sorted(harness.CASES))
+@pytest.mark.parametrize("workers", SHARED_SIZES)
 def test_all_keys_owned_by_one_worker(lookup_run, workers):
     """With every key owned by worker 0, the other shards stay empty."""
     result = lookup_run(workers)
@@ -199,7 +215,7 @@ def test_all_keys_owned_by_one_worker(lookup_run, workers):
             assert result.results[r][f"{case}/keys{t}"].size == 0
 
 
-@pytest.mark.parametrize("workers", sorted(harness.CASES))
+@pytest.mark.parametrize("workers", SHARED_SIZES)
 def test_duplicate_keys_across_workers(lookup_run, workers):
     """Every worker feeds the same keys: each key's gradient arrives from
     every worker and the owner sums them (the final tables match the
