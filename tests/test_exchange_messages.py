@@ -193,8 +193,8 @@ def test_a_malformed_keys_message_fails_naming_what_is_wrong(splits, error):
         _unpack_one_table(message, np.array(splits, np.int32))
 
 
-def _row_case(rng, num_workers, dims):
-    counts = rng.integers(0, 6, size=(len(dims), num_workers))
+def _row_case(rng, num_workers, dims, most=6):
+    counts = rng.integers(0, most, size=(len(dims), num_workers))
     counts[0, :] = 0  # a table with no rows at all
     rows = [rng.standard_normal((int(c.sum()), d)).astype(np.float32) for c, d in zip(counts, dims)]
     positions = [rng.permutation(len(r)).astype(np.int64) for r in rows]
@@ -214,11 +214,17 @@ def _pack_reference(counts, rows, positions=None):
     return np.concatenate(pieces) if pieces else np.zeros([0], np.float32)
 
 
+# Rows of any width, and rows of whole 16-byte vectors at 16-byte offsets
+# (which the GPU copies as float4s).
+ROW_WIDTHS = {"any_width": ([3, 8, 1, 5], 6), "float4_rows": ([4, 8, 128], 300)}
+
+
+@pytest.mark.parametrize("widths", sorted(ROW_WIDTHS))
 @pytest.mark.parametrize("num_workers", [1, 2, 4])
-def test_row_message_packs_blocks_by_worker_then_table_and_unpacks_them_back(num_workers):
+def test_row_message_packs_blocks_by_worker_then_table_and_unpacks_them_back(num_workers, widths):
     rng = np.random.default_rng(10 + num_workers)
-    dims = [3, 8, 1, 5]
-    counts, rows, positions = _row_case(rng, num_workers, dims)
+    dims, most = ROW_WIDTHS[widths]
+    counts, rows, positions = _row_case(rng, num_workers, dims, most)
     message, splits = ops().sok_ev_pack_row_message(rows, counts, [])
     np.testing.assert_array_equal(message.numpy(), _pack_reference(counts, rows))
     np.testing.assert_array_equal(splits.numpy(), (counts * np.array(dims)[:, None]).sum(axis=0))

@@ -71,7 +71,7 @@ INIT_SCALE = 0.05  # the tables' rows start uniform in [-INIT_SCALE, INIT_SCALE]
 ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # Relative rounding error of one exchanged element (sok_ev.row_exchange).
 RELATIVE_ERROR = {"float32": 0.0, "bfloat16": 2.0**-8, "float16": 2.0**-11}
-PROFILE_TOP = 8  # op types listed per traced run
+PROFILE_TOP = 16  # op types listed per traced run
 
 
 def parse_args(argv=None):
