@@ -31,32 +31,65 @@ struct VectorUnit<float, float, 4> {
   using type = float4;
 };
 
-// blockIdx.y picks the block; a warp copies a row, its lanes striding over
-// the row's elements (coalesced, and with no division per element), the x
-// blocks' warps striding over the rows. kVector elements move as one: 4
-// floats (16 bytes) when every block of the launch allows it (see
-// vector_copy_allowed), else 1.
+// Rows a warp copies at once: their loads are all in flight together.
+constexpr int kRowsPerWarp = 4;
+
+// blockIdx.y picks the block. kVector elements move as one: 4 floats (16
+// bytes) when every block of the launch allows it (see vector_copy_allowed),
+// else 1. A block of consecutive rows at both ends (no row index, rows
+// packed) is one run of elements, which every thread strides over. Any
+// other block goes by rows: a warp copies kRowsPerWarp rows at a time, its
+// lanes striding over their elements (coalesced, no division per element),
+// the x blocks' warps striding over the rows.
 template <typename Src, typename Dst, int kVector>
 __global__ void copy_rows_kernel(RowCopyBatch<Src, Dst> batch) {
   using Unit = typename VectorUnit<Src, Dst, kVector>::type;
+  using SrcUnit = std::conditional_t<kVector == 1, Src, Unit>;
   const RowCopy<Src, Dst> block = batch.blocks[blockIdx.y];
-  const int lane = threadIdx.x % kWarp;
-  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / kWarp);
-  const int64_t units = block.width / kVector;
-  for (int64_t r = blockIdx.x * int64_t(blockDim.x / kWarp) + threadIdx.x / kWarp; r < block.rows;
-       r += warps) {
-    const int64_t from = block.src_rows ? block.src_rows[r] : r;
-    const int64_t to = block.dst_rows ? block.dst_rows[r] : r;
+  const int64_t units = block.width / kVector;  // per row
+  auto convert = [](const SrcUnit& value) -> Unit {
     if constexpr (kVector == 1) {
-      const Src* src = block.src + from * block.src_stride;
-      Dst* dst = block.dst + to * block.dst_stride;
-      for (int64_t c = lane; c < units; c += kWarp) {
-        dst[c] = ConvertElement<Src, Dst>::apply(src[c]);
-      }
+      return ConvertElement<Src, Dst>::apply(value);
     } else {
-      const Unit* src = reinterpret_cast<const Unit*>(block.src + from * block.src_stride);
-      Unit* dst = reinterpret_cast<Unit*>(block.dst + to * block.dst_stride);
-      for (int64_t c = lane; c < units; c += kWarp) dst[c] = src[c];
+      return value;
+    }
+  };
+  const SrcUnit* src = reinterpret_cast<const SrcUnit*>(block.src);
+  Unit* dst = reinterpret_cast<Unit*>(block.dst);
+  if (block.src_rows == nullptr && block.dst_rows == nullptr && block.src_stride == block.width &&
+      block.dst_stride == block.width) {
+    const int64_t total = block.rows * units;
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+         i += int64_t(gridDim.x) * blockDim.x) {
+      dst[i] = convert(src[i]);
+    }
+    return;
+  }
+  const int lane = threadIdx.x % kWarp;
+  const int64_t src_stride = block.src_stride / kVector, dst_stride = block.dst_stride / kVector;
+  const int64_t step = int64_t(gridDim.x) * (blockDim.x / kWarp) * kRowsPerWarp;
+  for (int64_t first =
+           (blockIdx.x * int64_t(blockDim.x / kWarp) + threadIdx.x / kWarp) * kRowsPerWarp;
+       first < block.rows; first += step) {
+    int64_t from[kRowsPerWarp], to[kRowsPerWarp];
+#pragma unroll
+    for (int k = 0; k < kRowsPerWarp; ++k) {
+      const int64_t r = first + k;
+      from[k] = r >= block.rows ? -1 : block.src_rows ? block.src_rows[r] : r;
+      to[k] = r >= block.rows ? -1 : block.dst_rows ? block.dst_rows[r] : r;
+    }
+    for (int64_t c = lane; c < units; c += kWarp) {
+      // Every row's load first, so that they are in flight together (a load
+      // cannot be moved above a store that might alias it).
+      SrcUnit value[kRowsPerWarp];
+#pragma unroll
+      for (int k = 0; k < kRowsPerWarp; ++k) {
+        if (from[k] >= 0) value[k] = src[from[k] * src_stride + c];
+      }
+#pragma unroll
+      for (int k = 0; k < kRowsPerWarp; ++k) {
+        if (from[k] >= 0) dst[to[k] * dst_stride + c] = convert(value[k]);
+      }
     }
   }
 }
@@ -90,7 +123,7 @@ void copy_rows(const GpuContext& context, const std::vector<RowCopy<Src, Dst>>& 
       vector = vector && vector_copy_allowed(batch.blocks[b]);
     }
     if (largest == 0) continue;
-    const dim3 grid(grid_for(largest, kThreads / kWarp, 4096), count);
+    const dim3 grid(grid_for(largest, kThreads / kWarp * kRowsPerWarp, 4096), count);
     if constexpr (std::is_same_v<Src, float> && std::is_same_v<Dst, float>) {
       if (vector) {
         copy_rows_kernel<Src, Dst, 4><<<grid, kThreads, 0, stream_of(context)>>>(batch);
