@@ -8,8 +8,10 @@ single allocation). The run covers each stage of the TF GPU path: lookups of
 two tables (int64 keys, 'sum' with weights, dim 128; int32 keys, 'mean',
 dim 4) with duplicated keys, empty rows and new keys in every step, their
 gradients, the fused apply of Adagrad, Adam and Ftrl, and an export; in a
-Session and in a tf.function. It fails unless every SokEv op ran on GPU:0
-(--allow-cpu: the CPU dry run of the device script).
+Session and in a tf.function; and the many-worker row message packed and
+unpacked (rows of whole float4s and of odd widths, with and without
+positions). It fails unless every SokEv op ran on GPU:0 (--allow-cpu: the
+CPU dry run of the device script).
 
   python tests/gpu/tf_memcheck_workload.py [--allow-cpu]
 """
@@ -114,6 +116,24 @@ def run_tf_function(rng, expected_device):
     print(f"tf.function: {STEPS} steps, outputs on {embeddings[0].device}")
 
 
+def run_row_messages(rng):
+    """PackRowMessage then UnpackRowMessage for 3 workers: float4 rows (dims
+  128 and 4) in one message, odd widths (3, 1) in another; the rows come
+  back where they were."""
+    from sok_ev._ops import ops  # pylint: disable=import-outside-toplevel
+    for dims in ([128, 4], [3, 1]):
+        counts = rng.integers(0, 40, size=(len(dims), 3)).astype(np.int64)
+        rows = [
+            rng.standard_normal((int(c.sum()), d)).astype(np.float32) for c, d in zip(counts, dims)
+        ]
+        positions = [rng.permutation(len(r)).astype(np.int64) for r in rows]
+        for given in ([], positions):
+            message, _ = ops().sok_ev_pack_row_message(rows, counts, given)
+            back = ops().sok_ev_unpack_row_message(message, counts, given, N=len(dims), dims=dims)
+            for t, table in enumerate(rows):
+                np.testing.assert_array_equal(back[t].numpy(), table)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--allow-cpu", action="store_true", help="run without a GPU")
@@ -126,6 +146,7 @@ def main():
     for name, make_optimizer in OPTIMIZERS.items():
         run_session(rng, name, make_optimizer, expected)
     run_tf_function(rng, expected)
+    run_row_messages(rng)
     print(f"workload done on {expected}: sok_ev {sok_ev.__file__}")
 
 
