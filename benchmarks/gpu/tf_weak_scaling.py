@@ -413,14 +413,22 @@ def compare_compressed(args, gpus, dtype):
 def report(args, runs, verdict, compressed=None):
     gpus = args.gpus
     base = load(args, "time1", 0)
-    command = "python3 benchmarks/gpu/tf_weak_scaling.py " + " ".join(sys.argv[1:])
+    # Horovod's settings from the environment are part of the command.
+    settings = [f"{k}={v} " for k, v in sorted(os.environ.items()) if k.startswith("HOROVOD_")]
+    command = ("".join(settings) + "python3 benchmarks/gpu/tf_weak_scaling.py " +
+               " ".join(sys.argv[1:]))
+    title = ("TF weak scaling over Horovod NCCL" if gpus > 1 else
+             "TF step on one GPU, fused against the multi-worker pipeline over a one-rank "
+             "exchange")
     lines = [
-        f"\n## TF weak scaling over Horovod NCCL, {datetime.date.today()}",
+        f"\n## {title}, {datetime.date.today()}",
         "",
         f"TensorFlow {base['tf_version']}, sok-ev from `{base['sok_ev_file']}`. Command: "
         f"`{command}`. {TABLES} tables (`target_gpu=-1`), batch {args.batch} per GPU, dim {DIM}, "
         f"{args.rows} keys pre-filled, Zipf 1.1, Adagrad, graph mode; median ms per step of "
-        f"{args.steps}. Efficiency = t(1 GPU) ÷ t({gpus} GPUs). Bytes: what one GPU sends to the "
+        f"{args.steps}. Efficiency = t(time1, the fused one-GPU step) ÷ t(the run); time1_loopback "
+        "is one GPU running the multi-worker pipeline over a one-rank exchange. Bytes: what one "
+        "GPU sends to the "
         "others per step (keys, rows back, gradients). Exchange floor: those bytes at the rate "
         "of one rows-only all-to-all measured in the same launch.",
         "",
