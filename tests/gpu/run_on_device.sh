@@ -25,7 +25,9 @@
 #             checks of the build machine (test_formatting, test_gpu_code_compiles);
 #             SOK_EV_TF_TESTS="test_a.py test_b.py" runs only those files
 #   multi     tests/multiworker/ under horovodrun over NCCL, one GPU per rank
-#             (harness.py's GPU mode; launches of more ranks than GPUs skip)
+#             (harness.py's GPU mode; launches of more ranks than GPUs skip, so
+#             one GPU runs the one-worker cases: the multi-worker pipeline over
+#             a one-rank exchange, against the dense reference)
 #   harness   tests/gpu/: PyTorch + the ctypes harness, without the kit's paths
 #   memcheck  compute-sanitizer memcheck of tests/gpu/tf_memcheck_workload.py
 #             with TF_GPU_ALLOCATOR=cuda_malloc_async (one tensor, one allocation)
@@ -334,13 +336,7 @@ fi
 has harness && part_harness "$other_gpu"
 has memcheck && part_memcheck "$other_gpu"
 [[ -n ${tf_pid:-} ]] && wait "$tf_pid"
-if has multi; then
-    if ((gpus == 1)); then
-        echo "not run: one GPU, and NCCL needs one per rank" >"$OUT/multi.log"
-    else
-        part_multi
-    fi
-fi
+has multi && part_multi
 has harness-sanitizer && part_harness_sanitizer
 has bench && part_bench
 if has tf-bench; then
