@@ -11,23 +11,27 @@ efficiency = t(1 GPU) / t(N GPUs).
 
 The driver (no arguments) launches, one after the other, each under
 `horovodrun --gloo` with one GPU per rank (NCCL carries the GPU tensors):
-  time      -np 1; -np 1 again running the multi-worker pipeline over a
-            one-rank exchange (sok_ev.lookup.exchange_on_one_worker: the
-            partition, the messages, the owner's deduplication, the combines
-            and Horovod's collectives, with nothing to transfer), which splits
-            what 2 GPUs add into the pipeline's own work and the rest
-            (transfers, waiting for the peer); then -np 2 (then -np 2 again per --variants, e.g. Horovod's
-            HOROVOD_CYCLE_TIME and HOROVOD_ENABLE_ASYNC_COMPLETION, or
-            lookup_sparse's exchange_dtype=bfloat16, the compressed exchange):
-            ms per step, steps/s, samples/s, the
-            collectives the step's graph holds, and, on 2 GPUs, one exchange's
-            all-to-all alone (the rows of one step, `hvd.alltoall` on the GPU);
+  time      -np 1, then -np 2: ms per step, steps/s, samples/s, the
+            collectives the step's graph holds, and, on 2 GPUs, one
+            exchange's all-to-all alone (the rows of one step, `hvd.alltoall`
+            on the GPU);
   check     -np 1 on the global batch of 2 workers (both streams, one after the
             other), then -np 2 on their halves, --check-steps steps at a small
             shape: the losses and the final lookup must agree (rtol 1e-5);
-            then -np 2 again with exchange_dtype=bfloat16 (--check-compressed),
-            whose first lookup must be within the bfloat16 bound of the 1-GPU
-            one: 2^-8 * hotness * 0.05 (rows start in [-0.05, 0.05]).
+then, as far as --budget-s allows (what is skipped is listed in the report):
+  time      -np 1 again running the multi-worker pipeline over a one-rank
+            exchange (time1_loopback; sok_ev.lookup.exchange_on_one_worker:
+            the partition, the messages, the owner's deduplication, the
+            combines and Horovod's collectives, with nothing to transfer),
+            which splits what 2 GPUs add into the pipeline's own work and the
+            rest (transfers, waiting for the peer); -np 2 again per
+            --variants (Horovod's HOROVOD_CYCLE_TIME and
+            HOROVOD_ENABLE_ASYNC_COMPLETION, or lookup_sparse's
+            exchange_dtype=bfloat16, the compressed exchange);
+  check     -np 2 with exchange_dtype=bfloat16 (--check-compressed), whose
+            first lookup must be within the bfloat16 bound of the 1-GPU one:
+            2^-8 * hotness * 0.05 (rows start in [-0.05, 0.05]).
+With --gpus 1 it runs the two -np 1 time launches only.
 It prints the table (bytes exchanged per GPU per step from the ranks' own
 routing counts; the exchange floor = those bytes ÷ the all-to-all's measured
 rate) and appends it to benchmarks/RESULTS.md (a copy in
@@ -98,6 +102,12 @@ def parse_args(argv=None):
     parser.add_argument("--check-rows", type=int, default=260_000)
     parser.add_argument("--check-steps", type=int, default=3)
     parser.add_argument("--timeout", type=int, default=240, help="seconds per launch")
+    parser.add_argument("--budget-s",
+                        type=float,
+                        default=0,
+                        help="seconds for the whole run (0: no limit): the one-rank pipeline, "
+                        "the variants and the compressed check are skipped when the longest "
+                        "launch so far no longer fits")
     parser.add_argument("--profile-steps",
                         type=int,
                         default=3,
@@ -410,7 +420,7 @@ def compare_compressed(args, gpus, dtype):
     return verdict
 
 
-def report(args, runs, verdict, compressed=None):
+def report(args, runs, verdict, compressed=None, skipped=()):
     gpus = args.gpus
     base = load(args, "time1", 0)
     # Horovod's settings from the environment are part of the command.
@@ -490,6 +500,9 @@ def report(args, runs, verdict, compressed=None):
         lines.append("- check: not run (it compares 2 GPUs with 1)")
     elif not verdict:
         lines.append("- check: did not run to the end (see the log)")
+    if skipped:
+        lines.append(f"- not run, for want of time (--budget-s {args.budget_s:.0f}): "
+                     f"{', '.join(skipped)}")
     for hot, (worst, bound, loss_rel) in sorted((compressed or {}).items()):
         lines.append(
             f"- check, {hot}-hot, exchange_dtype={args.check_compressed}: the first lookup "
@@ -518,37 +531,58 @@ def main():
     if args.worker:
         return worker(args)
     os.makedirs(args.json_dir, exist_ok=True)
-    ok = launch(args, 1, "time", "time1")
+    started, longest, skipped = time.monotonic(), [0.0], []
+
+    def run(tag, gpus, mode, optional=False, **kwargs):
+        """launch(), timed; an optional launch is skipped (and listed in the
+      report) when --budget-s could not fit the longest launch so far."""
+        left = args.budget_s - (time.monotonic() - started) if args.budget_s else float("inf")
+        if optional and left < longest[0] + 15:
+            print(f"[{tag}] skipped: {left:.0f} s of --budget-s left", flush=True)
+            skipped.append(tag)
+            return False
+        begin = time.monotonic()
+        done = launch(args, gpus, mode, tag, **kwargs)
+        longest[0] = max(longest[0], time.monotonic() - begin)
+        return done
+
+    ok = run("time1", 1, "time")
     runs = [("time1", "")]
-    if ok and launch(args, 1, "time", "time1_loopback", loopback=True):
-        runs.append(("time1_loopback", "multi-worker pipeline, one rank"))
+    loopback = ("time1_loopback", "multi-worker pipeline, one rank")
     if args.gpus == 1:
+        if ok and run(loopback[0], 1, "time", loopback=True):
+            runs.append(loopback)
         if not ok:
             print("the timed launch failed: nothing to report", flush=True)
             return 1
         report(args, runs, {})
         return 0 if len(runs) == 2 else 1
-    ok = ok and launch(args, args.gpus, "time", f"time{args.gpus}")
+    # What the target needs first (the scaled run and the 2-vs-1 check), then
+    # what explains it, as far as the budget goes.
+    ok = ok and run(f"time{args.gpus}", args.gpus, "time")
     runs.append((f"time{args.gpus}", ""))
+    verdict, compressed = {}, {}
+    if run("check1", 1, "check", streams=args.gpus) and run(f"check{args.gpus}", args.gpus,
+                                                            "check"):
+        verdict = compare_check(args, args.gpus)
+    if ok and run(loopback[0], 1, "time", optional=True, loopback=True):
+        runs.append(loopback)
     for number, variant in enumerate(filter(None, args.variants.split(","))):
         env = dict(kv.split("=", 1) for kv in variant.split(";"))
         # lookup_sparse's option; every other key is an environment variable.
         exchange_dtype = env.pop("exchange_dtype", "float32")
         tag = f"variant{number}"
-        if ok and launch(args, args.gpus, "time", tag, env=env, exchange_dtype=exchange_dtype):
+        if ok and run(tag, args.gpus, "time", optional=True, env=env,
+                      exchange_dtype=exchange_dtype):
             runs.append((tag, variant))
-    verdict, compressed = {}, {}
-    if (launch(args, 1, "check", "check1", streams=args.gpus) and
-            launch(args, args.gpus, "check", f"check{args.gpus}")):
-        verdict = compare_check(args, args.gpus)
-        dtype = args.check_compressed
-        if dtype and launch(
-                args, args.gpus, "check", f"check{args.gpus}_{dtype}", exchange_dtype=dtype):
-            compressed = compare_compressed(args, args.gpus, dtype)
+    dtype = args.check_compressed
+    if verdict and dtype and run(
+            f"check{args.gpus}_{dtype}", args.gpus, "check", optional=True, exchange_dtype=dtype):
+        compressed = compare_compressed(args, args.gpus, dtype)
     if not ok:
         print("the timed launches failed: nothing to report", flush=True)
         return 1
-    report(args, runs, verdict, compressed)
+    report(args, runs, verdict, compressed, skipped)
     within = all(worst <= bound for worst, bound, _ in compressed.values())
     return 0 if verdict and within and all(agreed for _, agreed in verdict.values()) else 1
 
