@@ -80,7 +80,8 @@ def shards_of(result, case, t, workers):
 
 
 ALL_CASES = [(w, case) for w, cases in harness.CASES.items() for case in cases]
-# The world sizes with a second worker to leave idle or to own no key.
+# The world sizes with a second worker: to leave idle, to own no key, to feed
+# the same keys.
 SHARED_SIZES = [w for w in sorted(harness.CASES) if w > 1]
 IDS = [f"{w}workers-{case}" for w, case in ALL_CASES]
 
