@@ -101,11 +101,11 @@ struct SampleIds {
   int64_t first_entry = 0;              // with row_splits: see cpu::first_invalid_row_split
 };
 
-// cpu::row_offsets_from_sample_ids (or,
-// for tables given by row splits, their _row_split twins) for many tables in
-// one launch: table t's answer goes to first_invalid[t] (when first_invalid
-// is not null) and its offsets to tables[t].row_offsets (when not null;
-// meaningless where the ids are invalid). first_invalid[t] is nnz when table
+// cpu::row_offsets_from_sample_ids (or, for tables given by row splits,
+// cpu::first_invalid_row_split and cpu::row_offsets_from_row_splits) for many
+// tables in one launch: table t's answer goes to first_invalid[t] (when
+// first_invalid is not null) and its offsets to tables[t].row_offsets (when
+// not null; meaningless where the ids are invalid). first_invalid[t] is nnz when table
 // t is valid; for row splits an invalid table gets nnz + 1 (the sample is
 // found on the host, cpu::first_invalid_row_split, on the error path).
 //   tables: (num_tables,) host   first_invalid: (num_tables,) device out
