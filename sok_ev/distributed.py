@@ -10,7 +10,8 @@ of one call, with W workers:
   each owner: UniqueOwnedKeys (a key asked by several workers once), then
     FindOrInsertCombine of them, one row per key received, with its tables
     --alltoall #2 (float32, all tables together, rows flattened; or bfloat16 /
-    float16 with lookup_sparse's exchange_dtype: sok_ev.row_exchange)-->
+    float16 with lookup_sparse's exchange_dtype: sok_ev.row_exchange; the
+    rows an owner looked up for itself go beside it, not through it)-->
   rows back in unique_keys order.
 
 Placement (`EmbeddingVariable.target_gpu`): -1 shards a table by
@@ -21,7 +22,8 @@ Only unique keys travel, once to their owner and back. Per worker and step,
 with U its unique keys (over all tables, those owned elsewhere are what
 crosses the network) and N tables, this worker sends
   16 * (U + W * N) bytes of keys, occurrence counts and headers,
-  4 * U * dim bytes of rows back (and the same again for the gradients),
+  4 * U' * dim bytes of rows back, U' the keys other workers asked it for
+  (and the same again for the gradients),
 while an allgather design (SOK, HugeCTR's distributed-slot embedding) sends
 every key to every worker and every sample's combined row through a
 reduce-scatter: 8 * nnz * (W - 1) + 4 * batch * N * dim * (W - 1) bytes
@@ -135,31 +137,43 @@ def find_or_insert(params, unique_keys, counts, exchange_dtype=tf.float32):
                                                      combiners=["sum"] * len(params),
                                                      weighted=[False] * len(params))
         return row_exchange.exchange_rows(values, sender_counts, owner_counts, positions, dims,
-                                          exchange_dtype)
+                                          exchange_dtype, communication.rank())
 
 
 @tf.RegisterGradient("SokEv>PackRowMessage")
-def _pack_row_message_grad(op, grad_message, unused_grad_splits):
-    """The rows' gradient: the message's gradient read back into tables."""
+def _pack_row_message_grad(op, grad_message, unused_grad_splits, *grad_local):
+    """The rows' gradient: the message's gradient and the local rows'
+  gradients read back into tables."""
     n = int(op.get_attr("N"))
+    local_worker = op.get_attr("local_worker")
     rows, counts, positions = op.inputs[:n], op.inputs[n], list(op.inputs[n + 1:])
+    local = [] if local_worker < 0 else [
+        tf.zeros_like(out) if g is None else g for g, out in zip(grad_local, op.outputs[2:])
+    ]
     grads = ops().sok_ev_unpack_row_message(grad_message,
                                             counts,
                                             positions,
+                                            local,
                                             N=n,
-                                            dims=[int(r.shape[1]) for r in rows])
+                                            dims=[int(r.shape[1]) for r in rows],
+                                            local_worker=local_worker)
     return list(grads) + [None] * (1 + len(positions))
 
 
 @tf.RegisterGradient("SokEv>UnpackRowMessage")
 def _unpack_row_message_grad(op, *grad_rows):
-    """The message's gradient: the rows' gradients packed as the message was."""
-    counts, positions = op.inputs[1], list(op.inputs[2:])
-    grad_message, _ = ops().sok_ev_pack_row_message(list(grad_rows),
-                                                    counts,
-                                                    positions,
-                                                    Tmessage=op.get_attr("Tmessage"))
-    return [grad_message, None] + [None] * len(positions)
+    """The message's gradient: the rows' gradients packed as the message was,
+  and the local rows' gradients."""
+    counts = op.inputs[1]
+    num_positions, num_local = op.get_attr("P"), op.get_attr("L")
+    positions = list(op.inputs[2:2 + num_positions])
+    grad_message, _, grad_local = ops().sok_ev_pack_row_message(
+        list(grad_rows),
+        counts,
+        positions,
+        Tmessage=op.get_attr("Tmessage"),
+        local_worker=op.get_attr("local_worker"))
+    return [grad_message, None] + [None] * num_positions + list(grad_local)[:num_local]
 
 
 tf.no_gradient("SokEv>PackKeyMessage")

@@ -189,7 +189,8 @@ def lookup_sparse(
     exchange_dtype: with more than one worker, what the looked-up rows and
       their gradients cross the network as: tf.float32 (default, exact),
       tf.bfloat16 or tf.float16 (half the bytes), as a tf.DType or its name.
-      Each exchanged element is rounded to nearest (ties to even), so with
+      Each exchanged element (of a row another worker owns; a worker's own
+      rows are not exchanged) is rounded to nearest (ties to even), so with
       `eps` = 2^-8 (bfloat16) or 2^-11 (float16) a combined row is within
       `eps * sum_j |w_j * v_j|` of the float32 result (scaled as the combiner
       scales), and so is each row's gradient. float16 also overflows to inf

@@ -5,6 +5,10 @@ means (issue 12's compressed exchange). `sok_ev.distributed` calls
 `exchange_rows` once its owners have looked the keys up; the rows then cross
 the network as one message (PackRowMessage -> alltoall -> UnpackRowMessage,
 sok_ev/cc/ops/exchange_ops.cc), and their gradients the same way reversed.
+The rows a worker owns for its own keys (about 1/W of them, sharded) stay
+out of the message: PackRowMessage hands them to UnpackRowMessage beside it,
+as float32, so they are neither copied into the message nor exchanged, nor
+rounded.
 
   float32   the rows and gradients travel exactly; the per-op gradients
             registered in sok_ev.distributed carry the backward pass.
@@ -17,7 +21,8 @@ sok_ev/cc/ops/exchange_ops.cc), and their gradients the same way reversed.
             precision down to 2^-24 (|x| <= 2^-25 becomes 0: tiny gradients
             vanish, which bfloat16 keeps).
 
-Rounding is the only change: a combined row of k received rows x_i is within
+Rounding is the only change, and only for rows another worker owns: a
+combined row of k received rows x_i is within
 `RELATIVE_ERROR[dtype] * sum_i |w_i * x_i|` of its float32 value (times the
 combiner's scale for mean / sqrtn), and the same holds for each gradient row
 an owner receives.
@@ -78,10 +83,13 @@ def check_exchange_dtype(value, caller="lookup_sparse"):
     return dtype
 
 
-def exchange_rows(values, sender_counts, owner_counts, positions, dims, exchange_dtype):
+def exchange_rows(values, sender_counts, owner_counts, positions, dims, exchange_dtype,
+                  local_worker):
     """Sends each owner's looked-up rows back to the workers that asked.
 
   Collective: every worker calls it with the same tables and exchange_dtype.
+  The rows a worker owns for its own keys stay on it (float32, exact): the
+  messages carry only the other workers' blocks.
 
   Args:
     values: N float32 `[sum_w sender_counts[t, w], dims[t]]`, the rows this
@@ -92,6 +100,7 @@ def exchange_rows(values, sender_counts, owner_counts, positions, dims, exchange
       requester's unique keys (PartitionByOwner's positions).
     dims: N embedding dims.
     exchange_dtype: one of EXCHANGE_DTYPES (check_exchange_dtype).
+    local_worker: this worker's rank.
 
   Returns:
     N float32 `[num_unique_t, dims[t]]`, differentiable with respect to
@@ -100,22 +109,33 @@ def exchange_rows(values, sender_counts, owner_counts, positions, dims, exchange
     n = len(values)
     if exchange_dtype == tf.float32:
         # Exact: the registered gradients of the two ops (sok_ev.distributed).
-        send_rows, row_splits = ops().sok_ev_pack_row_message(values, sender_counts, [])
+        send_rows, row_splits, local = ops().sok_ev_pack_row_message(values,
+                                                                     sender_counts, [],
+                                                                     local_worker=local_worker)
         returned, _ = communication.alltoall(send_rows, row_splits)
-        return ops().sok_ev_unpack_row_message(returned, owner_counts, positions, N=n, dims=dims)
+        return ops().sok_ev_unpack_row_message(returned,
+                                               owner_counts,
+                                               positions,
+                                               local,
+                                               N=n,
+                                               dims=dims,
+                                               local_worker=local_worker)
     message_dtype = _MESSAGE_DTYPE[exchange_dtype]
 
     def move(rows, counts, row_positions, received_counts, received_positions):
-        message, splits = ops().sok_ev_pack_row_message(rows,
-                                                        counts,
-                                                        row_positions,
-                                                        Tmessage=message_dtype)
+        message, splits, local = ops().sok_ev_pack_row_message(rows,
+                                                               counts,
+                                                               row_positions,
+                                                               Tmessage=message_dtype,
+                                                               local_worker=local_worker)
         received, _ = communication.alltoall(tf.bitcast(message, _WIRE_DTYPE), splits)
         return ops().sok_ev_unpack_row_message(tf.bitcast(received, message_dtype),
                                                received_counts,
                                                received_positions,
+                                               local,
                                                N=n,
-                                               dims=dims)
+                                               dims=dims,
+                                               local_worker=local_worker)
 
     @tf.custom_gradient
     def exchange(*owned_rows):

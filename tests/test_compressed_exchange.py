@@ -36,7 +36,8 @@ def _narrow(x, fmt):
     """x ([n] float32) through PackRowMessage as one table sent to one worker."""
     message_dtype, _ = FORMATS[fmt]
     rows = tf.constant(x.reshape(-1, 1))
-    message, splits = ops().sok_ev_pack_row_message([rows], [[len(x)]], [], Tmessage=message_dtype)
+    message, splits, _ = ops().sok_ev_pack_row_message([rows], [[len(x)]], [],
+                                                       Tmessage=message_dtype)
     assert message.dtype == message_dtype
     np.testing.assert_array_equal(splits.numpy(), [len(x)])
     return _bits16(message)
@@ -46,7 +47,7 @@ def _widen(bits, fmt):
     """uint16 patterns through UnpackRowMessage: [n] float32."""
     message_dtype, _ = FORMATS[fmt]
     message = tf.bitcast(tf.constant(bits, tf.uint16), message_dtype)
-    rows, = ops().sok_ev_unpack_row_message(message, [[len(bits)]], [], N=1, dims=[1])
+    rows, = ops().sok_ev_unpack_row_message(message, [[len(bits)]], [], [], N=1, dims=[1])
     return rows.numpy().reshape(-1)
 
 
@@ -148,12 +149,12 @@ def test_unpack_of_pack_is_each_row_rounded_once_in_its_place(fmt):
     counts = np.array([[3, 2], [0, 4], [1, 0]], np.int64)
     rows = [rng.normal(size=(c.sum(), d)).astype(np.float32) * 100 for c, d in zip(counts, dims)]
     positions = [rng.permutation(c.sum()).astype(np.int64) for c in counts]
-    message, splits = ops().sok_ev_pack_row_message([tf.constant(r) for r in rows],
-                                                    counts,
-                                                    positions,
-                                                    Tmessage=message_dtype)
+    message, splits, _ = ops().sok_ev_pack_row_message([tf.constant(r) for r in rows],
+                                                       counts,
+                                                       positions,
+                                                       Tmessage=message_dtype)
     np.testing.assert_array_equal(splits.numpy(), (counts * np.array(dims)[:, None]).sum(0))
-    back = ops().sok_ev_unpack_row_message(message, counts, positions, N=3, dims=dims)
+    back = ops().sok_ev_unpack_row_message(message, counts, positions, [], N=3, dims=dims)
     for t, (got, x) in enumerate(zip(back, rows)):
         expected = tf.cast(tf.cast(x, tf_dtype), tf.float32).numpy()
         np.testing.assert_array_equal(got.numpy(), expected, err_msg=f"table {t}")

@@ -13,6 +13,8 @@ side, empty tables and empty blocks:
   another lookup's fingerprint, before any key is read;
 * the rows message moves rows table by table and back, and with positions
   scatters them into place: unpack(pack(x)) == x;
+* the local worker's block (a worker's rows for itself) stays out of the
+  message and travels beside it, float32 even when the message is 16-bit;
 * the gradients of pack and unpack are each other (checked against NumPy);
 * malformed counts, rows or messages fail with an error naming them.
 """
@@ -201,17 +203,23 @@ def _row_case(rng, num_workers, dims, most=6):
     return counts.astype(np.int64), rows, positions
 
 
-def _pack_reference(counts, rows, positions=None):
-    """Worker by worker, table by table, the blocks' rows flattened."""
-    pieces = []
+def _block(counts, t, w, positions=None):
+    """Table t's row indices of worker w's block."""
+    first = int(counts[t, :w].sum())
+    index = np.arange(first, first + counts[t, w])
+    return index if positions is None else positions[t][index]
+
+
+def _pack_reference(counts, rows, positions=None, local_worker=-1):
+    """Worker by worker, table by table, the blocks' rows flattened; the
+  local worker's block left out."""
+    pieces = [np.zeros([0], np.float32)]
     for w in range(counts.shape[1]):
+        if w == local_worker:
+            continue
         for t, table in enumerate(rows):
-            first = int(counts[t, :w].sum())
-            index = np.arange(first, first + counts[t, w])
-            if positions is not None:
-                index = positions[t][index]
-            pieces.append(table[index].reshape(-1))
-    return np.concatenate(pieces) if pieces else np.zeros([0], np.float32)
+            pieces.append(table[_block(counts, t, w, positions)].reshape(-1))
+    return np.concatenate(pieces)
 
 
 # Rows of any width, and rows of whole 16-byte vectors at 16-byte offsets
@@ -225,18 +233,81 @@ def test_row_message_packs_blocks_by_worker_then_table_and_unpacks_them_back(num
     rng = np.random.default_rng(10 + num_workers)
     dims, most = ROW_WIDTHS[widths]
     counts, rows, positions = _row_case(rng, num_workers, dims, most)
-    message, splits = ops().sok_ev_pack_row_message(rows, counts, [])
+    message, splits, local = ops().sok_ev_pack_row_message(rows, counts, [])
     np.testing.assert_array_equal(message.numpy(), _pack_reference(counts, rows))
     np.testing.assert_array_equal(splits.numpy(), (counts * np.array(dims)[:, None]).sum(axis=0))
-    back = ops().sok_ev_unpack_row_message(message, counts, [], N=len(dims), dims=dims)
+    assert [tuple(x.shape) for x in local] == [(0, d) for d in dims]
+    back = ops().sok_ev_unpack_row_message(message, counts, [], [], N=len(dims), dims=dims)
     for t in range(len(dims)):
         np.testing.assert_array_equal(back[t].numpy(), rows[t])
     # With positions: pack gathers rows[t][positions[t][i]], unpack scatters there.
     message = ops().sok_ev_pack_row_message(rows, counts, positions)[0]
     np.testing.assert_array_equal(message.numpy(), _pack_reference(counts, rows, positions))
-    back = ops().sok_ev_unpack_row_message(message, counts, positions, N=len(dims), dims=dims)
+    back = ops().sok_ev_unpack_row_message(message, counts, positions, [], N=len(dims), dims=dims)
     for t in range(len(dims)):
         np.testing.assert_array_equal(back[t].numpy(), rows[t])
+
+
+@pytest.mark.parametrize("with_positions", [False, True], ids=["in_order", "positions"])
+@pytest.mark.parametrize("widths", sorted(ROW_WIDTHS))
+@pytest.mark.parametrize("num_workers", [1, 2, 4])
+def test_the_local_workers_block_stays_out_of_the_message_and_comes_back_whole(
+        num_workers, widths, with_positions):
+    rng = np.random.default_rng(20 + num_workers)
+    dims, most = ROW_WIDTHS[widths]
+    counts, rows, positions = _row_case(rng, num_workers, dims, most)
+    given = positions if with_positions else []
+    for k in range(num_workers):
+        message, splits, local = ops().sok_ev_pack_row_message(rows,
+                                                               counts,
+                                                               given,
+                                                               local_worker=k,
+                                                               Tmessage=tf.float32)
+        np.testing.assert_array_equal(message.numpy(),
+                                      _pack_reference(counts, rows, given or None, local_worker=k))
+        want_splits = (counts * np.array(dims)[:, None]).sum(axis=0)
+        want_splits[k] = 0
+        np.testing.assert_array_equal(splits.numpy(), want_splits)
+        for t, table in enumerate(rows):
+            np.testing.assert_array_equal(local[t].numpy(),
+                                          table[_block(counts, t, k, given or None)])
+        back = ops().sok_ev_unpack_row_message(message,
+                                               counts,
+                                               given,
+                                               local,
+                                               N=len(dims),
+                                               dims=dims,
+                                               local_worker=k)
+        for t in range(len(dims)):
+            np.testing.assert_array_equal(back[t].numpy(), rows[t])
+
+
+@pytest.mark.parametrize("message_dtype", [tf.uint16, tf.float16], ids=["bfloat16", "float16"])
+def test_compressed_messages_keep_the_local_rows_exact(message_dtype):
+    rng = np.random.default_rng(5)
+    dims = [3, 4]
+    counts = np.array([[4, 5], [2, 3]], np.int64)
+    rows = [rng.standard_normal((int(c.sum()), d)).astype(np.float32) for c, d in zip(counts, dims)]
+    positions = [rng.permutation(len(r)).astype(np.int64) for r in rows]
+    message, _, local = ops().sok_ev_pack_row_message(rows,
+                                                      counts,
+                                                      positions,
+                                                      Tmessage=message_dtype,
+                                                      local_worker=1)
+    assert message.shape == [int(counts[:, 0] @ np.array(dims))]
+    back = ops().sok_ev_unpack_row_message(message,
+                                           counts,
+                                           positions,
+                                           local,
+                                           N=2,
+                                           dims=dims,
+                                           local_worker=1)
+    for t in range(2):
+        mine = _block(counts, t, 1, positions)
+        np.testing.assert_array_equal(back[t].numpy()[mine], rows[t][mine])
+        # The other block was rounded to 16 bits on the way.
+        theirs = _block(counts, t, 0, positions)
+        np.testing.assert_allclose(back[t].numpy()[theirs], rows[t][theirs], rtol=2.0**-8)
 
 
 def _unpack_reference(counts, message, dims, positions):
@@ -268,10 +339,38 @@ def test_pack_and_unpack_gradients_are_each_other():
     message = tf.Variable(_pack_reference(counts, rows, positions))
     upstream_rows = [rng.standard_normal(r.shape).astype(np.float32) for r in rows]
     with tf.GradientTape() as tape:
-        back = ops().sok_ev_unpack_row_message(message, counts, positions, N=len(dims), dims=dims)
+        back = ops().sok_ev_unpack_row_message(message,
+                                               counts,
+                                               positions, [],
+                                               N=len(dims),
+                                               dims=dims)
         loss = tf.add_n([tf.reduce_sum(b * u) for b, u in zip(back, upstream_rows)])
     np.testing.assert_array_equal(
         tape.gradient(loss, message).numpy(), _pack_reference(counts, upstream_rows, positions))
+
+
+def test_with_a_local_worker_the_gradients_of_pack_and_unpack_are_still_each_other():
+    rng = np.random.default_rng(8)
+    dims = [2, 4, 3]
+    counts, rows, positions = _row_case(rng, 3, dims)
+    k = 1
+    variables = [tf.Variable(r) for r in rows]
+    upstream_rows = [rng.standard_normal(r.shape).astype(np.float32) for r in rows]
+    # back[t][positions[t][i]] = rows[t][i], whichever block row i is in: the
+    # message carries the other workers' part of the gradient, local the rest.
+    with tf.GradientTape() as tape:
+        message, _, local = ops().sok_ev_pack_row_message(variables, counts, [], local_worker=k)
+        back = ops().sok_ev_unpack_row_message(message,
+                                               counts,
+                                               positions,
+                                               local,
+                                               N=len(dims),
+                                               dims=dims,
+                                               local_worker=k)
+        loss = tf.add_n([tf.reduce_sum(b * u) for b, u in zip(back, upstream_rows)])
+    for t, grad in enumerate(tape.gradient(loss, variables)):
+        np.testing.assert_array_equal(
+            tf.convert_to_tensor(grad).numpy(), upstream_rows[t][positions[t]])
 
 
 @pytest.mark.parametrize("counts, rows, error", [
@@ -285,6 +384,43 @@ def test_a_row_message_with_bad_counts_or_rows_fails_naming_them(counts, rows, e
                                       tf.constant(counts, tf.int64), [])
     with pytest.raises((tf.errors.InvalidArgumentError, ValueError)):
         ops().sok_ev_unpack_row_message(tf.zeros([5]),
-                                        tf.constant(counts, tf.int64), [],
+                                        tf.constant(counts, tf.int64), [], [],
                                         N=1,
                                         dims=[2])
+
+
+def test_a_local_worker_outside_the_workers_or_local_rows_of_the_wrong_shape_fail_naming_them():
+    counts = tf.constant([[1, 2]], tf.int64)
+    rows = [tf.zeros([3, 2])]
+    with pytest.raises(
+            tf.errors.InvalidArgumentError,
+            match=r"local_worker must be -1 or in \[0, 2\) for counts of 2 workers, got 2"):
+        ops().sok_ev_pack_row_message(rows, counts, [], local_worker=2)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"got -2"):
+        ops().sok_ev_unpack_row_message(tf.zeros([6]),
+                                        counts, [], [],
+                                        N=1,
+                                        dims=[2],
+                                        local_worker=-2)
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"local must have 1 tensors for local_worker 1, got 0"):
+        ops().sok_ev_unpack_row_message(tf.zeros([2]),
+                                        counts, [], [],
+                                        N=1,
+                                        dims=[2],
+                                        local_worker=1)
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"local\[0\] must be \[2, 2\] \(counts\[0, 1\] rows of dims\[0\]\), "
+                       r"got shape \[1,2\]"):
+        ops().sok_ev_unpack_row_message(tf.zeros([2]),
+                                        counts, [], [tf.zeros([1, 2])],
+                                        N=1,
+                                        dims=[2],
+                                        local_worker=1)
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"the message has shape \[6\], but counts and dims make 2 elements"):
+        ops().sok_ev_unpack_row_message(tf.zeros([6]),
+                                        counts, [], [tf.zeros([2, 2])],
+                                        N=1,
+                                        dims=[2],
+                                        local_worker=1)

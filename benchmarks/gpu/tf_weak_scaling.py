@@ -278,19 +278,22 @@ def alltoall_alone(tf, hvd, ops, sess, batch_values, size, exchange_dtype):
     """One step's row exchange alone: this rank's unique keys per owner (the
   lookup's own routing, PartitionByOwner), as rows of dim 128 sent with
   hvd.alltoall on this rank's device: float32, or float16 for a compressed
-  exchange (what its 16-bit messages travel as). Returns the op and the rows
-  sent to each worker."""
+  exchange (what its 16-bit messages travel as). Like the lookup's row
+  message, it leaves out the rows this rank owns itself. Returns the op and
+  the rows of this rank's keys each worker owns, its own included."""
     unique = [tf.constant(np.unique(v)) for v in batch_values]
     counts = ops().sok_ev_partition_by_owner(unique,
                                              target_workers=[-1] * len(unique),
                                              num_workers=size,
                                              N=len(unique))[-1]
     rows_to = sess.run(tf.reduce_sum(counts, axis=0))
+    sent_to = rows_to.copy()
+    sent_to[hvd.rank()] = 0
     wire = tf.float32 if exchange_dtype == "float32" else tf.float16
-    rows = tf.Variable(tf.zeros([int(rows_to.sum()), DIM], wire), trainable=False, name="ws_rows")
+    rows = tf.Variable(tf.zeros([int(sent_to.sum()), DIM], wire), trainable=False, name="ws_rows")
     sess.run(rows.initializer)
     received = hvd.alltoall(rows.read_value(),
-                            splits=tf.constant(rows_to, tf.int32),
+                            splits=tf.constant(sent_to, tf.int32),
                             name="ws_rows_alone")
     return tf.reduce_sum(received[:1]), rows_to.tolist()
 

@@ -118,8 +118,9 @@ def run_tf_function(rng, expected_device):
 
 def run_row_messages(rng):
     """PackRowMessage then UnpackRowMessage for 3 workers: float4 rows (dims
-  128 and 4) in one message, odd widths (3, 1) in another; the rows come
-  back where they were."""
+  128 and 4) in one message, odd widths (3, 1) in another, with every block
+  in the message and with worker 1's beside it (a view of the rows, or a
+  copy); the rows come back where they were."""
     from sok_ev._ops import ops  # pylint: disable=import-outside-toplevel
     for dims in ([128, 4], [3, 1]):
         counts = rng.integers(0, 40, size=(len(dims), 3)).astype(np.int64)
@@ -128,10 +129,20 @@ def run_row_messages(rng):
         ]
         positions = [rng.permutation(len(r)).astype(np.int64) for r in rows]
         for given in ([], positions):
-            message, _ = ops().sok_ev_pack_row_message(rows, counts, given)
-            back = ops().sok_ev_unpack_row_message(message, counts, given, N=len(dims), dims=dims)
-            for t, table in enumerate(rows):
-                np.testing.assert_array_equal(back[t].numpy(), table)
+            for local_worker in (-1, 1):
+                message, _, local = ops().sok_ev_pack_row_message(rows,
+                                                                  counts,
+                                                                  given,
+                                                                  local_worker=local_worker)
+                back = ops().sok_ev_unpack_row_message(message,
+                                                       counts,
+                                                       given,
+                                                       local if local_worker >= 0 else [],
+                                                       N=len(dims),
+                                                       dims=dims,
+                                                       local_worker=local_worker)
+                for t, table in enumerate(rows):
+                    np.testing.assert_array_equal(back[t].numpy(), table)
 
 
 def main():

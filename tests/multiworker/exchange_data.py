@@ -81,15 +81,25 @@ def initial_rows(t, keys):
     return rows[np.asarray(keys, np.int64) % len(rows)]
 
 
-def forward(batch, t, cast=None, combiner="sum"):
+def owners(batch, placement, workers):
+    """`[nnz]` the worker that owns each entry's key: by harness.owner_of
+  ("sharded", target_gpu -1), or worker 1 ("worker1", target_gpu 1)."""
+    if placement == "worker1":
+        return np.ones(len(batch.values), np.int64)
+    return np.array([harness.owner_of(k, workers) for k in batch.values.tolist()], np.int64)
+
+
+def forward(batch, t, cast=None, combiner="sum", exact=None):
     """(embeddings, magnitudes) in float64: each sample's combination of its
   keys' rows (sum, or the mean weighted by entry_weights, as
   tf.nn.embedding_lookup_sparse computes it), and the sum of the absolute
   values of the terms (what the error bound scales with). `cast` maps the
-  float32 rows first (the rounding a reference emulates)."""
+  float32 rows first (the rounding a reference emulates), except the rows of
+  the entries where the `[nnz]` bool mask `exact` is set."""
     rows = initial_rows(t, batch.values)
     if cast is not None:
-        rows = cast(rows)
+        cast_rows = cast(rows)
+        rows = cast_rows if exact is None else np.where(exact[:, None], rows, cast_rows)
     rows = rows.astype(np.float64) * _sample_scale(batch, combiner)[:, None]
     emb = np.zeros((batch.batch_size, rows.shape[1]))
     magnitude = np.zeros_like(emb)

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "cc/exchange_message.h"
@@ -361,11 +362,43 @@ absl::Status ForMessageType(tensorflow::DataType dtype, Work work) {
   }
 }
 
+// The rows that cross the network: counts ([N * W]) with worker
+// local_worker's column zeroed (its block stays local; -1: none), after
+// checking that local_worker is -1 or a worker.
+absl::Status MessageCounts(const std::vector<int64_t>& counts, int num_workers, int local_worker,
+                           std::vector<int64_t>* message_counts) {
+  if (local_worker < -1 || local_worker >= num_workers) {
+    return errors::InvalidArgument("local_worker must be -1 or in [0, ", num_workers,
+                                   ") for counts of ", num_workers, " workers, got ", local_worker);
+  }
+  *message_counts = counts;
+  if (local_worker < 0) return absl::OkStatus();
+  for (size_t i = local_worker; i < message_counts->size(); i += num_workers) {
+    (*message_counts)[i] = 0;
+  }
+  return absl::OkStatus();
+}
+
+// Runs the message's copies and the local rows' copies, in one launch when
+// both are float to float.
+template <typename Device, typename Src, typename Dst>
+absl::Status CopyAll(Core<Device>& core, std::vector<RowCopy<Src, Dst>>* message_blocks,
+                     std::vector<RowCopy<float, float>>* local_blocks) {
+  if constexpr (std::is_same_v<Src, float> && std::is_same_v<Dst, float>) {
+    message_blocks->insert(message_blocks->end(), local_blocks->begin(), local_blocks->end());
+    return core.CopyRows(*message_blocks);
+  } else {
+    TF_RETURN_IF_ERROR(core.CopyRows(*message_blocks));
+    return core.CopyRows(*local_blocks);
+  }
+}
+
 template <typename Device>
 class PackRowMessageOp : public OpKernel {
  public:
   explicit PackRowMessageOp(OpKernelConstruction* context) : OpKernel(context) {
     OP_REQUIRES_OK(context, context->GetAttr("Tmessage", &message_dtype_));
+    OP_REQUIRES_OK(context, context->GetAttr("local_worker", &local_worker_));
   }
 
   void Compute(OpKernelContext* context) override {
@@ -373,9 +406,10 @@ class PackRowMessageOp : public OpKernel {
     OP_REQUIRES_OK(context, context->input_list("rows", &rows));
     OP_REQUIRES_OK(context, context->input_list("positions", &positions));
     const int n = rows.size();
-    std::vector<int64_t> counts;
+    std::vector<int64_t> counts, message_counts;
     int num_workers;
     OP_REQUIRES_OK(context, ReadCounts(context->input(n), n, &counts, &num_workers));
+    OP_REQUIRES_OK(context, MessageCounts(counts, num_workers, local_worker_, &message_counts));
     std::vector<int64_t> widths(n);
     for (int t = 0; t < n; ++t) {
       OP_REQUIRES(context, rows[t].dims() == 2,
@@ -383,7 +417,10 @@ class PackRowMessageOp : public OpKernel {
                                           rows[t].shape().DebugString()));
       widths[t] = rows[t].dim_size(1);
     }
+    // Where each block sits in its table (every block), and in the message.
     const MessagePlan plan = PlanMessage(counts.data(), n, num_workers, widths.data(), 0);
+    const MessagePlan message_plan =
+        PlanMessage(message_counts.data(), n, num_workers, widths.data(), 0);
     for (int t = 0; t < n; ++t) {
       OP_REQUIRES(context, rows[t].dim_size(0) == plan.table_rows[t],
                   errors::InvalidArgument("rows[", t, "] has ", rows[t].dim_size(0),
@@ -391,9 +428,12 @@ class PackRowMessageOp : public OpKernel {
     }
     OP_REQUIRES_OK(context, CheckPositions(positions, plan));
     Tensor* message;
-    OP_REQUIRES_OK(context,
-                   context->allocate_output("message", TensorShape({plan.total}), &message));
-    OP_REQUIRES_OK(context, WriteSplits(context, plan, 1));
+    OP_REQUIRES_OK(
+        context, context->allocate_output("message", TensorShape({message_plan.total}), &message));
+    OP_REQUIRES_OK(context, WriteSplits(context, message_plan, 1));
+    std::vector<RowCopy<float, float>> local_blocks;
+    OP_REQUIRES_OK(context, LocalRows(context, rows, positions, counts, plan, &local_blocks));
+    Core<Device> core(context);
     OP_REQUIRES_OK(
         context, ForMessageType(message_dtype_, [&](auto element) {
           using Element = decltype(element);
@@ -401,22 +441,55 @@ class PackRowMessageOp : public OpKernel {
           std::vector<RowCopy<float, Element>> blocks;
           for (int t = 0; t < n; ++t) {
             for (int w = 0; w < num_workers; ++w) {
-              const int64_t i = int64_t{t} * num_workers + w, count = counts[i];
+              const int64_t i = int64_t{t} * num_workers + w, count = message_counts[i];
               if (count == 0 || widths[t] == 0) continue;
               const int64_t first = plan.table_offset[i];
               const int64_t* index = BlockPositions(positions, t, first);
               blocks.push_back({rows[t].flat<float>().data() + (index ? 0 : first * widths[t]),
-                                index, widths[t], out + plan.start[i], nullptr, widths[t], count,
-                                widths[t]});
+                                index, widths[t], out + message_plan.start[i], nullptr, widths[t],
+                                count, widths[t]});
             }
           }
-          Core<Device> core(context);
-          return core.CopyRows(blocks);
+          return CopyAll(core, &blocks, &local_blocks);
         }));
   }
 
  private:
+  // Sets output local[t] to table t's block for local_worker_ (empty with
+  // -1): a view of rows[t] when its rows are in order, else a copy (gathered
+  // by positions), whose row copies go to `blocks`.
+  absl::Status LocalRows(OpKernelContext* context, const OpInputList& rows,
+                         const OpInputList& positions, const std::vector<int64_t>& counts,
+                         const MessagePlan& plan, std::vector<RowCopy<float, float>>* blocks) {
+    OpOutputList local;
+    TF_RETURN_IF_ERROR(context->output_list("local", &local));
+    for (int t = 0; t < rows.size(); ++t) {
+      const int64_t width = rows[t].dim_size(1);
+      const int64_t i = int64_t{t} * plan.num_workers + local_worker_;
+      const int64_t count = local_worker_ < 0 ? 0 : counts[i];
+      const int64_t first = local_worker_ < 0 ? 0 : plan.table_offset[i];
+      const int64_t* index = BlockPositions(positions, t, first);
+      if (index == nullptr) {
+        // TensorFlow's kernels need aligned tensors: a view only where the
+        // block starts aligned (every block of 128-float rows), else a copy.
+        const Tensor view = rows[t].Slice(first, first + count);
+        if (view.IsAligned()) {
+          local.set(t, view);
+          continue;
+        }
+      }
+      Tensor* out;
+      TF_RETURN_IF_ERROR(local.allocate(t, TensorShape({count, width}), &out));
+      if (count > 0 && width > 0) {
+        blocks->push_back({rows[t].flat<float>().data() + (index ? 0 : first * width), index, width,
+                           out->flat<float>().data(), nullptr, width, count, width});
+      }
+    }
+    return absl::OkStatus();
+  }
+
   tensorflow::DataType message_dtype_;
+  int local_worker_;
 };
 
 template <typename Device>
@@ -425,21 +498,28 @@ class UnpackRowMessageOp : public OpKernel {
   explicit UnpackRowMessageOp(OpKernelConstruction* context) : OpKernel(context) {
     OP_REQUIRES_OK(context, context->GetAttr("dims", &dims_));
     OP_REQUIRES_OK(context, context->GetAttr("Tmessage", &message_dtype_));
+    OP_REQUIRES_OK(context, context->GetAttr("local_worker", &local_worker_));
   }
 
   void Compute(OpKernelContext* context) override {
     const Tensor& message = context->input(0);
-    OpInputList positions;
+    OpInputList positions, local;
     OP_REQUIRES_OK(context, context->input_list("positions", &positions));
+    OP_REQUIRES_OK(context, context->input_list("local", &local));
     const int n = static_cast<int>(dims_.size());
-    std::vector<int64_t> counts;
+    std::vector<int64_t> counts, message_counts;
     int num_workers;
     OP_REQUIRES_OK(context, ReadCounts(context->input(1), n, &counts, &num_workers));
+    OP_REQUIRES_OK(context, MessageCounts(counts, num_workers, local_worker_, &message_counts));
     const MessagePlan plan = PlanMessage(counts.data(), n, num_workers, dims_.data(), 0);
-    OP_REQUIRES(context, message.dims() == 1 && message.NumElements() == plan.total,
-                errors::InvalidArgument("the message has shape ", message.shape().DebugString(),
-                                        ", but counts and dims make ", plan.total, " elements"));
+    const MessagePlan message_plan =
+        PlanMessage(message_counts.data(), n, num_workers, dims_.data(), 0);
+    OP_REQUIRES(
+        context, message.dims() == 1 && message.NumElements() == message_plan.total,
+        errors::InvalidArgument("the message has shape ", message.shape().DebugString(),
+                                ", but counts and dims make ", message_plan.total, " elements"));
     OP_REQUIRES_OK(context, CheckPositions(positions, plan));
+    OP_REQUIRES_OK(context, CheckLocal(local, counts, num_workers, n));
     OpOutputList outputs;
     OP_REQUIRES_OK(context, context->output_list("rows", &outputs));
     std::vector<Tensor*> tables(n);
@@ -447,30 +527,65 @@ class UnpackRowMessageOp : public OpKernel {
       OP_REQUIRES_OK(context,
                      outputs.allocate(t, TensorShape({plan.table_rows[t], dims_[t]}), &tables[t]));
     }
-    OP_REQUIRES_OK(
-        context, ForMessageType(message_dtype_, [&](auto element) {
-          using Element = decltype(element);
-          const Element* in = MessageData<Element>(message);
-          std::vector<RowCopy<Element, float>> blocks;
-          for (int t = 0; t < n; ++t) {
-            for (int w = 0; w < num_workers; ++w) {
-              const int64_t i = int64_t{t} * num_workers + w, count = counts[i];
-              if (count == 0 || dims_[t] == 0) continue;
-              const int64_t first = plan.table_offset[i];
-              const int64_t* index = BlockPositions(positions, t, first);
-              blocks.push_back({in + plan.start[i], nullptr, dims_[t],
-                                tables[t]->flat<float>().data() + (index ? 0 : first * dims_[t]),
-                                index, dims_[t], count, dims_[t]});
-            }
-          }
-          Core<Device> core(context);
-          return core.CopyRows(blocks);
-        }));
+    // Rows of block (t, w) from `src` to their places in table t.
+    auto block = [&](auto src, int t, int w, int64_t count) {
+      const int64_t first = plan.table_offset[int64_t{t} * num_workers + w];
+      const int64_t* index = BlockPositions(positions, t, first);
+      return RowCopy<std::remove_const_t<std::remove_pointer_t<decltype(src)>>, float>{
+          src,      nullptr,
+          dims_[t], tables[t]->flat<float>().data() + (index ? 0 : first * dims_[t]),
+          index,    dims_[t],
+          count,    dims_[t]};
+    };
+    std::vector<RowCopy<float, float>> local_blocks;
+    for (int t = 0; t < local.size(); ++t) {
+      const int64_t count = local[t].dim_size(0);
+      if (count > 0 && dims_[t] > 0) {
+        local_blocks.push_back(block(local[t].flat<float>().data(), t, local_worker_, count));
+      }
+    }
+    Core<Device> core(context);
+    OP_REQUIRES_OK(context, ForMessageType(message_dtype_, [&](auto element) {
+                     using Element = decltype(element);
+                     const Element* in = MessageData<Element>(message);
+                     std::vector<RowCopy<Element, float>> blocks;
+                     for (int t = 0; t < n; ++t) {
+                       for (int w = 0; w < num_workers; ++w) {
+                         const int64_t count = message_counts[int64_t{t} * num_workers + w];
+                         if (count == 0 || dims_[t] == 0) continue;
+                         blocks.push_back(block(
+                             in + message_plan.start[int64_t{t} * num_workers + w], t, w, count));
+                       }
+                     }
+                     return CopyAll(core, &blocks, &local_blocks);
+                   }));
   }
 
  private:
+  // local: one [counts[t, local_worker_], dims_[t]] matrix per table with a
+  // local worker, none without.
+  absl::Status CheckLocal(const OpInputList& local, const std::vector<int64_t>& counts,
+                          int num_workers, int n) const {
+    const int want = local_worker_ < 0 ? 0 : n;
+    if (local.size() != want) {
+      return errors::InvalidArgument("local must have ", want, " tensors for local_worker ",
+                                     local_worker_, ", got ", local.size());
+    }
+    for (int t = 0; t < local.size(); ++t) {
+      const int64_t rows = counts[int64_t{t} * num_workers + local_worker_];
+      if (local[t].dims() != 2 || local[t].dim_size(0) != rows ||
+          local[t].dim_size(1) != dims_[t]) {
+        return errors::InvalidArgument("local[", t, "] must be [", rows, ", ", dims_[t],
+                                       "] (counts[", t, ", ", local_worker_, "] rows of dims[", t,
+                                       "]), got shape ", local[t].shape().DebugString());
+      }
+    }
+    return absl::OkStatus();
+  }
+
   std::vector<int64_t> dims_;
   tensorflow::DataType message_dtype_;
+  int local_worker_;
 };
 
 #define SOK_EV_REGISTER_CPU(name, kernel) \

@@ -81,15 +81,24 @@ REGISTER_OP("SokEv>PackRowMessage")
     .Input("positions: P * int64")
     .Output("message: Tmessage")
     .Output("splits: int32")
+    .Output("local: N * float")
     .Attr("N: int >= 1")
     .Attr("P: int >= 0")
     // The compressed exchange (issue 12): uint16 carries bfloat16 bits
     // (Horovod's alltoall has no bfloat16), half float16; float is exact.
     .Attr("Tmessage: {float, uint16, half} = DT_FLOAT")
+    // The worker running the op: its own rows need no network.
+    .Attr("local_worker: int = -1")
     .SetShapeFn([](InferenceContext* c) {
       int n;
       TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
-      return MessageShape(c, n, 0);
+      TF_RETURN_IF_ERROR(MessageShape(c, n, 0));
+      for (int t = 0; t < n; ++t) {
+        tensorflow::shape_inference::ShapeHandle rows;
+        TF_RETURN_IF_ERROR(c->WithRank(c->input(t), 2, &rows));
+        c->set_output(2 + t, c->Matrix(InferenceContext::kUnknownDim, c->Dim(rows, 1)));
+      }
+      return absl::OkStatus();
     })
     .Doc(
         "The rows message, as Tmessage elements: for each worker w, table 0's "
@@ -97,17 +106,23 @@ REGISTER_OP("SokEv>PackRowMessage")
         "follow those for the workers before it: rows[t][offset + i], or, with "
         "positions (P == N), rows[t][positions[t][offset + i]]. splits[w]: "
         "elements for w. uint16 holds bfloat16 bits, half float16, each rounded "
-        "to nearest even (NaN stays NaN).");
+        "to nearest even (NaN stays NaN). With local_worker = k >= 0, worker "
+        "k's block stays out of the message (splits[k] = 0) and local[t] holds "
+        "its counts[t, k] rows of table t, float32 and exact (without positions "
+        "a view of rows[t], no copy); with -1, every local[t] is empty.");
 
 REGISTER_OP("SokEv>UnpackRowMessage")
     .Input("message: Tmessage")
     .Input("counts: int64")
     .Input("positions: P * int64")
+    .Input("local: L * float")
     .Output("rows: N * float")
     .Attr("N: int >= 1")
     .Attr("P: int >= 0")
+    .Attr("L: int >= 0 = 0")
     .Attr("dims: list(int)")
     .Attr("Tmessage: {float, uint16, half} = DT_FLOAT")
+    .Attr("local_worker: int = -1")
     .SetShapeFn([](InferenceContext* c) {
       tensorflow::shape_inference::ShapeHandle unused;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &unused));
@@ -122,6 +137,9 @@ REGISTER_OP("SokEv>UnpackRowMessage")
         "The inverse of PackRowMessage: rows[t] ([sum_w counts[t, w], dims[t]]) "
         "gets table t's rows of every worker's block, worker 0's first; with "
         "positions, row i goes to rows[t][positions[t][i]] (a permutation). A "
-        "uint16 (bfloat16 bits) or half message is widened to float exactly.");
+        "uint16 (bfloat16 bits) or half message is widened to float exactly. "
+        "With local_worker = k >= 0 the message has no block from worker k: "
+        "table t's rows of that block are local[t] ([counts[t, k], dims[t]], "
+        "PackRowMessage's local output; L == N). With -1, L == 0.");
 
 }  // namespace sok_ev
