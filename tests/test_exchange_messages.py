@@ -248,6 +248,18 @@ def test_row_message_packs_blocks_by_worker_then_table_and_unpacks_them_back(num
         np.testing.assert_array_equal(back[t].numpy(), rows[t])
 
 
+def _unpack_rows(message, counts, positions, local, dims, local_worker):
+    """UnpackRowMessage of N = len(dims) tables, with worker local_worker's
+  block given beside the message as `local`."""
+    return ops().sok_ev_unpack_row_message(message,
+                                           counts,
+                                           positions,
+                                           local,
+                                           N=len(dims),
+                                           dims=dims,
+                                           local_worker=local_worker)
+
+
 @pytest.mark.parametrize("with_positions", [False, True], ids=["in_order", "positions"])
 @pytest.mark.parametrize("widths", sorted(ROW_WIDTHS))
 @pytest.mark.parametrize("num_workers", [1, 2, 4])
@@ -271,13 +283,7 @@ def test_the_local_workers_block_stays_out_of_the_message_and_comes_back_whole(
         for t, table in enumerate(rows):
             np.testing.assert_array_equal(local[t].numpy(),
                                           table[_block(counts, t, k, given or None)])
-        back = ops().sok_ev_unpack_row_message(message,
-                                               counts,
-                                               given,
-                                               local,
-                                               N=len(dims),
-                                               dims=dims,
-                                               local_worker=k)
+        back = _unpack_rows(message, counts, given, local, dims, k)
         for t in range(len(dims)):
             np.testing.assert_array_equal(back[t].numpy(), rows[t])
 
@@ -295,13 +301,7 @@ def test_compressed_messages_keep_the_local_rows_exact(message_dtype):
                                                       Tmessage=message_dtype,
                                                       local_worker=1)
     assert message.shape == [int(counts[:, 0] @ np.array(dims))]
-    back = ops().sok_ev_unpack_row_message(message,
-                                           counts,
-                                           positions,
-                                           local,
-                                           N=2,
-                                           dims=dims,
-                                           local_worker=1)
+    back = _unpack_rows(message, counts, positions, local, dims, 1)
     for t in range(2):
         mine = _block(counts, t, 1, positions)
         np.testing.assert_array_equal(back[t].numpy()[mine], rows[t][mine])
@@ -360,13 +360,7 @@ def test_with_a_local_worker_the_gradients_of_pack_and_unpack_are_still_each_oth
     # message carries the other workers' part of the gradient, local the rest.
     with tf.GradientTape() as tape:
         message, _, local = ops().sok_ev_pack_row_message(variables, counts, [], local_worker=k)
-        back = ops().sok_ev_unpack_row_message(message,
-                                               counts,
-                                               positions,
-                                               local,
-                                               N=len(dims),
-                                               dims=dims,
-                                               local_worker=k)
+        back = _unpack_rows(message, counts, positions, local, dims, k)
         loss = tf.add_n([tf.reduce_sum(b * u) for b, u in zip(back, upstream_rows)])
     for t, grad in enumerate(tape.gradient(loss, variables)):
         np.testing.assert_array_equal(
