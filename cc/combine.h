@@ -62,6 +62,14 @@ void combine_forward(const CpuContext& context, const float* unique_values,
                      const int64_t* unique_index, const float* weights, const int64_t* row_offsets,
                      int64_t batch, int64_t dim, Combiner combiner, float* out);
 
+// The same, unique row u read at unique_rows[u] (rows left where they are,
+// e.g. in a received message: CombineRowMessage).
+//   unique_rows: (num_unique,) each a row of dim floats
+void combine_forward_rows(const CpuContext& context, const float* const* unique_rows,
+                          const int64_t* unique_index, const float* weights,
+                          const int64_t* row_offsets, int64_t batch, int64_t dim, Combiner combiner,
+                          float* out);
+
 // Gradient of combine_forward with respect to unique_values: unique u's row
 // sums its entries (unique_index[j] == u) in ascending order. The entries
 // are grouped by key here (group_entries_by_key), one writer per key.
@@ -114,6 +122,12 @@ void row_offsets_from_sample_ids(const GpuContext& context, const SampleIds* tab
 void combine_forward(const GpuContext& context, const float* unique_values,
                      const int64_t* unique_index, const float* weights, const int64_t* row_offsets,
                      int64_t batch, int64_t dim, Combiner combiner, float* out);
+// rows_aligned: every unique row starts 16-byte aligned (read as float4s
+// when dim % 4 == 0; a message's rows sit where its layout puts them).
+void combine_forward_rows(const GpuContext& context, const float* const* unique_rows,
+                          const int64_t* unique_index, const float* weights,
+                          const int64_t* row_offsets, int64_t batch, int64_t dim, Combiner combiner,
+                          float* out, bool rows_aligned);
 // cpu::combine_backward's result, reading the entries already grouped by key
 // (order[segments[u] .. segments[u + 1]), from gpu::unique_keys_segmented)
 // where the CPU twin groups them from unique_index itself.

@@ -56,11 +56,13 @@ void row_offsets_from_row_splits(const int64_t* row_splits, int64_t first_entry,
 
 namespace {
 
-// combine_forward on samples [first, last).
-SOK_EV_ROW_LOOPS void combine_samples(const float* unique_values, const int64_t* unique_index,
-                                      const float* weights, const int64_t* row_offsets,
-                                      int64_t first, int64_t last, int64_t dim, Combiner combiner,
-                                      float* out) {
+// combine_forward on samples [first, last), unique row u at row_of(u).
+// Inlined into each of its callers, so that it is built for each of their
+// target clones.
+template <typename RowOf>
+inline __attribute__((always_inline)) void combine_samples_of(
+    RowOf row_of, const int64_t* unique_index, const float* weights, const int64_t* row_offsets,
+    int64_t first, int64_t last, int64_t dim, Combiner combiner, float* out) {
   for (int64_t b = first; b < last; ++b) {
     // The output never overlaps the table rows: restrict lets it vectorise.
     float* __restrict__ sample = out + b * dim;
@@ -68,7 +70,7 @@ SOK_EV_ROW_LOOPS void combine_samples(const float* unique_values, const int64_t*
     const int64_t begin = row_offsets[b], end = row_offsets[b + 1];
     for (int64_t j = begin; j < end; ++j) {
       const float w = weights ? weights[j] : 1.0f;
-      const float* __restrict__ row = unique_values + unique_index[j] * dim;
+      const float* __restrict__ row = row_of(unique_index[j]);
       for (int64_t c = 0; c < dim; ++c) sample[c] += w * row[c];
     }
     if (combiner != Combiner::kSum && begin < end) {
@@ -76,6 +78,22 @@ SOK_EV_ROW_LOOPS void combine_samples(const float* unique_values, const int64_t*
       for (int64_t c = 0; c < dim; ++c) sample[c] = div_no_nan(sample[c], denominator);
     }
   }
+}
+
+SOK_EV_ROW_LOOPS void combine_samples(const float* unique_values, const int64_t* unique_index,
+                                      const float* weights, const int64_t* row_offsets,
+                                      int64_t first, int64_t last, int64_t dim, Combiner combiner,
+                                      float* out) {
+  combine_samples_of([&](int64_t u) { return unique_values + u * dim; }, unique_index, weights,
+                     row_offsets, first, last, dim, combiner, out);
+}
+
+SOK_EV_ROW_LOOPS void combine_sample_rows(const float* const* unique_rows,
+                                          const int64_t* unique_index, const float* weights,
+                                          const int64_t* row_offsets, int64_t first, int64_t last,
+                                          int64_t dim, Combiner combiner, float* out) {
+  combine_samples_of([&](int64_t u) { return unique_rows[u]; }, unique_index, weights, row_offsets,
+                     first, last, dim, combiner, out);
 }
 
 // combine_backward on unique keys [first, last); entry_sample[j] is entry
@@ -112,6 +130,17 @@ void combine_forward(const CpuContext& context, const float* unique_values,
   context.parallel_for(batch, average_hotness * dim, [&](int64_t first, int64_t last) {
     combine_samples(unique_values, unique_index, weights, row_offsets, first, last, dim, combiner,
                     out);
+  });
+}
+
+void combine_forward_rows(const CpuContext& context, const float* const* unique_rows,
+                          const int64_t* unique_index, const float* weights,
+                          const int64_t* row_offsets, int64_t batch, int64_t dim, Combiner combiner,
+                          float* out) {
+  const int64_t average_hotness = batch > 0 ? row_offsets[batch] / batch + 1 : 1;
+  context.parallel_for(batch, average_hotness * dim, [&](int64_t first, int64_t last) {
+    combine_sample_rows(unique_rows, unique_index, weights, row_offsets, first, last, dim, combiner,
+                        out);
   });
 }
 

@@ -1,4 +1,4 @@
-// gpu::row_offsets_from_sample_ids, gpu::combine_forward and
+// gpu::row_offsets_from_sample_ids, gpu::combine_forward(_rows) and
 // gpu::combine_backward (cc/combine.h).
 #include <algorithm>
 #include <cstdint>
@@ -24,6 +24,13 @@ struct UniqueValuesSource {
   __device__ __forceinline__ const float* row(int64_t handle) const {
     return unique_values + handle * dim;
   }
+};
+
+struct UniqueRowsSource {
+  const float* const* unique_rows;  // (num_unique,)
+  const int64_t* unique_index;      // (nnz,)
+  __device__ __forceinline__ int64_t resolve(int64_t entry) const { return unique_index[entry]; }
+  __device__ __forceinline__ const float* row(int64_t handle) const { return unique_rows[handle]; }
 };
 
 // Sample ids of up to kTablesPerLaunch tables, by value (4 KB limit).
@@ -101,6 +108,20 @@ void combine_forward(const GpuContext& context, const float* unique_values,
   record_error(cuda_status(launch_combine_rows(source, weights, row_offsets, batch, dim, combiner,
                                                out, stream_of(context)),
                            "combine_forward"));
+}
+
+void combine_forward_rows(const GpuContext& context, const float* const* unique_rows,
+                          const int64_t* unique_index, const float* weights,
+                          const int64_t* row_offsets, int64_t batch, int64_t dim, Combiner combiner,
+                          float* out, bool rows_aligned) {
+  if (dim < 1 || dim > 1024) {
+    record_error(Status::InvalidArgument("combine_forward_rows: dim must be in [1, 1024]"));
+    return;
+  }
+  UniqueRowsSource source{unique_rows, unique_index};
+  record_error(cuda_status(launch_combine_rows(source, weights, row_offsets, batch, dim, combiner,
+                                               out, stream_of(context), rows_aligned),
+                           "combine_forward_rows"));
 }
 
 void row_offsets_from_sample_ids(const GpuContext& context, const SampleIds* tables, int num_tables,

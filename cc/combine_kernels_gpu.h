@@ -156,11 +156,13 @@ __global__ void __launch_bounds__(256)
 }
 
 // Launches combine_rows_kernel with the narrowest register footprint that
-// covers dim (<= 1024).
+// covers dim (<= 1024). Rows load as float4s when dim % 4 == 0 and
+// rows_aligned: every row Source gives, and out, 16-byte aligned.
 template <class Source>
 cudaError_t launch_combine_rows(const Source& source, const float* weights,
                                 const int64_t* row_offsets, int64_t batch, int64_t dim,
-                                Combiner combiner, float* out, cudaStream_t stream) {
+                                Combiner combiner, float* out, cudaStream_t stream,
+                                bool rows_aligned = true) {
   if (batch <= 0) return cudaSuccess;
   constexpr int kThreads = 256;
   const int64_t warps = (batch + 31) / 32;
@@ -168,7 +170,7 @@ cudaError_t launch_combine_rows(const Source& source, const float* weights,
 #define SOK_EV_COMBINE_LAUNCH(width, count) \
   combine_rows_kernel<Source, width, count> \
       <<<blocks, kThreads, 0, stream>>>(source, weights, row_offsets, batch, dim, combiner, out)
-  if (dim % 4 == 0) {
+  if (dim % 4 == 0 && rows_aligned) {
     if (dim <= 128)
       SOK_EV_COMBINE_LAUNCH(4, 1);
     else if (dim <= 256)

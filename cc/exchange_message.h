@@ -65,15 +65,30 @@ struct RowCopy {
   int64_t width;
 };
 
+// A block of rows read where they are instead of copied: row r of the block
+// is at first_row + r * stride, and that address goes to
+// addresses[positions ? positions[r] : r]. The requester's combine reads a
+// received message this way (CombineRowMessage). Blocks of one call must not
+// write the same address.
+struct RowAddresses {
+  const float* first_row;
+  int64_t stride;
+  const int64_t* positions;  // (rows,) or null
+  int64_t rows;
+  const float** addresses;
+};
+
 namespace cpu {
 template <typename Src, typename Dst>
 void copy_rows(const CpuContext& context, const std::vector<RowCopy<Src, Dst>>& blocks);
+void row_addresses(const CpuContext& context, const std::vector<RowAddresses>& blocks);
 }  // namespace cpu
 
 namespace gpu {
 // The same on context.stream, all blocks in as few launches as fit.
 template <typename Src, typename Dst>
 void copy_rows(const GpuContext& context, const std::vector<RowCopy<Src, Dst>>& blocks);
+void row_addresses(const GpuContext& context, const std::vector<RowAddresses>& blocks);
 }  // namespace gpu
 
 }  // namespace sok_ev

@@ -1,4 +1,4 @@
-// PlanMessage and cpu::copy_rows: see cc/exchange_message.h.
+// PlanMessage, cpu::copy_rows and cpu::row_addresses: see cc/exchange_message.h.
 #include <cstdint>
 #include <vector>
 
@@ -53,6 +53,17 @@ void copy_rows(const CpuContext& context, const std::vector<RowCopy<Src, Dst>>& 
       for (int64_t c = 0; c < block.width; ++c) dst[c] = ConvertElement<Src, Dst>::apply(src[c]);
     }
   });
+}
+
+void row_addresses(const CpuContext& context, const std::vector<RowAddresses>& blocks) {
+  for (const RowAddresses& block : blocks) {
+    context.parallel_for(block.rows, 4, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        block.addresses[block.positions ? block.positions[r] : r] =
+            block.first_row + r * block.stride;
+      }
+    });
+  }
 }
 
 template void copy_rows<int32_t, int64_t>(const CpuContext&,

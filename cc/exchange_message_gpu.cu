@@ -1,4 +1,4 @@
-// gpu::copy_rows: see cc/exchange_message.h.
+// gpu::copy_rows and gpu::row_addresses: see cc/exchange_message.h.
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
@@ -107,7 +107,40 @@ bool vector_copy_allowed(const RowCopy<Src, Dst>& block) {
   }
 }
 
+struct RowAddressBatch {
+  RowAddresses blocks[kBlocksPerLaunch];
+};
+
+// blockIdx.y picks the block; its rows are spread over the x blocks' threads.
+__global__ void row_addresses_kernel(RowAddressBatch batch) {
+  const RowAddresses block = batch.blocks[blockIdx.y];
+  for (int64_t r = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; r < block.rows;
+       r += int64_t(gridDim.x) * blockDim.x) {
+    block.addresses[block.positions ? block.positions[r] : r] = block.first_row + r * block.stride;
+  }
+}
+
 }  // namespace
+
+void row_addresses(const GpuContext& context, const std::vector<RowAddresses>& blocks) {
+  for (size_t first = 0; first < blocks.size(); first += kBlocksPerLaunch) {
+    const int count = static_cast<int>(std::min<size_t>(kBlocksPerLaunch, blocks.size() - first));
+    RowAddressBatch batch;
+    int64_t largest = 0;
+    for (int b = 0; b < count; ++b) {
+      batch.blocks[b] = blocks[first + b];
+      largest = std::max(largest, batch.blocks[b].rows);
+    }
+    if (largest == 0) continue;
+    const dim3 grid(grid_for(largest, kThreads, 4096), count);
+    row_addresses_kernel<<<grid, kThreads, 0, stream_of(context)>>>(batch);
+    const Status status = cuda_status(cudaGetLastError(), "row_addresses");
+    if (!status.ok()) {
+      record_error(status);
+      return;
+    }
+  }
+}
 
 template <typename Src, typename Dst>
 void copy_rows(const GpuContext& context, const std::vector<RowCopy<Src, Dst>>& blocks) {

@@ -1,8 +1,8 @@
 """Model parallelism: the grouped lookup over tables spread across workers.
 
 Every worker feeds its own batch (data parallel); every table lives on its
-owners (model parallel). `find_or_insert` is the exchange in the middle of
-`sok_ev.lookup_sparse` when there is more than one worker. For the N tables
+owners (model parallel). `lookup_combine` is `sok_ev.lookup_sparse` after
+its UniqueKeys when there is more than one worker. For the N tables
 of one call, with W workers:
 
   unique_keys[N] --PartitionByOwner--> keys grouped by owner, counts [N, W]
@@ -12,7 +12,8 @@ of one call, with W workers:
     --alltoall #2 (float32, all tables together, rows flattened; or bfloat16 /
     float16 with lookup_sparse's exchange_dtype: sok_ev.row_exchange; the
     rows an owner looked up for itself go beside it, not through it)-->
-  rows back in unique_keys order.
+  each requester combines its samples' rows where they arrived
+  (CombineRowMessage).
 
 Placement (`EmbeddingVariable.target_gpu`): -1 shards a table by
 `owner_of(key) = splitmix64(int64(key) XOR 0x5bd1e9955bd1e995) mod W`
@@ -59,8 +60,8 @@ from sok_ev import row_exchange
 from sok_ev._ops import ops
 
 
-def find_or_insert(params, unique_keys, counts, exchange_dtype=tf.float32):
-    """The rows of every worker's unique keys, from the workers that own them.
+def lookup_combine(params, unique_keys, counts, combine, exchange_dtype=tf.float32):
+    """Each sample's embeddings, from rows the workers that own its keys send.
 
   Collective: every worker must call it, with the same tables in the same
   order (checked when the lookup is built, and at run time by the header of
@@ -72,13 +73,15 @@ def find_or_insert(params, unique_keys, counts, exchange_dtype=tf.float32):
     unique_keys: N 1-D key tensors (each table's key_dtype), unique per table.
     counts: N int64 tensors, occurrences of each unique key in the batch
       (added to the owner's key frequencies).
+    combine: a sok_ev.row_exchange.Combine of this worker's batch (how the
+      rows of unique_keys make each sample's embedding).
     exchange_dtype: what the rows and their gradients travel as
       (sok_ev.row_exchange: float32 exact, bfloat16 or float16 rounded).
 
   Returns:
-    N float32 tensors `[num_unique_t, embedding_dim_t]`, row j the value of
-    `unique_keys[t][j]`; differentiable, the gradient reaching the owners'
-    tables as IndexedSlices.
+    N float32 tensors `[batch_t, embedding_dim_t]`, as lookup_sparse returns
+    them; differentiable, the gradient reaching the owners' tables as
+    IndexedSlices.
 
   Raises:
     ValueError: see `sok_ev.agreement.check_lookup`.
@@ -136,8 +139,9 @@ def find_or_insert(params, unique_keys, counts, exchange_dtype=tf.float32):
                                                      embedding_dims=dims,
                                                      combiners=["sum"] * len(params),
                                                      weighted=[False] * len(params))
-        return row_exchange.exchange_rows(values, sender_counts, owner_counts, positions, dims,
-                                          exchange_dtype, communication.rank())
+        return row_exchange.exchange_and_combine(values, sender_counts, owner_counts,
+                                                 positions, dims, exchange_dtype,
+                                                 communication.rank(), combine)
 
 
 @tf.RegisterGradient("SokEv>PackRowMessage")

@@ -3,7 +3,7 @@
 One call runs each stage once for all tables, each stage one native op:
 
   UniqueKeys -> (one worker)   FindOrInsertCombine
-             -> (workers > 1)  sok_ev.distributed exchange -> CombineForward
+             -> (workers > 1)  sok_ev.distributed exchange -> CombineRowMessage
 
 The ids come as one SparseTensor (or rank-2 RaggedTensor) per table, or
 packed: one RaggedTensor [num_tables, batch, None] for all of them, which
@@ -259,18 +259,13 @@ def lookup_sparse(
                 combiners=combiners,
                 weighted=weighted)
         from sok_ev import distributed  # pylint: disable=import-outside-toplevel
-        unique_values = distributed.find_or_insert(params,
-                                                   unique_keys,
-                                                   counts,
-                                                   exchange_dtype=exchange_dtype)
-        return ops().sok_ev_combine_forward(unique_values,
-                                            unique_index,
-                                            order,
-                                            segments,
-                                            row_offsets,
-                                            weights,
-                                            combiners=combiners,
-                                            weighted=weighted)
+        combine = row_exchange.Combine(unique_index, order, segments, row_offsets, weights,
+                                       combiners, weighted)
+        return distributed.lookup_combine(params,
+                                          unique_keys,
+                                          counts,
+                                          combine,
+                                          exchange_dtype=exchange_dtype)
 
 
 def _unique_packed_keys(indices, sp_weights, weighted):
@@ -337,6 +332,20 @@ def _combine_forward_gradient(op, *grads):
     # inputs: unique_values, unique_index, order, segments, row_offsets,
     # weights (N each)
     return list(_combine_backward(op, grads, first=n)) + [None] * (5 * n)
+
+
+@tf.RegisterGradient("SokEv>CombineRowMessage")
+def _combine_row_message_gradient(op, *grads):
+    """The gradients of the message and of the local rows: each unique key's
+  gradient (CombineBackward) packed as the message was (PackRowMessage)."""
+    n, num_local = op.get_attr("N"), op.get_attr("L")
+    # inputs: message, counts, positions (N), local (L), then unique_index,
+    # order, segments, row_offsets, weights (N each)
+    grad_unique = _combine_backward(op, grads, first=2 + n + num_local)
+    positions = list(op.inputs[2:2 + n])
+    grad_message, _, grad_local = ops().sok_ev_pack_row_message(
+        list(grad_unique), op.inputs[1], positions, local_worker=op.get_attr("local_worker"))
+    return [grad_message, None] + [None] * n + list(grad_local)[:num_local] + [None] * (5 * n)
 
 
 for _op_name in ("SokEv>UniqueKeys", "SokEv>UniquePackedKeys", "SokEv>UniqueOwnedKeys",

@@ -2,16 +2,19 @@
 
 The one place that decides what `lookup_sparse(..., exchange_dtype=...)`
 means (issue 12's compressed exchange). `sok_ev.distributed` calls
-`exchange_rows` once its owners have looked the keys up; the rows then cross
-the network as one message (PackRowMessage -> alltoall -> UnpackRowMessage,
-sok_ev/cc/ops/exchange_ops.cc), and their gradients the same way reversed.
+`exchange_and_combine` once its owners have looked the keys up; the rows then
+cross the network as one message (PackRowMessage -> alltoall ->
+CombineRowMessage, which combines each sample's rows where they arrived;
+compressed: -> UnpackRowMessage -> CombineForward; sok_ev/cc/ops/), and
+their gradients the same way reversed.
 The rows a worker owns for its own keys (about 1/W of them, sharded) stay
-out of the message: PackRowMessage hands them to UnpackRowMessage beside it,
+out of the message: PackRowMessage hands them to the receiving op beside it,
 as float32, so they are neither copied into the message nor exchanged, nor
 rounded.
 
   float32   the rows and gradients travel exactly; the per-op gradients
-            registered in sok_ev.distributed carry the backward pass.
+            registered in sok_ev.distributed and sok_ev.lookup carry the
+            backward pass.
   bfloat16  each element is rounded to bfloat16 (nearest, ties to even;
             NaN stays NaN; float32's range, only |x| > 3.3961e38 becomes
             inf) in both directions: half the bytes, relative error <= 2^-8
@@ -37,6 +40,8 @@ Every worker must pass the same exchange_dtype: the lookup's build-time
 check (sok_ev.agreement.check_lookup) fails on every worker otherwise, naming
 both values.
 """
+
+from typing import NamedTuple
 
 import tensorflow as tf
 
@@ -83,13 +88,29 @@ def check_exchange_dtype(value, caller="lookup_sparse"):
     return dtype
 
 
-def exchange_rows(values, sender_counts, owner_counts, positions, dims, exchange_dtype,
-                  local_worker):
-    """Sends each owner's looked-up rows back to the workers that asked.
+class Combine(NamedTuple):
+    """How the requester combines the rows of its unique keys: UniqueKeys'
+  outputs (N tensors each) and lookup_sparse's combiners and weighted flags
+  (N each)."""
+    unique_index: list
+    order: list
+    segments: list
+    row_offsets: list
+    weights: list
+    combiners: list
+    weighted: list
+
+
+def exchange_and_combine(values, sender_counts, owner_counts, positions, dims, exchange_dtype,
+                         local_worker, combine):
+    """Sends each owner's looked-up rows back to the workers that asked, and
+  combines them there into each sample's embedding.
 
   Collective: every worker calls it with the same tables and exchange_dtype.
   The rows a worker owns for its own keys stay on it (float32, exact): the
-  messages carry only the other workers' blocks.
+  messages carry only the other workers' blocks. In float32 the requester
+  combines the rows where they arrive (CombineRowMessage), without unpacking
+  them first.
 
   Args:
     values: N float32 `[sum_w sender_counts[t, w], dims[t]]`, the rows this
@@ -101,26 +122,43 @@ def exchange_rows(values, sender_counts, owner_counts, positions, dims, exchange
     dims: N embedding dims.
     exchange_dtype: one of EXCHANGE_DTYPES (check_exchange_dtype).
     local_worker: this worker's rank.
+    combine: a Combine of this worker's batch.
 
   Returns:
-    N float32 `[num_unique_t, dims[t]]`, differentiable with respect to
-    `values`: the gradient travels back in `exchange_dtype` too.
+    N float32 `[batch_t, dims[t]]`, differentiable with respect to `values`:
+    the gradient travels back in `exchange_dtype` too.
   """
-    n = len(values)
+    combine_attrs = dict(combiners=combine.combiners, weighted=combine.weighted)
     if exchange_dtype == tf.float32:
-        # Exact: the registered gradients of the two ops (sok_ev.distributed).
+        # Exact: the registered gradients of the ops (sok_ev.distributed,
+        # sok_ev.lookup).
         send_rows, row_splits, local = ops().sok_ev_pack_row_message(values,
                                                                      sender_counts, [],
                                                                      local_worker=local_worker)
         returned, _ = communication.alltoall(send_rows, row_splits)
-        return ops().sok_ev_unpack_row_message(returned,
-                                               owner_counts,
-                                               positions,
-                                               local,
-                                               N=n,
-                                               dims=dims,
-                                               local_worker=local_worker)
-    message_dtype = _MESSAGE_DTYPE[exchange_dtype]
+        return ops().sok_ev_combine_row_message(returned,
+                                                owner_counts,
+                                                positions,
+                                                local,
+                                                combine.unique_index,
+                                                combine.order,
+                                                combine.segments,
+                                                combine.row_offsets,
+                                                combine.weights,
+                                                dims=dims,
+                                                local_worker=local_worker,
+                                                **combine_attrs)
+    rows = _exchange_compressed(values, sender_counts, owner_counts, positions, dims,
+                                _MESSAGE_DTYPE[exchange_dtype], local_worker)
+    return ops().sok_ev_combine_forward(rows, combine.unique_index, combine.order, combine.segments,
+                                        combine.row_offsets, combine.weights, **combine_attrs)
+
+
+def _exchange_compressed(values, sender_counts, owner_counts, positions, dims, message_dtype,
+                         local_worker):
+    """The rows of exchange_and_combine, unpacked in unique-key order, through
+  16-bit messages both ways: N float32 `[num_unique_t, dims[t]]`."""
+    n = len(values)
 
     def move(rows, counts, row_positions, received_counts, received_positions):
         message, splits, local = ops().sok_ev_pack_row_message(rows,

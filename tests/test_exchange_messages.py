@@ -16,6 +16,9 @@ side, empty tables and empty blocks:
 * the local worker's block (a worker's rows for itself) stays out of the
   message and travels beside it, float32 even when the message is 16-bit;
 * the gradients of pack and unpack are each other (checked against NumPy);
+* combining a received message in place (CombineRowMessage) gives the bits
+  of unpacking it and combining the rows, and NumPy's combination; its
+  gradient is each unique key's gradient packed as the message was;
 * malformed counts, rows or messages fail with an error naming them.
 """
 import numpy as np
@@ -365,6 +368,131 @@ def test_with_a_local_worker_the_gradients_of_pack_and_unpack_are_still_each_oth
     for t, grad in enumerate(tape.gradient(loss, variables)):
         np.testing.assert_array_equal(
             tf.convert_to_tensor(grad).numpy(), upstream_rows[t][positions[t]])
+
+
+def _combine_case(rng, num_workers, dims):
+    """A requester's side of a row exchange: its unique keys' rows (in unique
+  order), where each arrived (positions), and a batch over them, per table
+  (ragged samples, empty ones, repeated keys, weights)."""
+    counts, rows, positions = _row_case(rng, num_workers, dims)
+    batches = []
+    for table in rows:
+        sizes = rng.integers(0, 4, size=int(rng.integers(1, 8)))
+        offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        nnz = int(offsets[-1]) if len(table) else 0
+        offsets = np.minimum(offsets, nnz)
+        index = rng.integers(0, max(len(table), 1), size=nnz).astype(np.int64)
+        weights = rng.uniform(0.5, 2.0, size=nnz).astype(np.float32)
+        batches.append((index, offsets, weights))
+    return counts, rows, positions, batches
+
+
+def _combine_reference(rows, index, offsets, weights, combiner):
+    """tf.nn.embedding_lookup_sparse's combination, in float64: `[batch, dim]`."""
+    out = np.zeros((len(offsets) - 1, rows.shape[1]))
+    for b in range(len(offsets) - 1):
+        entries = range(offsets[b], offsets[b + 1])
+        if not entries:
+            continue
+        out[b] = sum(weights[j] * rows[index[j]].astype(np.float64) for j in entries)
+        w = weights[offsets[b]:offsets[b + 1]].astype(np.float64)
+        out[b] /= {"sum": 1.0, "mean": w.sum(), "sqrtn": np.sqrt((w * w).sum())}[combiner]
+    return out
+
+
+def _combine_row_message(message, counts, positions, local, batches, dims, combiners, local_worker):
+    # Each key's entries, as UniqueKeys segments them (the backward reads
+    # them; order may be empty on the CPU).
+    segments = [
+        np.concatenate([[0], np.cumsum(np.bincount(i, minlength=len(p)))]).astype(np.int64)
+        for (i, _, _), p in zip(batches, positions)
+    ]
+    return ops().sok_ev_combine_row_message(message,
+                                            counts,
+                                            positions,
+                                            local, [tf.constant(i) for i, _, _ in batches],
+                                            [tf.zeros([0], tf.int64)] * len(dims),
+                                            [tf.constant(x) for x in segments],
+                                            [tf.constant(o) for _, o, _ in batches],
+                                            [tf.constant(w) for _, _, w in batches],
+                                            dims=dims,
+                                            combiners=combiners,
+                                            weighted=[True] * len(dims),
+                                            local_worker=local_worker)
+
+
+# dims 3 and 5 leave the rows of the tables after them off 16-byte
+# boundaries in the message (the GPU then reads them a float at a time).
+@pytest.mark.parametrize("dims", [[4, 128, 8], [3, 128, 5, 8]], ids=["aligned", "unaligned"])
+@pytest.mark.parametrize("num_workers, local_worker", [(1, 0), (2, 1), (3, -1), (3, 2)])
+def test_combining_the_message_in_place_equals_combining_its_unpacked_rows(
+        num_workers, local_worker, dims):
+    rng = np.random.default_rng(40 + num_workers + local_worker)
+    counts, rows, positions, batches = _combine_case(rng, num_workers, dims)
+    combiners = [("sum", "mean", "sqrtn")[t % 3] for t in range(len(dims))]
+    message, _, local = ops().sok_ev_pack_row_message(rows,
+                                                      counts,
+                                                      positions,
+                                                      local_worker=local_worker)
+    local = list(local) if local_worker >= 0 else []
+    got = _combine_row_message(message, counts, positions, local, batches, dims, combiners,
+                               local_worker)
+    unpacked = _unpack_rows(message, counts, positions, local, dims, local_worker)
+    for t, (index, offsets, weights) in enumerate(batches):
+        np.testing.assert_allclose(got[t].numpy(),
+                                   _combine_reference(rows[t], index, offsets, weights,
+                                                      combiners[t]),
+                                   rtol=1e-5,
+                                   atol=1e-6,
+                                   err_msg=f"table {t}")
+        # The same bits as the two ops it replaces.
+        want = ops().sok_ev_combine_forward([unpacked[t]], [tf.constant(index)],
+                                            [tf.zeros([0], tf.int64)], [tf.zeros([0], tf.int64)],
+                                            [tf.constant(offsets)], [tf.constant(weights)],
+                                            combiners=[combiners[t]],
+                                            weighted=[True])[0]
+        np.testing.assert_array_equal(got[t].numpy(), want.numpy(), err_msg=f"table {t}")
+
+
+def test_the_gradient_of_combining_the_message_is_each_keys_gradient_packed_as_the_message():
+    rng = np.random.default_rng(44)
+    dims, local_worker = [3, 8], 1
+    counts, rows, positions, batches = _combine_case(rng, 2, dims)
+    combiners = ["sum", "mean"]
+    message, _, local = ops().sok_ev_pack_row_message(rows,
+                                                      counts,
+                                                      positions,
+                                                      local_worker=local_worker)
+    message, local = tf.Variable(message), [tf.Variable(x) for x in local]
+    upstream = [
+        rng.standard_normal((len(o) - 1, d)).astype(np.float32)
+        for (_, o, _), d in zip(batches, dims)
+    ]
+    with tf.GradientTape() as tape:
+        out = _combine_row_message(message, counts, positions, local, batches, dims, combiners,
+                                   local_worker)
+        loss = tf.add_n([tf.reduce_sum(o * u) for o, u in zip(out, upstream)])
+    grad_message, *grad_local = tape.gradient(loss, [message] + local)
+    # Each unique key's gradient: its entries' upstream rows, scaled as the
+    # combiner scaled them.
+    grad_unique = []
+    for (index, offsets, weights), up, table, combiner in zip(batches, upstream, rows, combiners):
+        grad = np.zeros(table.shape)
+        for b in range(len(offsets) - 1):
+            w = weights[offsets[b]:offsets[b + 1]].astype(np.float64)
+            scale = 1.0 if combiner == "sum" else w.sum()
+            for j in range(offsets[b], offsets[b + 1]):
+                grad[index[j]] += weights[j] * up[b] / scale
+        grad_unique.append(grad.astype(np.float32))
+    np.testing.assert_allclose(tf.convert_to_tensor(grad_message).numpy(),
+                               _pack_reference(counts, grad_unique, positions, local_worker),
+                               rtol=1e-5,
+                               atol=1e-6)
+    for t, grad in enumerate(grad_local):
+        np.testing.assert_allclose(tf.convert_to_tensor(grad).numpy(),
+                                   grad_unique[t][_block(counts, t, local_worker, positions)],
+                                   rtol=1e-5,
+                                   atol=1e-6)
 
 
 @pytest.mark.parametrize("counts, rows, error", [

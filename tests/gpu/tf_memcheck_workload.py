@@ -120,7 +120,8 @@ def run_row_messages(rng):
     """PackRowMessage then UnpackRowMessage for 3 workers: float4 rows (dims
   128 and 4) in one message, odd widths (3, 1) in another, with every block
   in the message and with worker 1's beside it (a view of the rows, or a
-  copy); the rows come back where they were."""
+  copy); the rows come back where they were, and CombineRowMessage reads
+  them in place (float4 rows and rows off 16-byte boundaries)."""
     from sok_ev._ops import ops  # pylint: disable=import-outside-toplevel
     for dims in ([128, 4], [3, 1]):
         counts = rng.integers(0, 40, size=(len(dims), 3)).astype(np.int64)
@@ -143,6 +144,24 @@ def run_row_messages(rng):
                                                        local_worker=local_worker)
                 for t, table in enumerate(rows):
                     np.testing.assert_array_equal(back[t].numpy(), table)
+        # The requester's combine of the message in place: one entry per
+        # row, so each sample is its row.
+        message, _, local = ops().sok_ev_pack_row_message(rows, counts, positions, local_worker=1)
+        embeddings = ops().sok_ev_combine_row_message(
+            message,
+            counts,
+            positions,
+            local, [np.arange(len(r), dtype=np.int64) for r in rows],
+            [np.zeros([0], np.int64)] * len(dims),
+            [np.arange(len(r) + 1, dtype=np.int64) for r in rows],
+            [np.arange(len(r) + 1, dtype=np.int64) for r in rows],
+            [np.zeros([0], np.float32)] * len(dims),
+            dims=dims,
+            combiners=["sum"] * len(dims),
+            weighted=[False] * len(dims),
+            local_worker=1)
+        for t, table in enumerate(rows):
+            np.testing.assert_array_equal(embeddings[t].numpy(), table)
 
 
 def main():

@@ -17,9 +17,11 @@
 //   FindPresent, InsertOrAssign, InsertOrAssignFromHost, Erase, EvictStale,
 //   ExportAll, ExportBatches, ApplyOptimizer          on one table
 //   UniqueKeys (all tables of a lookup at once), CheckDistinct,
-//   PartitionByOwner, CombineForward, CombineBackward         free stages
+//   PartitionByOwner, CombineForward, CombineForwardRows,
+//   CombineBackward                                           free stages
 //   Copy, SetZero, CopyToHost, CopyFromHost, Upload, Scratch  device memory
 //   CopyRows                  blocks of rows to and from a message buffer
+//   WriteRowAddresses         where a message's rows are, to read them in place
 // Pointers passed to them are device memory (host memory on CPU) unless a
 // comment says host. ForEachTable (below) runs a multi-table op's per-table
 // stages.

@@ -371,6 +371,17 @@ class Core<CPUDevice> {
     return absl::OkStatus();
   }
 
+  // The same, unique row u read at unique_rows[u], in place. rows_aligned
+  // is the GPU twin's.
+  absl::Status CombineForwardRows(const float* const* unique_rows, const int64_t* unique_index,
+                                  const float* weights, const int64_t* row_offsets, int64_t batch,
+                                  int64_t dim, Combiner combiner, float* out,
+                                  bool /*rows_aligned*/) {
+    cpu::combine_forward_rows(context_, unique_rows, unique_index, weights, row_offsets, batch, dim,
+                              combiner, out);
+    return absl::OkStatus();
+  }
+
   // order (null when UniqueKeys ran on the CPU) is the GPU twin's; the
   // CPU reads unique_index.
   //   grad_out: (batch, dim)  unique_index: (nnz,)  order: (nnz,) or null
@@ -396,6 +407,12 @@ class Core<CPUDevice> {
   template <typename Src, typename Dst>
   absl::Status CopyRows(const std::vector<RowCopy<Src, Dst>>& blocks) {
     cpu::copy_rows(context_, blocks);
+    return absl::OkStatus();
+  }
+
+  // Writes where blocks of rows are (cc/exchange_message.h).
+  absl::Status WriteRowAddresses(const std::vector<sok_ev::RowAddresses>& blocks) {
+    cpu::row_addresses(context_, blocks);
     return absl::OkStatus();
   }
 

@@ -555,6 +555,16 @@ class Core<GPUDevice> {
     return Pending();
   }
 
+  // The same, unique row u read at unique_rows[u] (device), in place.
+  //   rows_aligned: every row 16-byte aligned (gpu::combine_forward_rows)
+  absl::Status CombineForwardRows(const float* const* unique_rows, const int64_t* unique_index,
+                                  const float* weights, const int64_t* row_offsets, int64_t batch,
+                                  int64_t dim, Combiner combiner, float* out, bool rows_aligned) {
+    gpu::combine_forward_rows(context_, unique_rows, unique_index, weights, row_offsets, batch, dim,
+                              combiner, out, rows_aligned);
+    return Pending();
+  }
+
   // The GPU sums each key's entries through order and segments. A null
   // order (the lookup's UniqueKeys ran on the CPU, which writes none) is
   // rebuilt here from unique_index: its stable sort groups the entries by
@@ -600,6 +610,12 @@ class Core<GPUDevice> {
   template <typename Src, typename Dst>
   absl::Status CopyRows(const std::vector<RowCopy<Src, Dst>>& blocks) {
     gpu::copy_rows(context_, blocks);
+    return Pending();
+  }
+
+  // Writes where blocks of rows are (cc/exchange_message.h).
+  absl::Status WriteRowAddresses(const std::vector<sok_ev::RowAddresses>& blocks) {
+    gpu::row_addresses(context_, blocks);
     return Pending();
   }
 

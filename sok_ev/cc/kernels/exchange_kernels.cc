@@ -9,12 +9,14 @@
 #endif
 
 #include <algorithm>
+#include <cstdint>
 #include <limits>
 #include <string>
 #include <type_traits>
 #include <vector>
 
 #include "cc/exchange_message.h"
+#include "sok_ev/cc/kernels/combine_attributes.h"
 #include "sok_ev/cc/kernels/device_core.h"
 #include "sok_ev/cc/kernels/kernel_utils.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -492,6 +494,87 @@ class PackRowMessageOp : public OpKernel {
   int local_worker_;
 };
 
+// The receiving end of a row message (UnpackRowMessage, CombineRowMessage):
+// inputs message, counts, positions, local; attrs dims and local_worker.
+// Read checks that they fit one another, and where each block is.
+class ReceivedRows {
+ public:
+  absl::Status Read(OpKernelContext* context, const std::vector<int64_t>& dims, int local_worker) {
+    dims_ = dims;
+    local_worker_ = local_worker;
+    message_ = &context->input(0);
+    TF_RETURN_IF_ERROR(context->input_list("positions", &positions_));
+    TF_RETURN_IF_ERROR(context->input_list("local", &local_));
+    const int n = static_cast<int>(dims_.size());
+    TF_RETURN_IF_ERROR(ReadCounts(context->input(1), n, &counts_, &num_workers_));
+    TF_RETURN_IF_ERROR(MessageCounts(counts_, num_workers_, local_worker_, &message_counts_));
+    plan_ = PlanMessage(counts_.data(), n, num_workers_, dims_.data(), 0);
+    message_plan_ = PlanMessage(message_counts_.data(), n, num_workers_, dims_.data(), 0);
+    if (message_->dims() != 1 || message_->NumElements() != message_plan_.total) {
+      return errors::InvalidArgument("the message has shape ", message_->shape().DebugString(),
+                                     ", but counts and dims make ", message_plan_.total,
+                                     " elements");
+    }
+    TF_RETURN_IF_ERROR(CheckPositions(positions_, plan_));
+    return CheckLocal();
+  }
+
+  int64_t table_rows(int t) const { return plan_.table_rows[t]; }
+
+  // Calls visit(t, rows, first, index, src) for every block (t, w) with
+  // rows: they belong at table t's rows first, first + 1, ... (index null) or
+  // at index[0], index[1], ... (positions), and are read from src: an
+  // Element* into the message, or, for the local worker's block, a float*
+  // into local[t].
+  template <typename Element, typename Visit>
+  void ForEachBlock(const Visit& visit) const {
+    const Element* in = MessageData<Element>(*message_);
+    for (int t = 0; t < static_cast<int>(dims_.size()); ++t) {
+      for (int w = 0; w < num_workers_; ++w) {
+        const int64_t i = int64_t{t} * num_workers_ + w;
+        if (counts_[i] == 0 || dims_[t] == 0) continue;
+        const int64_t first = plan_.table_offset[i];
+        const int64_t* index = BlockPositions(positions_, t, first);
+        if (w == local_worker_) {
+          visit(t, counts_[i], first, index, local_[t].flat<float>().data());
+        } else {
+          visit(t, counts_[i], first, index, in + message_plan_.start[i]);
+        }
+      }
+    }
+  }
+
+ private:
+  // local: one [counts[t, local_worker_], dims_[t]] matrix per table with a
+  // local worker, none without.
+  absl::Status CheckLocal() const {
+    const int n = static_cast<int>(dims_.size());
+    const int want = local_worker_ < 0 ? 0 : n;
+    if (local_.size() != want) {
+      return errors::InvalidArgument("local must have ", want, " tensors for local_worker ",
+                                     local_worker_, ", got ", local_.size());
+    }
+    for (int t = 0; t < local_.size(); ++t) {
+      const int64_t rows = counts_[int64_t{t} * num_workers_ + local_worker_];
+      if (local_[t].dims() != 2 || local_[t].dim_size(0) != rows ||
+          local_[t].dim_size(1) != dims_[t]) {
+        return errors::InvalidArgument("local[", t, "] must be [", rows, ", ", dims_[t],
+                                       "] (counts[", t, ", ", local_worker_, "] rows of dims[", t,
+                                       "]), got shape ", local_[t].shape().DebugString());
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  std::vector<int64_t> dims_;
+  int local_worker_ = -1;
+  const Tensor* message_ = nullptr;
+  OpInputList positions_, local_;
+  std::vector<int64_t> counts_, message_counts_;
+  int num_workers_ = 0;
+  MessagePlan plan_, message_plan_;
+};
+
 template <typename Device>
 class UnpackRowMessageOp : public OpKernel {
  public:
@@ -502,89 +585,113 @@ class UnpackRowMessageOp : public OpKernel {
   }
 
   void Compute(OpKernelContext* context) override {
-    const Tensor& message = context->input(0);
-    OpInputList positions, local;
-    OP_REQUIRES_OK(context, context->input_list("positions", &positions));
-    OP_REQUIRES_OK(context, context->input_list("local", &local));
+    ReceivedRows received;
+    OP_REQUIRES_OK(context, received.Read(context, dims_, local_worker_));
     const int n = static_cast<int>(dims_.size());
-    std::vector<int64_t> counts, message_counts;
-    int num_workers;
-    OP_REQUIRES_OK(context, ReadCounts(context->input(1), n, &counts, &num_workers));
-    OP_REQUIRES_OK(context, MessageCounts(counts, num_workers, local_worker_, &message_counts));
-    const MessagePlan plan = PlanMessage(counts.data(), n, num_workers, dims_.data(), 0);
-    const MessagePlan message_plan =
-        PlanMessage(message_counts.data(), n, num_workers, dims_.data(), 0);
-    OP_REQUIRES(
-        context, message.dims() == 1 && message.NumElements() == message_plan.total,
-        errors::InvalidArgument("the message has shape ", message.shape().DebugString(),
-                                ", but counts and dims make ", message_plan.total, " elements"));
-    OP_REQUIRES_OK(context, CheckPositions(positions, plan));
-    OP_REQUIRES_OK(context, CheckLocal(local, counts, num_workers, n));
     OpOutputList outputs;
     OP_REQUIRES_OK(context, context->output_list("rows", &outputs));
-    std::vector<Tensor*> tables(n);
+    std::vector<float*> tables(n);
     for (int t = 0; t < n; ++t) {
+      Tensor* table;
       OP_REQUIRES_OK(context,
-                     outputs.allocate(t, TensorShape({plan.table_rows[t], dims_[t]}), &tables[t]));
-    }
-    // Rows of block (t, w) from `src` to their places in table t.
-    auto block = [&](auto src, int t, int w, int64_t count) {
-      const int64_t first = plan.table_offset[int64_t{t} * num_workers + w];
-      const int64_t* index = BlockPositions(positions, t, first);
-      return RowCopy<std::remove_const_t<std::remove_pointer_t<decltype(src)>>, float>{
-          src,      nullptr,
-          dims_[t], tables[t]->flat<float>().data() + (index ? 0 : first * dims_[t]),
-          index,    dims_[t],
-          count,    dims_[t]};
-    };
-    std::vector<RowCopy<float, float>> local_blocks;
-    for (int t = 0; t < local.size(); ++t) {
-      const int64_t count = local[t].dim_size(0);
-      if (count > 0 && dims_[t] > 0) {
-        local_blocks.push_back(block(local[t].flat<float>().data(), t, local_worker_, count));
-      }
+                     outputs.allocate(t, TensorShape({received.table_rows(t), dims_[t]}), &table));
+      tables[t] = table->flat<float>().data();
     }
     Core<Device> core(context);
-    OP_REQUIRES_OK(context, ForMessageType(message_dtype_, [&](auto element) {
-                     using Element = decltype(element);
-                     const Element* in = MessageData<Element>(message);
-                     std::vector<RowCopy<Element, float>> blocks;
-                     for (int t = 0; t < n; ++t) {
-                       for (int w = 0; w < num_workers; ++w) {
-                         const int64_t count = message_counts[int64_t{t} * num_workers + w];
-                         if (count == 0 || dims_[t] == 0) continue;
-                         blocks.push_back(block(
-                             in + message_plan.start[int64_t{t} * num_workers + w], t, w, count));
-                       }
-                     }
-                     return CopyAll(core, &blocks, &local_blocks);
-                   }));
+    OP_REQUIRES_OK(
+        context, ForMessageType(message_dtype_, [&](auto element) {
+          using Element = decltype(element);
+          std::vector<RowCopy<Element, float>> blocks;
+          std::vector<RowCopy<float, float>> local_blocks;
+          auto add = [&](auto* list, int t, int64_t rows, int64_t first, const int64_t* index,
+                         auto src) {
+            float* dst = tables[t] + (index ? 0 : first * dims_[t]);
+            list->push_back({src, nullptr, dims_[t], dst, index, dims_[t], rows, dims_[t]});
+          };
+          received.ForEachBlock<Element>(
+              [&](int t, int64_t rows, int64_t first, const int64_t* index, const auto* src) {
+                if constexpr (std::is_same_v<std::decay_t<decltype(*src)>, Element>) {
+                  add(&blocks, t, rows, first, index, src);
+                } else {
+                  add(&local_blocks, t, rows, first, index, src);
+                }
+              });
+          return CopyAll(core, &blocks, &local_blocks);
+        }));
   }
 
  private:
-  // local: one [counts[t, local_worker_], dims_[t]] matrix per table with a
-  // local worker, none without.
-  absl::Status CheckLocal(const OpInputList& local, const std::vector<int64_t>& counts,
-                          int num_workers, int n) const {
-    const int want = local_worker_ < 0 ? 0 : n;
-    if (local.size() != want) {
-      return errors::InvalidArgument("local must have ", want, " tensors for local_worker ",
-                                     local_worker_, ", got ", local.size());
-    }
-    for (int t = 0; t < local.size(); ++t) {
-      const int64_t rows = counts[int64_t{t} * num_workers + local_worker_];
-      if (local[t].dims() != 2 || local[t].dim_size(0) != rows ||
-          local[t].dim_size(1) != dims_[t]) {
-        return errors::InvalidArgument("local[", t, "] must be [", rows, ", ", dims_[t],
-                                       "] (counts[", t, ", ", local_worker_, "] rows of dims[", t,
-                                       "]), got shape ", local[t].shape().DebugString());
-      }
-    }
-    return absl::OkStatus();
-  }
-
   std::vector<int64_t> dims_;
   tensorflow::DataType message_dtype_;
+  int local_worker_;
+};
+
+// The requester's end of a float32 row message and its combine in one:
+// UnpackRowMessage then CombineForward, without the unpacked rows. Each
+// unique key's row is read where it arrived, in the message or in the local
+// block (Core::WriteRowAddresses, then CombineForwardRows).
+template <typename Device>
+class CombineRowMessageOp : public OpKernel {
+ public:
+  explicit CombineRowMessageOp(OpKernelConstruction* context)
+      : OpKernel(context), attributes_(context) {
+    OP_REQUIRES_OK(context, context->GetAttr("dims", &dims_));
+    OP_REQUIRES_OK(context, context->GetAttr("local_worker", &local_worker_));
+  }
+
+  void Compute(OpKernelContext* context) override {
+    ReceivedRows received;
+    OP_REQUIRES_OK(context, received.Read(context, dims_, local_worker_));
+    OpInputList unique_index, row_offsets, weights;
+    OP_REQUIRES_OK(context, context->input_list("unique_index", &unique_index));
+    OP_REQUIRES_OK(context, context->input_list("row_offsets", &row_offsets));
+    OP_REQUIRES_OK(context, context->input_list("weights", &weights));
+    OpOutputList embeddings;
+    OP_REQUIRES_OK(context, context->output_list("embeddings", &embeddings));
+    const int n = static_cast<int>(dims_.size());
+    std::vector<Tensor*> outputs(n);
+    std::vector<int64_t> costs(n), first_address(n + 1, 0);
+    for (int t = 0; t < n; ++t) {
+      const int64_t batch = row_offsets[t].NumElements() - 1;
+      OP_REQUIRES(context, batch >= 0,
+                  errors::InvalidArgument("row_offsets[", t, "] must not be empty"));
+      OP_REQUIRES_OK(context,
+                     attributes_.CheckWeights(t, weights[t], unique_index[t].NumElements()));
+      OP_REQUIRES_OK(context, embeddings.allocate(t, TensorShape({batch, dims_[t]}), &outputs[t]));
+      costs[t] = unique_index[t].NumElements() + batch;
+      first_address[t + 1] = first_address[t] + received.table_rows(t);
+    }
+    Core<Device> core(context);
+    static_assert(sizeof(const float*) == sizeof(int64_t), "row addresses are 8 bytes");
+    Tensor address_tensor;
+    OP_REQUIRES_OK(context, core.template Scratch<int64_t>(std::max<int64_t>(1, first_address[n]),
+                                                           &address_tensor));
+    const float** addresses = reinterpret_cast<const float**>(VectorData<int64_t>(address_tensor));
+    std::vector<RowAddresses> blocks;
+    // float4 loads need every row of a table 16-byte aligned.
+    std::vector<char> aligned(n, 1);
+    received.ForEachBlock<float>(
+        [&](int t, int64_t rows, int64_t first, const int64_t* index, const float* src) {
+          aligned[t] = aligned[t] && reinterpret_cast<uintptr_t>(src) % 16 == 0;
+          blocks.push_back(
+              {src, dims_[t], index, rows, addresses + first_address[t] + (index ? 0 : first)});
+        });
+    OP_REQUIRES_OK(context, core.WriteRowAddresses(blocks));
+    OP_REQUIRES_OK(
+        context,
+        ForEachTable(
+            core, n, costs.data(), /*same_stream=*/nullptr, [&](int t, Core<Device>& table_core) {
+              return table_core.CombineForwardRows(
+                  addresses + first_address[t], unique_index[t].flat<int64_t>().data(),
+                  attributes_.WeightsOrNull(t, weights[t]), row_offsets[t].flat<int64_t>().data(),
+                  row_offsets[t].NumElements() - 1, dims_[t], attributes_.combiner(t),
+                  outputs[t]->flat<float>().data(), aligned[t] && dims_[t] % 4 == 0);
+            }));
+  }
+
+ private:
+  CombineAttributes attributes_;
+  std::vector<int64_t> dims_;
   int local_worker_;
 };
 
@@ -594,6 +701,7 @@ SOK_EV_REGISTER_CPU("PackKeyMessage", PackKeyMessageOp);
 SOK_EV_REGISTER_CPU("UnpackKeyMessage", UnpackKeyMessageOp);
 SOK_EV_REGISTER_CPU("PackRowMessage", PackRowMessageOp);
 SOK_EV_REGISTER_CPU("UnpackRowMessage", UnpackRowMessageOp);
+SOK_EV_REGISTER_CPU("CombineRowMessage", CombineRowMessageOp);
 #undef SOK_EV_REGISTER_CPU
 
 #if GOOGLE_CUDA
@@ -613,6 +721,8 @@ REGISTER_KERNEL_BUILDER(
     PackRowMessageOp<GPUDevice>);
 REGISTER_KERNEL_BUILDER(Name("SokEv>UnpackRowMessage").Device(DEVICE_GPU).HostMemory("counts"),
                         UnpackRowMessageOp<GPUDevice>);
+REGISTER_KERNEL_BUILDER(Name("SokEv>CombineRowMessage").Device(DEVICE_GPU).HostMemory("counts"),
+                        CombineRowMessageOp<GPUDevice>);
 #endif  // GOOGLE_CUDA
 
 }  // namespace sok_ev

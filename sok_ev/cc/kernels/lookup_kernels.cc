@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cc/combine.h"
+#include "sok_ev/cc/kernels/combine_attributes.h"
 #include "sok_ev/cc/kernels/device_core.h"
 #include "sok_ev/cc/kernels/embedding_variable.h"
 #include "sok_ev/cc/kernels/kernel_utils.h"
@@ -34,54 +35,6 @@ using tensorflow::Tensor;
 using tensorflow::TensorShape;
 using tensorflow::core::RefCountPtr;
 namespace errors = tensorflow::errors;
-
-// The combiner and weighting attributes, and the check that weights match
-// entries, shared by every op that combines.
-class CombineAttributes {
- public:
-  explicit CombineAttributes(OpKernelConstruction* context) {
-    std::vector<std::string> names;
-    if (!context->HasAttr("weighted")) return;  // UniqueOwnedKeys: no weights
-    OP_REQUIRES_OK(context, context->GetAttr("weighted", &weighted_));
-    if (!context->HasAttr("combiners")) return;
-    OP_REQUIRES_OK(context, context->GetAttr("combiners", &names));
-    for (size_t t = 0; t < names.size(); ++t) {
-      if (names[t] == "sum") {
-        combiners_.push_back(Combiner::kSum);
-      } else if (names[t] == "mean") {
-        combiners_.push_back(Combiner::kMean);
-      } else if (names[t] == "sqrtn") {
-        combiners_.push_back(Combiner::kSqrtn);
-      } else {
-        context->CtxFailure(errors::InvalidArgument(
-            "combiners[", t, "] must be 'sum', 'mean' or 'sqrtn', got '", names[t], "'"));
-        return;
-      }
-    }
-  }
-
-  Combiner combiner(int t) const { return combiners_[t]; }
-
-  absl::Status CheckWeights(int t, const Tensor& weights, int64_t nnz) const {
-    if (t >= static_cast<int>(weighted_.size())) {
-      return errors::InvalidArgument("weighted has ", weighted_.size(), " entries, table ", t,
-                                     " has none");
-    }
-    if (weighted_[t] && weights.NumElements() != nnz) {
-      return errors::InvalidArgument("sp_weights[", t, "] has ", weights.NumElements(),
-                                     " values, but indices[", t, "] has ", nnz);
-    }
-    return absl::OkStatus();
-  }
-
-  const float* WeightsOrNull(int t, const Tensor& weights) const {
-    return weighted_[t] ? weights.flat<float>().data() : nullptr;
-  }
-
- private:
-  std::vector<Combiner> combiners_;
-  std::vector<bool> weighted_;
-};
 
 // Checks every table's batch, then deduplicates and indexes it. Tables are
 // grouped by key dtype: one core call (one grouped sort and one host sync on

@@ -142,4 +142,36 @@ REGISTER_OP("SokEv>UnpackRowMessage")
         "table t's rows of that block are local[t] ([counts[t, k], dims[t]], "
         "PackRowMessage's local output; L == N). With -1, L == 0.");
 
+REGISTER_OP("SokEv>CombineRowMessage")
+    .Input("message: float")
+    .Input("counts: int64")
+    .Input("positions: N * int64")
+    .Input("local: L * float")
+    .Input("unique_index: N * int64")
+    .Input("order: N * int64")
+    .Input("segments: N * int64")
+    .Input("row_offsets: N * int64")
+    .Input("weights: N * float")
+    .Output("embeddings: N * float")
+    .Attr("N: int >= 1")
+    .Attr("L: int >= 0 = 0")
+    .Attr("dims: list(int)")
+    .Attr("combiners: list(string)")
+    .Attr("weighted: list(bool)")
+    .Attr("local_worker: int = -1")
+    .SetShapeFn([](InferenceContext* c) {
+      std::vector<int64_t> dims;
+      TF_RETURN_IF_ERROR(c->GetAttr("dims", &dims));
+      for (size_t t = 0; t < dims.size(); ++t) {
+        c->set_output(t, c->Matrix(InferenceContext::kUnknownDim, dims[t]));
+      }
+      return absl::OkStatus();
+    })
+    .Doc(
+        "CombineForward of the rows UnpackRowMessage(message, counts, "
+        "positions, local) would give, without them: each sample combines its "
+        "keys' rows where they arrived, in the message or in local. The "
+        "requester's end of a float32 row exchange. order and segments are "
+        "not read; they are inputs so that the gradient has them.");
+
 }  // namespace sok_ev
