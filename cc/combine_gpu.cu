@@ -26,11 +26,18 @@ struct UniqueValuesSource {
   }
 };
 
+// The handle is the row's address itself (positive: device addresses are
+// below 2^63), so both loads happen when the warp resolves its window of 32
+// entries, none in the loop that reads the rows.
 struct UniqueRowsSource {
   const float* const* unique_rows;  // (num_unique,)
   const int64_t* unique_index;      // (nnz,)
-  __device__ __forceinline__ int64_t resolve(int64_t entry) const { return unique_index[entry]; }
-  __device__ __forceinline__ const float* row(int64_t handle) const { return unique_rows[handle]; }
+  __device__ __forceinline__ int64_t resolve(int64_t entry) const {
+    return reinterpret_cast<int64_t>(unique_rows[unique_index[entry]]);
+  }
+  __device__ __forceinline__ const float* row(int64_t handle) const {
+    return reinterpret_cast<const float*>(handle);
+  }
 };
 
 // Sample ids of up to kTablesPerLaunch tables, by value (4 KB limit).
