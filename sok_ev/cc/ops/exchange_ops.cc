@@ -5,6 +5,7 @@
 // worker w. Kernels: sok_ev/cc/kernels/exchange_kernels.cc.
 #include <vector>
 
+#include "sok_ev/cc/ops/shape_functions.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -126,12 +127,7 @@ REGISTER_OP("SokEv>UnpackRowMessage")
     .SetShapeFn([](InferenceContext* c) {
       tensorflow::shape_inference::ShapeHandle unused;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &unused));
-      std::vector<int64_t> dims;
-      TF_RETURN_IF_ERROR(c->GetAttr("dims", &dims));
-      for (size_t t = 0; t < dims.size(); ++t) {
-        c->set_output(t, c->Matrix(InferenceContext::kUnknownDim, dims[t]));
-      }
-      return absl::OkStatus();
+      return OneMatrixPerDim(c, "dims");
     })
     .Doc(
         "The inverse of PackRowMessage: rows[t] ([sum_w counts[t, w], dims[t]]) "
@@ -160,12 +156,9 @@ REGISTER_OP("SokEv>CombineRowMessage")
     .Attr("weighted: list(bool)")
     .Attr("local_worker: int = -1")
     .SetShapeFn([](InferenceContext* c) {
-      std::vector<int64_t> dims;
-      TF_RETURN_IF_ERROR(c->GetAttr("dims", &dims));
-      for (size_t t = 0; t < dims.size(); ++t) {
-        c->set_output(t, c->Matrix(InferenceContext::kUnknownDim, dims[t]));
-      }
-      return absl::OkStatus();
+      tensorflow::shape_inference::ShapeHandle unused;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &unused));
+      return OneMatrixPerDim(c, "dims");
     })
     .Doc(
         "CombineForward of the rows UnpackRowMessage(message, counts, "

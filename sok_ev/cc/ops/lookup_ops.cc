@@ -3,12 +3,15 @@
 //   one worker:   UniqueKeys (or UniquePackedKeys) -> FindOrInsertCombine
 //   many workers: UniqueKeys -> PartitionByOwner -> all-to-all
 //                 -> UniqueOwnedKeys -> FindOrInsertCombine (owners)
-//                 -> all-to-all back -> CombineForward
+//                 -> all-to-all back -> CombineRowMessage
+//                 (sok_ev/cc/ops/exchange_ops.cc; CombineForward after
+//                 UnpackRowMessage for a compressed exchange)
 //   backward:     CombineBackward (per unique key), then the optimizer's
 //                 SparseApplyOptimizer (sok_ev/cc/ops/optimizer_ops.cc)
 // Kernels: sok_ev/cc/kernels/lookup_kernels.cc.
 #include <vector>
 
+#include "sok_ev/cc/ops/shape_functions.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -170,14 +173,7 @@ REGISTER_OP("SokEv>FindOrInsertCombine")
     .Attr("embedding_dims: list(int)")
     .Attr("combiners: list(string)")
     .Attr("weighted: list(bool)")
-    .SetShapeFn([](InferenceContext* c) {
-      std::vector<int64_t> dims;
-      TF_RETURN_IF_ERROR(c->GetAttr("embedding_dims", &dims));
-      for (size_t t = 0; t < dims.size(); ++t) {
-        c->set_output(t, c->Matrix(InferenceContext::kUnknownDim, dims[t]));
-      }
-      return absl::OkStatus();
-    })
+    .SetShapeFn([](InferenceContext* c) { return OneMatrixPerDim(c, "embedding_dims"); })
     .Doc(
         "Finds or inserts each table's unique keys (counts added to their "
         "frequencies) and combines each sample's rows, as "
