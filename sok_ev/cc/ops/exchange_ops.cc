@@ -25,6 +25,14 @@ absl::Status MessageShape(InferenceContext* c, int counts_input, int width) {
   return absl::OkStatus();
 }
 
+// The receiving end of a row message: a flat message in, one
+// [rows, dims[t]] matrix out per table.
+absl::Status ReceivedRowsShape(InferenceContext* c) {
+  tensorflow::shape_inference::ShapeHandle unused;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &unused));
+  return OneMatrixPerDim(c, "dims");
+}
+
 REGISTER_OP("SokEv>PackKeyMessage")
     .Input("keys_by_owner: Tkeys")
     .Input("counts: N * int64")
@@ -124,11 +132,7 @@ REGISTER_OP("SokEv>UnpackRowMessage")
     .Attr("dims: list(int)")
     .Attr("Tmessage: {float, uint16, half} = DT_FLOAT")
     .Attr("local_worker: int = -1")
-    .SetShapeFn([](InferenceContext* c) {
-      tensorflow::shape_inference::ShapeHandle unused;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &unused));
-      return OneMatrixPerDim(c, "dims");
-    })
+    .SetShapeFn(ReceivedRowsShape)
     .Doc(
         "The inverse of PackRowMessage: rows[t] ([sum_w counts[t, w], dims[t]]) "
         "gets table t's rows of every worker's block, worker 0's first; with "
@@ -155,11 +159,7 @@ REGISTER_OP("SokEv>CombineRowMessage")
     .Attr("combiners: list(string)")
     .Attr("weighted: list(bool)")
     .Attr("local_worker: int = -1")
-    .SetShapeFn([](InferenceContext* c) {
-      tensorflow::shape_inference::ShapeHandle unused;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &unused));
-      return OneMatrixPerDim(c, "dims");
-    })
+    .SetShapeFn(ReceivedRowsShape)
     .Doc(
         "CombineForward of the rows UnpackRowMessage(message, counts, "
         "positions, local) would give, without them: each sample combines its "
