@@ -83,15 +83,29 @@ void combine_backward(const CpuContext& context, const float* grad_out, const in
                       const int64_t* row_offsets, int64_t batch, int64_t nnz, int64_t dim,
                       Combiner combiner, float* grad_unique);
 
-// The same result, bit for bit, on the calling thread: one pass over the
-// entries in sample order adds each one into its key's row (unique_index),
-// so grad_out is read front to back instead of gathered in key order, and
-// no grouping of the entries by key is needed. Each key still sums its
-// entries in ascending order.
+// The same, unique u's gradient written at grad_rows[u] (rows where a
+// message wants them, e.g. the gradient of a received message:
+// CombineRowMessageGrad). The rows must not overlap.
+//   grad_rows: (num_unique,) each a row of dim floats, written in full
+void combine_backward_rows(const CpuContext& context, const float* grad_out,
+                           const int64_t* unique_index, const int64_t* segments, int64_t num_unique,
+                           const float* weights, const int64_t* row_offsets, int64_t batch,
+                           int64_t nnz, int64_t dim, Combiner combiner, float* const* grad_rows);
+
+// combine_backward's result, bit for bit, on the calling thread: one pass
+// over the entries in sample order adds each one into its key's row
+// (unique_index), so grad_out is read front to back instead of gathered in
+// key order, and no grouping of the entries by key is needed. Each key
+// still sums its entries in ascending order.
 //   unique_index: (row_offsets[batch],) from unique_keys' inverse
 void combine_backward_serial(const float* grad_out, const int64_t* unique_index, int64_t num_unique,
                              const float* weights, const int64_t* row_offsets, int64_t batch,
                              int64_t dim, Combiner combiner, float* grad_unique);
+// The same into grad_rows, as combine_backward_rows.
+void combine_backward_rows_serial(const float* grad_out, const int64_t* unique_index,
+                                  int64_t num_unique, const float* weights,
+                                  const int64_t* row_offsets, int64_t batch, int64_t dim,
+                                  Combiner combiner, float* const* grad_rows);
 
 }  // namespace cpu
 
@@ -135,6 +149,12 @@ void combine_backward(const GpuContext& context, const float* grad_out, const in
                       const int64_t* segments, int64_t num_unique, const float* weights,
                       const int64_t* row_offsets, int64_t batch, int64_t nnz, int64_t dim,
                       Combiner combiner, float* grad_unique);
+// rows_aligned: every row of grad_rows starts 16-byte aligned (written as
+// float4s when dim % 4 == 0).
+void combine_backward_rows(const GpuContext& context, const float* grad_out, const int64_t* order,
+                           const int64_t* segments, int64_t num_unique, const float* weights,
+                           const int64_t* row_offsets, int64_t batch, int64_t nnz, int64_t dim,
+                           Combiner combiner, float* const* grad_rows, bool rows_aligned);
 }  // namespace gpu
 
 }  // namespace sok_ev

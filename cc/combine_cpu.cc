@@ -96,15 +96,16 @@ SOK_EV_ROW_LOOPS void combine_sample_rows(const float* const* unique_rows,
                      first, last, dim, combiner, out);
 }
 
-// combine_backward on unique keys [first, last); entry_sample[j] is entry
-// j's sample, denominator[b] sample b's combine_denominator.
-SOK_EV_ROW_LOOPS void combine_backward_keys(const float* grad_out, const int64_t* order,
-                                            const int64_t* segments, const float* weights,
-                                            const int64_t* entry_sample, const float* denominator,
-                                            int64_t first, int64_t last, int64_t dim,
-                                            Combiner combiner, float* grad_unique) {
+// combine_backward on unique keys [first, last), key u's row at row_of(u);
+// entry_sample[j] is entry j's sample, denominator[b] sample b's
+// combine_denominator.
+template <typename RowOf>
+inline __attribute__((always_inline)) void combine_backward_keys_of(
+    RowOf row_of, const float* grad_out, const int64_t* order, const int64_t* segments,
+    const float* weights, const int64_t* entry_sample, const float* denominator, int64_t first,
+    int64_t last, int64_t dim, Combiner combiner) {
   for (int64_t u = first; u < last; ++u) {
-    float* __restrict__ row = grad_unique + u * dim;
+    float* __restrict__ row = row_of(u);
     std::fill(row, row + dim, 0.0f);
     for (int64_t k = segments[u]; k < segments[u + 1]; ++k) {
       const int64_t j = order[k];
@@ -115,6 +116,72 @@ SOK_EV_ROW_LOOPS void combine_backward_keys(const float* grad_out, const int64_t
         for (int64_t c = 0; c < dim; ++c) row[c] += w * g[c];
       } else {
         const float d = denominator[b];
+        for (int64_t c = 0; c < dim; ++c) row[c] += w * div_no_nan(g[c], d);
+      }
+    }
+  }
+}
+
+SOK_EV_ROW_LOOPS void combine_backward_keys(const float* grad_out, const int64_t* order,
+                                            const int64_t* segments, const float* weights,
+                                            const int64_t* entry_sample, const float* denominator,
+                                            int64_t first, int64_t last, int64_t dim,
+                                            Combiner combiner, float* grad_unique) {
+  combine_backward_keys_of([&](int64_t u) { return grad_unique + u * dim; }, grad_out, order,
+                           segments, weights, entry_sample, denominator, first, last, dim,
+                           combiner);
+}
+
+SOK_EV_ROW_LOOPS void combine_backward_key_rows(const float* grad_out, const int64_t* order,
+                                                const int64_t* segments, const float* weights,
+                                                const int64_t* entry_sample,
+                                                const float* denominator, int64_t first,
+                                                int64_t last, int64_t dim, Combiner combiner,
+                                                float* const* grad_rows) {
+  combine_backward_keys_of([&](int64_t u) { return grad_rows[u]; }, grad_out, order, segments,
+                           weights, entry_sample, denominator, first, last, dim, combiner);
+}
+
+// combine_backward's grouping of the entries by key, each entry's sample and
+// its sample's denominator, then keys(first, last, ...) on ranges of keys:
+// one writer per unique row, no races, entries summed in grouped order.
+template <typename Keys>
+void combine_backward_grouped(const CpuContext& context, const int64_t* unique_index,
+                              const int64_t* segments, int64_t num_unique, const float* weights,
+                              const int64_t* row_offsets, int64_t batch, int64_t nnz, int64_t dim,
+                              Combiner combiner, Keys keys) {
+  std::vector<int64_t> order(nnz);
+  group_entries_by_key(unique_index, nnz, segments, num_unique, order.data());
+  std::vector<int64_t> entry_sample(nnz);
+  std::vector<float> denominator(batch);
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t begin = row_offsets[b], end = row_offsets[b + 1];
+    std::fill(entry_sample.begin() + begin, entry_sample.begin() + end, b);
+    denominator[b] = combine_denominator(combiner, weights, begin, end);
+  }
+  const int64_t average_count = num_unique > 0 ? nnz / num_unique + 1 : 1;
+  context.parallel_for(num_unique, average_count * dim, [&](int64_t first, int64_t last) {
+    keys(order.data(), entry_sample.data(), denominator.data(), first, last);
+  });
+}
+
+// combine_backward_serial with key u's row at row_of(u), zeroed first.
+template <typename RowOf>
+inline __attribute__((always_inline)) void combine_backward_serial_of(
+    RowOf row_of, const float* grad_out, const int64_t* unique_index, int64_t num_unique,
+    const float* weights, const int64_t* row_offsets, int64_t batch, int64_t dim,
+    Combiner combiner) {
+  for (int64_t u = 0; u < num_unique; ++u) std::fill(row_of(u), row_of(u) + dim, 0.0f);
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t begin = row_offsets[b], end = row_offsets[b + 1];
+    const float* __restrict__ g = grad_out + b * dim;
+    const float d = combine_denominator(combiner, weights, begin, end);
+    for (int64_t j = begin; j < end; ++j) {
+      const float w = weights ? weights[j] : 1.0f;
+      float* __restrict__ row = row_of(unique_index[j]);
+      if (combiner == Combiner::kSum) {
+        for (int64_t c = 0; c < dim; ++c) row[c] += w * g[c];
+      } else {
         for (int64_t c = 0; c < dim; ++c) row[c] += w * div_no_nan(g[c], d);
       }
     }
@@ -148,44 +215,43 @@ void combine_backward(const CpuContext& context, const float* grad_out, const in
                       const int64_t* segments, int64_t num_unique, const float* weights,
                       const int64_t* row_offsets, int64_t batch, int64_t nnz, int64_t dim,
                       Combiner combiner, float* grad_unique) {
-  // The entries grouped by key, each entry's sample and its sample's
-  // denominator, then one writer per unique row: no races, entries summed in
-  // the order they are grouped in.
-  std::vector<int64_t> order(nnz);
-  group_entries_by_key(unique_index, nnz, segments, num_unique, order.data());
-  std::vector<int64_t> entry_sample(nnz);
-  std::vector<float> denominator(batch);
-  for (int64_t b = 0; b < batch; ++b) {
-    const int64_t begin = row_offsets[b], end = row_offsets[b + 1];
-    std::fill(entry_sample.begin() + begin, entry_sample.begin() + end, b);
-    denominator[b] = combine_denominator(combiner, weights, begin, end);
-  }
-  const int64_t average_count = num_unique > 0 ? nnz / num_unique + 1 : 1;
-  context.parallel_for(num_unique, average_count * dim, [&](int64_t first, int64_t last) {
-    combine_backward_keys(grad_out, order.data(), segments, weights, entry_sample.data(),
-                          denominator.data(), first, last, dim, combiner, grad_unique);
-  });
+  combine_backward_grouped(
+      context, unique_index, segments, num_unique, weights, row_offsets, batch, nnz, dim, combiner,
+      [&](const int64_t* order, const int64_t* entry_sample, const float* denominator,
+          int64_t first, int64_t last) {
+        combine_backward_keys(grad_out, order, segments, weights, entry_sample, denominator, first,
+                              last, dim, combiner, grad_unique);
+      });
+}
+
+void combine_backward_rows(const CpuContext& context, const float* grad_out,
+                           const int64_t* unique_index, const int64_t* segments, int64_t num_unique,
+                           const float* weights, const int64_t* row_offsets, int64_t batch,
+                           int64_t nnz, int64_t dim, Combiner combiner, float* const* grad_rows) {
+  combine_backward_grouped(
+      context, unique_index, segments, num_unique, weights, row_offsets, batch, nnz, dim, combiner,
+      [&](const int64_t* order, const int64_t* entry_sample, const float* denominator,
+          int64_t first, int64_t last) {
+        combine_backward_key_rows(grad_out, order, segments, weights, entry_sample, denominator,
+                                  first, last, dim, combiner, grad_rows);
+      });
 }
 
 SOK_EV_ROW_LOOPS void combine_backward_serial(const float* grad_out, const int64_t* unique_index,
                                               int64_t num_unique, const float* weights,
                                               const int64_t* row_offsets, int64_t batch,
                                               int64_t dim, Combiner combiner, float* grad_unique) {
-  std::fill(grad_unique, grad_unique + num_unique * dim, 0.0f);
-  for (int64_t b = 0; b < batch; ++b) {
-    const int64_t begin = row_offsets[b], end = row_offsets[b + 1];
-    const float* __restrict__ g = grad_out + b * dim;
-    const float d = combine_denominator(combiner, weights, begin, end);
-    for (int64_t j = begin; j < end; ++j) {
-      const float w = weights ? weights[j] : 1.0f;
-      float* __restrict__ row = grad_unique + unique_index[j] * dim;
-      if (combiner == Combiner::kSum) {
-        for (int64_t c = 0; c < dim; ++c) row[c] += w * g[c];
-      } else {
-        for (int64_t c = 0; c < dim; ++c) row[c] += w * div_no_nan(g[c], d);
-      }
-    }
-  }
+  combine_backward_serial_of([&](int64_t u) { return grad_unique + u * dim; }, grad_out,
+                             unique_index, num_unique, weights, row_offsets, batch, dim, combiner);
+}
+
+SOK_EV_ROW_LOOPS void combine_backward_rows_serial(const float* grad_out,
+                                                   const int64_t* unique_index, int64_t num_unique,
+                                                   const float* weights, const int64_t* row_offsets,
+                                                   int64_t batch, int64_t dim, Combiner combiner,
+                                                   float* const* grad_rows) {
+  combine_backward_serial_of([&](int64_t u) { return grad_rows[u]; }, grad_out, unique_index,
+                             num_unique, weights, row_offsets, batch, dim, combiner);
 }
 
 }  // namespace cpu

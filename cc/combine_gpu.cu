@@ -1,5 +1,5 @@
 // gpu::row_offsets_from_sample_ids, gpu::combine_forward(_rows) and
-// gpu::combine_backward (cc/combine.h).
+// gpu::combine_backward(_rows) (cc/combine.h).
 #include <algorithm>
 #include <cstdint>
 
@@ -88,18 +88,19 @@ __global__ void fill_kernel(int64_t* values, const SampleIdTables tables, int co
   for (int t = threadIdx.x; t < count; t += blockDim.x) values[t] = tables.tables[t].nnz;
 }
 
-// Each unique key's gradient written straight into grad_unique by the
-// segment sums (cc/segment_sum_gpu.h).
+// Each unique key's gradient written straight into grad_unique, or at
+// grad_rows[u], by the segment sums (cc/segment_sum_gpu.h).
 Status combine_backward_impl(const GpuContext& context, const float* grad_out, const int64_t* order,
                              const int64_t* segments, int64_t num_unique, const float* weights,
                              const int64_t* row_offsets, int64_t batch, int64_t nnz, int64_t dim,
-                             Combiner combiner, float* grad_unique) {
+                             Combiner combiner, float* grad_unique, float* const* grad_rows,
+                             bool rows_aligned) {
   if (num_unique <= 0) return Status::Ok();
   if (dim < 1) return Status::InvalidArgument("combine_backward: dim must be >= 1");
   SegmentGradientSums sums;
   return sums.prepare(context, grad_out, weights, row_offsets, batch, nnz, combiner, order,
                       segments, /*num_unique=*/nullptr, num_unique, /*max_key_entries=*/nnz, dim,
-                      grad_unique);
+                      grad_unique, grad_rows, rows_aligned);
 }
 
 }  // namespace
@@ -159,7 +160,17 @@ void combine_backward(const GpuContext& context, const float* grad_out, const in
                       const int64_t* row_offsets, int64_t batch, int64_t nnz, int64_t dim,
                       Combiner combiner, float* grad_unique) {
   record_error(combine_backward_impl(context, grad_out, order, segments, num_unique, weights,
-                                     row_offsets, batch, nnz, dim, combiner, grad_unique));
+                                     row_offsets, batch, nnz, dim, combiner, grad_unique,
+                                     /*grad_rows=*/nullptr, /*rows_aligned=*/false));
+}
+
+void combine_backward_rows(const GpuContext& context, const float* grad_out, const int64_t* order,
+                           const int64_t* segments, int64_t num_unique, const float* weights,
+                           const int64_t* row_offsets, int64_t batch, int64_t nnz, int64_t dim,
+                           Combiner combiner, float* const* grad_rows, bool rows_aligned) {
+  record_error(combine_backward_impl(context, grad_out, order, segments, num_unique, weights,
+                                     row_offsets, batch, nnz, dim, combiner,
+                                     /*grad_unique=*/nullptr, grad_rows, rows_aligned));
 }
 
 }  // namespace gpu

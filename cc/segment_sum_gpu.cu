@@ -80,6 +80,22 @@ __device__ __forceinline__ void store_columns(float* p, const float (&in)[kWidth
   }
 }
 
+// Where key u's gradient goes: sums + u * dim, or rows[u].
+struct SumDestination {
+  float* sums;
+  float* const* rows;  // null: sums
+  int64_t dim;
+  __device__ __forceinline__ float* row(int64_t u) const {
+    return rows != nullptr ? rows[u] : sums + u * dim;
+  }
+};
+
+// A pointer from lane `source` of the warp.
+__device__ __forceinline__ float* shfl_pointer(float* p, int source) {
+  return reinterpret_cast<float*>(
+      __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(p), source));
+}
+
 // A warp per tile of kTileEntries grouped entries, in order: lane l holds
 // entry k0 + l's key, sample, weight and denominator; the warp walks the
 // entries with kAhead rows' loads in flight and writes each key whose entries
@@ -91,7 +107,7 @@ __device__ __forceinline__ void store_columns(float* p, const float (&in)[kWidth
 template <bool kVec>
 __global__ void __launch_bounds__(kThreads, 3)
     tile_sums_kernel(SegmentGradients s, const int64_t* num_unique, int64_t max_unique, int64_t nnz,
-                     float* sums, float* partials) {
+                     SumDestination sums, float* partials) {
   constexpr int kWidth = kVec ? 4 : 1;
   // 3 blocks an SM: 80 registers (104 uncapped, 4 bytes spilled; with 8
   // float4 rows ahead 72 bytes spill; clang, 2026-11-23).
@@ -115,17 +131,24 @@ __global__ void __launch_bounds__(kThreads, 3)
       w = s.sorted_weight != nullptr ? s.sorted_weight[k0 + lane] : 1.0f;
       if (s.combiner != Combiner::kSum) denominator = s.bag_scale[bag];
     }
-    // Where each lane's entry ends a key's part: the part's row, in sums,
-    // or -1 (the tile's head row) or -2 (its tail row).
+    // Where each lane's entry ends a key's part: the key's row, or the
+    // tile's head row (the key began before the tile) or its tail row (it
+    // goes on after). Resolved here, with the lane's other loads.
     const int64_t first_key = __shfl_sync(all, key, 0);
     const int64_t last_key = __shfl_sync(all, key, n - 1);
     const bool first_began_before = s.segments[first_key] < k0;
     const bool last_goes_on = s.segments[last_key + 1] > k0 + n;
     const int64_t next_key = __shfl_down_sync(all, key, 1);
-    const unsigned ends = __ballot_sync(all, lane < n && (lane == n - 1 || next_key != key));
-    const int64_t destination = (key == first_key && first_began_before) ? -1
-                                : (key == last_key && last_goes_on)      ? -2
-                                                                         : key;
+    const bool lane_ends = lane < n && (lane == n - 1 || next_key != key);
+    const unsigned ends = __ballot_sync(all, lane_ends);
+    float* destination = nullptr;
+    if (key == first_key && first_began_before) {
+      destination = partials + tile * dim;
+    } else if (key == last_key && last_goes_on) {
+      destination = partials + (tiles + tile) * dim;
+    } else if (lane_ends) {
+      destination = sums.row(key);
+    }
     for (int64_t c0 = 0; c0 < dim; c0 += 32 * kWidth) {
       const int64_t c = c0 + kWidth * lane;
       const bool active = c < dim;
@@ -148,10 +171,7 @@ __global__ void __launch_bounds__(kThreads, 3)
             for (int e = 0; e < kWidth; ++e) acc[e] += entry_gradient(x[a][e], wa, da, s.combiner);
           }
           if (ends & (1u << at)) {
-            const int64_t part = __shfl_sync(all, destination, at);
-            float* out = part == -1   ? partials + tile * dim
-                         : part == -2 ? partials + (tiles + tile) * dim
-                                      : sums + part * dim;
+            float* out = shfl_pointer(destination, at);
             if (active) store_columns<kWidth>(out + c, acc);
 #pragma unroll
             for (int e = 0; e < kWidth; ++e) acc[e] = 0.0f;
@@ -169,7 +189,7 @@ __global__ void __launch_bounds__(kThreads, 3)
 template <bool kVec>
 __global__ void __launch_bounds__(kThreads)
     crossing_sums_kernel(SegmentGradients s, const int64_t* num_unique, int64_t max_unique,
-                         int64_t nnz, float* sums, const float* partials) {
+                         int64_t nnz, SumDestination sums, const float* partials) {
   constexpr int kWidth = kVec ? 4 : 1;
   // A hot key's parts form one serial chain (about 190 for the hottest
   // Zipf key of a one-hot 65536 batch): its time is parts / kAhead loads'
@@ -184,14 +204,16 @@ __global__ void __launch_bounds__(kThreads)
        base += ((int64_t(gridDim.x) * blockDim.x) >> 5) * 32) {
     int64_t begin = 0, end = 0;
     bool crossing = false;
+    float* destination = nullptr;
     if (base + lane < count) {
       begin = s.segments[base + lane];
       end = s.segments[base + lane + 1];
       crossing = begin == end || begin / kTileEntries != (end - 1) / kTileEntries;
+      if (crossing) destination = sums.row(base + lane);
     }
     for (unsigned todo = __ballot_sync(all, crossing); todo != 0; todo &= todo - 1) {
       const int source = __ffs(todo) - 1;
-      const int64_t u = base + source;
+      float* const out = shfl_pointer(destination, source);
       const int64_t key_begin = __shfl_sync(all, begin, source);
       const int64_t key_end = __shfl_sync(all, end, source);
       const int64_t first = key_begin / kTileEntries, last = (key_end - 1) / kTileEntries;
@@ -215,7 +237,7 @@ __global__ void __launch_bounds__(kThreads)
             }
           }
         }
-        store_columns<kWidth>(sums + u * dim + c, acc);
+        store_columns<kWidth>(out + c, acc);
       }
     }
   }
@@ -232,7 +254,7 @@ Status SegmentGradientSums::prepare(const GpuContext& context, const float* grad
                                     int64_t nnz, Combiner combiner, const int64_t* order,
                                     const int64_t* segments, const int64_t* num_unique,
                                     int64_t max_unique, int64_t max_key_entries, int64_t dim,
-                                    float* sums) {
+                                    float* sums, float* const* sum_rows, bool rows_aligned) {
   cudaStream_t stream = stream_of(context);
   const int64_t entries = nnz > 0 ? nnz : 1;
   // A sum of unweighted entries reads no denominator and no weight.
@@ -275,39 +297,46 @@ Status SegmentGradientSums::prepare(const GpuContext& context, const float* grad
       SOK_EV_LAUNCH_CHECK("sorted_entries");
     }
   }
-  // Distinct keys with nowhere asked to write: each key's one entry is read
-  // in place.
-  if (max_unique <= 0 || (sums == nullptr && max_key_entries <= 1)) return Status::Ok();
-  if (sums == nullptr) {
-    sums_ = scratch(context, max_unique * dim * sizeof(float));
-    if (!sums_->ok()) return Status::Internal("segment gradients: out of device memory");
-    sums = sums_->as<float>();
+  if (max_unique <= 0) return Status::Ok();
+  SumDestination destination{sums, sum_rows, dim};
+  bool destination_aligned = rows_aligned;
+  if (sum_rows == nullptr) {
+    // Distinct keys with nowhere asked to write: each key's one entry is
+    // read in place.
+    if (sums == nullptr && max_key_entries <= 1) return Status::Ok();
+    if (sums == nullptr) {
+      sums_ = scratch(context, max_unique * dim * sizeof(float));
+      if (!sums_->ok()) return Status::Internal("segment gradients: out of device memory");
+      sums = sums_->as<float>();
+    }
+    view_.sums = sums;
+    destination.sums = sums;
+    destination_aligned = reinterpret_cast<uintptr_t>(sums) % 16 == 0;
   }
-  view_.sums = sums;
   const int64_t tiles = (nnz + kTileEntries - 1) / kTileEntries;
   partials_ = scratch(context, std::max<int64_t>(2 * tiles * dim, 1) * sizeof(float));
   if (!partials_->ok()) return Status::Internal("segment gradients: out of device memory");
-  const bool vec = dim % 4 == 0 && reinterpret_cast<uintptr_t>(grad_out) % 16 == 0 &&
-                   reinterpret_cast<uintptr_t>(sums) % 16 == 0;
+  const bool vec =
+      dim % 4 == 0 && reinterpret_cast<uintptr_t>(grad_out) % 16 == 0 && destination_aligned;
   float* partials = partials_->as<float>();
   if (tiles > 0) {
     const unsigned blocks = grid_for(tiles * 32, kThreads);
     if (vec) {
-      tile_sums_kernel<true>
-          <<<blocks, kThreads, 0, stream>>>(view_, num_unique, max_unique, nnz, sums, partials);
+      tile_sums_kernel<true><<<blocks, kThreads, 0, stream>>>(view_, num_unique, max_unique, nnz,
+                                                              destination, partials);
     } else {
-      tile_sums_kernel<false>
-          <<<blocks, kThreads, 0, stream>>>(view_, num_unique, max_unique, nnz, sums, partials);
+      tile_sums_kernel<false><<<blocks, kThreads, 0, stream>>>(view_, num_unique, max_unique, nnz,
+                                                               destination, partials);
     }
     SOK_EV_LAUNCH_CHECK("tile_sums");
   }
   const unsigned blocks = grid_for(max_unique, kThreads);
   if (vec) {
-    crossing_sums_kernel<true>
-        <<<blocks, kThreads, 0, stream>>>(view_, num_unique, max_unique, nnz, sums, partials);
+    crossing_sums_kernel<true><<<blocks, kThreads, 0, stream>>>(view_, num_unique, max_unique, nnz,
+                                                                destination, partials);
   } else {
-    crossing_sums_kernel<false>
-        <<<blocks, kThreads, 0, stream>>>(view_, num_unique, max_unique, nnz, sums, partials);
+    crossing_sums_kernel<false><<<blocks, kThreads, 0, stream>>>(view_, num_unique, max_unique, nnz,
+                                                                 destination, partials);
   }
   SOK_EV_LAUNCH_CHECK("crossing_sums");
   return Status::Ok();

@@ -59,10 +59,15 @@ class SegmentGradientSums {
   //   sums: (max_unique, dim) where each key's gradient goes, or null: into
   //     scratch this object owns, or, with max_key_entries 1 (distinct
   //     keys), nowhere: each key's one entry is read in place
+  //   sum_rows: (max_unique,) or null: key u's gradient goes to the dim floats
+  //     at sum_rows[u] instead (sums is then ignored, and the view's sums is
+  //     null: it is not for reading the keys' gradients back);
+  //     rows_aligned: each of them starts 16-byte aligned
   Status prepare(const GpuContext& context, const float* grad_out, const float* weights,
                  const int64_t* row_offsets, int64_t batch, int64_t nnz, Combiner combiner,
                  const int64_t* order, const int64_t* segments, const int64_t* num_unique,
-                 int64_t max_unique, int64_t max_key_entries, int64_t dim, float* sums);
+                 int64_t max_unique, int64_t max_key_entries, int64_t dim, float* sums,
+                 float* const* sum_rows = nullptr, bool rows_aligned = false);
   const SegmentGradients& view() const { return view_; }
 
  private:

@@ -288,13 +288,19 @@ def _unique_packed_keys(indices, sp_weights, weighted):
                                            weighted=weighted)
 
 
-def _combine_backward(op, grads, first):
-    """CombineBackward of the combining op `op` whose per-table inputs
-  unique_index, order, segments, row_offsets, weights start at input index
-  `first`."""
+def _combine_gradient_inputs(op, grads, first):
+    """The inputs of the backward of the combining op `op`, whose per-table
+  inputs unique_index, order, segments, row_offsets, weights start at input
+  index `first`: its outputs' gradients (zeros where None) and those five
+  lists."""
     n = op.get_attr("N")
     grads = [tf.zeros_like(out) if g is None else g for g, out in zip(grads, op.outputs)]
-    pieces = [op.inputs[first + k * n:first + (k + 1) * n] for k in range(5)]
+    return grads, [op.inputs[first + k * n:first + (k + 1) * n] for k in range(5)]
+
+
+def _combine_backward(op, grads, first):
+    """CombineBackward of the combining op `op` (_combine_gradient_inputs)."""
+    grads, pieces = _combine_gradient_inputs(op, grads, first)
     return ops().sok_ev_combine_backward(grads,
                                          *pieces,
                                          combiners=op.get_attr("combiners"),
@@ -337,17 +343,24 @@ def _combine_forward_gradient(op, *grads):
 @tf.RegisterGradient("SokEv>CombineRowMessage")
 def _combine_row_message_gradient(op, *grads):
     """The gradients of the message and of the local rows: each unique key's
-  gradient (CombineBackward) packed as the message was (PackRowMessage)."""
+  gradient (CombineBackward's) written where its row arrived
+  (CombineRowMessageGrad), the layout the rows' all-to-all sends back."""
     n, num_local = op.get_attr("N"), op.get_attr("L")
     # inputs: message, counts, positions (N), local (L), then unique_index,
     # order, segments, row_offsets, weights (N each)
-    grad_unique = _combine_backward(op, grads, first=2 + n + num_local)
-    positions = list(op.inputs[2:2 + n])
-    grad_message, _, grad_local = ops().sok_ev_pack_row_message(
-        list(grad_unique), op.inputs[1], positions, local_worker=op.get_attr("local_worker"))
+    grads, pieces = _combine_gradient_inputs(op, grads, first=2 + n + num_local)
+    grad_message, grad_local = ops().sok_ev_combine_row_message_grad(
+        grads,
+        op.inputs[1],
+        op.inputs[2:2 + n],
+        *pieces,
+        dims=op.get_attr("dims"),
+        combiners=op.get_attr("combiners"),
+        weighted=op.get_attr("weighted"),
+        local_worker=op.get_attr("local_worker"))
     return [grad_message, None] + [None] * n + list(grad_local)[:num_local] + [None] * (5 * n)
 
 
 for _op_name in ("SokEv>UniqueKeys", "SokEv>UniquePackedKeys", "SokEv>UniqueOwnedKeys",
-                 "SokEv>PartitionByOwner", "SokEv>CombineBackward"):
+                 "SokEv>PartitionByOwner", "SokEv>CombineBackward", "SokEv>CombineRowMessageGrad"):
     tf.no_gradient(_op_name)

@@ -18,7 +18,9 @@ side, empty tables and empty blocks:
 * the gradients of pack and unpack are each other (checked against NumPy);
 * combining a received message in place (CombineRowMessage) gives the bits
   of unpacking it and combining the rows, and NumPy's combination; its
-  gradient is each unique key's gradient packed as the message was;
+  gradient is each unique key's gradient packed as the message was, written
+  in place (CombineRowMessageGrad) with the bits of CombineBackward then
+  PackRowMessage;
 * malformed counts, rows or messages fail with an error naming them.
 """
 import numpy as np
@@ -400,13 +402,21 @@ def _combine_reference(rows, index, offsets, weights, combiner):
     return out
 
 
-def _combine_row_message(message, counts, positions, local, batches, dims, combiners, local_worker):
-    # Each key's entries, as UniqueKeys segments them (the backward reads
-    # them; order may be empty on the CPU).
+def _segments_and_order(batches, positions):
+    """Each table's entries grouped by key, as UniqueKeys groups them: the
+  key boundaries (segments) and the entries in key order (a stable sort)."""
     segments = [
         np.concatenate([[0], np.cumsum(np.bincount(i, minlength=len(p)))]).astype(np.int64)
         for (i, _, _), p in zip(batches, positions)
     ]
+    order = [np.argsort(i, kind="stable").astype(np.int64) for i, _, _ in batches]
+    return segments, order
+
+
+def _combine_row_message(message, counts, positions, local, batches, dims, combiners, local_worker):
+    # Each key's entries, as UniqueKeys segments them (the backward reads
+    # them; order may be empty on the CPU).
+    segments, _ = _segments_and_order(batches, positions)
     return ops().sok_ev_combine_row_message(message,
                                             counts,
                                             positions,
@@ -493,6 +503,91 @@ def test_the_gradient_of_combining_the_message_is_each_keys_gradient_packed_as_t
                                    grad_unique[t][_block(counts, t, local_worker, positions)],
                                    rtol=1e-5,
                                    atol=1e-6)
+
+
+@pytest.mark.parametrize("order_given", [True, False], ids=["order", "no_order"])
+@pytest.mark.parametrize("dims", [[4, 128, 8], [3, 128, 5, 8]], ids=["aligned", "unaligned"])
+@pytest.mark.parametrize("num_workers, local_worker", [(1, 0), (2, 1), (3, -1), (3, 2)])
+def test_the_message_gradient_written_in_place_equals_combine_backward_then_pack(
+        num_workers, local_worker, dims, order_given):
+    rng = np.random.default_rng(60 + num_workers + local_worker)
+    counts, rows, positions, batches = _combine_case(rng, num_workers, dims)
+    combiners = [("sum", "mean", "sqrtn")[t % 3] for t in range(len(dims))]
+    segments, order = _segments_and_order(batches, positions)
+    if not order_given:  # UniqueKeys ran on the CPU
+        order = [np.zeros([0], np.int64)] * len(dims)
+    upstream = [
+        rng.standard_normal((len(o) - 1, d)).astype(np.float32)
+        for (_, o, _), d in zip(batches, dims)
+    ]
+    pieces = [[tf.constant(i) for i, _, _ in batches], [tf.constant(x) for x in order],
+              [tf.constant(x) for x in segments], [tf.constant(o) for _, o, _ in batches],
+              [tf.constant(w) for _, _, w in batches]]
+    attrs = dict(combiners=combiners, weighted=[True] * len(dims))
+    grad_message, grad_local = ops().sok_ev_combine_row_message_grad(upstream,
+                                                                     counts,
+                                                                     positions,
+                                                                     *pieces,
+                                                                     dims=dims,
+                                                                     local_worker=local_worker,
+                                                                     **attrs)
+    # The two ops it replaces.
+    grad_unique = ops().sok_ev_combine_backward(upstream, *pieces, **attrs)
+    want_message, _, want_local = ops().sok_ev_pack_row_message(grad_unique,
+                                                                counts,
+                                                                positions,
+                                                                local_worker=local_worker)
+    np.testing.assert_array_equal(grad_message.numpy(), want_message.numpy())
+    for t, grad in enumerate(grad_local):
+        np.testing.assert_array_equal(grad.numpy(), want_local[t].numpy(), err_msg=f"table {t}")
+    # And NumPy's: each key's entries' upstream rows, scaled as combined.
+    reference = []
+    for (index, offsets, weights), up, table, combiner in zip(batches, upstream, rows, combiners):
+        grad = np.zeros(table.shape)
+        for b in range(len(offsets) - 1):
+            w = weights[offsets[b]:offsets[b + 1]].astype(np.float64)
+            scale = {"sum": 1.0, "mean": w.sum(), "sqrtn": np.sqrt((w * w).sum())}[combiner]
+            for j in range(offsets[b], offsets[b + 1]):
+                grad[index[j]] += weights[j] * up[b] / scale
+        reference.append(grad)
+    np.testing.assert_allclose(grad_message.numpy(),
+                               _pack_reference(counts, reference, positions, local_worker),
+                               rtol=1e-5,
+                               atol=1e-6)
+
+
+def test_a_message_gradient_of_the_wrong_shape_fails_naming_it():
+    counts, positions = tf.constant([[1, 2]], tf.int64), [tf.constant([2, 0, 1], tf.int64)]
+    pieces = [[tf.constant([0, 1, 2, 2], tf.int64)], [tf.zeros([0], tf.int64)],
+              [tf.constant([0, 1, 2, 4], tf.int64)], [tf.constant([0, 2, 4], tf.int64)],
+              [tf.zeros([0])]]
+
+    def grad(upstream, segments=pieces[2], local_worker=1):
+        return ops().sok_ev_combine_row_message_grad(upstream,
+                                                     counts,
+                                                     positions,
+                                                     pieces[0],
+                                                     pieces[1],
+                                                     segments,
+                                                     *pieces[3:],
+                                                     dims=[4],
+                                                     combiners=["sum"],
+                                                     weighted=[False],
+                                                     local_worker=local_worker)
+
+    message, local = grad([tf.ones([2, 4])])
+    assert message.shape == [4] and local[0].shape == [2, 4]
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"grads\[0\] must be \[2, 4\] \(row_offsets\[0\] samples of "
+                       r"dims\[0\]\), got shape \[3,4\]"):
+        grad([tf.ones([3, 4])])
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"table 0: 3 segments for 3 unique keys"):
+        grad([tf.ones([2, 4])], segments=[tf.constant([0, 2, 4], tf.int64)])
+    message, local = grad([tf.ones([2, 4])], local_worker=-1)
+    assert message.shape == [12] and local[0].shape == [0, 4]
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"local_worker must be -1 or in"):
+        grad([tf.ones([2, 4])], local_worker=5)
 
 
 @pytest.mark.parametrize("counts, rows, error", [

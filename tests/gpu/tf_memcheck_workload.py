@@ -120,8 +120,9 @@ def run_row_messages(rng):
     """PackRowMessage then UnpackRowMessage for 3 workers: float4 rows (dims
   128 and 4) in one message, odd widths (3, 1) in another, with every block
   in the message and with worker 1's beside it (a view of the rows, or a
-  copy); the rows come back where they were, and CombineRowMessage reads
-  them in place (float4 rows and rows off 16-byte boundaries)."""
+  copy); the rows come back where they were, CombineRowMessage reads them
+  in place (float4 rows and rows off 16-byte boundaries), and
+  CombineRowMessageGrad writes their gradients in place."""
     from sok_ev._ops import ops  # pylint: disable=import-outside-toplevel
     for dims in ([128, 4], [3, 1]):
         counts = rng.integers(0, 40, size=(len(dims), 3)).astype(np.int64)
@@ -162,6 +163,23 @@ def run_row_messages(rng):
             local_worker=1)
         for t, table in enumerate(rows):
             np.testing.assert_array_equal(embeddings[t].numpy(), table)
+        # Its gradient written in place: each row's gradient is its sample's,
+        # so the message that comes back is the one that went out.
+        grad_message, grad_local = ops().sok_ev_combine_row_message_grad(
+            rows,
+            counts,
+            positions, [np.arange(len(r), dtype=np.int64) for r in rows],
+            [np.arange(len(r), dtype=np.int64) for r in rows],
+            [np.arange(len(r) + 1, dtype=np.int64) for r in rows],
+            [np.arange(len(r) + 1, dtype=np.int64) for r in rows],
+            [np.zeros([0], np.float32)] * len(dims),
+            dims=dims,
+            combiners=["sum"] * len(dims),
+            weighted=[False] * len(dims),
+            local_worker=1)
+        np.testing.assert_array_equal(grad_message.numpy(), message.numpy())
+        for t, table in enumerate(local):
+            np.testing.assert_array_equal(grad_local[t].numpy(), table.numpy())
 
 
 def main():

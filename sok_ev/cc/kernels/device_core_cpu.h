@@ -403,6 +403,23 @@ class Core<CPUDevice> {
     return absl::OkStatus();
   }
 
+  // CombineBackward with unique u's gradient written at grad_rows[u].
+  absl::Status CombineBackwardRows(const float* grad_out, const int64_t* unique_index,
+                                   const int64_t* /*order*/, const int64_t* segments,
+                                   int64_t num_unique, const float* weights,
+                                   const int64_t* row_offsets, int64_t batch, int64_t nnz,
+                                   int64_t dim, Combiner combiner, float* const* grad_rows,
+                                   bool /*rows_aligned*/) {
+    if (num_threads_ == 1) {
+      cpu::combine_backward_rows_serial(grad_out, unique_index, num_unique, weights, row_offsets,
+                                        batch, dim, combiner, grad_rows);
+    } else {
+      cpu::combine_backward_rows(context_, grad_out, unique_index, segments, num_unique, weights,
+                                 row_offsets, batch, nnz, dim, combiner, grad_rows);
+    }
+    return absl::OkStatus();
+  }
+
   // Copies blocks of rows between tables and a message (cc/exchange_message.h).
   template <typename Src, typename Dst>
   absl::Status CopyRows(const std::vector<RowCopy<Src, Dst>>& blocks) {

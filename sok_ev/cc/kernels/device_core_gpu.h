@@ -577,12 +577,23 @@ class Core<GPUDevice> {
                                const float* weights, const int64_t* row_offsets, int64_t batch,
                                int64_t nnz, int64_t dim, Combiner combiner, float* grad_unique) {
     Segmented grouped;
-    if (order == nullptr && nnz > 0) {
-      TF_RETURN_IF_ERROR(UniqueKeysSegmented<int64_t>(unique_index, nnz, &grouped));
-      order = VectorData<int64_t>(grouped.order);
-    }
+    TF_RETURN_IF_ERROR(OrderOrGroup(unique_index, nnz, &order, &grouped));
     gpu::combine_backward(context_, grad_out, order, segments, num_unique, weights, row_offsets,
                           batch, nnz, dim, combiner, grad_unique);
+    return Pending();
+  }
+
+  // CombineBackward with unique u's gradient written at grad_rows[u].
+  absl::Status CombineBackwardRows(const float* grad_out, const int64_t* unique_index,
+                                   const int64_t* order, const int64_t* segments,
+                                   int64_t num_unique, const float* weights,
+                                   const int64_t* row_offsets, int64_t batch, int64_t nnz,
+                                   int64_t dim, Combiner combiner, float* const* grad_rows,
+                                   bool rows_aligned) {
+    Segmented grouped;
+    TF_RETURN_IF_ERROR(OrderOrGroup(unique_index, nnz, &order, &grouped));
+    gpu::combine_backward_rows(context_, grad_out, order, segments, num_unique, weights,
+                               row_offsets, batch, nnz, dim, combiner, grad_rows, rows_aligned);
     return Pending();
   }
 
@@ -590,6 +601,16 @@ class Core<GPUDevice> {
   struct Segmented {
     tensorflow::Tensor unique_keys, inverse, order, segments, num_unique;
   };
+
+  // *order as given, or, when null (UniqueKeys ran on the CPU), the stable
+  // grouping of the entries by key, kept in *grouped.
+  absl::Status OrderOrGroup(const int64_t* unique_index, int64_t nnz, const int64_t** order,
+                            Segmented* grouped) {
+    if (*order != nullptr || nnz == 0) return absl::OkStatus();
+    TF_RETURN_IF_ERROR(UniqueKeysSegmented<int64_t>(unique_index, nnz, grouped));
+    *order = VectorData<int64_t>(grouped->order);
+    return absl::OkStatus();
+  }
 
   //   keys: (n,), n > 0
   template <typename Key>

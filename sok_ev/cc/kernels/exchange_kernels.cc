@@ -494,85 +494,122 @@ class PackRowMessageOp : public OpKernel {
   int local_worker_;
 };
 
+// Where each (table, worker) block of a row message is, at either end:
+// counts [N, W], table t's rows dims[t] wide, the optional positions of the
+// rows in their tables, and the worker whose block stays out of the message
+// (local_worker; -1: none).
+class RowMessageLayout {
+ public:
+  absl::Status Plan(const Tensor& counts, const OpInputList& positions,
+                    const std::vector<int64_t>& dims, int local_worker) {
+    dims_ = dims;
+    local_worker_ = local_worker;
+    positions_ = positions;
+    const int n = static_cast<int>(dims_.size());
+    TF_RETURN_IF_ERROR(ReadCounts(counts, n, &counts_, &num_workers_));
+    TF_RETURN_IF_ERROR(MessageCounts(counts_, num_workers_, local_worker_, &message_counts_));
+    plan_ = PlanMessage(counts_.data(), n, num_workers_, dims_.data(), 0);
+    message_plan_ = PlanMessage(message_counts_.data(), n, num_workers_, dims_.data(), 0);
+    return CheckPositions(positions_, plan_);
+  }
+
+  int num_tables() const { return static_cast<int>(dims_.size()); }
+  int64_t table_rows(int t) const { return plan_.table_rows[t]; }
+  int64_t message_elements() const { return message_plan_.total; }
+  // Rows of table t in the local block (0 without a local worker).
+  int64_t local_rows(int t) const {
+    return local_worker_ < 0 ? 0 : counts_[int64_t{t} * num_workers_ + local_worker_];
+  }
+
+  // Calls visit(t, rows, first, index, message_start) for every block
+  // (t, w) with rows: they belong at table t's rows first, first + 1, ...
+  // (index null) or at index[0], index[1], ... (positions), and sit in the
+  // message from element message_start on, or, for the local worker's
+  // block (message_start -1), in table t's local matrix.
+  template <typename Visit>
+  void ForEachBlock(const Visit& visit) const {
+    for (int t = 0; t < num_tables(); ++t) {
+      for (int w = 0; w < num_workers_; ++w) {
+        const int64_t i = int64_t{t} * num_workers_ + w;
+        if (counts_[i] == 0 || dims_[t] == 0) continue;
+        const int64_t first = plan_.table_offset[i];
+        visit(t, counts_[i], first, BlockPositions(positions_, t, first),
+              w == local_worker_ ? int64_t{-1} : message_plan_.start[i]);
+      }
+    }
+  }
+
+ private:
+  std::vector<int64_t> dims_;
+  int local_worker_ = -1;
+  OpInputList positions_;
+  std::vector<int64_t> counts_, message_counts_;
+  int num_workers_ = 0;
+  MessagePlan plan_, message_plan_;
+};
+
 // The receiving end of a row message (UnpackRowMessage, CombineRowMessage):
 // inputs message, counts, positions, local; attrs dims and local_worker.
 // Read checks that they fit one another, and where each block is.
 class ReceivedRows {
  public:
   absl::Status Read(OpKernelContext* context, const std::vector<int64_t>& dims, int local_worker) {
-    dims_ = dims;
-    local_worker_ = local_worker;
     message_ = &context->input(0);
-    TF_RETURN_IF_ERROR(context->input_list("positions", &positions_));
+    OpInputList positions;
+    TF_RETURN_IF_ERROR(context->input_list("positions", &positions));
     TF_RETURN_IF_ERROR(context->input_list("local", &local_));
-    const int n = static_cast<int>(dims_.size());
-    TF_RETURN_IF_ERROR(ReadCounts(context->input(1), n, &counts_, &num_workers_));
-    TF_RETURN_IF_ERROR(MessageCounts(counts_, num_workers_, local_worker_, &message_counts_));
-    plan_ = PlanMessage(counts_.data(), n, num_workers_, dims_.data(), 0);
-    message_plan_ = PlanMessage(message_counts_.data(), n, num_workers_, dims_.data(), 0);
-    if (message_->dims() != 1 || message_->NumElements() != message_plan_.total) {
+    TF_RETURN_IF_ERROR(layout_.Plan(context->input(1), positions, dims, local_worker));
+    if (message_->dims() != 1 || message_->NumElements() != layout_.message_elements()) {
       return errors::InvalidArgument("the message has shape ", message_->shape().DebugString(),
-                                     ", but counts and dims make ", message_plan_.total,
+                                     ", but counts and dims make ", layout_.message_elements(),
                                      " elements");
     }
-    TF_RETURN_IF_ERROR(CheckPositions(positions_, plan_));
-    return CheckLocal();
+    return CheckLocal(dims, local_worker);
   }
 
-  int64_t table_rows(int t) const { return plan_.table_rows[t]; }
+  int64_t table_rows(int t) const { return layout_.table_rows(t); }
 
   // Calls visit(t, rows, first, index, src) for every block (t, w) with
-  // rows: they belong at table t's rows first, first + 1, ... (index null) or
-  // at index[0], index[1], ... (positions), and are read from src: an
-  // Element* into the message, or, for the local worker's block, a float*
-  // into local[t].
+  // rows (RowMessageLayout::ForEachBlock), read from src: an Element* into
+  // the message, or, for the local worker's block, a float* into local[t].
   template <typename Element, typename Visit>
   void ForEachBlock(const Visit& visit) const {
     const Element* in = MessageData<Element>(*message_);
-    for (int t = 0; t < static_cast<int>(dims_.size()); ++t) {
-      for (int w = 0; w < num_workers_; ++w) {
-        const int64_t i = int64_t{t} * num_workers_ + w;
-        if (counts_[i] == 0 || dims_[t] == 0) continue;
-        const int64_t first = plan_.table_offset[i];
-        const int64_t* index = BlockPositions(positions_, t, first);
-        if (w == local_worker_) {
-          visit(t, counts_[i], first, index, local_[t].flat<float>().data());
-        } else {
-          visit(t, counts_[i], first, index, in + message_plan_.start[i]);
-        }
-      }
-    }
+    layout_.ForEachBlock(
+        [&](int t, int64_t rows, int64_t first, const int64_t* index, int64_t message_start) {
+          if (message_start < 0) {
+            visit(t, rows, first, index, local_[t].flat<float>().data());
+          } else {
+            visit(t, rows, first, index, in + message_start);
+          }
+        });
   }
 
  private:
-  // local: one [counts[t, local_worker_], dims_[t]] matrix per table with a
+  // local: one [counts[t, local_worker], dims[t]] matrix per table with a
   // local worker, none without.
-  absl::Status CheckLocal() const {
-    const int n = static_cast<int>(dims_.size());
-    const int want = local_worker_ < 0 ? 0 : n;
+  absl::Status CheckLocal(const std::vector<int64_t>& dims, int local_worker) const {
+    const int n = layout_.num_tables();
+    const int want = local_worker < 0 ? 0 : n;
     if (local_.size() != want) {
       return errors::InvalidArgument("local must have ", want, " tensors for local_worker ",
-                                     local_worker_, ", got ", local_.size());
+                                     local_worker, ", got ", local_.size());
     }
     for (int t = 0; t < local_.size(); ++t) {
-      const int64_t rows = counts_[int64_t{t} * num_workers_ + local_worker_];
+      const int64_t rows = layout_.local_rows(t);
       if (local_[t].dims() != 2 || local_[t].dim_size(0) != rows ||
-          local_[t].dim_size(1) != dims_[t]) {
-        return errors::InvalidArgument("local[", t, "] must be [", rows, ", ", dims_[t],
-                                       "] (counts[", t, ", ", local_worker_, "] rows of dims[", t,
+          local_[t].dim_size(1) != dims[t]) {
+        return errors::InvalidArgument("local[", t, "] must be [", rows, ", ", dims[t],
+                                       "] (counts[", t, ", ", local_worker, "] rows of dims[", t,
                                        "]), got shape ", local_[t].shape().DebugString());
       }
     }
     return absl::OkStatus();
   }
 
-  std::vector<int64_t> dims_;
-  int local_worker_ = -1;
   const Tensor* message_ = nullptr;
-  OpInputList positions_, local_;
-  std::vector<int64_t> counts_, message_counts_;
-  int num_workers_ = 0;
-  MessagePlan plan_, message_plan_;
+  OpInputList local_;
+  RowMessageLayout layout_;
 };
 
 template <typename Device>
@@ -626,6 +663,53 @@ class UnpackRowMessageOp : public OpKernel {
   int local_worker_;
 };
 
+// One address per row of every table (table t's row i at
+// addresses()[first(t) + i]), pointing where that row sits in a row
+// message or its local block, for the ops that combine a message in place
+// or write its gradient in place.
+class RowAddressTable {
+ public:
+  //   table_rows: (N,) rows of each table
+  template <typename Device>
+  absl::Status Allocate(Core<Device>& core, const std::vector<int64_t>& table_rows) {
+    const int n = static_cast<int>(table_rows.size());
+    first_.assign(n + 1, 0);
+    for (int t = 0; t < n; ++t) first_[t + 1] = first_[t] + table_rows[t];
+    aligned_.assign(n, 1);
+    static_assert(sizeof(float*) == sizeof(int64_t), "row addresses are 8 bytes");
+    TF_RETURN_IF_ERROR(core.template Scratch<int64_t>(std::max<int64_t>(1, first_[n]), &scratch_));
+    addresses_ = reinterpret_cast<float**>(VectorData<int64_t>(scratch_));
+    return absl::OkStatus();
+  }
+
+  // A block of table t: `rows` rows of dim floats from `src` on, the table's
+  // rows first, first + 1, ... or index[0], index[1], ...
+  void Add(int t, int64_t rows, int64_t first, const int64_t* index, const float* src,
+           int64_t dim) {
+    aligned_[t] = aligned_[t] && reinterpret_cast<uintptr_t>(src) % 16 == 0;
+    blocks_.push_back({src, dim, index, rows,
+                       const_cast<const float**>(addresses_) + first_[t] + (index ? 0 : first)});
+  }
+
+  // Writes every block's addresses (one launch on a GPU).
+  template <typename Device>
+  absl::Status Write(Core<Device>& core) {
+    return core.WriteRowAddresses(blocks_);
+  }
+
+  float* const* table(int t) const { return addresses_ + first_[t]; }
+  // Whether table t's rows can move as float4s: dim % 4 == 0 and every
+  // block 16-byte aligned (then every row is).
+  bool aligned(int t, int64_t dim) const { return aligned_[t] && dim % 4 == 0; }
+
+ private:
+  std::vector<int64_t> first_;
+  std::vector<char> aligned_;
+  std::vector<RowAddresses> blocks_;
+  Tensor scratch_;
+  float** addresses_ = nullptr;
+};
+
 // The requester's end of a float32 row message and its combine in one:
 // UnpackRowMessage then CombineForward, without the unpacked rows. Each
 // unique key's row is read where it arrived, in the message or in the local
@@ -650,7 +734,7 @@ class CombineRowMessageOp : public OpKernel {
     OP_REQUIRES_OK(context, context->output_list("embeddings", &embeddings));
     const int n = static_cast<int>(dims_.size());
     std::vector<Tensor*> outputs(n);
-    std::vector<int64_t> costs(n), first_address(n + 1, 0);
+    std::vector<int64_t> costs(n), table_rows(n);
     for (int t = 0; t < n; ++t) {
       const int64_t batch = row_offsets[t].NumElements() - 1;
       OP_REQUIRES(context, batch >= 0,
@@ -659,33 +743,117 @@ class CombineRowMessageOp : public OpKernel {
                      attributes_.CheckWeights(t, weights[t], unique_index[t].NumElements()));
       OP_REQUIRES_OK(context, embeddings.allocate(t, TensorShape({batch, dims_[t]}), &outputs[t]));
       costs[t] = unique_index[t].NumElements() + batch;
-      first_address[t + 1] = first_address[t] + received.table_rows(t);
+      table_rows[t] = received.table_rows(t);
     }
     Core<Device> core(context);
-    static_assert(sizeof(const float*) == sizeof(int64_t), "row addresses are 8 bytes");
-    Tensor address_tensor;
-    OP_REQUIRES_OK(context, core.template Scratch<int64_t>(std::max<int64_t>(1, first_address[n]),
-                                                           &address_tensor));
-    const float** addresses = reinterpret_cast<const float**>(VectorData<int64_t>(address_tensor));
-    std::vector<RowAddresses> blocks;
-    // float4 loads need every row of a table 16-byte aligned.
-    std::vector<char> aligned(n, 1);
+    RowAddressTable addresses;
+    OP_REQUIRES_OK(context, addresses.Allocate(core, table_rows));
     received.ForEachBlock<float>(
         [&](int t, int64_t rows, int64_t first, const int64_t* index, const float* src) {
-          aligned[t] = aligned[t] && reinterpret_cast<uintptr_t>(src) % 16 == 0;
-          blocks.push_back(
-              {src, dims_[t], index, rows, addresses + first_address[t] + (index ? 0 : first)});
+          addresses.Add(t, rows, first, index, src, dims_[t]);
         });
-    OP_REQUIRES_OK(context, core.WriteRowAddresses(blocks));
+    OP_REQUIRES_OK(context, addresses.Write(core));
     OP_REQUIRES_OK(
         context,
         ForEachTable(
             core, n, costs.data(), /*same_stream=*/nullptr, [&](int t, Core<Device>& table_core) {
               return table_core.CombineForwardRows(
-                  addresses + first_address[t], unique_index[t].flat<int64_t>().data(),
+                  addresses.table(t), unique_index[t].flat<int64_t>().data(),
                   attributes_.WeightsOrNull(t, weights[t]), row_offsets[t].flat<int64_t>().data(),
                   row_offsets[t].NumElements() - 1, dims_[t], attributes_.combiner(t),
-                  outputs[t]->flat<float>().data(), aligned[t] && dims_[t] % 4 == 0);
+                  outputs[t]->flat<float>().data(), addresses.aligned(t, dims_[t]));
+            }));
+  }
+
+ private:
+  CombineAttributes attributes_;
+  std::vector<int64_t> dims_;
+  int local_worker_;
+};
+
+// The gradient of CombineRowMessage, in the layout of its message and local
+// inputs: each unique key's gradient (CombineBackward's sums) written where
+// the key's row arrived, so that the gradient message needs no
+// PackRowMessage copy (Core::WriteRowAddresses, then CombineBackwardRows).
+template <typename Device>
+class CombineRowMessageGradOp : public OpKernel {
+ public:
+  explicit CombineRowMessageGradOp(OpKernelConstruction* context)
+      : OpKernel(context), attributes_(context) {
+    OP_REQUIRES_OK(context, context->GetAttr("dims", &dims_));
+    OP_REQUIRES_OK(context, context->GetAttr("local_worker", &local_worker_));
+  }
+
+  void Compute(OpKernelContext* context) override {
+    OpInputList grads, positions, unique_index, order, segments, row_offsets, weights;
+    OP_REQUIRES_OK(context, context->input_list("grads", &grads));
+    OP_REQUIRES_OK(context, context->input_list("positions", &positions));
+    OP_REQUIRES_OK(context, context->input_list("unique_index", &unique_index));
+    OP_REQUIRES_OK(context, context->input_list("order", &order));
+    OP_REQUIRES_OK(context, context->input_list("segments", &segments));
+    OP_REQUIRES_OK(context, context->input_list("row_offsets", &row_offsets));
+    OP_REQUIRES_OK(context, context->input_list("weights", &weights));
+    const int n = grads.size();
+    OP_REQUIRES(context, static_cast<int>(dims_.size()) == n,
+                errors::InvalidArgument("dims has ", dims_.size(), " entries for ", n, " tables"));
+    RowMessageLayout layout;
+    OP_REQUIRES_OK(context, layout.Plan(context->input(n), positions, dims_, local_worker_));
+    std::vector<int64_t> costs(n), table_rows(n);
+    for (int t = 0; t < n; ++t) {
+      const int64_t batch = row_offsets[t].NumElements() - 1;
+      const int64_t nnz = unique_index[t].NumElements();
+      table_rows[t] = layout.table_rows(t);
+      OP_REQUIRES(
+          context,
+          grads[t].dims() == 2 && grads[t].dim_size(0) == batch && grads[t].dim_size(1) == dims_[t],
+          errors::InvalidArgument("grads[", t, "] must be [", batch, ", ", dims_[t],
+                                  "] (row_offsets[", t, "] samples of dims[", t, "]), got shape ",
+                                  grads[t].shape().DebugString()));
+      // Each unique key's row sits in the message: one per position.
+      OP_REQUIRES(
+          context,
+          segments[t].NumElements() == table_rows[t] + 1 &&
+              (order[t].NumElements() == nnz || order[t].NumElements() == 0),
+          errors::InvalidArgument("table ", t, ": ", segments[t].NumElements(), " segments for ",
+                                  table_rows[t], " unique keys, ", nnz, " entries and ",
+                                  order[t].NumElements(), " in their order"));
+      OP_REQUIRES_OK(context, attributes_.CheckWeights(t, weights[t], nnz));
+      costs[t] = nnz + batch;
+    }
+    Tensor* message;
+    OP_REQUIRES_OK(context, context->allocate_output(
+                                "message", TensorShape({layout.message_elements()}), &message));
+    OpOutputList local;
+    OP_REQUIRES_OK(context, context->output_list("local", &local));
+    std::vector<float*> local_rows(local.size());
+    for (int t = 0; t < local.size(); ++t) {
+      Tensor* out;
+      OP_REQUIRES_OK(context,
+                     local.allocate(t, TensorShape({layout.local_rows(t), dims_[t]}), &out));
+      local_rows[t] = out->flat<float>().data();
+    }
+    Core<Device> core(context);
+    RowAddressTable addresses;
+    OP_REQUIRES_OK(context, addresses.Allocate(core, table_rows));
+    float* out = message->flat<float>().data();
+    layout.ForEachBlock(
+        [&](int t, int64_t rows, int64_t first, const int64_t* index, int64_t message_start) {
+          addresses.Add(t, rows, first, index,
+                        message_start < 0 ? local_rows[t] : out + message_start, dims_[t]);
+        });
+    OP_REQUIRES_OK(context, addresses.Write(core));
+    OP_REQUIRES_OK(
+        context,
+        ForEachTable(
+            core, n, costs.data(), /*same_stream=*/nullptr, [&](int t, Core<Device>& table_core) {
+              if (dims_[t] == 0) return absl::OkStatus();  // no rows, nothing to write
+              return table_core.CombineBackwardRows(
+                  grads[t].flat<float>().data(), unique_index[t].flat<int64_t>().data(),
+                  order[t].NumElements() == 0 ? nullptr : order[t].flat<int64_t>().data(),
+                  segments[t].flat<int64_t>().data(), table_rows[t],
+                  attributes_.WeightsOrNull(t, weights[t]), row_offsets[t].flat<int64_t>().data(),
+                  grads[t].dim_size(0), unique_index[t].NumElements(), dims_[t],
+                  attributes_.combiner(t), addresses.table(t), addresses.aligned(t, dims_[t]));
             }));
   }
 
@@ -702,6 +870,7 @@ SOK_EV_REGISTER_CPU("UnpackKeyMessage", UnpackKeyMessageOp);
 SOK_EV_REGISTER_CPU("PackRowMessage", PackRowMessageOp);
 SOK_EV_REGISTER_CPU("UnpackRowMessage", UnpackRowMessageOp);
 SOK_EV_REGISTER_CPU("CombineRowMessage", CombineRowMessageOp);
+SOK_EV_REGISTER_CPU("CombineRowMessageGrad", CombineRowMessageGradOp);
 #undef SOK_EV_REGISTER_CPU
 
 #if GOOGLE_CUDA
@@ -723,6 +892,8 @@ REGISTER_KERNEL_BUILDER(Name("SokEv>UnpackRowMessage").Device(DEVICE_GPU).HostMe
                         UnpackRowMessageOp<GPUDevice>);
 REGISTER_KERNEL_BUILDER(Name("SokEv>CombineRowMessage").Device(DEVICE_GPU).HostMemory("counts"),
                         CombineRowMessageOp<GPUDevice>);
+REGISTER_KERNEL_BUILDER(Name("SokEv>CombineRowMessageGrad").Device(DEVICE_GPU).HostMemory("counts"),
+                        CombineRowMessageGradOp<GPUDevice>);
 #endif  // GOOGLE_CUDA
 
 }  // namespace sok_ev

@@ -167,4 +167,39 @@ REGISTER_OP("SokEv>CombineRowMessage")
         "requester's end of a float32 row exchange. order and segments are "
         "not read; they are inputs so that the gradient has them.");
 
+REGISTER_OP("SokEv>CombineRowMessageGrad")
+    .Input("grads: N * float")
+    .Input("counts: int64")
+    .Input("positions: N * int64")
+    .Input("unique_index: N * int64")
+    .Input("order: N * int64")
+    .Input("segments: N * int64")
+    .Input("row_offsets: N * int64")
+    .Input("weights: N * float")
+    .Output("message: float")
+    .Output("local: N * float")
+    .Attr("N: int >= 1")
+    .Attr("dims: list(int)")
+    .Attr("combiners: list(string)")
+    .Attr("weighted: list(bool)")
+    .Attr("local_worker: int = -1")
+    .SetShapeFn([](InferenceContext* c) {
+      std::vector<int64_t> dims;
+      TF_RETURN_IF_ERROR(c->GetAttr("dims", &dims));
+      c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
+      for (size_t t = 0; t < dims.size(); ++t) {
+        c->set_output(1 + t, c->Matrix(InferenceContext::kUnknownDim, dims[t]));
+      }
+      return absl::OkStatus();
+    })
+    .Doc(
+        "The gradient of CombineRowMessage with respect to its message and "
+        "local inputs, in their layout: CombineBackward's gradient of each "
+        "unique key (grads[t]: [batch_t, dims[t]]) written where its row "
+        "arrived, in a message laid out as PackRowMessage(..., counts, "
+        "positions, local_worker) lays it out, or in local[t] (the "
+        "local_worker's block, as PackRowMessage's local; empty with -1), with "
+        "no unpacked copy between. Equals "
+        "CombineBackward then PackRowMessage, bit for bit.");
+
 }  // namespace sok_ev
