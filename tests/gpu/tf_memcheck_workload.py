@@ -146,37 +146,26 @@ def run_row_messages(rng):
                 for t, table in enumerate(rows):
                     np.testing.assert_array_equal(back[t].numpy(), table)
         # The requester's combine of the message in place: one entry per
-        # row, so each sample is its row.
+        # row, so each sample is its row (unique_index, order, segments,
+        # row_offsets, weights).
+        one_per_row = ([np.arange(len(r), dtype=np.int64) for r in rows
+                       ], [np.arange(len(r), dtype=np.int64) for r in rows
+                          ], [np.arange(len(r) + 1, dtype=np.int64) for r in rows
+                             ], [np.arange(len(r) + 1, dtype=np.int64) for r in rows],
+                       [np.zeros([0], np.float32)] * len(dims))
+        attrs = dict(dims=dims,
+                     combiners=["sum"] * len(dims),
+                     weighted=[False] * len(dims),
+                     local_worker=1)
         message, _, local = ops().sok_ev_pack_row_message(rows, counts, positions, local_worker=1)
-        embeddings = ops().sok_ev_combine_row_message(
-            message,
-            counts,
-            positions,
-            local, [np.arange(len(r), dtype=np.int64) for r in rows],
-            [np.zeros([0], np.int64)] * len(dims),
-            [np.arange(len(r) + 1, dtype=np.int64) for r in rows],
-            [np.arange(len(r) + 1, dtype=np.int64) for r in rows],
-            [np.zeros([0], np.float32)] * len(dims),
-            dims=dims,
-            combiners=["sum"] * len(dims),
-            weighted=[False] * len(dims),
-            local_worker=1)
+        embeddings = ops().sok_ev_combine_row_message(message, counts, positions, local,
+                                                      *one_per_row, **attrs)
         for t, table in enumerate(rows):
             np.testing.assert_array_equal(embeddings[t].numpy(), table)
         # Its gradient written in place: each row's gradient is its sample's,
         # so the message that comes back is the one that went out.
         grad_message, grad_local = ops().sok_ev_combine_row_message_grad(
-            rows,
-            counts,
-            positions, [np.arange(len(r), dtype=np.int64) for r in rows],
-            [np.arange(len(r), dtype=np.int64) for r in rows],
-            [np.arange(len(r) + 1, dtype=np.int64) for r in rows],
-            [np.arange(len(r) + 1, dtype=np.int64) for r in rows],
-            [np.zeros([0], np.float32)] * len(dims),
-            dims=dims,
-            combiners=["sum"] * len(dims),
-            weighted=[False] * len(dims),
-            local_worker=1)
+            rows, counts, positions, *one_per_row, **attrs)
         np.testing.assert_array_equal(grad_message.numpy(), message.numpy())
         for t, table in enumerate(local):
             np.testing.assert_array_equal(grad_local[t].numpy(), table.numpy())
