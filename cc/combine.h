@@ -62,6 +62,14 @@ void combine_forward(const CpuContext& context, const float* unique_values,
                      const int64_t* unique_index, const float* weights, const int64_t* row_offsets,
                      int64_t batch, int64_t dim, Combiner combiner, float* out);
 
+// The same, sample b's vector written at out_rows[b] (rows where a message
+// wants them: FindOrInsertRowMessage). The rows must not overlap.
+//   out_rows: (batch,) each a row of dim floats, written in full
+void combine_forward_into_rows(const CpuContext& context, const float* unique_values,
+                               const int64_t* unique_index, const float* weights,
+                               const int64_t* row_offsets, int64_t batch, int64_t dim,
+                               Combiner combiner, float* const* out_rows);
+
 // The same, unique row u read at unique_rows[u] (rows left where they are,
 // e.g. in a received message: CombineRowMessage).
 //   unique_rows: (num_unique,) each a row of dim floats
@@ -92,6 +100,15 @@ void combine_backward_rows(const CpuContext& context, const float* grad_out,
                            const float* weights, const int64_t* row_offsets, int64_t batch,
                            int64_t nnz, int64_t dim, Combiner combiner, float* const* grad_rows);
 
+// The same, sample b's gradient read at grad_out_rows[b] (the gradient of
+// a row message, where it arrived: FindOrInsertRowMessageGrad).
+//   grad_out_rows: (batch,) each a row of dim floats
+void combine_backward_from_rows(const CpuContext& context, const float* const* grad_out_rows,
+                                const int64_t* unique_index, const int64_t* segments,
+                                int64_t num_unique, const float* weights,
+                                const int64_t* row_offsets, int64_t batch, int64_t nnz, int64_t dim,
+                                Combiner combiner, float* grad_unique);
+
 // combine_backward's result, bit for bit, on the calling thread: one pass
 // over the entries in sample order adds each one into its key's row
 // (unique_index), so grad_out is read front to back instead of gathered in
@@ -106,6 +123,12 @@ void combine_backward_rows_serial(const float* grad_out, const int64_t* unique_i
                                   int64_t num_unique, const float* weights,
                                   const int64_t* row_offsets, int64_t batch, int64_t dim,
                                   Combiner combiner, float* const* grad_rows);
+// The same from grad_out_rows, as combine_backward_from_rows.
+void combine_backward_from_rows_serial(const float* const* grad_out_rows,
+                                       const int64_t* unique_index, int64_t num_unique,
+                                       const float* weights, const int64_t* row_offsets,
+                                       int64_t batch, int64_t dim, Combiner combiner,
+                                       float* grad_unique);
 
 }  // namespace cpu
 
@@ -136,6 +159,12 @@ void row_offsets_from_sample_ids(const GpuContext& context, const SampleIds* tab
 void combine_forward(const GpuContext& context, const float* unique_values,
                      const int64_t* unique_index, const float* weights, const int64_t* row_offsets,
                      int64_t batch, int64_t dim, Combiner combiner, float* out);
+// rows_aligned: every output row starts 16-byte aligned (written as float4s
+// when dim % 4 == 0; a message's rows sit where its layout puts them).
+void combine_forward_into_rows(const GpuContext& context, const float* unique_values,
+                               const int64_t* unique_index, const float* weights,
+                               const int64_t* row_offsets, int64_t batch, int64_t dim,
+                               Combiner combiner, float* const* out_rows, bool rows_aligned);
 // rows_aligned: every unique row starts 16-byte aligned (read as float4s
 // when dim % 4 == 0; a message's rows sit where its layout puts them).
 void combine_forward_rows(const GpuContext& context, const float* const* unique_rows,
@@ -155,6 +184,13 @@ void combine_backward_rows(const GpuContext& context, const float* grad_out, con
                            const int64_t* segments, int64_t num_unique, const float* weights,
                            const int64_t* row_offsets, int64_t batch, int64_t nnz, int64_t dim,
                            Combiner combiner, float* const* grad_rows, bool rows_aligned);
+// rows_aligned: every row of grad_out_rows starts 16-byte aligned (read as
+// float4s when dim % 4 == 0).
+void combine_backward_from_rows(const GpuContext& context, const float* const* grad_out_rows,
+                                const int64_t* order, const int64_t* segments, int64_t num_unique,
+                                const float* weights, const int64_t* row_offsets, int64_t batch,
+                                int64_t nnz, int64_t dim, Combiner combiner, float* grad_unique,
+                                bool rows_aligned);
 }  // namespace gpu
 
 }  // namespace sok_ev

@@ -56,16 +56,16 @@ void row_offsets_from_row_splits(const int64_t* row_splits, int64_t first_entry,
 
 namespace {
 
-// combine_forward on samples [first, last), unique row u at row_of(u).
-// Inlined into each of its callers, so that it is built for each of their
-// target clones.
-template <typename RowOf>
+// combine_forward on samples [first, last), unique row u at row_of(u),
+// sample b's vector at out_of(b). Inlined into each of its callers, so that
+// it is built for each of their target clones.
+template <typename RowOf, typename OutOf>
 inline __attribute__((always_inline)) void combine_samples_of(
-    RowOf row_of, const int64_t* unique_index, const float* weights, const int64_t* row_offsets,
-    int64_t first, int64_t last, int64_t dim, Combiner combiner, float* out) {
+    RowOf row_of, OutOf out_of, const int64_t* unique_index, const float* weights,
+    const int64_t* row_offsets, int64_t first, int64_t last, int64_t dim, Combiner combiner) {
   for (int64_t b = first; b < last; ++b) {
     // The output never overlaps the table rows: restrict lets it vectorise.
-    float* __restrict__ sample = out + b * dim;
+    float* __restrict__ sample = out_of(b);
     std::fill(sample, sample + dim, 0.0f);
     const int64_t begin = row_offsets[b], end = row_offsets[b + 1];
     for (int64_t j = begin; j < end; ++j) {
@@ -84,24 +84,36 @@ SOK_EV_ROW_LOOPS void combine_samples(const float* unique_values, const int64_t*
                                       const float* weights, const int64_t* row_offsets,
                                       int64_t first, int64_t last, int64_t dim, Combiner combiner,
                                       float* out) {
-  combine_samples_of([&](int64_t u) { return unique_values + u * dim; }, unique_index, weights,
-                     row_offsets, first, last, dim, combiner, out);
+  combine_samples_of([&](int64_t u) { return unique_values + u * dim; },
+                     [&](int64_t b) { return out + b * dim; }, unique_index, weights, row_offsets,
+                     first, last, dim, combiner);
+}
+
+SOK_EV_ROW_LOOPS void combine_samples_into_rows(const float* unique_values,
+                                                const int64_t* unique_index, const float* weights,
+                                                const int64_t* row_offsets, int64_t first,
+                                                int64_t last, int64_t dim, Combiner combiner,
+                                                float* const* out_rows) {
+  combine_samples_of([&](int64_t u) { return unique_values + u * dim; },
+                     [&](int64_t b) { return out_rows[b]; }, unique_index, weights, row_offsets,
+                     first, last, dim, combiner);
 }
 
 SOK_EV_ROW_LOOPS void combine_sample_rows(const float* const* unique_rows,
                                           const int64_t* unique_index, const float* weights,
                                           const int64_t* row_offsets, int64_t first, int64_t last,
                                           int64_t dim, Combiner combiner, float* out) {
-  combine_samples_of([&](int64_t u) { return unique_rows[u]; }, unique_index, weights, row_offsets,
-                     first, last, dim, combiner, out);
+  combine_samples_of([&](int64_t u) { return unique_rows[u]; },
+                     [&](int64_t b) { return out + b * dim; }, unique_index, weights, row_offsets,
+                     first, last, dim, combiner);
 }
 
-// combine_backward on unique keys [first, last), key u's row at row_of(u);
-// entry_sample[j] is entry j's sample, denominator[b] sample b's
-// combine_denominator.
-template <typename RowOf>
+// combine_backward on unique keys [first, last), key u's row at row_of(u),
+// sample b's gradient at grad_of(b); entry_sample[j] is entry j's sample,
+// denominator[b] sample b's combine_denominator.
+template <typename RowOf, typename GradOf>
 inline __attribute__((always_inline)) void combine_backward_keys_of(
-    RowOf row_of, const float* grad_out, const int64_t* order, const int64_t* segments,
+    RowOf row_of, GradOf grad_of, const int64_t* order, const int64_t* segments,
     const float* weights, const int64_t* entry_sample, const float* denominator, int64_t first,
     int64_t last, int64_t dim, Combiner combiner) {
   for (int64_t u = first; u < last; ++u) {
@@ -111,7 +123,7 @@ inline __attribute__((always_inline)) void combine_backward_keys_of(
       const int64_t j = order[k];
       const int64_t b = entry_sample[j];
       const float w = weights ? weights[j] : 1.0f;
-      const float* __restrict__ g = grad_out + b * dim;
+      const float* __restrict__ g = grad_of(b);
       if (combiner == Combiner::kSum) {
         for (int64_t c = 0; c < dim; ++c) row[c] += w * g[c];
       } else {
@@ -127,9 +139,18 @@ SOK_EV_ROW_LOOPS void combine_backward_keys(const float* grad_out, const int64_t
                                             const int64_t* entry_sample, const float* denominator,
                                             int64_t first, int64_t last, int64_t dim,
                                             Combiner combiner, float* grad_unique) {
-  combine_backward_keys_of([&](int64_t u) { return grad_unique + u * dim; }, grad_out, order,
-                           segments, weights, entry_sample, denominator, first, last, dim,
-                           combiner);
+  combine_backward_keys_of([&](int64_t u) { return grad_unique + u * dim; },
+                           [&](int64_t b) { return grad_out + b * dim; }, order, segments, weights,
+                           entry_sample, denominator, first, last, dim, combiner);
+}
+
+SOK_EV_ROW_LOOPS void combine_backward_keys_from_rows(
+    const float* const* grad_out_rows, const int64_t* order, const int64_t* segments,
+    const float* weights, const int64_t* entry_sample, const float* denominator, int64_t first,
+    int64_t last, int64_t dim, Combiner combiner, float* grad_unique) {
+  combine_backward_keys_of([&](int64_t u) { return grad_unique + u * dim; },
+                           [&](int64_t b) { return grad_out_rows[b]; }, order, segments, weights,
+                           entry_sample, denominator, first, last, dim, combiner);
 }
 
 SOK_EV_ROW_LOOPS void combine_backward_key_rows(const float* grad_out, const int64_t* order,
@@ -138,8 +159,9 @@ SOK_EV_ROW_LOOPS void combine_backward_key_rows(const float* grad_out, const int
                                                 const float* denominator, int64_t first,
                                                 int64_t last, int64_t dim, Combiner combiner,
                                                 float* const* grad_rows) {
-  combine_backward_keys_of([&](int64_t u) { return grad_rows[u]; }, grad_out, order, segments,
-                           weights, entry_sample, denominator, first, last, dim, combiner);
+  combine_backward_keys_of([&](int64_t u) { return grad_rows[u]; },
+                           [&](int64_t b) { return grad_out + b * dim; }, order, segments, weights,
+                           entry_sample, denominator, first, last, dim, combiner);
 }
 
 // combine_backward's grouping of the entries by key, each entry's sample and
@@ -165,16 +187,17 @@ void combine_backward_grouped(const CpuContext& context, const int64_t* unique_i
   });
 }
 
-// combine_backward_serial with key u's row at row_of(u), zeroed first.
-template <typename RowOf>
+// combine_backward_serial with key u's row at row_of(u), zeroed first, and
+// sample b's gradient at grad_of(b).
+template <typename RowOf, typename GradOf>
 inline __attribute__((always_inline)) void combine_backward_serial_of(
-    RowOf row_of, const float* grad_out, const int64_t* unique_index, int64_t num_unique,
+    RowOf row_of, GradOf grad_of, const int64_t* unique_index, int64_t num_unique,
     const float* weights, const int64_t* row_offsets, int64_t batch, int64_t dim,
     Combiner combiner) {
   for (int64_t u = 0; u < num_unique; ++u) std::fill(row_of(u), row_of(u) + dim, 0.0f);
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t begin = row_offsets[b], end = row_offsets[b + 1];
-    const float* __restrict__ g = grad_out + b * dim;
+    const float* __restrict__ g = grad_of(b);
     const float d = combine_denominator(combiner, weights, begin, end);
     for (int64_t j = begin; j < end; ++j) {
       const float w = weights ? weights[j] : 1.0f;
@@ -197,6 +220,17 @@ void combine_forward(const CpuContext& context, const float* unique_values,
   context.parallel_for(batch, average_hotness * dim, [&](int64_t first, int64_t last) {
     combine_samples(unique_values, unique_index, weights, row_offsets, first, last, dim, combiner,
                     out);
+  });
+}
+
+void combine_forward_into_rows(const CpuContext& context, const float* unique_values,
+                               const int64_t* unique_index, const float* weights,
+                               const int64_t* row_offsets, int64_t batch, int64_t dim,
+                               Combiner combiner, float* const* out_rows) {
+  const int64_t average_hotness = batch > 0 ? row_offsets[batch] / batch + 1 : 1;
+  context.parallel_for(batch, average_hotness * dim, [&](int64_t first, int64_t last) {
+    combine_samples_into_rows(unique_values, unique_index, weights, row_offsets, first, last, dim,
+                              combiner, out_rows);
   });
 }
 
@@ -237,12 +271,38 @@ void combine_backward_rows(const CpuContext& context, const float* grad_out,
       });
 }
 
+void combine_backward_from_rows(const CpuContext& context, const float* const* grad_out_rows,
+                                const int64_t* unique_index, const int64_t* segments,
+                                int64_t num_unique, const float* weights,
+                                const int64_t* row_offsets, int64_t batch, int64_t nnz, int64_t dim,
+                                Combiner combiner, float* grad_unique) {
+  combine_backward_grouped(
+      context, unique_index, segments, num_unique, weights, row_offsets, batch, nnz, dim, combiner,
+      [&](const int64_t* order, const int64_t* entry_sample, const float* denominator,
+          int64_t first, int64_t last) {
+        combine_backward_keys_from_rows(grad_out_rows, order, segments, weights, entry_sample,
+                                        denominator, first, last, dim, combiner, grad_unique);
+      });
+}
+
 SOK_EV_ROW_LOOPS void combine_backward_serial(const float* grad_out, const int64_t* unique_index,
                                               int64_t num_unique, const float* weights,
                                               const int64_t* row_offsets, int64_t batch,
                                               int64_t dim, Combiner combiner, float* grad_unique) {
-  combine_backward_serial_of([&](int64_t u) { return grad_unique + u * dim; }, grad_out,
-                             unique_index, num_unique, weights, row_offsets, batch, dim, combiner);
+  combine_backward_serial_of([&](int64_t u) { return grad_unique + u * dim; },
+                             [&](int64_t b) { return grad_out + b * dim; }, unique_index,
+                             num_unique, weights, row_offsets, batch, dim, combiner);
+}
+
+SOK_EV_ROW_LOOPS void combine_backward_from_rows_serial(const float* const* grad_out_rows,
+                                                        const int64_t* unique_index,
+                                                        int64_t num_unique, const float* weights,
+                                                        const int64_t* row_offsets, int64_t batch,
+                                                        int64_t dim, Combiner combiner,
+                                                        float* grad_unique) {
+  combine_backward_serial_of([&](int64_t u) { return grad_unique + u * dim; },
+                             [&](int64_t b) { return grad_out_rows[b]; }, unique_index, num_unique,
+                             weights, row_offsets, batch, dim, combiner);
 }
 
 SOK_EV_ROW_LOOPS void combine_backward_rows_serial(const float* grad_out,
@@ -250,7 +310,8 @@ SOK_EV_ROW_LOOPS void combine_backward_rows_serial(const float* grad_out,
                                                    const float* weights, const int64_t* row_offsets,
                                                    int64_t batch, int64_t dim, Combiner combiner,
                                                    float* const* grad_rows) {
-  combine_backward_serial_of([&](int64_t u) { return grad_rows[u]; }, grad_out, unique_index,
+  combine_backward_serial_of([&](int64_t u) { return grad_rows[u]; },
+                             [&](int64_t b) { return grad_out + b * dim; }, unique_index,
                              num_unique, weights, row_offsets, batch, dim, combiner);
 }
 

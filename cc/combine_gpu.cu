@@ -1,7 +1,9 @@
-// gpu::row_offsets_from_sample_ids, gpu::combine_forward(_rows) and
-// gpu::combine_backward(_rows) (cc/combine.h).
+// gpu::row_offsets_from_sample_ids, gpu::combine_forward (from a matrix or
+// rows, into a matrix or rows) and gpu::combine_backward (its three forms)
+// (cc/combine.h).
 #include <algorithm>
 #include <cstdint>
+#include <string>
 
 #include "cc/combine.h"
 #include "cc/combine_kernels_gpu.h"
@@ -89,18 +91,34 @@ __global__ void fill_kernel(int64_t* values, const SampleIdTables tables, int co
 }
 
 // Each unique key's gradient written straight into grad_unique, or at
-// grad_rows[u], by the segment sums (cc/segment_sum_gpu.h).
+// grad_rows.at[u], by the segment sums (cc/segment_sum_gpu.h); sample b's
+// gradient read at grad_out + b * dim, or at grad_out_rows.at[b].
 Status combine_backward_impl(const GpuContext& context, const float* grad_out, const int64_t* order,
                              const int64_t* segments, int64_t num_unique, const float* weights,
                              const int64_t* row_offsets, int64_t batch, int64_t nnz, int64_t dim,
-                             Combiner combiner, float* grad_unique, float* const* grad_rows,
-                             bool rows_aligned) {
+                             Combiner combiner, float* grad_unique,
+                             AddressedRows<float> grad_rows = {},
+                             AddressedRows<const float> grad_out_rows = {}) {
   if (num_unique <= 0) return Status::Ok();
   if (dim < 1) return Status::InvalidArgument("combine_backward: dim must be >= 1");
   SegmentGradientSums sums;
   return sums.prepare(context, grad_out, weights, row_offsets, batch, nnz, combiner, order,
                       segments, /*num_unique=*/nullptr, num_unique, /*max_key_entries=*/nnz, dim,
-                      grad_unique, grad_rows, rows_aligned);
+                      grad_unique, grad_rows, grad_out_rows);
+}
+
+// combine_rows_kernel over a Source into a Destination, dim checked.
+template <class Source, class Destination>
+void combine_into(const GpuContext& context, const Source& source, const float* weights,
+                  const int64_t* row_offsets, int64_t batch, int64_t dim, Combiner combiner,
+                  const Destination& out, bool rows_aligned, const char* what) {
+  if (dim < 1 || dim > 1024) {
+    record_error(Status::InvalidArgument(std::string(what) + ": dim must be in [1, 1024]"));
+    return;
+  }
+  record_error(cuda_status(launch_combine_rows(source, weights, row_offsets, batch, dim, combiner,
+                                               out, stream_of(context), rows_aligned),
+                           what));
 }
 
 }  // namespace
@@ -108,28 +126,26 @@ Status combine_backward_impl(const GpuContext& context, const float* grad_out, c
 void combine_forward(const GpuContext& context, const float* unique_values,
                      const int64_t* unique_index, const float* weights, const int64_t* row_offsets,
                      int64_t batch, int64_t dim, Combiner combiner, float* out) {
-  if (dim < 1 || dim > 1024) {
-    record_error(Status::InvalidArgument("combine_forward: dim must be in [1, 1024]"));
-    return;
-  }
-  UniqueValuesSource source{unique_values, unique_index, dim};
-  record_error(cuda_status(launch_combine_rows(source, weights, row_offsets, batch, dim, combiner,
-                                               out, stream_of(context)),
-                           "combine_forward"));
+  combine_into(context, UniqueValuesSource{unique_values, unique_index, dim}, weights, row_offsets,
+               batch, dim, combiner, SampleMatrix{out, dim}, /*rows_aligned=*/true,
+               "combine_forward");
+}
+
+void combine_forward_into_rows(const GpuContext& context, const float* unique_values,
+                               const int64_t* unique_index, const float* weights,
+                               const int64_t* row_offsets, int64_t batch, int64_t dim,
+                               Combiner combiner, float* const* out_rows, bool rows_aligned) {
+  combine_into(context, UniqueValuesSource{unique_values, unique_index, dim}, weights, row_offsets,
+               batch, dim, combiner, SampleRows{out_rows}, rows_aligned,
+               "combine_forward_into_rows");
 }
 
 void combine_forward_rows(const GpuContext& context, const float* const* unique_rows,
                           const int64_t* unique_index, const float* weights,
                           const int64_t* row_offsets, int64_t batch, int64_t dim, Combiner combiner,
                           float* out, bool rows_aligned) {
-  if (dim < 1 || dim > 1024) {
-    record_error(Status::InvalidArgument("combine_forward_rows: dim must be in [1, 1024]"));
-    return;
-  }
-  UniqueRowsSource source{unique_rows, unique_index};
-  record_error(cuda_status(launch_combine_rows(source, weights, row_offsets, batch, dim, combiner,
-                                               out, stream_of(context), rows_aligned),
-                           "combine_forward_rows"));
+  combine_into(context, UniqueRowsSource{unique_rows, unique_index}, weights, row_offsets, batch,
+               dim, combiner, SampleMatrix{out, dim}, rows_aligned, "combine_forward_rows");
 }
 
 void row_offsets_from_sample_ids(const GpuContext& context, const SampleIds* tables, int num_tables,
@@ -160,8 +176,7 @@ void combine_backward(const GpuContext& context, const float* grad_out, const in
                       const int64_t* row_offsets, int64_t batch, int64_t nnz, int64_t dim,
                       Combiner combiner, float* grad_unique) {
   record_error(combine_backward_impl(context, grad_out, order, segments, num_unique, weights,
-                                     row_offsets, batch, nnz, dim, combiner, grad_unique,
-                                     /*grad_rows=*/nullptr, /*rows_aligned=*/false));
+                                     row_offsets, batch, nnz, dim, combiner, grad_unique));
 }
 
 void combine_backward_rows(const GpuContext& context, const float* grad_out, const int64_t* order,
@@ -170,7 +185,17 @@ void combine_backward_rows(const GpuContext& context, const float* grad_out, con
                            Combiner combiner, float* const* grad_rows, bool rows_aligned) {
   record_error(combine_backward_impl(context, grad_out, order, segments, num_unique, weights,
                                      row_offsets, batch, nnz, dim, combiner,
-                                     /*grad_unique=*/nullptr, grad_rows, rows_aligned));
+                                     /*grad_unique=*/nullptr, {grad_rows, rows_aligned}));
+}
+
+void combine_backward_from_rows(const GpuContext& context, const float* const* grad_out_rows,
+                                const int64_t* order, const int64_t* segments, int64_t num_unique,
+                                const float* weights, const int64_t* row_offsets, int64_t batch,
+                                int64_t nnz, int64_t dim, Combiner combiner, float* grad_unique,
+                                bool rows_aligned) {
+  record_error(combine_backward_impl(context, /*grad_out=*/nullptr, order, segments, num_unique,
+                                     weights, row_offsets, batch, nnz, dim, combiner, grad_unique,
+                                     {}, {grad_out_rows, rows_aligned}));
 }
 
 }  // namespace gpu

@@ -1,6 +1,8 @@
 // The gather + combine kernel shared by gpu::combine_forward (rows from a
-// unique-values matrix) and gpu::lookup_combine_rows (rows of a hash table).
-// CUDA only. (The backward's sums are in cc/segment_sum_gpu.h.)
+// unique-values matrix) and gpu::lookup_combine_rows (rows of a hash table),
+// each sample's vector written to an output matrix or through its own
+// address (a row message's layout). CUDA only. (The backward's sums are in
+// cc/segment_sum_gpu.h.)
 //
 // One warp serves 32 consecutive samples. Its lanes first resolve the rows of
 // 32 entries at once (32 independent lookups in flight), then the warp walks
@@ -15,6 +17,7 @@
 
 #include "cc/combine.h"
 #include "cc/common.h"
+#include "cc/warp_gpu.h"
 
 namespace sok_ev {
 namespace gpu {
@@ -44,14 +47,28 @@ struct Vec<4> {
   }
 };
 
+// Where sample b's vector goes: row b of a (batch, dim) matrix.
+struct SampleMatrix {
+  float* out;
+  int64_t dim;
+  __device__ __forceinline__ float* row(int64_t b) const { return out + b * dim; }
+};
+
+// ... or the dim floats at rows[b] (rows where a row message wants them).
+struct SampleRows {
+  float* const* rows;  // (batch,)
+  __device__ __forceinline__ float* row(int64_t b) const { return rows[b]; }
+};
+
 // Source: int64_t resolve(int64_t entry) -> row handle (-1: missing, reads
-// as zeros); const float* row(int64_t handle).
-//   weights: (nnz,) or null   row_offsets: (batch + 1,)   out: (batch, dim)
-template <class Source, int kWidth, int kCount>
+// as zeros); const float* row(int64_t handle). Destination: SampleMatrix or
+// SampleRows (the outputs must not overlap the rows read).
+//   weights: (nnz,) or null   row_offsets: (batch + 1,)
+template <class Source, class Destination, int kWidth, int kCount>
 __global__ void __launch_bounds__(256)
     combine_rows_kernel(Source source, const float* __restrict__ weights,
                         const int64_t* __restrict__ row_offsets, int64_t batch, int64_t dim,
-                        Combiner combiner, float* __restrict__ out) {
+                        Combiner combiner, Destination out) {
   constexpr int kUnroll = kCount >= 4 ? 1 : 4 / kCount;
   const int lane = threadIdx.x & 31;
   const int64_t warp = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5;
@@ -61,6 +78,8 @@ __global__ void __launch_bounds__(256)
   // Lane k holds sample first_bag + k's entry range.
   const int64_t my_begin = lane < bags ? row_offsets[first_bag + lane] : 0;
   const int64_t my_end = lane < bags ? row_offsets[first_bag + lane + 1] : 0;
+  // Resolved with the lane's other loads, not when the sample ends.
+  float* const my_destination = lane < bags ? out.row(first_bag + lane) : nullptr;
   const int64_t entries_begin = __shfl_sync(0xffffffff, my_begin, 0);
   const int64_t entries_end = __shfl_sync(0xffffffff, my_end, bags - 1);
 
@@ -96,7 +115,7 @@ __global__ void __launch_bounds__(256)
     if (combiner == Combiner::kMean) denominator = weight_sum;
     if (combiner == Combiner::kSqrtn) denominator = sqrtf(weight_square_sum);
     const bool empty = __shfl_sync(0xffffffff, my_begin, bag) == bag_end;
-    float* destination = out + (first_bag + bag) * dim;
+    float* const destination = shfl_pointer(my_destination, bag);
 #pragma unroll
     for (int v = 0; v < kCount; ++v) {
       const int64_t c = (v * 32 + lane) * int64_t(kWidth);
@@ -157,18 +176,19 @@ __global__ void __launch_bounds__(256)
 
 // Launches combine_rows_kernel with the narrowest register footprint that
 // covers dim (<= 1024). Rows load as float4s when dim % 4 == 0 and
-// rows_aligned: every row Source gives, and out, 16-byte aligned.
-template <class Source>
+// rows_aligned: every row Source gives, and every output row, 16-byte
+// aligned.
+template <class Source, class Destination>
 cudaError_t launch_combine_rows(const Source& source, const float* weights,
                                 const int64_t* row_offsets, int64_t batch, int64_t dim,
-                                Combiner combiner, float* out, cudaStream_t stream,
+                                Combiner combiner, const Destination& out, cudaStream_t stream,
                                 bool rows_aligned = true) {
   if (batch <= 0) return cudaSuccess;
   constexpr int kThreads = 256;
   const int64_t warps = (batch + 31) / 32;
   const unsigned blocks = static_cast<unsigned>((warps * 32 + kThreads - 1) / kThreads);
-#define SOK_EV_COMBINE_LAUNCH(width, count) \
-  combine_rows_kernel<Source, width, count> \
+#define SOK_EV_COMBINE_LAUNCH(width, count)              \
+  combine_rows_kernel<Source, Destination, width, count> \
       <<<blocks, kThreads, 0, stream>>>(source, weights, row_offsets, batch, dim, combiner, out)
   if (dim % 4 == 0 && rows_aligned) {
     if (dim <= 128)

@@ -27,6 +27,16 @@ Status lookup_combine_rows(const GpuContext& context, const HashTable<Key>& tabl
                            const int64_t* row_offsets, int64_t batch, Combiner combiner,
                            float* out);
 
+// The same, sample b's vector written at out_rows[b] (rows where a row
+// message wants them: FindOrInsertRowMessage); rows_aligned: every one
+// starts 16-byte aligned. The rows must not overlap.
+//   out_rows: (batch,)
+template <typename Key>
+Status lookup_combine_into_rows(const GpuContext& context, const HashTable<Key>& table,
+                                const int64_t* row_ids, const int64_t* inverse,
+                                const float* weights, const int64_t* row_offsets, int64_t batch,
+                                Combiner combiner, float* const* out_rows, bool rows_aligned);
+
 }  // namespace gpu
 }  // namespace sok_ev
 

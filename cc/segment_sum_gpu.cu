@@ -3,6 +3,7 @@
 
 #include "cc/lower_bound_gpu.h"
 #include "cc/segment_sum_gpu.h"
+#include "cc/warp_gpu.h"
 
 namespace sok_ev {
 namespace gpu {
@@ -90,12 +91,6 @@ struct SumDestination {
   }
 };
 
-// A pointer from lane `source` of the warp.
-__device__ __forceinline__ float* shfl_pointer(float* p, int source) {
-  return reinterpret_cast<float*>(
-      __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(p), source));
-}
-
 // A warp per tile of kTileEntries grouped entries, in order: lane l holds
 // entry k0 + l's key, sample, weight and denominator; the warp walks the
 // entries with kAhead rows' loads in flight and writes each key whose entries
@@ -121,13 +116,15 @@ __global__ void __launch_bounds__(kThreads, 3)
        tile += (int64_t(gridDim.x) * blockDim.x) >> 5) {
     const int64_t k0 = tile * kTileEntries;
     const int n = static_cast<int>(nnz - k0 < kTileEntries ? nnz - k0 : kTileEntries);
-    int64_t key = 0, bag = 0;
+    int64_t key = 0;
+    const float* source = nullptr;  // the entry's sample's gradient row
     float w = 0.0f, denominator = 1.0f;
     if (lane < n) {
       // The last key whose entries start at or before k0 + lane (keys
       // without entries have equal segments and are skipped).
       key = lower_bound(s.segments, count + 1, k0 + lane + 1) - 1;
-      bag = s.sorted_bag[k0 + lane];
+      const int64_t bag = s.sorted_bag[k0 + lane];
+      source = sample_gradient(s, bag);
       w = s.sorted_weight != nullptr ? s.sorted_weight[k0 + lane] : 1.0f;
       if (s.combiner != Combiner::kSum) denominator = s.bag_scale[bag];
     }
@@ -157,8 +154,8 @@ __global__ void __launch_bounds__(kThreads, 3)
         float x[kAhead][kWidth];
 #pragma unroll
         for (int a = 0; a < kAhead; ++a) {
-          const int64_t row = __shfl_sync(all, bag, (a0 + a) & 31);
-          if (a0 + a < n && active) load_columns<kWidth>(s.grad_out + row * dim + c, x[a]);
+          const float* row = shfl_pointer(source, (a0 + a) & 31);
+          if (a0 + a < n && active) load_columns<kWidth>(row + c, x[a]);
         }
 #pragma unroll
         for (int a = 0; a < kAhead; ++a) {
@@ -254,7 +251,8 @@ Status SegmentGradientSums::prepare(const GpuContext& context, const float* grad
                                     int64_t nnz, Combiner combiner, const int64_t* order,
                                     const int64_t* segments, const int64_t* num_unique,
                                     int64_t max_unique, int64_t max_key_entries, int64_t dim,
-                                    float* sums, float* const* sum_rows, bool rows_aligned) {
+                                    float* sums, AddressedRows<float> sum_rows,
+                                    AddressedRows<const float> grad_out_rows) {
   cudaStream_t stream = stream_of(context);
   const int64_t entries = nnz > 0 ? nnz : 1;
   // A sum of unweighted entries reads no denominator and no weight.
@@ -271,6 +269,7 @@ Status SegmentGradientSums::prepare(const GpuContext& context, const float* grad
   }
   view_ = SegmentGradients();
   view_.grad_out = grad_out;
+  view_.grad_out_rows = grad_out_rows.at;
   view_.segments = segments;
   view_.sorted_bag = sorted_bag_->as<int64_t>();
   view_.combiner = combiner;
@@ -298,9 +297,9 @@ Status SegmentGradientSums::prepare(const GpuContext& context, const float* grad
     }
   }
   if (max_unique <= 0) return Status::Ok();
-  SumDestination destination{sums, sum_rows, dim};
-  bool destination_aligned = rows_aligned;
-  if (sum_rows == nullptr) {
+  SumDestination destination{sums, sum_rows.at, dim};
+  bool destination_aligned = sum_rows.aligned;
+  if (sum_rows.at == nullptr) {
     // Distinct keys with nowhere asked to write: each key's one entry is
     // read in place.
     if (sums == nullptr && max_key_entries <= 1) return Status::Ok();
@@ -316,8 +315,10 @@ Status SegmentGradientSums::prepare(const GpuContext& context, const float* grad
   const int64_t tiles = (nnz + kTileEntries - 1) / kTileEntries;
   partials_ = scratch(context, std::max<int64_t>(2 * tiles * dim, 1) * sizeof(float));
   if (!partials_->ok()) return Status::Internal("segment gradients: out of device memory");
-  const bool vec =
-      dim % 4 == 0 && reinterpret_cast<uintptr_t>(grad_out) % 16 == 0 && destination_aligned;
+  const bool source_aligned = grad_out_rows.at != nullptr
+                                  ? grad_out_rows.aligned
+                                  : reinterpret_cast<uintptr_t>(grad_out) % 16 == 0;
+  const bool vec = dim % 4 == 0 && source_aligned && destination_aligned;
   float* partials = partials_->as<float>();
   if (tiles > 0) {
     const unsigned blocks = grid_for(tiles * 32, kThreads);

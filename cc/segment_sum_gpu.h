@@ -32,15 +32,27 @@ namespace gpu {
 
 constexpr int64_t kTileEntries = 32;  // a warp's tile: a grouped entry a lane
 
+// Rows addressed one by one, where a row message keeps them: row i is the
+// dim floats at at[i]; aligned: every one starts 16-byte aligned. Null
+// `at`: not used.
+template <typename T>
+struct AddressedRows {
+  T* const* at = nullptr;
+  bool aligned = false;
+};
+
 // What the consumers of the sums read, by value.
 struct SegmentGradients {
-  const float* grad_out = nullptr;       // (batch, dim)
-  const int64_t* segments = nullptr;     // (num_unique + 1,)
-  const int64_t* sorted_bag = nullptr;   // (nnz,) the sample of grouped entry k
-  const float* sorted_weight = nullptr;  // (nnz,) its weight; null: all 1
-  const float* bag_scale = nullptr;      // (batch,) each sample's denominator
-  const float* sums = nullptr;           // (num_unique, dim) each key's gradient;
-                                         // null: every key has one entry, read in place
+  const float* grad_out = nullptr;              // (batch, dim)
+  const float* const* grad_out_rows = nullptr;  // (batch,) or null: sample b's
+                                                // gradient at grad_out_rows[b]
+                                                // instead of grad_out + b * dim
+  const int64_t* segments = nullptr;            // (num_unique + 1,)
+  const int64_t* sorted_bag = nullptr;          // (nnz,) the sample of grouped entry k
+  const float* sorted_weight = nullptr;         // (nnz,) its weight; null: all 1
+  const float* bag_scale = nullptr;             // (batch,) each sample's denominator
+  const float* sums = nullptr;                  // (num_unique, dim) each key's gradient;
+                                                // null: every key has one entry, read in place
   Combiner combiner = Combiner::kSum;
   int64_t dim = 0;
 };
@@ -59,15 +71,16 @@ class SegmentGradientSums {
   //   sums: (max_unique, dim) where each key's gradient goes, or null: into
   //     scratch this object owns, or, with max_key_entries 1 (distinct
   //     keys), nowhere: each key's one entry is read in place
-  //   sum_rows: (max_unique,) or null: key u's gradient goes to the dim floats
-  //     at sum_rows[u] instead (sums is then ignored, and the view's sums is
-  //     null: it is not for reading the keys' gradients back);
-  //     rows_aligned: each of them starts 16-byte aligned
+  //   sum_rows: (max_unique,) or none: key u's gradient goes to
+  //     sum_rows.at[u] instead (sums is then ignored, and the view's sums is
+  //     null: it is not for reading the keys' gradients back)
+  //   grad_out_rows: (batch,) or none: sample b's gradient is read at
+  //     grad_out_rows.at[b] instead (grad_out is then ignored)
   Status prepare(const GpuContext& context, const float* grad_out, const float* weights,
                  const int64_t* row_offsets, int64_t batch, int64_t nnz, Combiner combiner,
                  const int64_t* order, const int64_t* segments, const int64_t* num_unique,
                  int64_t max_unique, int64_t max_key_entries, int64_t dim, float* sums,
-                 float* const* sum_rows = nullptr, bool rows_aligned = false);
+                 AddressedRows<float> sum_rows = {}, AddressedRows<const float> grad_out_rows = {});
   const SegmentGradients& view() const { return view_; }
 
  private:
@@ -75,6 +88,11 @@ class SegmentGradientSums {
       partials_;
   SegmentGradients view_;
 };
+
+// Sample b's upstream gradient row.
+__device__ __forceinline__ const float* sample_gradient(const SegmentGradients& s, int64_t bag) {
+  return s.grad_out_rows != nullptr ? s.grad_out_rows[bag] : s.grad_out + bag * s.dim;
+}
 
 __device__ __forceinline__ float entry_gradient(float g, float w, float denominator,
                                                 Combiner combiner) {
@@ -88,7 +106,7 @@ __device__ __forceinline__ float single_entry_gradient(const SegmentGradients& s
   const int64_t bag = s.sorted_bag[k];
   const float w = s.sorted_weight != nullptr ? s.sorted_weight[k] : 1.0f;
   const float denominator = s.combiner == Combiner::kSum ? 1.0f : s.bag_scale[bag];
-  return 0.0f + entry_gradient(s.grad_out[bag * s.dim + c], w, denominator, s.combiner);
+  return 0.0f + entry_gradient(sample_gradient(s, bag)[c], w, denominator, s.combiner);
 }
 
 // Key u's gradient at this lane's 8 columns c0 + e * kLanes + rank.
@@ -117,7 +135,7 @@ __device__ __forceinline__ void key_gradient_vec(const SegmentGradients& s, int6
     if (s.sorted_weight != nullptr) w = s.sorted_weight[k];
     if (s.combiner != Combiner::kSum) denominator = s.bag_scale[bag];
   }
-  const float* row = s.sums != nullptr ? s.sums + u * s.dim : s.grad_out + bag * s.dim;
+  const float* row = s.sums != nullptr ? s.sums + u * s.dim : sample_gradient(s, bag);
 #pragma unroll
   for (int v = 0; v < kCount; ++v) {
     const int64_t c = (v * 8 + rank) * 4;

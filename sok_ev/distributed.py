@@ -8,7 +8,8 @@ of one call, with W workers:
   unique_keys[N] --PartitionByOwner--> keys grouped by owner, counts [N, W]
     --alltoall #1 (int64 rows, all tables together)-->
   each owner: UniqueOwnedKeys (a key asked by several workers once), then
-    FindOrInsertCombine of them, one row per key received, with its tables
+    FindOrInsertRowMessage: each key found once, and the row of every key
+    received written where the message back to its sender wants it
     --alltoall #2 (float32, all tables together, rows flattened; or bfloat16 /
     float16 with lookup_sparse's exchange_dtype: sok_ev.row_exchange; the
     rows an owner looked up for itself go beside it, not through it)-->
@@ -32,10 +33,11 @@ reduce-scatter: 8 * nnz * (W - 1) + 4 * batch * N * dim * (W - 1) bytes
 benchmarks/cpu_weak_scaling.py measures both on a Criteo-like batch.
 
 Backward is TensorFlow's autodiff over the same path: the row messages'
-gradients are the reverse messages (registered below), and
-FindOrInsertCombine's gradient (CombineBackward) sums each owned key's
-gradients from every worker that asked for it, so each owner gets
-IndexedSlices keyed by its distinct keys. Each owner then applies the
+gradients are the reverse messages (registered below and in
+sok_ev.lookup), and FindOrInsertRowMessage's gradient
+(FindOrInsertRowMessageGrad) sums each owned key's gradients from every
+worker that asked for it, read where the gradient message arrived, so each
+owner gets IndexedSlices keyed by its distinct keys. Each owner then applies the
 optimizer to its shard only: an Embedding Variable's gradient is never
 allreduced (`sok_ev.embedding_gradients` refuses it; the keys each owner
 looks up are marked here for that guard).
@@ -123,25 +125,33 @@ def lookup_combine(params, unique_keys, counts, combine, exchange_dtype=tf.float
             fingerprint=fingerprint,
             table_names=[v.name for v in params])
         # A key several workers asked for arrives once from each: found once,
-        # and its gradients summed once here (CombineBackward), so the
+        # and its gradients summed once here (FindOrInsertRowMessageGrad), so the
         # optimizer gets distinct keys.
         (unique_keys, unique_counts, unique_index, order, segments,
          row_offsets) = ops().sok_ev_unique_owned_keys(owned_keys, owned_counts)
         unique_keys = [embedding_gradients.mark(k, v) for k, v in zip(unique_keys, params)]
-        values = ops().sok_ev_find_or_insert_combine([v.handle for v in params],
-                                                     unique_keys,
-                                                     unique_counts,
-                                                     unique_index,
-                                                     order,
-                                                     segments,
-                                                     row_offsets,
-                                                     [tf.zeros([0], tf.float32)] * len(params),
-                                                     embedding_dims=dims,
-                                                     combiners=["sum"] * len(params),
-                                                     weighted=[False] * len(params))
-        return row_exchange.exchange_and_combine(values, sender_counts, owner_counts,
-                                                 positions, dims, exchange_dtype,
-                                                 communication.rank(), combine)
+        # One entry per received key, summed: each gets its key's row.
+        owned = (unique_keys, unique_counts, unique_index, order, segments, row_offsets)
+        handles = [v.handle for v in params]
+
+        def owned_rows():
+            return ops().sok_ev_find_or_insert_combine(handles,
+                                                       *owned,
+                                                       [tf.zeros([0], tf.float32)] * len(params),
+                                                       embedding_dims=dims,
+                                                       combiners=["sum"] * len(params),
+                                                       weighted=[False] * len(params))
+
+        def owned_row_message(local_worker):
+            return ops().sok_ev_find_or_insert_row_message(handles,
+                                                           *owned,
+                                                           sender_counts,
+                                                           embedding_dims=dims,
+                                                           local_worker=local_worker)
+
+        return row_exchange.exchange_and_combine(
+            row_exchange.OwnedRows(owned_rows, owned_row_message), sender_counts, owner_counts,
+            positions, dims, exchange_dtype, communication.rank(), combine)
 
 
 @tf.RegisterGradient("SokEv>PackRowMessage")
@@ -178,6 +188,32 @@ def _unpack_row_message_grad(op, *grad_rows):
         Tmessage=op.get_attr("Tmessage"),
         local_worker=op.get_attr("local_worker"))
     return [grad_message, None] + [None] * num_positions + list(grad_local)[:num_local]
+
+
+@tf.RegisterGradient("SokEv>FindOrInsertRowMessage")
+def _find_or_insert_row_message_grad(op, grad_message, unused_grad_splits, *grad_local):
+    """Each table gets IndexedSlices keyed by the owner's unique keys: every
+  received key's gradient, summed per key, read where the gradient message
+  and the local rows' gradients arrived."""
+    n = int(op.get_attr("N"))
+    local_worker = op.get_attr("local_worker")
+    # inputs: resources, unique_keys, counts, unique_index, order, segments,
+    # row_offsets (N each), sender_counts
+    if grad_message is None:
+        grad_message = tf.zeros_like(op.outputs[0])
+    local = [] if local_worker < 0 else [
+        tf.zeros_like(out) if g is None else g for g, out in zip(grad_local, op.outputs[2:])
+    ]
+    grad_unique = ops().sok_ev_find_or_insert_row_message_grad(
+        grad_message,
+        op.inputs[7 * n],
+        local,
+        *[op.inputs[i * n:(i + 1) * n] for i in range(3, 7)],
+        dims=op.get_attr("embedding_dims"),
+        local_worker=local_worker)
+    keys = op.inputs[n:2 * n]
+    return [embedding_gradients.keyed_gradient(g, k) for g, k in zip(grad_unique, keys)
+           ] + [None] * (6 * n + 1)
 
 
 tf.no_gradient("SokEv>PackKeyMessage")

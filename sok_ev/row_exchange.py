@@ -2,11 +2,13 @@
 
 The one place that decides what `lookup_sparse(..., exchange_dtype=...)`
 means (issue 12's compressed exchange). `sok_ev.distributed` calls
-`exchange_and_combine` once its owners have looked the keys up; the rows then
-cross the network as one message (PackRowMessage -> alltoall ->
-CombineRowMessage, which combines each sample's rows where they arrived;
-compressed: -> UnpackRowMessage -> CombineForward; sok_ev/cc/ops/), and
-their gradients the same way reversed.
+`exchange_and_combine` with its owners' lookup (OwnedRows), which this module
+runs in the form the exchange wants; the rows then cross the network as one
+message (FindOrInsertRowMessage, which writes each row where the message
+wants it -> alltoall -> CombineRowMessage, which combines each sample's rows
+where they arrived; compressed: FindOrInsertCombine -> PackRowMessage ->
+alltoall -> UnpackRowMessage -> CombineForward; sok_ev/cc/ops/), and their
+gradients the same way reversed.
 The rows a worker owns for its own keys (about 1/W of them, sharded) stay
 out of the message: PackRowMessage hands them to the receiving op beside it,
 as float32, so they are neither copied into the message nor exchanged, nor
@@ -101,20 +103,33 @@ class Combine(NamedTuple):
     weighted: list
 
 
-def exchange_and_combine(values, sender_counts, owner_counts, positions, dims, exchange_dtype,
+class OwnedRows(NamedTuple):
+    """An owner's lookup of the keys it received, in either of two forms.
+
+  rows(): N float32 `[sum_w sender_counts[t, w], dims[t]]`, the rows of the
+    received keys, worker 0's requests first (UnpackKeyMessage's order).
+  row_message(local_worker): those rows already laid out as
+    PackRowMessage(rows(), sender_counts, local_worker=local_worker) lays
+    them out: (message float32, splits int32 [W], local: N float32).
+  Both differentiable, with the same gradients reaching the tables."""
+    rows: object
+    row_message: object
+
+
+def exchange_and_combine(owned, sender_counts, owner_counts, positions, dims, exchange_dtype,
                          local_worker, combine):
     """Sends each owner's looked-up rows back to the workers that asked, and
   combines them there into each sample's embedding.
 
   Collective: every worker calls it with the same tables and exchange_dtype.
   The rows a worker owns for its own keys stay on it (float32, exact): the
-  messages carry only the other workers' blocks. In float32 the requester
-  combines the rows where they arrive (CombineRowMessage), without unpacking
-  them first.
+  messages carry only the other workers' blocks. In float32 the owner looks
+  its rows up straight into the message (OwnedRows.row_message) and the
+  requester combines them where they arrive (CombineRowMessage): neither
+  end copies them.
 
   Args:
-    values: N float32 `[sum_w sender_counts[t, w], dims[t]]`, the rows this
-      worker owns, worker 0's requests first (UnpackKeyMessage's order).
+    owned: an OwnedRows, the lookup of the rows this worker owns.
     sender_counts: int64 `[N, W]`, rows of table t requested by worker w.
     owner_counts: int64 `[N, W]`, rows of table t this worker asked of w.
     positions: N int64 vectors, where each received row goes in the
@@ -125,16 +140,14 @@ def exchange_and_combine(values, sender_counts, owner_counts, positions, dims, e
     combine: a Combine of this worker's batch.
 
   Returns:
-    N float32 `[batch_t, dims[t]]`, differentiable with respect to `values`:
-    the gradient travels back in `exchange_dtype` too.
+    N float32 `[batch_t, dims[t]]`, differentiable with respect to the owned
+    rows: the gradient travels back in `exchange_dtype` too.
   """
     combine_attrs = dict(combiners=combine.combiners, weighted=combine.weighted)
     if exchange_dtype == tf.float32:
         # Exact: the registered gradients of the ops (sok_ev.distributed,
         # sok_ev.lookup).
-        send_rows, row_splits, local = ops().sok_ev_pack_row_message(values,
-                                                                     sender_counts, [],
-                                                                     local_worker=local_worker)
+        send_rows, row_splits, local = owned.row_message(local_worker)
         returned, _ = communication.alltoall(send_rows, row_splits)
         return ops().sok_ev_combine_row_message(returned,
                                                 owner_counts,
@@ -148,7 +161,7 @@ def exchange_and_combine(values, sender_counts, owner_counts, positions, dims, e
                                                 dims=dims,
                                                 local_worker=local_worker,
                                                 **combine_attrs)
-    rows = _exchange_compressed(values, sender_counts, owner_counts, positions, dims,
+    rows = _exchange_compressed(owned.rows(), sender_counts, owner_counts, positions, dims,
                                 _MESSAGE_DTYPE[exchange_dtype], local_worker)
     return ops().sok_ev_combine_forward(rows, combine.unique_index, combine.order, combine.segments,
                                         combine.row_offsets, combine.weights, **combine_attrs)

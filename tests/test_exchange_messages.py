@@ -21,12 +21,22 @@ side, empty tables and empty blocks:
   gradient is each unique key's gradient packed as the message was, written
   in place (CombineRowMessageGrad) with the bits of CombineBackward then
   PackRowMessage;
-* malformed counts, rows or messages fail with an error naming them.
+* the owner looks the keys it received up straight into the rows message
+  back (FindOrInsertRowMessage) with the bits, splits and local block of
+  FindOrInsertCombine then PackRowMessage, each key found once with its
+  occurrences from every worker counted, filtered tables as admission
+  decides; its gradient reads the gradient message in place
+  (FindOrInsertRowMessageGrad) with the bits of UnpackRowMessage then
+  CombineBackward, and trains each unique key with the sum of its received
+  rows' gradients;
+* malformed counts, rows or messages fail with an error naming them, an
+  owner's lookup before any table changes.
 """
 import numpy as np
 import pytest
 import tensorflow as tf
 
+import sok_ev_reference as ref
 from sok_ev import distributed  # pylint: disable=unused-import  (the messages' gradients)
 from sok_ev._ops import ops
 
@@ -641,3 +651,234 @@ def test_a_local_worker_outside_the_workers_or_local_rows_of_the_wrong_shape_fai
                                         N=1,
                                         dims=[2],
                                         local_worker=1)
+
+
+# The owner's end: its lookup of the keys it received, written into the rows
+# message back (FindOrInsertRowMessage), and the gradient message read in
+# place (FindOrInsertRowMessageGrad).
+
+OWNER_ROWS = 50  # keys are in [0, OWNER_ROWS): key k starts at matrix[k]
+
+
+def _received_keys(rng, counts, key_dtypes):
+    """Per table: what an owner received (each worker's block of distinct
+  keys, worker 0's first, as UnpackKeyMessage gives them) and each key's
+  occurrences in its sender's batch."""
+    keys, occurrences = [], []
+    for table_counts, dtype in zip(counts, key_dtypes):
+        blocks = [rng.choice(OWNER_ROWS, size=int(c), replace=False) for c in table_counts]
+        keys.append(np.concatenate([np.zeros([0], np.int64)] + blocks).astype(dtype))
+        occurrences.append(rng.integers(1, 5, size=len(keys[-1])).astype(np.int64))
+    return keys, occurrences
+
+
+def _owner_case(sok, rng, unique_name, num_workers, dims):
+    """Tables (int64 and int32 keys alternating, rows from NumPy matrices),
+  what the owner received, and UniqueOwnedKeys of it."""
+    counts = rng.integers(0, 6, size=(len(dims), num_workers)).astype(np.int64)
+    counts[0, :] = 0  # a table nobody asked anything of
+    key_dtypes = [(np.int64, np.int32)[t % 2] for t in range(len(dims))]
+    matrices = [ref.random_matrix(rng, OWNER_ROWS, d) for d in dims]
+    tables = [
+        ref.matrix_ev(sok, unique_name(), m, key_dtype=k) for m, k in zip(matrices, key_dtypes)
+    ]
+    keys, occurrences = _received_keys(rng, counts, key_dtypes)
+    owned = ops().sok_ev_unique_owned_keys([tf.constant(k) for k in keys],
+                                           [tf.constant(c) for c in occurrences])
+    return counts, tables, matrices, keys, occurrences, owned
+
+
+def _owner_row_message(tables, owned, counts, local_worker):
+    for table in tables:  # what lookup_sparse does: a tape then watches them
+        table._record_access()  # pylint: disable=protected-access
+    return ops().sok_ev_find_or_insert_row_message([t.handle for t in tables],
+                                                   *owned,
+                                                   counts,
+                                                   embedding_dims=[t.embedding_dim for t in tables],
+                                                   local_worker=local_worker)
+
+
+@pytest.mark.parametrize("dims", [[4, 128, 8], [3, 128, 5, 8]], ids=["aligned", "unaligned"])
+@pytest.mark.parametrize("num_workers, local_worker", [(1, 0), (2, 1), (3, -1), (3, 2)])
+def test_the_owners_rows_written_into_the_message_equal_find_or_insert_combine_then_pack(
+        sok, rng, unique_name, num_workers, local_worker, dims):
+    counts, tables, matrices, keys, occurrences, owned = _owner_case(sok, rng, unique_name,
+                                                                     num_workers, dims)
+    message, splits, local = _owner_row_message(tables, owned, counts, local_worker)
+    # NumPy's: each received key's row, packed as PackRowMessage packs.
+    rows = [m[k.astype(np.int64)] for m, k in zip(matrices, keys)]
+    np.testing.assert_array_equal(message.numpy(), _pack_reference(counts, rows, None,
+                                                                   local_worker))
+    want_splits = (counts * np.array(dims)[:, None]).sum(axis=0)
+    if local_worker >= 0:
+        want_splits[local_worker] = 0
+    np.testing.assert_array_equal(splits.numpy(), want_splits)
+    for t, table_rows in enumerate(rows):
+        want = table_rows[_block(counts, t, local_worker)] if local_worker >= 0 else np.zeros(
+            [0, dims[t]])
+        np.testing.assert_array_equal(local[t].numpy(), want, err_msg=f"table {t}")
+    # Each key found once, its occurrences from every worker added to its
+    # frequency.
+    for t, (table, table_keys, table_occurrences) in enumerate(zip(tables, keys, occurrences)):
+        stored, _, frequencies = table.export_full()[:3]
+        want = {}
+        for key, n in zip(table_keys.tolist(), table_occurrences.tolist()):
+            want[key] = want.get(key, 0) + n
+        assert dict(zip(stored.numpy().tolist(), frequencies.numpy().tolist())) == want
+    # The same bits as the two ops it replaces (the keys now stored).
+    values = ops().sok_ev_find_or_insert_combine([t.handle for t in tables],
+                                                 *owned, [tf.zeros([0])] * len(dims),
+                                                 embedding_dims=dims,
+                                                 combiners=["sum"] * len(dims),
+                                                 weighted=[False] * len(dims))
+    want_message, want_splits, want_local = ops().sok_ev_pack_row_message(values,
+                                                                          counts, [],
+                                                                          local_worker=local_worker)
+    np.testing.assert_array_equal(message.numpy(), want_message.numpy())
+    np.testing.assert_array_equal(splits.numpy(), want_splits.numpy())
+    for t in range(len(dims)):
+        np.testing.assert_array_equal(local[t].numpy(), want_local[t].numpy())
+
+
+def test_an_owner_reads_a_filtered_tables_rows_into_the_message_as_admission_decides(
+        sok, unique_name):
+    # DeepRec's admission: a key seen fewer than filter_freq times before this
+    # lookup reads default_value_no_permission.
+    option = sok.EmbeddingVariableOption(
+        filter_option=sok.CounterFilter(filter_freq=3),
+        init_option=sok.InitializerOption(default_value_no_permission=0.5))
+    table = sok.get_embedding_variable(unique_name(),
+                                       embedding_dim=4,
+                                       initializer=tf.compat.v1.ones_initializer(),
+                                       ev_option=option)
+    counts = np.array([[2, 1]], np.int64)
+    owned = ops().sok_ev_unique_owned_keys([tf.constant([7, 9, 7], tf.int64)],
+                                           [tf.constant([2, 1, 2], tf.int64)])
+    message, _, local = _owner_row_message([table], owned, counts, local_worker=1)
+    np.testing.assert_array_equal(message.numpy(), np.full([8], 0.5, np.float32))
+    np.testing.assert_array_equal(local[0].numpy(), np.full([1, 4], 0.5, np.float32))
+    # Key 7 has now been seen 4 times: admitted, it reads its initial row.
+    message, _, local = _owner_row_message([table], owned, counts, local_worker=1)
+    np.testing.assert_array_equal(message.numpy(), [1, 1, 1, 1, 0.5, 0.5, 0.5, 0.5])
+    np.testing.assert_array_equal(local[0].numpy(), np.ones([1, 4], np.float32))
+
+
+def _owner_gradient_case(rng, num_workers, dims, local_worker):
+    """The owner's side of the gradients' exchange: which unique key each
+  received row is (random keys, repeated across workers), the keys' segments
+  and order, and the gradient message and local rows that arrive."""
+    counts = rng.integers(0, 6, size=(len(dims), num_workers)).astype(np.int64)
+    counts[0, :] = 0
+    index = [rng.integers(0, max(int(c.sum()) // 2, 1), size=int(c.sum())) for c in counts]
+    index = [np.unique(i, return_inverse=True)[1].astype(np.int64) for i in index]
+    batches = [(i, np.arange(len(i) + 1, dtype=np.int64), None) for i in index]
+    positions = [np.zeros(int(i.max()) + 1 if len(i) else 0) for i in index]
+    segments, order = _segments_and_order(batches, positions)
+    grad_rows = [rng.standard_normal((len(i), d)).astype(np.float32) for i, d in zip(index, dims)]
+    message, _, local = ops().sok_ev_pack_row_message(grad_rows,
+                                                      counts, [],
+                                                      local_worker=local_worker)
+    local = list(local) if local_worker >= 0 else []
+    return counts, index, segments, order, grad_rows, message, local
+
+
+@pytest.mark.parametrize("order_given", [True, False], ids=["order", "no_order"])
+@pytest.mark.parametrize("dims", [[4, 128, 8], [3, 128, 5, 8]], ids=["aligned", "unaligned"])
+@pytest.mark.parametrize("num_workers, local_worker", [(1, 0), (2, 1), (3, -1), (3, 2)])
+def test_the_owners_gradient_read_in_place_equals_unpack_then_combine_backward(
+        rng, num_workers, local_worker, dims, order_given):
+    (counts, index, segments, order, grad_rows, message,
+     local) = _owner_gradient_case(rng, num_workers, dims, local_worker)
+    if not order_given:  # UniqueOwnedKeys ran on the CPU
+        order = [np.zeros([0], np.int64)] * len(dims)
+    pieces = [[tf.constant(i) for i in index], [tf.constant(o) for o in order],
+              [tf.constant(s) for s in segments],
+              [tf.range(len(i) + 1, dtype=tf.int64) for i in index]]
+    got = ops().sok_ev_find_or_insert_row_message_grad(message,
+                                                       counts,
+                                                       local,
+                                                       *pieces,
+                                                       dims=dims,
+                                                       local_worker=local_worker)
+    # NumPy's: each unique key sums the gradient rows of its received keys.
+    for t, (table_index, rows) in enumerate(zip(index, grad_rows)):
+        want = np.zeros((len(segments[t]) - 1, dims[t]))
+        np.add.at(want, table_index, rows.astype(np.float64))
+        np.testing.assert_allclose(got[t].numpy(), want, rtol=1e-5, atol=1e-6, err_msg=f"table {t}")
+    # The same bits as the two ops it replaces.
+    unpacked = _unpack_rows(message, counts, [], local, dims, local_worker)
+    want = ops().sok_ev_combine_backward(list(unpacked),
+                                         *pieces, [tf.zeros([0])] * len(dims),
+                                         combiners=["sum"] * len(dims),
+                                         weighted=[False] * len(dims))
+    for t in range(len(dims)):
+        np.testing.assert_array_equal(got[t].numpy(), want[t].numpy(), err_msg=f"table {t}")
+
+
+def test_training_through_the_owners_message_sums_each_keys_gradients_from_every_worker(
+        sok, rng, unique_name):
+    dims, local_worker = [4, 8, 3], 0
+    counts, tables, matrices, keys, _, owned = _owner_case(sok, rng, unique_name, 3, dims)
+    upstream_message = rng.standard_normal(int((counts[:, 1:] * np.array(dims)[:, None]).sum()))
+    upstream_local = [rng.standard_normal((int(c[0]), d)) for c, d in zip(counts, dims)]
+    with tf.GradientTape() as tape:
+        message, _, local = _owner_row_message(tables, owned, counts, local_worker)
+        loss = tf.reduce_sum(message * upstream_message.astype(np.float32)) + tf.add_n(
+            [tf.reduce_sum(x * u.astype(np.float32)) for x, u in zip(local, upstream_local)])
+    grads = tape.gradient(loss, tables)
+    # Received row j of table t gets upstream row j (message or local);
+    # each key's gradient sums its rows'.
+    upstream_rows = _unpack_rows(tf.constant(upstream_message, tf.float32), counts, [],
+                                 [tf.constant(u, tf.float32) for u in upstream_local], dims,
+                                 local_worker)
+    for t, (grad, table_keys) in enumerate(zip(grads, keys)):
+        want = {}
+        for key, row in zip(table_keys.tolist(), upstream_rows[t].numpy().astype(np.float64)):
+            want[key] = want.get(key, 0.0) + row
+        got = ref.indexed_slices_to_dict(grad.indices.numpy(), grad.values.numpy())
+        assert sorted(got) == sorted(want), f"table {t}"
+        ref.assert_rows_close(got, want, 1e-5, 1e-6, f"table {t}")
+
+
+def test_an_owners_lookup_that_does_not_fit_its_counts_fails_before_any_table_changes(
+        sok, unique_name):
+    table = sok.get_embedding_variable(unique_name(), embedding_dim=4)
+    owned = ops().sok_ev_unique_owned_keys([tf.constant([7, 9, 7], tf.int64)],
+                                           [tf.constant([1, 1, 1], tf.int64)])
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"table 0: counts give 4 received keys, but 3 entries and 3 samples"):
+        _owner_row_message([table], owned, np.array([[2, 2]], np.int64), local_worker=1)
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"local_worker must be -1 or in \[0, 2\) for counts of 2 workers, "
+                       r"got 2"):
+        _owner_row_message([table], owned, np.array([[2, 1]], np.int64), local_worker=2)
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError),
+                       match=r"counts must be \[1, num_workers\], got shape \[2\]"):
+        _owner_row_message([table], owned, np.array([2, 1], np.int64), local_worker=1)
+    assert int(table.total_count()) == 0
+
+
+def test_an_owners_gradient_message_that_does_not_fit_its_keys_fails_naming_them():
+    counts = tf.constant([[1, 2]], tf.int64)
+
+    def grad(message, local, row_offsets=(0, 1, 2, 3)):
+        return ops().sok_ev_find_or_insert_row_message_grad(message,
+                                                            counts,
+                                                            local,
+                                                            [tf.constant([0, 1, 0], tf.int64)],
+                                                            [tf.zeros([0], tf.int64)],
+                                                            [tf.constant([0, 2, 3], tf.int64)],
+                                                            [tf.constant(row_offsets, tf.int64)],
+                                                            dims=[4],
+                                                            local_worker=1)
+
+    got = grad(tf.ones([4]), [tf.ones([2, 4])])[0]
+    np.testing.assert_array_equal(got.numpy(), [[2] * 4, [1] * 4])
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"the message has shape \[8\], but counts and dims make 4 elements"):
+        grad(tf.ones([8]), [tf.ones([2, 4])])
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"local\[0\] must be \[2, 4\]"):
+        grad(tf.ones([4]), [tf.ones([3, 4])])
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"table 0: counts give 3 received rows, but 3 row offsets"):
+        grad(tf.ones([4]), [tf.ones([2, 4])], row_offsets=(0, 1, 3))

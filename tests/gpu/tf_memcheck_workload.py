@@ -10,7 +10,7 @@ dim 4) with duplicated keys, empty rows and new keys in every step, their
 gradients, the fused apply of Adagrad, Adam and Ftrl, and an export; in a
 Session and in a tf.function; and the many-worker row message packed and
 unpacked (rows of whole float4s and of odd widths, with and without
-positions). It fails unless every SokEv op ran on GPU:0 (--allow-cpu: the
+positions), combined and written in place at both ends. It fails unless every SokEv op ran on GPU:0 (--allow-cpu: the
 CPU dry run of the device script).
 
   python tests/gpu/tf_memcheck_workload.py [--allow-cpu]
@@ -171,6 +171,51 @@ def run_row_messages(rng):
             np.testing.assert_array_equal(grad_local[t].numpy(), table.numpy())
 
 
+def run_owner_row_messages(rng):
+    """The owner's end for 3 workers, dims 128 and 4 (float4 rows), then 3
+  and 1 (rows off 16-byte boundaries): FindOrInsertRowMessage looks the
+  received keys (repeated across workers, new and stored ones) up straight
+  into the message and worker 1's block, and FindOrInsertRowMessageGrad sums
+  each unique key's gradients read in place."""
+    from sok_ev._ops import ops  # pylint: disable=import-outside-toplevel
+    for dims in ([128, 4], [3, 1]):
+        key_dtypes = [np.int64, np.int32]
+        matrices = [ref.random_matrix(rng, 16, d) for d in dims]
+        tables = [
+            ref.matrix_ev(sok_ev, f"owner_{dims[0]}_{t}", m, k)
+            for t, (m, k) in enumerate(zip(matrices, key_dtypes))
+        ]
+        counts = rng.integers(0, 40, size=(len(dims), 3)).astype(np.int64)
+        keys = [
+            np.concatenate([rng.choice(64, size=int(c), replace=False)
+                            for c in table_counts]).astype(k)
+            for table_counts, k in zip(counts, key_dtypes)
+        ]
+        owned = ops().sok_ev_unique_owned_keys([tf.constant(k) for k in keys],
+                                               [tf.ones([len(k)], tf.int64) for k in keys])
+        message, _, local = ops().sok_ev_find_or_insert_row_message([t.handle for t in tables],
+                                                                    *owned,
+                                                                    counts,
+                                                                    embedding_dims=dims,
+                                                                    local_worker=1)
+        rows = [m[k.astype(np.int64) % 16] for m, k in zip(matrices, keys)]
+        want, _, want_local = ops().sok_ev_pack_row_message(rows, counts, [], local_worker=1)
+        np.testing.assert_array_equal(message.numpy(), want.numpy())
+        for t in range(len(dims)):
+            np.testing.assert_array_equal(local[t].numpy(), want_local[t].numpy())
+        # The same message as gradients: each unique key sums its rows.
+        grad_unique = ops().sok_ev_find_or_insert_row_message_grad(message,
+                                                                   counts,
+                                                                   local,
+                                                                   *owned[2:],
+                                                                   dims=dims,
+                                                                   local_worker=1)
+        for t, table_rows in enumerate(rows):
+            sums = np.zeros(grad_unique[t].shape, np.float64)
+            np.add.at(sums, owned[2][t].numpy(), table_rows)
+            np.testing.assert_allclose(grad_unique[t].numpy(), sums, rtol=1e-5, atol=1e-6)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--allow-cpu", action="store_true", help="run without a GPU")
@@ -184,6 +229,7 @@ def main():
         run_session(rng, name, make_optimizer, expected)
     run_tf_function(rng, expected)
     run_row_messages(rng)
+    run_owner_row_messages(rng)
     print(f"workload done on {expected}: sok_ev {sok_ev.__file__}")
 
 

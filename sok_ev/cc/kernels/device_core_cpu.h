@@ -320,14 +320,26 @@ class Core<CPUDevice> {
                                    int64_t num_unique, const int64_t* unique_index,
                                    const float* weights, const int64_t* row_offsets, int64_t batch,
                                    Combiner combiner, float* out) {
-    // Every element is written by find_or_insert: no zero fill. The table
-    // remembers the rows, which the step's optimizer update of these keys reuses.
-    std::unique_ptr<float[]> values(new float[num_unique * table.dim()]);
-    TF_RETURN_IF_ERROR(
-        ToTfStatus(table.find_or_insert(context_, unique_keys, num_unique, values.get(), counts,
-                                        /*remember_rows=*/true)));
+    std::unique_ptr<float[]> values;
+    TF_RETURN_IF_ERROR(FindOrInsertValues(table, unique_keys, counts, num_unique, &values));
     cpu::combine_forward(context_, values.get(), unique_index, weights, row_offsets, batch,
                          table.dim(), combiner, out);
+    return absl::OkStatus();
+  }
+
+  // The same, sample b's vector written at out_rows[b] (rows where a row
+  // message wants them). rows_aligned is the GPU twin's.
+  template <typename Key>
+  absl::Status FindOrInsertCombineIntoRows(Table<Key>& table, const Key* unique_keys,
+                                           const int64_t* counts, int64_t num_unique,
+                                           const int64_t* unique_index, const float* weights,
+                                           const int64_t* row_offsets, int64_t batch,
+                                           Combiner combiner, float* const* out_rows,
+                                           bool /*rows_aligned*/) {
+    std::unique_ptr<float[]> values;
+    TF_RETURN_IF_ERROR(FindOrInsertValues(table, unique_keys, counts, num_unique, &values));
+    cpu::combine_forward_into_rows(context_, values.get(), unique_index, weights, row_offsets,
+                                   batch, table.dim(), combiner, out_rows);
     return absl::OkStatus();
   }
 
@@ -368,6 +380,17 @@ class Core<CPUDevice> {
                               int64_t dim, Combiner combiner, float* out) {
     cpu::combine_forward(context_, unique_values, unique_index, weights, row_offsets, batch, dim,
                          combiner, out);
+    return absl::OkStatus();
+  }
+
+  // The same, sample b's vector written at out_rows[b]. rows_aligned is the
+  // GPU twin's.
+  absl::Status CombineForwardIntoRows(const float* unique_values, const int64_t* unique_index,
+                                      const float* weights, const int64_t* row_offsets,
+                                      int64_t batch, int64_t dim, Combiner combiner,
+                                      float* const* out_rows, bool /*rows_aligned*/) {
+    cpu::combine_forward_into_rows(context_, unique_values, unique_index, weights, row_offsets,
+                                   batch, dim, combiner, out_rows);
     return absl::OkStatus();
   }
 
@@ -416,6 +439,23 @@ class Core<CPUDevice> {
     } else {
       cpu::combine_backward_rows(context_, grad_out, unique_index, segments, num_unique, weights,
                                  row_offsets, batch, nnz, dim, combiner, grad_rows);
+    }
+    return absl::OkStatus();
+  }
+
+  // CombineBackward with sample b's gradient read at grad_out_rows[b].
+  absl::Status CombineBackwardFromRows(const float* const* grad_out_rows,
+                                       const int64_t* unique_index, const int64_t* /*order*/,
+                                       const int64_t* segments, int64_t num_unique,
+                                       const float* weights, const int64_t* row_offsets,
+                                       int64_t batch, int64_t nnz, int64_t dim, Combiner combiner,
+                                       float* grad_unique, bool /*rows_aligned*/) {
+    if (num_threads_ == 1) {
+      cpu::combine_backward_from_rows_serial(grad_out_rows, unique_index, num_unique, weights,
+                                             row_offsets, batch, dim, combiner, grad_unique);
+    } else {
+      cpu::combine_backward_from_rows(context_, grad_out_rows, unique_index, segments, num_unique,
+                                      weights, row_offsets, batch, nnz, dim, combiner, grad_unique);
     }
     return absl::OkStatus();
   }
@@ -479,6 +519,19 @@ class Core<CPUDevice> {
   static constexpr int64_t kMinFloatsToSpread = int64_t{1} << 20;
 
   Core() { context_ = serial_; }
+
+  // Finds or inserts the unique keys (their counts added to the
+  // frequencies) into *values, (num_unique, dim), every element written by
+  // find_or_insert: no zero fill. The table remembers the rows, which the
+  // step's optimizer update of these keys reuses.
+  template <typename Key>
+  absl::Status FindOrInsertValues(Table<Key>& table, const Key* unique_keys, const int64_t* counts,
+                                  int64_t num_unique, std::unique_ptr<float[]>* values) {
+    values->reset(new float[num_unique * table.dim()]);
+    return ToTfStatus(table.find_or_insert(context_, unique_keys, num_unique, values->get(), counts,
+                                           /*remember_rows=*/true));
+  }
+
   Core serial_core() const {
     Core core;
     core.op_ = op_;

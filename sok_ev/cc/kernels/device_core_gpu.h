@@ -468,13 +468,27 @@ class Core<GPUDevice> {
                                    const float* weights, const int64_t* row_offsets, int64_t batch,
                                    Combiner combiner, float* out) {
     tensorflow::Tensor row_ids;
-    TF_RETURN_IF_ERROR(Scratch<int64_t>(std::max<int64_t>(num_unique, 1), &row_ids));
-    TF_RETURN_IF_ERROR(
-        ToTfStatus(table.find_or_insert(context_, unique_keys, num_unique,
-                                        /*values=*/nullptr, counts, VectorData<int64_t>(row_ids))));
+    TF_RETURN_IF_ERROR(FindOrInsertRowIds(table, unique_keys, counts, num_unique, &row_ids));
     return ToTfStatus(gpu::lookup_combine_rows(context_, table, VectorData<int64_t>(row_ids),
                                                unique_index, weights, row_offsets, batch, combiner,
                                                out));
+  }
+
+  // The same, sample b's vector written at out_rows[b] (device): rows where
+  // a row message wants them (gpu::lookup_combine_into_rows).
+  //   rows_aligned: every output row 16-byte aligned
+  template <typename Key>
+  absl::Status FindOrInsertCombineIntoRows(Table<Key>& table, const Key* unique_keys,
+                                           const int64_t* counts, int64_t num_unique,
+                                           const int64_t* unique_index, const float* weights,
+                                           const int64_t* row_offsets, int64_t batch,
+                                           Combiner combiner, float* const* out_rows,
+                                           bool rows_aligned) {
+    tensorflow::Tensor row_ids;
+    TF_RETURN_IF_ERROR(FindOrInsertRowIds(table, unique_keys, counts, num_unique, &row_ids));
+    return ToTfStatus(gpu::lookup_combine_into_rows(context_, table, VectorData<int64_t>(row_ids),
+                                                    unique_index, weights, row_offsets, batch,
+                                                    combiner, out_rows, rows_aligned));
   }
 
   // Scratch memory for a table's work inside ForEachTable (safe on a side
@@ -555,6 +569,17 @@ class Core<GPUDevice> {
     return Pending();
   }
 
+  // The same, sample b's vector written at out_rows[b] (device).
+  //   rows_aligned: every output row 16-byte aligned
+  absl::Status CombineForwardIntoRows(const float* unique_values, const int64_t* unique_index,
+                                      const float* weights, const int64_t* row_offsets,
+                                      int64_t batch, int64_t dim, Combiner combiner,
+                                      float* const* out_rows, bool rows_aligned) {
+    gpu::combine_forward_into_rows(context_, unique_values, unique_index, weights, row_offsets,
+                                   batch, dim, combiner, out_rows, rows_aligned);
+    return Pending();
+  }
+
   // The same, unique row u read at unique_rows[u] (device), in place.
   //   rows_aligned: every row 16-byte aligned (gpu::combine_forward_rows)
   absl::Status CombineForwardRows(const float* const* unique_rows, const int64_t* unique_index,
@@ -594,6 +619,22 @@ class Core<GPUDevice> {
     TF_RETURN_IF_ERROR(OrderOrGroup(unique_index, nnz, &order, &grouped));
     gpu::combine_backward_rows(context_, grad_out, order, segments, num_unique, weights,
                                row_offsets, batch, nnz, dim, combiner, grad_rows, rows_aligned);
+    return Pending();
+  }
+
+  // CombineBackward with sample b's gradient read at grad_out_rows[b].
+  //   rows_aligned: every row of grad_out_rows 16-byte aligned
+  absl::Status CombineBackwardFromRows(const float* const* grad_out_rows,
+                                       const int64_t* unique_index, const int64_t* order,
+                                       const int64_t* segments, int64_t num_unique,
+                                       const float* weights, const int64_t* row_offsets,
+                                       int64_t batch, int64_t nnz, int64_t dim, Combiner combiner,
+                                       float* grad_unique, bool rows_aligned) {
+    Segmented grouped;
+    TF_RETURN_IF_ERROR(OrderOrGroup(unique_index, nnz, &order, &grouped));
+    gpu::combine_backward_from_rows(context_, grad_out_rows, order, segments, num_unique, weights,
+                                    row_offsets, batch, nnz, dim, combiner, grad_unique,
+                                    rows_aligned);
     return Pending();
   }
 
@@ -699,6 +740,17 @@ class Core<GPUDevice> {
   // The gpu:: free functions record errors per host thread instead of
   // returning them.
   static absl::Status Pending() { return ToTfStatus(gpu::take_last_error()); }
+
+  // Finds or inserts the unique keys (their counts added to the
+  // frequencies); each one's row id in the table goes to *row_ids (scratch).
+  template <typename Key>
+  absl::Status FindOrInsertRowIds(Table<Key>& table, const Key* unique_keys, const int64_t* counts,
+                                  int64_t num_unique, tensorflow::Tensor* row_ids) {
+    TF_RETURN_IF_ERROR(Scratch<int64_t>(std::max<int64_t>(num_unique, 1), row_ids));
+    return ToTfStatus(table.find_or_insert(context_, unique_keys, num_unique,
+                                           /*values=*/nullptr, counts,
+                                           VectorData<int64_t>(*row_ids)));
+  }
 
   // On a side stream `side` whose home is `home` (ForEachTable).
   Core(tensorflow::OpKernelContext* context, cudaStream_t side, cudaStream_t home)

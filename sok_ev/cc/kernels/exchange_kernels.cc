@@ -19,6 +19,7 @@
 #include "sok_ev/cc/kernels/combine_attributes.h"
 #include "sok_ev/cc/kernels/device_core.h"
 #include "sok_ev/cc/kernels/kernel_utils.h"
+#include "sok_ev/cc/kernels/row_message.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 
@@ -37,42 +38,6 @@ namespace {
 
 // The fingerprint a worker that stopped the job sends (sok_ev/agreement.py).
 constexpr int64_t kStopped = -1;
-
-// counts ([num_tables, W], host) as a vector, and W.
-absl::Status ReadCounts(const Tensor& counts, int num_tables, std::vector<int64_t>* values,
-                        int* num_workers) {
-  if (counts.dims() != 2 || counts.dim_size(0) != num_tables || counts.dim_size(1) < 1) {
-    return errors::InvalidArgument("counts must be [", num_tables, ", num_workers], got shape ",
-                                   counts.shape().DebugString());
-  }
-  *num_workers = static_cast<int>(counts.dim_size(1));
-  const auto flat = counts.flat<int64_t>();
-  values->assign(flat.data(), flat.data() + flat.size());
-  for (size_t i = 0; i < values->size(); ++i) {
-    if ((*values)[i] < 0) {
-      return errors::InvalidArgument("counts[", i / *num_workers, ", ", i % *num_workers,
-                                     "] is negative: ", (*values)[i]);
-    }
-  }
-  return absl::OkStatus();
-}
-
-// Writes the plan's block sizes (elements per worker) to an int32 splits
-// output (host memory), as Horovod's alltoall takes them.
-absl::Status WriteSplits(OpKernelContext* context, const MessagePlan& plan, int64_t divisor) {
-  Tensor* splits;
-  TF_RETURN_IF_ERROR(context->allocate_output("splits", TensorShape({plan.num_workers}), &splits));
-  auto out = splits->flat<int32_t>();
-  for (int w = 0; w < plan.num_workers; ++w) {
-    const int64_t size = plan.block_size[w] / divisor;
-    if (size > std::numeric_limits<int32_t>::max()) {
-      return errors::InvalidArgument("the message to worker ", w, " has ", size,
-                                     " rows, more than an int32 split holds");
-    }
-    out(w) = static_cast<int32_t>(size);
-  }
-  return absl::OkStatus();
-}
 
 }  // namespace
 
@@ -295,29 +260,6 @@ class UnpackKeyMessageOp : public OpKernel {
   std::vector<tensorflow::DataType> key_dtypes_;
 };
 
-// The row messages' optional positions: none (rows in message order), or one
-// int64 vector per table with one entry per row the counts give that table.
-absl::Status CheckPositions(const OpInputList& positions, const MessagePlan& plan) {
-  const int n = static_cast<int>(plan.table_rows.size());
-  if (positions.size() != 0 && positions.size() != n) {
-    return errors::InvalidArgument("positions must be empty or one per table (", n, "), got ",
-                                   positions.size());
-  }
-  for (int t = 0; t < positions.size(); ++t) {
-    if (positions[t].NumElements() != plan.table_rows[t]) {
-      return errors::InvalidArgument("positions[", t, "] has ", positions[t].NumElements(),
-                                     " entries for ", plan.table_rows[t], " rows");
-    }
-  }
-  return absl::OkStatus();
-}
-
-// Table t's row indices for the block that starts at its row `first`; null
-// when the rows are in message order (the block is then contiguous at `first`).
-const int64_t* BlockPositions(const OpInputList& positions, int t, int64_t first) {
-  return positions.size() == 0 ? nullptr : positions[t].flat<int64_t>().data() + first;
-}
-
 // The message's element type in the core (cc/narrow_float.h) for each
 // Tmessage: uint16 tensors hold bfloat16 bits, half tensors float16 bits.
 template <typename Element>
@@ -362,23 +304,6 @@ absl::Status ForMessageType(tensorflow::DataType dtype, Work work) {
       return errors::InvalidArgument("unsupported row message type ",
                                      tensorflow::DataTypeString(dtype));
   }
-}
-
-// The rows that cross the network: counts ([N * W]) with worker
-// local_worker's column zeroed (its block stays local; -1: none), after
-// checking that local_worker is -1 or a worker.
-absl::Status MessageCounts(const std::vector<int64_t>& counts, int num_workers, int local_worker,
-                           std::vector<int64_t>* message_counts) {
-  if (local_worker < -1 || local_worker >= num_workers) {
-    return errors::InvalidArgument("local_worker must be -1 or in [0, ", num_workers,
-                                   ") for counts of ", num_workers, " workers, got ", local_worker);
-  }
-  *message_counts = counts;
-  if (local_worker < 0) return absl::OkStatus();
-  for (size_t i = local_worker; i < message_counts->size(); i += num_workers) {
-    (*message_counts)[i] = 0;
-  }
-  return absl::OkStatus();
 }
 
 // Runs the message's copies and the local rows' copies, in one launch when
@@ -494,69 +419,20 @@ class PackRowMessageOp : public OpKernel {
   int local_worker_;
 };
 
-// Where each (table, worker) block of a row message is, at either end:
-// counts [N, W], table t's rows dims[t] wide, the optional positions of the
-// rows in their tables, and the worker whose block stays out of the message
-// (local_worker; -1: none).
-class RowMessageLayout {
- public:
-  absl::Status Plan(const Tensor& counts, const OpInputList& positions,
-                    const std::vector<int64_t>& dims, int local_worker) {
-    dims_ = dims;
-    local_worker_ = local_worker;
-    positions_ = positions;
-    const int n = static_cast<int>(dims_.size());
-    TF_RETURN_IF_ERROR(ReadCounts(counts, n, &counts_, &num_workers_));
-    TF_RETURN_IF_ERROR(MessageCounts(counts_, num_workers_, local_worker_, &message_counts_));
-    plan_ = PlanMessage(counts_.data(), n, num_workers_, dims_.data(), 0);
-    message_plan_ = PlanMessage(message_counts_.data(), n, num_workers_, dims_.data(), 0);
-    return CheckPositions(positions_, plan_);
-  }
-
-  int num_tables() const { return static_cast<int>(dims_.size()); }
-  int64_t table_rows(int t) const { return plan_.table_rows[t]; }
-  int64_t message_elements() const { return message_plan_.total; }
-  // Rows of table t in the local block (0 without a local worker).
-  int64_t local_rows(int t) const {
-    return local_worker_ < 0 ? 0 : counts_[int64_t{t} * num_workers_ + local_worker_];
-  }
-
-  // Calls visit(t, rows, first, index, message_start) for every block
-  // (t, w) with rows: they belong at table t's rows first, first + 1, ...
-  // (index null) or at index[0], index[1], ... (positions), and sit in the
-  // message from element message_start on, or, for the local worker's
-  // block (message_start -1), in table t's local matrix.
-  template <typename Visit>
-  void ForEachBlock(const Visit& visit) const {
-    for (int t = 0; t < num_tables(); ++t) {
-      for (int w = 0; w < num_workers_; ++w) {
-        const int64_t i = int64_t{t} * num_workers_ + w;
-        if (counts_[i] == 0 || dims_[t] == 0) continue;
-        const int64_t first = plan_.table_offset[i];
-        visit(t, counts_[i], first, BlockPositions(positions_, t, first),
-              w == local_worker_ ? int64_t{-1} : message_plan_.start[i]);
-      }
-    }
-  }
-
- private:
-  std::vector<int64_t> dims_;
-  int local_worker_ = -1;
-  OpInputList positions_;
-  std::vector<int64_t> counts_, message_counts_;
-  int num_workers_ = 0;
-  MessagePlan plan_, message_plan_;
-};
-
-// The receiving end of a row message (UnpackRowMessage, CombineRowMessage):
-// inputs message, counts, positions, local; attrs dims and local_worker.
-// Read checks that they fit one another, and where each block is.
+// The receiving end of a row message (UnpackRowMessage, CombineRowMessage,
+// FindOrInsertRowMessageGrad): inputs message, counts, positions (where the
+// op has them; rows in message order otherwise), local; attrs dims and
+// local_worker. Read checks that they fit one another, and where each
+// block is.
 class ReceivedRows {
  public:
   absl::Status Read(OpKernelContext* context, const std::vector<int64_t>& dims, int local_worker) {
     message_ = &context->input(0);
     OpInputList positions;
-    TF_RETURN_IF_ERROR(context->input_list("positions", &positions));
+    int first, last;
+    if (context->op_kernel().InputRange("positions", &first, &last).ok()) {
+      TF_RETURN_IF_ERROR(context->input_list("positions", &positions));
+    }
     TF_RETURN_IF_ERROR(context->input_list("local", &local_));
     TF_RETURN_IF_ERROR(layout_.Plan(context->input(1), positions, dims, local_worker));
     if (message_->dims() != 1 || message_->NumElements() != layout_.message_elements()) {
@@ -568,6 +444,17 @@ class ReceivedRows {
   }
 
   int64_t table_rows(int t) const { return layout_.table_rows(t); }
+
+  // Writes the address of every received row, where it arrived.
+  template <typename Device>
+  absl::Status Addresses(Core<Device>& core, RowAddressTable* addresses) const {
+    TF_RETURN_IF_ERROR(addresses->Allocate(core, layout_.table_rows()));
+    ForEachBlock<float>(
+        [&](int t, int64_t rows, int64_t first, const int64_t* index, const float* src) {
+          addresses->Add(t, rows, first, index, src, layout_.dim(t));
+        });
+    return addresses->Write(core);
+  }
 
   // Calls visit(t, rows, first, index, src) for every block (t, w) with
   // rows (RowMessageLayout::ForEachBlock), read from src: an Element* into
@@ -663,53 +550,6 @@ class UnpackRowMessageOp : public OpKernel {
   int local_worker_;
 };
 
-// One address per row of every table (table t's row i at
-// addresses()[first(t) + i]), pointing where that row sits in a row
-// message or its local block, for the ops that combine a message in place
-// or write its gradient in place.
-class RowAddressTable {
- public:
-  //   table_rows: (N,) rows of each table
-  template <typename Device>
-  absl::Status Allocate(Core<Device>& core, const std::vector<int64_t>& table_rows) {
-    const int n = static_cast<int>(table_rows.size());
-    first_.assign(n + 1, 0);
-    for (int t = 0; t < n; ++t) first_[t + 1] = first_[t] + table_rows[t];
-    aligned_.assign(n, 1);
-    static_assert(sizeof(float*) == sizeof(int64_t), "row addresses are 8 bytes");
-    TF_RETURN_IF_ERROR(core.template Scratch<int64_t>(std::max<int64_t>(1, first_[n]), &scratch_));
-    addresses_ = reinterpret_cast<float**>(VectorData<int64_t>(scratch_));
-    return absl::OkStatus();
-  }
-
-  // A block of table t: `rows` rows of dim floats from `src` on, the table's
-  // rows first, first + 1, ... or index[0], index[1], ...
-  void Add(int t, int64_t rows, int64_t first, const int64_t* index, const float* src,
-           int64_t dim) {
-    aligned_[t] = aligned_[t] && reinterpret_cast<uintptr_t>(src) % 16 == 0;
-    blocks_.push_back({src, dim, index, rows,
-                       const_cast<const float**>(addresses_) + first_[t] + (index ? 0 : first)});
-  }
-
-  // Writes every block's addresses (one launch on a GPU).
-  template <typename Device>
-  absl::Status Write(Core<Device>& core) {
-    return core.WriteRowAddresses(blocks_);
-  }
-
-  float* const* table(int t) const { return addresses_ + first_[t]; }
-  // Whether table t's rows can move as float4s: dim % 4 == 0 and every
-  // block 16-byte aligned (then every row is).
-  bool aligned(int t, int64_t dim) const { return aligned_[t] && dim % 4 == 0; }
-
- private:
-  std::vector<int64_t> first_;
-  std::vector<char> aligned_;
-  std::vector<RowAddresses> blocks_;
-  Tensor scratch_;
-  float** addresses_ = nullptr;
-};
-
 // The requester's end of a float32 row message and its combine in one:
 // UnpackRowMessage then CombineForward, without the unpacked rows. Each
 // unique key's row is read where it arrived, in the message or in the local
@@ -734,7 +574,7 @@ class CombineRowMessageOp : public OpKernel {
     OP_REQUIRES_OK(context, context->output_list("embeddings", &embeddings));
     const int n = static_cast<int>(dims_.size());
     std::vector<Tensor*> outputs(n);
-    std::vector<int64_t> costs(n), table_rows(n);
+    std::vector<int64_t> costs(n);
     for (int t = 0; t < n; ++t) {
       const int64_t batch = row_offsets[t].NumElements() - 1;
       OP_REQUIRES(context, batch >= 0,
@@ -743,16 +583,10 @@ class CombineRowMessageOp : public OpKernel {
                      attributes_.CheckWeights(t, weights[t], unique_index[t].NumElements()));
       OP_REQUIRES_OK(context, embeddings.allocate(t, TensorShape({batch, dims_[t]}), &outputs[t]));
       costs[t] = unique_index[t].NumElements() + batch;
-      table_rows[t] = received.table_rows(t);
     }
     Core<Device> core(context);
     RowAddressTable addresses;
-    OP_REQUIRES_OK(context, addresses.Allocate(core, table_rows));
-    received.ForEachBlock<float>(
-        [&](int t, int64_t rows, int64_t first, const int64_t* index, const float* src) {
-          addresses.Add(t, rows, first, index, src, dims_[t]);
-        });
-    OP_REQUIRES_OK(context, addresses.Write(core));
+    OP_REQUIRES_OK(context, received.Addresses(core, &addresses));
     OP_REQUIRES_OK(
         context,
         ForEachTable(
@@ -820,28 +654,10 @@ class CombineRowMessageGradOp : public OpKernel {
       OP_REQUIRES_OK(context, attributes_.CheckWeights(t, weights[t], nnz));
       costs[t] = nnz + batch;
     }
-    Tensor* message;
-    OP_REQUIRES_OK(context, context->allocate_output(
-                                "message", TensorShape({layout.message_elements()}), &message));
-    OpOutputList local;
-    OP_REQUIRES_OK(context, context->output_list("local", &local));
-    std::vector<float*> local_rows(local.size());
-    for (int t = 0; t < local.size(); ++t) {
-      Tensor* out;
-      OP_REQUIRES_OK(context,
-                     local.allocate(t, TensorShape({layout.local_rows(t), dims_[t]}), &out));
-      local_rows[t] = out->flat<float>().data();
-    }
     Core<Device> core(context);
     RowAddressTable addresses;
-    OP_REQUIRES_OK(context, addresses.Allocate(core, table_rows));
-    float* out = message->flat<float>().data();
-    layout.ForEachBlock(
-        [&](int t, int64_t rows, int64_t first, const int64_t* index, int64_t message_start) {
-          addresses.Add(t, rows, first, index,
-                        message_start < 0 ? local_rows[t] : out + message_start, dims_[t]);
-        });
-    OP_REQUIRES_OK(context, addresses.Write(core));
+    OP_REQUIRES_OK(context,
+                   AllocateRowMessage(context, core, layout, /*with_splits=*/false, &addresses));
     OP_REQUIRES_OK(
         context,
         ForEachTable(
@@ -863,6 +679,75 @@ class CombineRowMessageGradOp : public OpKernel {
   int local_worker_;
 };
 
+// The gradient of FindOrInsertRowMessage (lookup_kernels.cc): the owner's
+// sum of each unique key's gradients, CombineBackward of the rows
+// UnpackRowMessage(message, counts, local) would give, read where they
+// arrived (Core::WriteRowAddresses, then CombineBackwardFromRows), so the
+// gradient message needs no unpacking copy. Sample j is received row j, its
+// one entry, summed.
+template <typename Device>
+class FindOrInsertRowMessageGradOp : public OpKernel {
+ public:
+  explicit FindOrInsertRowMessageGradOp(OpKernelConstruction* context) : OpKernel(context) {
+    OP_REQUIRES_OK(context, context->GetAttr("dims", &dims_));
+    OP_REQUIRES_OK(context, context->GetAttr("local_worker", &local_worker_));
+  }
+
+  void Compute(OpKernelContext* context) override {
+    ReceivedRows received;
+    OP_REQUIRES_OK(context, received.Read(context, dims_, local_worker_));
+    OpInputList unique_index, order, segments, row_offsets;
+    OP_REQUIRES_OK(context, context->input_list("unique_index", &unique_index));
+    OP_REQUIRES_OK(context, context->input_list("order", &order));
+    OP_REQUIRES_OK(context, context->input_list("segments", &segments));
+    OP_REQUIRES_OK(context, context->input_list("row_offsets", &row_offsets));
+    OpOutputList grad_unique;
+    OP_REQUIRES_OK(context, context->output_list("grad_unique", &grad_unique));
+    const int n = static_cast<int>(dims_.size());
+    OP_REQUIRES(
+        context, unique_index.size() == n,
+        errors::InvalidArgument("dims has ", n, " entries for ", unique_index.size(), " tables"));
+    std::vector<Tensor*> outputs(n);
+    std::vector<int64_t> costs(n);
+    for (int t = 0; t < n; ++t) {
+      const int64_t rows = received.table_rows(t);
+      const int64_t nnz = unique_index[t].NumElements();
+      const int64_t num_unique = segments[t].NumElements() - 1;
+      // One sample a received row, one entry a sample (UniqueOwnedKeys').
+      OP_REQUIRES(
+          context,
+          row_offsets[t].NumElements() == rows + 1 && nnz == rows && num_unique >= 0 &&
+              (order[t].NumElements() == nnz || order[t].NumElements() == 0),
+          errors::InvalidArgument("table ", t, ": counts give ", rows, " received rows, but ",
+                                  row_offsets[t].NumElements(), " row offsets, ", nnz, " entries, ",
+                                  segments[t].NumElements(), " segments and ",
+                                  order[t].NumElements(), " in their order"));
+      OP_REQUIRES_OK(context,
+                     grad_unique.allocate(t, TensorShape({num_unique, dims_[t]}), &outputs[t]));
+      costs[t] = 2 * rows;
+    }
+    Core<Device> core(context);
+    RowAddressTable addresses;
+    OP_REQUIRES_OK(context, received.Addresses(core, &addresses));
+    OP_REQUIRES_OK(
+        context,
+        ForEachTable(
+            core, n, costs.data(), /*same_stream=*/nullptr, [&](int t, Core<Device>& table_core) {
+              return table_core.CombineBackwardFromRows(
+                  addresses.table(t), unique_index[t].flat<int64_t>().data(),
+                  order[t].NumElements() == 0 ? nullptr : order[t].flat<int64_t>().data(),
+                  segments[t].flat<int64_t>().data(), segments[t].NumElements() - 1,
+                  /*weights=*/nullptr, row_offsets[t].flat<int64_t>().data(),
+                  received.table_rows(t), unique_index[t].NumElements(), dims_[t], Combiner::kSum,
+                  outputs[t]->flat<float>().data(), addresses.aligned(t, dims_[t]));
+            }));
+  }
+
+ private:
+  std::vector<int64_t> dims_;
+  int local_worker_;
+};
+
 #define SOK_EV_REGISTER_CPU(name, kernel) \
   REGISTER_KERNEL_BUILDER(Name("SokEv>" name).Device(tensorflow::DEVICE_CPU), kernel<CPUDevice>)
 SOK_EV_REGISTER_CPU("PackKeyMessage", PackKeyMessageOp);
@@ -871,6 +756,7 @@ SOK_EV_REGISTER_CPU("PackRowMessage", PackRowMessageOp);
 SOK_EV_REGISTER_CPU("UnpackRowMessage", UnpackRowMessageOp);
 SOK_EV_REGISTER_CPU("CombineRowMessage", CombineRowMessageOp);
 SOK_EV_REGISTER_CPU("CombineRowMessageGrad", CombineRowMessageGradOp);
+SOK_EV_REGISTER_CPU("FindOrInsertRowMessageGrad", FindOrInsertRowMessageGradOp);
 #undef SOK_EV_REGISTER_CPU
 
 #if GOOGLE_CUDA
@@ -894,6 +780,9 @@ REGISTER_KERNEL_BUILDER(Name("SokEv>CombineRowMessage").Device(DEVICE_GPU).HostM
                         CombineRowMessageOp<GPUDevice>);
 REGISTER_KERNEL_BUILDER(Name("SokEv>CombineRowMessageGrad").Device(DEVICE_GPU).HostMemory("counts"),
                         CombineRowMessageGradOp<GPUDevice>);
+REGISTER_KERNEL_BUILDER(
+    Name("SokEv>FindOrInsertRowMessageGrad").Device(DEVICE_GPU).HostMemory("counts"),
+    FindOrInsertRowMessageGradOp<GPUDevice>);
 #endif  // GOOGLE_CUDA
 
 }  // namespace sok_ev

@@ -19,6 +19,7 @@
 #include "sok_ev/cc/kernels/device_core.h"
 #include "sok_ev/cc/kernels/embedding_variable.h"
 #include "sok_ev/cc/kernels/kernel_utils.h"
+#include "sok_ev/cc/kernels/row_message.h"
 #include "sok_ev/cc/kernels/unique_buffers.h"
 #include "sok_ev/cc/kernels/variable_lookup.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -493,14 +494,26 @@ class FindOrInsertOp : public OpKernel {
   std::vector<int64_t> embedding_dims_;
 };
 
-// One worker's forward for every table: find or insert the unique keys,
-// then combine each sample's rows.
+// The forward of every table: find or insert the unique keys, then combine
+// each sample's rows. One kernel serves two ops:
+//   SokEv>FindOrInsertCombine     one worker's lookup: each table's
+//                                 [batch, dim] embeddings;
+//   SokEv>FindOrInsertRowMessage  an owner's lookup of the keys it received
+//                                 (one entry a sample, summed: each received
+//                                 key gets its row), each row written where
+//                                 the row message back to its requester
+//                                 wants it (message, splits, local: as
+//                                 PackRowMessage lays them out), with no
+//                                 [rows, dim] matrix and no packing copy.
 template <typename Device>
 class FindOrInsertCombineOp : public OpKernel {
  public:
   explicit FindOrInsertCombineOp(OpKernelConstruction* context)
-      : OpKernel(context), attributes_(context) {
+      : OpKernel(context),
+        attributes_(context),
+        row_message_(context->def().op() == "SokEv>FindOrInsertRowMessage") {
     OP_REQUIRES_OK(context, context->GetAttr("embedding_dims", &embedding_dims_));
+    if (row_message_) OP_REQUIRES_OK(context, context->GetAttr("local_worker", &local_worker_));
   }
 
   void Compute(OpKernelContext* context) override {
@@ -509,9 +522,17 @@ class FindOrInsertCombineOp : public OpKernel {
     OP_REQUIRES_OK(context, context->input_list("counts", &counts));
     OP_REQUIRES_OK(context, context->input_list("unique_index", &unique_index));
     OP_REQUIRES_OK(context, context->input_list("row_offsets", &row_offsets));
-    OP_REQUIRES_OK(context, context->input_list("weights", &weights));
     OpOutputList embeddings;
-    OP_REQUIRES_OK(context, context->output_list("embeddings", &embeddings));
+    RowMessageLayout layout;
+    if (row_message_) {
+      const Tensor* sender_counts;  // host
+      OP_REQUIRES_OK(context, context->input("sender_counts", &sender_counts));
+      OP_REQUIRES_OK(context,
+                     layout.Plan(*sender_counts, OpInputList(), embedding_dims_, local_worker_));
+    } else {
+      OP_REQUIRES_OK(context, context->input_list("weights", &weights));
+      OP_REQUIRES_OK(context, context->output_list("embeddings", &embeddings));
+    }
     const int num_tables = keys.size();
     // Every check and allocation first, so that a bad table changes none.
     std::vector<RefCountPtr<EmbeddingVariable<Device>>> variables(num_tables);
@@ -528,43 +549,70 @@ class FindOrInsertCombineOp : public OpKernel {
                   errors::InvalidArgument("table ", t, ": ", counts[t].NumElements(),
                                           " counts for ", num_unique, " keys, ",
                                           row_offsets[t].NumElements(), " row offsets"));
-      OP_REQUIRES_OK(context, attributes_.CheckWeights(t, weights[t], nnz));
-      OP_REQUIRES_OK(context, embeddings.allocate(t, TensorShape({batch, dim}), &outputs[t]));
+      if (row_message_) {
+        OP_REQUIRES(context, batch == layout.table_rows(t) && nnz == batch,
+                    errors::InvalidArgument("table ", t, ": counts give ", layout.table_rows(t),
+                                            " received keys, but ", nnz, " entries and ", batch,
+                                            " samples (one entry a received key)"));
+      } else {
+        OP_REQUIRES_OK(context, attributes_.CheckWeights(t, weights[t], nnz));
+        OP_REQUIRES_OK(context, embeddings.allocate(t, TensorShape({batch, dim}), &outputs[t]));
+      }
       costs[t] = nnz + num_unique;
     }
-    OP_REQUIRES_OK(context,
-                   ForEachLookupTable(
-                       context, variables, keys, counts, costs,
-                       [&](int t, Core<Device>& table_core, EmbeddingVariable<Device>& variable,
-                           auto& table, const auto* table_keys, int64_t num_unique,
-                           const int64_t* table_counts) -> absl::Status {
-                         const int64_t* index = unique_index[t].flat<int64_t>().data();
-                         const float* sample_weights = attributes_.WeightsOrNull(t, weights[t]);
-                         const int64_t* offsets = row_offsets[t].flat<int64_t>().data();
-                         const int64_t batch = row_offsets[t].NumElements() - 1;
-                         float* embeddings = outputs[t]->flat<float>().data();
-                         if (variable.is_plain()) {
-                           return table_core.FindOrInsertCombine(
-                               table, table_keys, table_counts, num_unique, index, sample_weights,
-                               offsets, batch, attributes_.combiner(t), embeddings);
-                         }
-                         // The rows first (serving or admission decide them), then the combine.
-                         const int64_t dim = variable.embedding_dim();
-                         Tensor rows;
-                         TF_RETURN_IF_ERROR(table_core.template Scratch<float>(
-                             std::max<int64_t>(1, num_unique * dim), &rows));
-                         float* values = VectorData<float>(rows);
-                         TF_RETURN_IF_ERROR(LookupRows(table_core, variable, table, table_keys,
-                                                       table_counts, num_unique, values));
-                         return table_core.CombineForward(values, index, sample_weights, offsets,
-                                                          batch, dim, attributes_.combiner(t),
-                                                          embeddings);
-                       }));
+    RowAddressTable addresses;
+    if (row_message_) {
+      Core<Device> core(context);
+      OP_REQUIRES_OK(context,
+                     AllocateRowMessage(context, core, layout, /*with_splits=*/true, &addresses));
+    }
+    OP_REQUIRES_OK(
+        context,
+        ForEachLookupTable(
+            context, variables, keys, counts, costs,
+            [&](int t, Core<Device>& table_core, EmbeddingVariable<Device>& variable, auto& table,
+                const auto* table_keys, int64_t num_unique,
+                const int64_t* table_counts) -> absl::Status {
+              const int64_t* index = unique_index[t].flat<int64_t>().data();
+              const float* sample_weights =
+                  row_message_ ? nullptr : attributes_.WeightsOrNull(t, weights[t]);
+              const Combiner combiner = row_message_ ? Combiner::kSum : attributes_.combiner(t);
+              const int64_t* offsets = row_offsets[t].flat<int64_t>().data();
+              const int64_t batch = row_offsets[t].NumElements() - 1;
+              const int64_t dim = variable.embedding_dim();
+              float* const* out_rows = row_message_ ? addresses.table(t) : nullptr;
+              const bool aligned = row_message_ && addresses.aligned(t, dim);
+              if (variable.is_plain()) {
+                if (row_message_) {
+                  return table_core.FindOrInsertCombineIntoRows(
+                      table, table_keys, table_counts, num_unique, index, sample_weights, offsets,
+                      batch, combiner, out_rows, aligned);
+                }
+                return table_core.FindOrInsertCombine(table, table_keys, table_counts, num_unique,
+                                                      index, sample_weights, offsets, batch,
+                                                      combiner, outputs[t]->flat<float>().data());
+              }
+              // The rows first (serving or admission decide them), then the combine.
+              Tensor rows;
+              TF_RETURN_IF_ERROR(table_core.template Scratch<float>(
+                  std::max<int64_t>(1, num_unique * dim), &rows));
+              float* values = VectorData<float>(rows);
+              TF_RETURN_IF_ERROR(LookupRows(table_core, variable, table, table_keys, table_counts,
+                                            num_unique, values));
+              if (row_message_) {
+                return table_core.CombineForwardIntoRows(values, index, sample_weights, offsets,
+                                                         batch, dim, combiner, out_rows, aligned);
+              }
+              return table_core.CombineForward(values, index, sample_weights, offsets, batch, dim,
+                                               combiner, outputs[t]->flat<float>().data());
+            }));
   }
 
  private:
   CombineAttributes attributes_;
+  const bool row_message_;
   std::vector<int64_t> embedding_dims_;
+  int local_worker_ = -1;
 };
 
 template <typename Device>
@@ -680,6 +728,7 @@ SOK_EV_REGISTER_CPU("UniquePackedKeys", UniqueKeysOp);
 SOK_EV_REGISTER_CPU("PartitionByOwner", PartitionByOwnerOp);
 SOK_EV_REGISTER_CPU("FindOrInsert", FindOrInsertOp);
 SOK_EV_REGISTER_CPU("FindOrInsertCombine", FindOrInsertCombineOp);
+SOK_EV_REGISTER_CPU("FindOrInsertRowMessage", FindOrInsertCombineOp);
 SOK_EV_REGISTER_CPU("CombineForward", CombineForwardOp);
 SOK_EV_REGISTER_CPU("CombineBackward", CombineBackwardOp);
 #undef SOK_EV_REGISTER_CPU
@@ -703,6 +752,12 @@ REGISTER_KERNEL_BUILDER(Name("SokEv>FindOrInsert").Device(DEVICE_GPU).HostMemory
 REGISTER_KERNEL_BUILDER(
     Name("SokEv>FindOrInsertCombine").Device(DEVICE_GPU).HostMemory("resources"),
     FindOrInsertCombineOp<GPUDevice>);
+REGISTER_KERNEL_BUILDER(Name("SokEv>FindOrInsertRowMessage")
+                            .Device(DEVICE_GPU)
+                            .HostMemory("resources")
+                            .HostMemory("sender_counts")
+                            .HostMemory("splits"),
+                        FindOrInsertCombineOp<GPUDevice>);
 REGISTER_KERNEL_BUILDER(Name("SokEv>CombineForward").Device(DEVICE_GPU),
                         CombineForwardOp<GPUDevice>);
 REGISTER_KERNEL_BUILDER(Name("SokEv>CombineBackward").Device(DEVICE_GPU),

@@ -2,7 +2,9 @@
 // many-worker lookup (sok_ev/distributed.py; layout in
 // cc/exchange_message.h): one op per message end for all tables, instead of
 // a tensor op per table and worker. Counts are [N, W]: rows of table t for
-// worker w. Kernels: sok_ev/cc/kernels/exchange_kernels.cc.
+// worker w. Kernels: sok_ev/cc/kernels/exchange_kernels.cc. The owner's
+// lookup that writes a rows message, FindOrInsertRowMessage, is a lookup
+// op (lookup_ops.cc); its gradient is here.
 #include <vector>
 
 #include "sok_ev/cc/ops/shape_functions.h"
@@ -201,5 +203,27 @@ REGISTER_OP("SokEv>CombineRowMessageGrad")
         "local_worker's block, as PackRowMessage's local; empty with -1), with "
         "no unpacked copy between. Equals "
         "CombineBackward then PackRowMessage, bit for bit.");
+
+REGISTER_OP("SokEv>FindOrInsertRowMessageGrad")
+    .Input("message: float")
+    .Input("counts: int64")
+    .Input("local: L * float")
+    .Input("unique_index: N * int64")
+    .Input("order: N * int64")
+    .Input("segments: N * int64")
+    .Input("row_offsets: N * int64")
+    .Output("grad_unique: N * float")
+    .Attr("N: int >= 1")
+    .Attr("L: int >= 0 = 0")
+    .Attr("dims: list(int)")
+    .Attr("local_worker: int = -1")
+    .SetShapeFn(ReceivedRowsShape)
+    .Doc(
+        "The gradient of FindOrInsertRowMessage with respect to each unique "
+        "key's row: CombineBackward (sum, one entry a received row) of the "
+        "rows UnpackRowMessage(message, counts, local) would give, read where "
+        "they arrived, without them. The owner's end of the gradients' "
+        "exchange. Equals UnpackRowMessage then CombineBackward, bit for "
+        "bit.");
 
 }  // namespace sok_ev

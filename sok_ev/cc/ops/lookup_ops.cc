@@ -2,10 +2,11 @@
 // every table of one sok_ev.lookup_sparse call at once.
 //   one worker:   UniqueKeys (or UniquePackedKeys) -> FindOrInsertCombine
 //   many workers: UniqueKeys -> PartitionByOwner -> all-to-all
-//                 -> UniqueOwnedKeys -> FindOrInsertCombine (owners)
+//                 -> UniqueOwnedKeys -> FindOrInsertRowMessage (owners)
 //                 -> all-to-all back -> CombineRowMessage
-//                 (sok_ev/cc/ops/exchange_ops.cc; CombineForward after
-//                 UnpackRowMessage for a compressed exchange)
+//                 (sok_ev/cc/ops/exchange_ops.cc; a compressed exchange
+//                 packs FindOrInsertCombine's rows, then CombineForward after
+//                 UnpackRowMessage)
 //   backward:     CombineBackward (per unique key), then the optimizer's
 //                 SparseApplyOptimizer (sok_ev/cc/ops/optimizer_ops.cc)
 // Kernels: sok_ev/cc/kernels/lookup_kernels.cc.
@@ -178,6 +179,52 @@ REGISTER_OP("SokEv>FindOrInsertCombine")
         "Finds or inserts each table's unique keys (counts added to their "
         "frequencies) and combines each sample's rows, as "
         "tf.nn.embedding_lookup_sparse does; empty samples give zeros.");
+
+// An owner's forward in a float32 row exchange: FindOrInsertCombine of the
+// received keys (one entry a received key, summed) then PackRowMessage of
+// its rows, in one op that writes each row where the message wants it. Its
+// gradient, FindOrInsertRowMessageGrad (exchange_ops.cc), reads the
+// gradient message where it arrives. order and segments are not read; they
+// are inputs so that the gradient has them.
+REGISTER_OP("SokEv>FindOrInsertRowMessage")
+    .Input("resources: N * resource")
+    .Input("unique_keys: Tkeys")
+    .Input("counts: N * int64")
+    .Input("unique_index: N * int64")
+    .Input("order: N * int64")
+    .Input("segments: N * int64")
+    .Input("row_offsets: N * int64")
+    .Input("sender_counts: int64")
+    .Output("message: float")
+    .Output("splits: int32")
+    .Output("local: N * float")
+    .Attr("Tkeys: list({int32, int64})")
+    .Attr("N: int >= 1")
+    .Attr("embedding_dims: list(int)")
+    .Attr("local_worker: int = -1")
+    .SetShapeFn([](InferenceContext* c) {
+      int n;
+      TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+      std::vector<int64_t> dims;
+      TF_RETURN_IF_ERROR(c->GetAttr("embedding_dims", &dims));
+      tensorflow::shape_inference::ShapeHandle sender_counts;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(7 * n), 2, &sender_counts));
+      c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
+      c->set_output(1, c->Vector(c->Dim(sender_counts, 1)));
+      for (size_t t = 0; t < dims.size(); ++t) {
+        c->set_output(2 + t, c->Matrix(InferenceContext::kUnknownDim, dims[t]));
+      }
+      return absl::OkStatus();
+    })
+    .Doc(
+        "Finds or inserts each table's unique keys (counts added to their "
+        "frequencies) and writes the row of every received key j (entry j, "
+        "sample j: unique_keys[t][unique_index[t][j]]) into the rows message "
+        "PackRowMessage(rows, sender_counts, local_worker=local_worker) would "
+        "build from those rows: message (float32), splits (elements per "
+        "worker) and local[t] (local_worker's block; empty with -1). "
+        "sender_counts[t, w]: the keys of table t received from worker w, in "
+        "order.");
 
 REGISTER_OP("SokEv>FindOrInsert")
     .Input("resources: N * resource")
