@@ -129,10 +129,12 @@ def test_owned_keys_are_deduplicated_with_their_occurrences_summed(num_workers):
     dtypes = [np.int64, np.int32, np.int64]
     received_keys, received_counts = [], []
     for t, dtype in enumerate(dtypes):
+        # Table 0 is empty, and first among the int64 tables: its occurrences
+        # are a null pointer, the other int64 table's are not.
         blocks = [
             rng.choice(np.arange(-30, 30), size=int(rng.integers(0, 25)), replace=False)
             for _ in range(num_workers)
-        ] if t != 2 else [np.zeros([0], np.int64)] * num_workers  # an empty table
+        ] if t != 0 else [np.zeros([0], np.int64)] * num_workers
         received_keys.append(np.concatenate(blocks).astype(dtype))
         received_counts.append(rng.integers(1, 6, size=len(received_keys[-1])).astype(np.int64))
     (unique_keys, counts, unique_index, order, segments,

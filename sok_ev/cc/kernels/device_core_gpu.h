@@ -411,11 +411,17 @@ class Core<GPUDevice> {
                              VectorData<Key>(unique_tensor), VectorData<int64_t>(counts_tensor),
                              VectorData<int64_t>(inverse_tensor), VectorData<int64_t>(order_tensor),
                              VectorData<int64_t>(segments_tensor), readback + num_tables);
-    if (tables[0].occurrences != nullptr) {  // every table's, or none (the op's)
+    // Every table's occurrences, or none (the op's); an empty table's
+    // pointer may be null whichever the op, so any table decides.
+    const bool owned = std::any_of(tables.begin(), tables.end(), [](const TableBatch<Key>& t) {
+      return t.occurrences != nullptr;
+    });
+    if (owned) {
       tensorflow::Tensor occurrences_tensor;
       TF_RETURN_IF_ERROR(Scratch<int64_t>(size, &occurrences_tensor));
       std::vector<gpu::CopyJob<int64_t>> gather;
       for (int t = 0; t < num_tables; ++t) {
+        if (tables[t].nnz == 0) continue;
         gather.push_back({tables[t].occurrences,
                           VectorData<int64_t>(occurrences_tensor) + key_offsets[t], tables[t].nnz,
                           0});
