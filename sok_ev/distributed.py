@@ -218,3 +218,4 @@ def _find_or_insert_row_message_grad(op, grad_message, unused_grad_splits, *grad
 
 tf.no_gradient("SokEv>PackKeyMessage")
 tf.no_gradient("SokEv>UnpackKeyMessage")
+tf.no_gradient("SokEv>FindOrInsertRowMessageGrad")
