@@ -1,5 +1,6 @@
 // gpu::unique_keys and gpu::partition_by_owner: both sort-based (CUB radix
-// sort is stable), so positions within an owner keep batch order.
+// sort is stable), so positions within an owner keep batch order. An
+// owner's received keys, already sorted runs, are merged instead.
 #include <algorithm>
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
@@ -154,6 +155,92 @@ int bits_for(int64_t values) {
   return bits;
 }
 
+// Entry i of table t goes where a stable merge of the table's runs puts
+// it: its place in its own run, plus each other run's keys below it (and,
+// for an earlier run, those equal to it: equal keys keep run order). Runs
+// ascending without repeats make the places a permutation of the table's
+// entries. An entry not above the one before it in its run sets *unsorted;
+// the places may then collide, but every one stays inside its table.
+//   run_offsets: (num_tables * num_runs + 1,)
+//   sorted, positions: (n,) out, the key and the entry at each place
+//   tables: (n,) out, or null for one table
+template <typename Key>
+__global__ void merge_runs_kernel(const Key* keys, int64_t n, const int64_t* run_offsets,
+                                  int num_tables, int num_runs, Key* sorted, int64_t* positions,
+                                  int32_t* tables, int64_t* unsorted) {
+  const int64_t num_segments = int64_t(num_tables) * num_runs;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    // The last run that starts at or before i (empty runs share an offset).
+    const int64_t q = lower_bound(run_offsets, num_segments + 1, i + 1) - 1;
+    const int64_t t = q / num_runs, r = q % num_runs;
+    const int64_t* table_runs = run_offsets + t * num_runs;
+    const Key key = keys[i];
+    if (i > run_offsets[q] && !(keys[i - 1] < key)) *unsorted = 1;
+    int64_t place = table_runs[0] + (i - run_offsets[q]);
+    for (int64_t other = 0; other < num_runs; ++other) {
+      if (other == r) continue;
+      const Key* run = keys + table_runs[other];
+      const int64_t length = table_runs[other + 1] - table_runs[other];
+      place += other < r ? upper_bound(run, length, key) : lower_bound(run, length, key);
+    }
+    sorted[place] = key;
+    positions[place] = i;
+    if (tables != nullptr) tables[place] = int32_t(t);
+  }
+}
+
+// The outputs of unique_keys_impl from the entries sorted by (table, key):
+// runs of equal keys become unique keys, positions[i] being the entry at
+// sorted place i.
+//   sorted, positions: (n,), n > 0  tables: (n,) or null (one table)
+template <typename Key>
+Status write_unique(const GpuContext& context, const Key* sorted, const int32_t* tables,
+                    const int64_t* positions, int64_t n, const int64_t* key_offsets, int num_tables,
+                    Key* unique_keys, int64_t* inverse, int64_t* counts, int64_t* segments,
+                    int64_t* num_unique, int64_t* unique_offsets) {
+  cudaStream_t stream = stream_of(context);
+  ScratchBuffer heads(context, n * sizeof(int64_t));
+  ScratchBuffer run_ids(context, n * sizeof(int64_t));
+  size_t scan_bytes = 0;
+  SOK_EV_CUDA_RETURN(cub::DeviceScan::InclusiveSum(nullptr, scan_bytes, heads.as<int64_t>(),
+                                                   run_ids.as<int64_t>(), n, stream));
+  ScratchBuffer temp(context, scan_bytes);
+  if (!heads.ok() || !run_ids.ok() || !temp.ok()) {
+    return Status::Internal("unique_keys: out of device memory");
+  }
+  run_heads_kernel<Key>
+      <<<grid_for(n, kThreads), kThreads, 0, stream>>>(sorted, tables, n, heads.as<int64_t>());
+  SOK_EV_LAUNCH_CHECK("run_heads");
+  SOK_EV_CUDA_RETURN(cub::DeviceScan::InclusiveSum(temp.get(), scan_bytes, heads.as<int64_t>(),
+                                                   run_ids.as<int64_t>(), n, stream));
+  scatter_unique_kernel<Key><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
+      sorted, positions, run_ids.as<int64_t>(), n, unique_keys, inverse, counts, segments,
+      num_unique);
+  SOK_EV_LAUNCH_CHECK("scatter_unique");
+  if (unique_offsets != nullptr) {
+    unique_offsets_kernel<<<grid_for(num_tables + 1, kThreads), kThreads, 0, stream>>>(
+        run_ids.as<int64_t>(), key_offsets, num_tables, unique_offsets);
+    SOK_EV_LAUNCH_CHECK("unique_offsets");
+  }
+  return Status::Ok();
+}
+
+// What every unique_keys form writes when there are no keys.
+Status write_no_unique(const GpuContext& context, int num_tables, int64_t* segments,
+                       int64_t* num_unique, int64_t* unique_offsets) {
+  cudaStream_t stream = stream_of(context);
+  SOK_EV_CUDA_RETURN(cudaMemsetAsync(num_unique, 0, sizeof(int64_t), stream));
+  if (unique_offsets != nullptr) {
+    SOK_EV_CUDA_RETURN(
+        cudaMemsetAsync(unique_offsets, 0, (num_tables + 1) * sizeof(int64_t), stream));
+  }
+  if (segments != nullptr) {
+    SOK_EV_CUDA_RETURN(cudaMemsetAsync(segments, 0, sizeof(int64_t), stream));
+  }
+  return Status::Ok();
+}
+
 // unique_keys, unique_keys_segmented and unique_keys_grouped in one: with
 // key_offsets (device, num_tables + 1) the entries are sorted by key, then
 // stably by table, so runs never cross tables.
@@ -163,17 +250,7 @@ Status unique_keys_impl(const GpuContext& context, const Key* keys, int64_t n,
                         int64_t* inverse, int64_t* counts, int64_t* order, int64_t* segments,
                         int64_t* num_unique, int64_t* unique_offsets) {
   cudaStream_t stream = stream_of(context);
-  if (n <= 0) {
-    SOK_EV_CUDA_RETURN(cudaMemsetAsync(num_unique, 0, sizeof(int64_t), stream));
-    if (unique_offsets != nullptr) {
-      SOK_EV_CUDA_RETURN(
-          cudaMemsetAsync(unique_offsets, 0, (num_tables + 1) * sizeof(int64_t), stream));
-    }
-    if (segments != nullptr) {
-      SOK_EV_CUDA_RETURN(cudaMemsetAsync(segments, 0, sizeof(int64_t), stream));
-    }
-    return Status::Ok();
-  }
+  if (n <= 0) return write_no_unique(context, num_tables, segments, num_unique, unique_offsets);
   const bool grouped = key_offsets != nullptr && num_tables > 1;
   ScratchBuffer sorted(context, n * sizeof(Key));
   ScratchBuffer positions_in(context, n * sizeof(int64_t));
@@ -184,17 +261,15 @@ Status unique_keys_impl(const GpuContext& context, const Key* keys, int64_t n,
   ScratchBuffer by_key(context, grouped ? n * sizeof(int64_t) : 0);
   ScratchBuffer tables_in(context, grouped ? n * sizeof(int32_t) : 0);
   ScratchBuffer tables(context, grouped ? n * sizeof(int32_t) : 0);
-  ScratchBuffer heads(context, n * sizeof(int64_t));
-  ScratchBuffer run_ids(context, n * sizeof(int64_t));
   if (!sorted.ok() || !positions_in.ok() || !positions_scratch.ok() || !by_key.ok() ||
-      !tables_in.ok() || !tables.ok() || !heads.ok() || !run_ids.ok()) {
+      !tables_in.ok() || !tables.ok()) {
     return Status::Internal("unique_keys: out of device memory");
   }
   iota_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(positions_in.as<int64_t>(), n);
   SOK_EV_LAUNCH_CHECK("iota");
   int64_t* key_positions = grouped ? by_key.as<int64_t>() : positions;
   const int table_bits = grouped ? bits_for(num_tables) : 1;
-  size_t sort_bytes = 0, table_sort_bytes = 0, scan_bytes = 0;
+  size_t sort_bytes = 0, table_sort_bytes = 0;
   SOK_EV_CUDA_RETURN(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, keys, sorted.as<Key>(),
                                                      positions_in.as<int64_t>(), key_positions, n,
                                                      0, int(sizeof(Key) * 8), stream));
@@ -203,9 +278,7 @@ Status unique_keys_impl(const GpuContext& context, const Key* keys, int64_t n,
         nullptr, table_sort_bytes, tables_in.as<int32_t>(), tables.as<int32_t>(), key_positions,
         positions, n, 0, table_bits, stream));
   }
-  SOK_EV_CUDA_RETURN(cub::DeviceScan::InclusiveSum(nullptr, scan_bytes, heads.as<int64_t>(),
-                                                   run_ids.as<int64_t>(), n, stream));
-  ScratchBuffer temp(context, std::max({sort_bytes, table_sort_bytes, scan_bytes}));
+  ScratchBuffer temp(context, std::max(sort_bytes, table_sort_bytes));
   if (!temp.ok()) return Status::Internal("unique_keys: out of device memory");
   SOK_EV_CUDA_RETURN(cub::DeviceRadixSort::SortPairs(temp.get(), sort_bytes, keys, sorted.as<Key>(),
                                                      positions_in.as<int64_t>(), key_positions, n,
@@ -221,21 +294,42 @@ Status unique_keys_impl(const GpuContext& context, const Key* keys, int64_t n,
         <<<grid_for(n, kThreads), kThreads, 0, stream>>>(keys, positions, n, sorted.as<Key>());
     SOK_EV_LAUNCH_CHECK("gather");
   }
-  run_heads_kernel<Key><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
-      sorted.as<Key>(), grouped ? tables.as<int32_t>() : nullptr, n, heads.as<int64_t>());
-  SOK_EV_LAUNCH_CHECK("run_heads");
-  SOK_EV_CUDA_RETURN(cub::DeviceScan::InclusiveSum(temp.get(), scan_bytes, heads.as<int64_t>(),
-                                                   run_ids.as<int64_t>(), n, stream));
-  scatter_unique_kernel<Key><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
-      sorted.as<Key>(), positions, run_ids.as<int64_t>(), n, unique_keys, inverse, counts, segments,
-      num_unique);
-  SOK_EV_LAUNCH_CHECK("scatter_unique");
-  if (unique_offsets != nullptr) {
-    unique_offsets_kernel<<<grid_for(num_tables + 1, kThreads), kThreads, 0, stream>>>(
-        run_ids.as<int64_t>(), key_offsets, num_tables, unique_offsets);
-    SOK_EV_LAUNCH_CHECK("unique_offsets");
+  return write_unique(context, sorted.as<Key>(), grouped ? tables.as<int32_t>() : nullptr,
+                      positions, n, key_offsets, num_tables, unique_keys, inverse, counts, segments,
+                      num_unique, unique_offsets);
+}
+
+// unique_keys_of_runs_grouped: the runs merged in place of the sort.
+template <typename Key>
+Status unique_keys_of_runs_impl(const GpuContext& context, const Key* keys, int64_t n,
+                                const int64_t* key_offsets, const int64_t* run_offsets,
+                                int num_tables, int num_runs, Key* unique_keys, int64_t* counts,
+                                int64_t* inverse, int64_t* order, int64_t* segments,
+                                int64_t* unique_offsets, int64_t* unsorted) {
+  cudaStream_t stream = stream_of(context);
+  if (num_tables < 1 || num_runs < 1) {
+    return Status::InvalidArgument(
+        "unique_keys_of_runs_grouped: num_tables and num_runs must be >= 1");
   }
-  return Status::Ok();
+  SOK_EV_CUDA_RETURN(cudaMemsetAsync(unsorted, 0, sizeof(int64_t), stream));
+  if (n <= 0) {
+    return write_no_unique(context, num_tables, segments, unique_offsets + num_tables,
+                           unique_offsets);
+  }
+  ScratchBuffer sorted(context, n * sizeof(Key));
+  ScratchBuffer tables(context, num_tables > 1 ? n * sizeof(int32_t) : 0);
+  if (!sorted.ok() || !tables.ok()) return Status::Internal("unique_keys: out of device memory");
+  // Runs out of order may leave places unwritten: zeros keep every later
+  // index inside the keys.
+  SOK_EV_CUDA_RETURN(cudaMemsetAsync(order, 0, n * sizeof(int64_t), stream));
+  int32_t* table_of_place = num_tables > 1 ? tables.as<int32_t>() : nullptr;
+  merge_runs_kernel<Key><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
+      keys, n, run_offsets, num_tables, num_runs, sorted.as<Key>(), order, table_of_place,
+      unsorted);
+  SOK_EV_LAUNCH_CHECK("merge_runs");
+  return write_unique(context, sorted.as<Key>(), table_of_place, order, n, key_offsets, num_tables,
+                      unique_keys, inverse, counts, segments, unique_offsets + num_tables,
+                      unique_offsets);
 }
 
 // partition_by_owner_grouped; one table when key_offsets is null. One
@@ -317,6 +411,17 @@ void unique_keys_grouped(const GpuContext& context, const Key* keys, int64_t n,
 }
 
 template <typename Key>
+void unique_keys_of_runs_grouped(const GpuContext& context, const Key* keys, int64_t n,
+                                 const int64_t* key_offsets, const int64_t* run_offsets,
+                                 int num_tables, int num_runs, Key* unique_keys, int64_t* counts,
+                                 int64_t* inverse, int64_t* order, int64_t* segments,
+                                 int64_t* unique_offsets, int64_t* unsorted) {
+  record_error(unique_keys_of_runs_impl(context, keys, n, key_offsets, run_offsets, num_tables,
+                                        num_runs, unique_keys, counts, inverse, order, segments,
+                                        unique_offsets, unsorted));
+}
+
+template <typename Key>
 void partition_by_owner(const GpuContext& context, const Key* keys, int64_t n, int32_t num_workers,
                         Key* keys_by_owner, int64_t* positions, int64_t* counts) {
   record_error(partition_impl(context, keys, n, /*key_offsets=*/nullptr,
@@ -362,6 +467,14 @@ template void unique_keys_grouped<int32_t>(const GpuContext&, const int32_t*, in
 template void unique_keys_grouped<int64_t>(const GpuContext&, const int64_t*, int64_t,
                                            const int64_t*, int, int64_t*, int64_t*, int64_t*,
                                            int64_t*, int64_t*, int64_t*);
+template void unique_keys_of_runs_grouped<int32_t>(const GpuContext&, const int32_t*, int64_t,
+                                                   const int64_t*, const int64_t*, int, int,
+                                                   int32_t*, int64_t*, int64_t*, int64_t*, int64_t*,
+                                                   int64_t*, int64_t*);
+template void unique_keys_of_runs_grouped<int64_t>(const GpuContext&, const int64_t*, int64_t,
+                                                   const int64_t*, const int64_t*, int, int,
+                                                   int64_t*, int64_t*, int64_t*, int64_t*, int64_t*,
+                                                   int64_t*, int64_t*);
 template void partition_by_owner<int32_t>(const GpuContext&, const int32_t*, int64_t, int32_t,
                                           int32_t*, int64_t*, int64_t*);
 template void partition_by_owner<int64_t>(const GpuContext&, const int64_t*, int64_t, int32_t,

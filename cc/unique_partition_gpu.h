@@ -45,6 +45,28 @@ void unique_keys_grouped(const GpuContext& context, const Key* keys, int64_t n,
                          int64_t* counts, int64_t* inverse, int64_t* order, int64_t* segments,
                          int64_t* unique_offsets);
 
+// unique_keys_grouped for keys that come as runs, each ascending without
+// repeats: what an owner receives, every worker's unique keys (sorted by
+// unique_keys_grouped) one worker after another. Table t's keys are
+// num_runs runs, run r being keys[run_offsets[t * num_runs + r] ..
+// run_offsets[t * num_runs + r + 1]). The runs are merged (each entry placed
+// by a binary search in every other run of its table) instead of sorted:
+// the outputs are unique_keys_grouped's, bit for bit (equal keys in run
+// order). A run that is not ascending without repeats sets *unsorted to 1,
+// and the outputs are then meaningless, though every index written stays
+// inside the keys: the caller runs unique_keys_grouped instead.
+//   key_offsets: (num_tables + 1,) device, key_offsets[t] =
+//       run_offsets[t * num_runs]
+//   run_offsets: (num_tables * num_runs + 1,) device
+//   unique_keys, counts, inverse, order: (n,) out   segments: (n + 1,) out
+//   unique_offsets: (num_tables + 1,) out   unsorted: (1,) out; all device
+template <typename Key>
+void unique_keys_of_runs_grouped(const GpuContext& context, const Key* keys, int64_t n,
+                                 const int64_t* key_offsets, const int64_t* run_offsets,
+                                 int num_tables, int num_runs, Key* unique_keys, int64_t* counts,
+                                 int64_t* inverse, int64_t* order, int64_t* segments,
+                                 int64_t* unique_offsets, int64_t* unsorted);
+
 // values[i] = i for i < n: the grouping of keys already known to be
 // distinct (each its own segment, one entry per sample).
 //   values: (n,) out, device

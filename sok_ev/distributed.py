@@ -7,7 +7,8 @@ of one call, with W workers:
 
   unique_keys[N] --PartitionByOwner--> keys grouped by owner, counts [N, W]
     --alltoall #1 (int64 rows, all tables together)-->
-  each owner: UniqueOwnedKeys (a key asked by several workers once), then
+  each owner: UniqueOwnedKeys (a key asked by several workers once: the
+    workers' sorted runs merged on the GPU), then
     FindOrInsertRowMessage: each key found once, and the row of every key
     received written where the message back to its sender wants it
     --alltoall #2 (float32, all tables together, rows flattened; or bfloat16 /
@@ -126,9 +127,10 @@ def lookup_combine(params, unique_keys, counts, combine, exchange_dtype=tf.float
             table_names=[v.name for v in params])
         # A key several workers asked for arrives once from each: found once,
         # and its gradients summed once here (FindOrInsertRowMessageGrad), so the
-        # optimizer gets distinct keys.
+        # optimizer gets distinct keys. Each worker's keys come as one sorted
+        # run (sender_counts), which the GPU merges.
         (unique_keys, unique_counts, unique_index, order, segments,
-         row_offsets) = ops().sok_ev_unique_owned_keys(owned_keys, owned_counts)
+         row_offsets) = ops().sok_ev_unique_owned_keys(owned_keys, owned_counts, sender_counts)
         unique_keys = [embedding_gradients.mark(k, v) for k, v in zip(unique_keys, params)]
         # One entry per received key, summed: each gets its key's row.
         owned = (unique_keys, unique_counts, unique_index, order, segments, row_offsets)

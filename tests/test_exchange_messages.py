@@ -122,12 +122,16 @@ def test_key_message_delivers_each_key_and_its_occurrences_to_its_owner(num_work
 
 
 @pytest.mark.parametrize("num_workers", [1, 2, 3])
-def test_owned_keys_are_deduplicated_with_their_occurrences_summed(num_workers):
+@pytest.mark.parametrize("blocks_sorted", [True, False])
+def test_owned_keys_are_deduplicated_with_their_occurrences_summed(num_workers, blocks_sorted):
     # What an owner receives: each worker's unique keys, one after another, so
-    # a key several workers asked for arrives once from each.
+    # a key several workers asked for arrives once from each. A GPU worker
+    # sends them sorted (its UniqueKeys sorts), which the GPU owner merges;
+    # blocks in any other order are sorted, to the same result.
     rng = np.random.default_rng(10 + num_workers)
     dtypes = [np.int64, np.int32, np.int64]
     received_keys, received_counts = [], []
+    sender_counts = np.zeros([len(dtypes), num_workers], np.int64)
     for t, dtype in enumerate(dtypes):
         # Table 0 is empty, and first among the int64 tables: its occurrences
         # are a null pointer, the other int64 table's are not.
@@ -135,14 +139,20 @@ def test_owned_keys_are_deduplicated_with_their_occurrences_summed(num_workers):
             rng.choice(np.arange(-30, 30), size=int(rng.integers(0, 25)), replace=False)
             for _ in range(num_workers)
         ] if t != 0 else [np.zeros([0], np.int64)] * num_workers
+        if blocks_sorted:
+            blocks = [np.sort(b) for b in blocks]
+        sender_counts[t] = [len(b) for b in blocks]
         received_keys.append(np.concatenate(blocks).astype(dtype))
         received_counts.append(rng.integers(1, 6, size=len(received_keys[-1])).astype(np.int64))
     (unique_keys, counts, unique_index, order, segments,
      row_offsets) = ops().sok_ev_unique_owned_keys([tf.constant(k) for k in received_keys],
-                                                   [tf.constant(c) for c in received_counts])
+                                                   [tf.constant(c) for c in received_counts],
+                                                   sender_counts)
     for t, (keys, occurrences) in enumerate(zip(received_keys, received_counts)):
         uniq, index = unique_keys[t].numpy(), unique_index[t].numpy()
         assert unique_keys[t].dtype == tf.as_dtype(dtypes[t])
+        if "GPU" in unique_keys[t].device:  # sorted, or merged: ascending either way
+            np.testing.assert_array_equal(uniq, np.unique(keys))
         np.testing.assert_array_equal(np.sort(uniq), np.unique(keys))
         np.testing.assert_array_equal(uniq[index], keys)
         want_counts = np.zeros(len(uniq), np.int64)
@@ -164,7 +174,21 @@ def test_owned_keys_are_deduplicated_with_their_occurrences_summed(num_workers):
 def test_owned_keys_with_a_count_missing_fail_naming_the_occurrences():
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"occurrences\[0\] must have shape"):
         ops().sok_ev_unique_owned_keys([tf.constant([3, 4, 3], tf.int64)],
-                                       [tf.constant([1, 1], tf.int64)])
+                                       [tf.constant([1, 1], tf.int64)], [[2, 1]])
+
+
+@pytest.mark.parametrize("sender_counts, message", [
+    ([[2, 2]], r"sender_counts\[0\] sums to 4 keys, but keys\[0\] has 3"),
+    ([[4, -1]], r"sender_counts\[0, 1\] must not be negative, got -1"),
+    ([3], r"sender_counts must have shape \[1, num_workers\], one row per table, got \[1\]"),
+    (np.zeros([1, 0], np.int64), r"sender_counts must have shape \[1, num_workers\]"),
+])
+def test_owned_keys_whose_sender_counts_do_not_split_them_fail_naming_the_counts(
+        sender_counts, message):
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+        ops().sok_ev_unique_owned_keys([tf.constant([3, 4, 3], tf.int64)],
+                                       [tf.constant([1, 1, 1], tf.int64)],
+                                       tf.constant(sender_counts, tf.int64))
 
 
 def _header_message(headers):
@@ -668,7 +692,8 @@ def _received_keys(rng, counts, key_dtypes):
   occurrences in its sender's batch."""
     keys, occurrences = [], []
     for table_counts, dtype in zip(counts, key_dtypes):
-        blocks = [rng.choice(OWNER_ROWS, size=int(c), replace=False) for c in table_counts]
+        # Sorted, as a GPU worker's UniqueKeys leaves them.
+        blocks = [np.sort(rng.choice(OWNER_ROWS, size=int(c), replace=False)) for c in table_counts]
         keys.append(np.concatenate([np.zeros([0], np.int64)] + blocks).astype(dtype))
         occurrences.append(rng.integers(1, 5, size=len(keys[-1])).astype(np.int64))
     return keys, occurrences
@@ -686,7 +711,7 @@ def _owner_case(sok, rng, unique_name, num_workers, dims):
     ]
     keys, occurrences = _received_keys(rng, counts, key_dtypes)
     owned = ops().sok_ev_unique_owned_keys([tf.constant(k) for k in keys],
-                                           [tf.constant(c) for c in occurrences])
+                                           [tf.constant(c) for c in occurrences], counts)
     return counts, tables, matrices, keys, occurrences, owned
 
 
@@ -755,7 +780,7 @@ def test_an_owner_reads_a_filtered_tables_rows_into_the_message_as_admission_dec
                                        ev_option=option)
     counts = np.array([[2, 1]], np.int64)
     owned = ops().sok_ev_unique_owned_keys([tf.constant([7, 9, 7], tf.int64)],
-                                           [tf.constant([2, 1, 2], tf.int64)])
+                                           [tf.constant([2, 1, 2], tf.int64)], counts)
     message, _, local = _owner_row_message([table], owned, counts, local_worker=1)
     np.testing.assert_array_equal(message.numpy(), np.full([8], 0.5, np.float32))
     np.testing.assert_array_equal(local[0].numpy(), np.full([1, 4], 0.5, np.float32))
@@ -846,7 +871,7 @@ def test_an_owners_lookup_that_does_not_fit_its_counts_fails_before_any_table_ch
         sok, unique_name):
     table = sok.get_embedding_variable(unique_name(), embedding_dim=4)
     owned = ops().sok_ev_unique_owned_keys([tf.constant([7, 9, 7], tf.int64)],
-                                           [tf.constant([1, 1, 1], tf.int64)])
+                                           [tf.constant([1, 1, 1], tf.int64)], [[2, 1]])
     with pytest.raises(tf.errors.InvalidArgumentError,
                        match=r"table 0: counts give 4 received keys, but 3 entries and 3 samples"):
         _owner_row_message([table], owned, np.array([[2, 2]], np.int64), local_worker=1)

@@ -186,13 +186,15 @@ def run_owner_row_messages(rng):
             for t, (m, k) in enumerate(zip(matrices, key_dtypes))
         ]
         counts = rng.integers(0, 40, size=(len(dims), 3)).astype(np.int64)
+        # Each worker's block sorted, as a GPU worker sends it: merged.
         keys = [
-            np.concatenate([rng.choice(64, size=int(c), replace=False)
-                            for c in table_counts]).astype(k)
+            np.concatenate(
+                [np.sort(rng.choice(64, size=int(c), replace=False))
+                 for c in table_counts]).astype(k)
             for table_counts, k in zip(counts, key_dtypes)
         ]
         owned = ops().sok_ev_unique_owned_keys([tf.constant(k) for k in keys],
-                                               [tf.ones([len(k)], tf.int64) for k in keys])
+                                               [tf.ones([len(k)], tf.int64) for k in keys], counts)
         message, _, local = ops().sok_ev_find_or_insert_row_message([t.handle for t in tables],
                                                                     *owned,
                                                                     counts,
@@ -216,6 +218,29 @@ def run_owner_row_messages(rng):
             np.testing.assert_allclose(grad_unique[t].numpy(), sums, rtol=1e-5, atol=1e-6)
 
 
+def run_owned_key_runs(rng):
+    """UniqueOwnedKeys over 3 workers' blocks of keys, sorted (the GPU merges
+  them) and shuffled (the merge's places collide, and it sorts instead)."""
+    from sok_ev._ops import ops  # pylint: disable=import-outside-toplevel
+    counts = rng.integers(0, 3000, size=(2, 3)).astype(np.int64)
+    for shuffle in (False, True):
+        keys = [
+            np.concatenate([
+                np.sort(rng.choice(5000, size=int(c), replace=False))
+                if not shuffle else rng.choice(5000, size=int(c), replace=False)
+                for c in table_counts
+            ])
+            for table_counts in counts
+        ]
+        owned = ops().sok_ev_unique_owned_keys([tf.constant(k) for k in keys],
+                                               [tf.ones([len(k)], tf.int64) for k in keys], counts)
+        for t, k in enumerate(keys):
+            uniq, index = owned[0][t].numpy(), owned[2][t].numpy()
+            np.testing.assert_array_equal(np.sort(uniq), np.unique(k))
+            np.testing.assert_array_equal(uniq[index], k)
+            np.testing.assert_array_equal(owned[1][t].numpy(), np.bincount(index))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--allow-cpu", action="store_true", help="run without a GPU")
@@ -230,6 +255,7 @@ def main():
     run_tf_function(rng, expected)
     run_row_messages(rng)
     run_owner_row_messages(rng)
+    run_owned_key_runs(rng)
     print(f"workload done on {expected}: sok_ev {sok_ev.__file__}")
 
 

@@ -352,9 +352,12 @@ class Core<GPUDevice> {
     return Pending();
   }
 
-  // Every table's keys deduplicated in one grouped sort; see
-  // Core<CPUDevice>::UniqueKeys for the contract. The one host sync of a
-  // lookup reads back the unique counts and the sample-id check together.
+  // Every table's keys deduplicated in one grouped sort, or, for an owner's
+  // received keys that come as sorted runs (TableBatch::run_lengths), one
+  // merge; see Core<CPUDevice>::UniqueKeys for the contract. The one host
+  // sync of a lookup reads back the unique counts and the sample-id check
+  // together (and whether the runs were sorted: if not, a second sync after
+  // the sort).
   template <typename Key>
   absl::Status UniqueKeys(const std::vector<TableBatch<Key>>& tables,
                           const UniqueAllocator<Key>& allocate,
@@ -369,14 +372,21 @@ class Core<GPUDevice> {
                        tables[t].first_entry};
     }
     const int64_t n = key_offsets[num_tables];
-    // first_invalid (num_tables) then unique_offsets (num_tables + 1).
-    tensorflow::Tensor readback_tensor, offsets_tensor;
-    TF_RETURN_IF_ERROR(Scratch<int64_t>(2 * num_tables + 1, &readback_tensor));
+    const std::vector<int64_t> run_offsets = RunOffsets(tables);
+    const bool runs = !run_offsets.empty();
+    // first_invalid (num_tables), unique_offsets (num_tables + 1), then
+    // whether a run was out of order (runs only).
+    const int readback_size = 2 * num_tables + 1 + (runs ? 1 : 0);
+    tensorflow::Tensor readback_tensor, offsets_tensor, run_offsets_tensor;
+    TF_RETURN_IF_ERROR(Scratch<int64_t>(readback_size, &readback_tensor));
     TF_RETURN_IF_ERROR(Scratch<int64_t>(num_tables + 1, &offsets_tensor));
+    TF_RETURN_IF_ERROR(
+        Scratch<int64_t>(std::max<int64_t>(run_offsets.size(), 1), &run_offsets_tensor));
     int64_t* readback = VectorData<int64_t>(readback_tensor);
     int64_t* key_offsets_device = VectorData<int64_t>(offsets_tensor);
     gpu::row_offsets_from_sample_ids(context_, sample_ids.data(), num_tables, readback);
     gpu::upload_values(context_, key_offsets, key_offsets_device);
+    if (runs) gpu::upload_values(context_, run_offsets, VectorData<int64_t>(run_offsets_tensor));
     // All tables' keys side by side, then one sort.
     const int64_t size = std::max<int64_t>(n, 1);
     tensorflow::Tensor keys_tensor, unique_tensor, counts_tensor, inverse_tensor, order_tensor,
@@ -407,17 +417,13 @@ class Core<GPUDevice> {
     const int64_t* inverse = VectorData<int64_t>(inverse_tensor);
     const int64_t* order = VectorData<int64_t>(order_tensor);
     const int64_t* segments = VectorData<int64_t>(segments_tensor);
-    gpu::unique_keys_grouped(context_, keys, n, key_offsets_device, num_tables,
-                             VectorData<Key>(unique_tensor), VectorData<int64_t>(counts_tensor),
-                             VectorData<int64_t>(inverse_tensor), VectorData<int64_t>(order_tensor),
-                             VectorData<int64_t>(segments_tensor), readback + num_tables);
     // Every table's occurrences, or none (the op's); an empty table's
     // pointer may be null whichever the op, so any table decides.
     const bool owned = std::any_of(tables.begin(), tables.end(), [](const TableBatch<Key>& t) {
       return t.occurrences != nullptr;
     });
+    tensorflow::Tensor occurrences_tensor;
     if (owned) {
-      tensorflow::Tensor occurrences_tensor;
       TF_RETURN_IF_ERROR(Scratch<int64_t>(size, &occurrences_tensor));
       std::vector<gpu::CopyJob<int64_t>> gather;
       for (int t = 0; t < num_tables; ++t) {
@@ -427,13 +433,34 @@ class Core<GPUDevice> {
                           0});
       }
       gpu::batched_copy(context_, gather);
-      gpu::sum_occurrences_by_key(context_, VectorData<int64_t>(occurrences_tensor), order,
-                                  segments, readback + 2 * num_tables, n,
-                                  VectorData<int64_t>(counts_tensor));
     }
-    TF_RETURN_IF_ERROR(Pending());
-    std::vector<int64_t> host(2 * num_tables + 1);
-    TF_RETURN_IF_ERROR(CopyToHost(readback, 2 * num_tables + 1, host.data()));
+    std::vector<int64_t> host(readback_size);
+    // The runs merged (merge) or every key sorted, then read back.
+    auto deduplicate = [&](bool merge) -> absl::Status {
+      if (merge) {
+        gpu::unique_keys_of_runs_grouped(
+            context_, keys, n, key_offsets_device, VectorData<int64_t>(run_offsets_tensor),
+            num_tables, tables[0].num_runs, VectorData<Key>(unique_tensor),
+            VectorData<int64_t>(counts_tensor), VectorData<int64_t>(inverse_tensor),
+            VectorData<int64_t>(order_tensor), VectorData<int64_t>(segments_tensor),
+            readback + num_tables, readback + 2 * num_tables + 1);
+      } else {
+        gpu::unique_keys_grouped(context_, keys, n, key_offsets_device, num_tables,
+                                 VectorData<Key>(unique_tensor), VectorData<int64_t>(counts_tensor),
+                                 VectorData<int64_t>(inverse_tensor),
+                                 VectorData<int64_t>(order_tensor),
+                                 VectorData<int64_t>(segments_tensor), readback + num_tables);
+      }
+      if (owned) {
+        gpu::sum_occurrences_by_key(context_, VectorData<int64_t>(occurrences_tensor), order,
+                                    segments, readback + 2 * num_tables, n,
+                                    VectorData<int64_t>(counts_tensor));
+      }
+      TF_RETURN_IF_ERROR(Pending());
+      return CopyToHost(readback, merge ? readback_size : 2 * num_tables + 1, host.data());
+    };
+    TF_RETURN_IF_ERROR(deduplicate(runs));
+    if (runs && host[2 * num_tables + 1] != 0) TF_RETURN_IF_ERROR(deduplicate(false));
     bool valid = true;
     for (int t = 0; t < num_tables; ++t) {
       (*first_invalid)[t] = host[t];
@@ -746,6 +773,25 @@ class Core<GPUDevice> {
   // The gpu:: free functions record errors per host thread instead of
   // returning them.
   static absl::Status Pending() { return ToTfStatus(gpu::take_last_error()); }
+
+  // Where each run of an owner's received keys starts (TableBatch::
+  // run_lengths), table after table, then the end: what
+  // gpu::unique_keys_of_runs_grouped reads. Empty, so the keys are sorted
+  // instead, unless every table has the same number of runs covering its
+  // keys.
+  template <typename Key>
+  static std::vector<int64_t> RunOffsets(const std::vector<TableBatch<Key>>& tables) {
+    if (tables.empty() || tables[0].num_runs < 1) return {};
+    const int num_runs = tables[0].num_runs;
+    std::vector<int64_t> offsets = {0};
+    for (const TableBatch<Key>& table : tables) {
+      if (table.run_lengths == nullptr || table.num_runs != num_runs) return {};
+      const int64_t first = offsets.back();
+      for (int r = 0; r < num_runs; ++r) offsets.push_back(offsets.back() + table.run_lengths[r]);
+      if (offsets.back() - first != table.nnz) return {};
+    }
+    return offsets;
+  }
 
   // Finds or inserts the unique keys (their counts added to the
   // frequencies); each one's row id in the table goes to *row_ids (scratch).

@@ -99,6 +99,8 @@ class UniqueKeysOp : public OpKernel {
               table.row_splits = input.row_splits;
               table.first_entry = input.first_entry;
               table.occurrences = input.occurrences;
+              table.run_lengths = input.run_lengths;
+              table.num_runs = input.num_runs;
               table.nnz = input.nnz;
               table.batch = input.batch;
               table.unique_index = unique_index[t]->flat<int64_t>().data();
@@ -150,6 +152,8 @@ class UniqueKeysOp : public OpKernel {
     const int64_t* row_splits = nullptr;
     int64_t first_entry = 0;
     const int64_t* occurrences = nullptr;
+    const int64_t* run_lengths = nullptr;
+    int num_runs = 0;
   };
 
   // UniqueKeys and UniqueOwnedKeys: one keys tensor per table.
@@ -203,7 +207,9 @@ class UniqueKeysOp : public OpKernel {
     return absl::OkStatus();
   }
 
-  // UniqueOwnedKeys: one occurrence count per received key.
+  // UniqueOwnedKeys: one occurrence count per received key, and how many
+  // keys came from each worker (host): sender_counts[t] splits keys[t] into
+  // one run per worker.
   static absl::Status ReadOccurrences(OpKernelContext* context, int t, TableInput* out) {
     OpInputList occurrences;
     TF_RETURN_IF_ERROR(context->input_list("occurrences", &occurrences));
@@ -212,7 +218,32 @@ class UniqueKeysOp : public OpKernel {
                                      "], one count per key, got ",
                                      occurrences[t].shape().DebugString());
     }
+    const Tensor* sender_counts_input;
+    TF_RETURN_IF_ERROR(context->input("sender_counts", &sender_counts_input));
+    const Tensor& sender_counts = *sender_counts_input;
+    if (sender_counts.dims() != 2 || sender_counts.dim_size(0) != occurrences.size() ||
+        sender_counts.dim_size(1) < 1) {
+      return errors::InvalidArgument("sender_counts must have shape [", occurrences.size(),
+                                     ", num_workers], one row per table, got ",
+                                     sender_counts.shape().DebugString());
+    }
+    const int64_t num_workers = sender_counts.dim_size(1);
+    const int64_t* runs = sender_counts.flat<int64_t>().data() + t * num_workers;
+    int64_t total = 0;
+    for (int64_t w = 0; w < num_workers; ++w) {
+      if (runs[w] < 0) {
+        return errors::InvalidArgument("sender_counts[", t, ", ", w, "] must not be negative, got ",
+                                       runs[w]);
+      }
+      total += runs[w];
+    }
+    if (total != out->nnz) {
+      return errors::InvalidArgument("sender_counts[", t, "] sums to ", total, " keys, but keys[",
+                                     t, "] has ", out->nnz);
+    }
     out->occurrences = occurrences[t].flat<int64_t>().data();
+    out->run_lengths = runs;
+    out->num_runs = static_cast<int>(num_workers);
     out->batch = out->nnz;
     return absl::OkStatus();
   }
@@ -739,7 +770,9 @@ SOK_EV_REGISTER_CPU("CombineBackward", CombineBackwardOp);
 using tensorflow::DEVICE_GPU;
 REGISTER_KERNEL_BUILDER(Name("SokEv>UniqueKeys").Device(DEVICE_GPU).HostMemory("dense_shapes"),
                         UniqueKeysOp<GPUDevice>);
-REGISTER_KERNEL_BUILDER(Name("SokEv>UniqueOwnedKeys").Device(DEVICE_GPU), UniqueKeysOp<GPUDevice>);
+REGISTER_KERNEL_BUILDER(
+    Name("SokEv>UniqueOwnedKeys").Device(DEVICE_GPU).HostMemory("sender_counts"),
+    UniqueKeysOp<GPUDevice>);
 REGISTER_KERNEL_BUILDER(Name("SokEv>UniquePackedKeys")
                             .Device(DEVICE_GPU)
                             .HostMemory("table_splits")

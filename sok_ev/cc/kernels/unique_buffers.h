@@ -29,6 +29,13 @@ struct TableBatch {
   // Null: each entry is one occurrence of its key. Otherwise entry j stands
   // for occurrences[j] of them, and a unique key's count is their sum.
   const int64_t* occurrences = nullptr;  // (nnz,)
+  // Non-null (an owner's received keys): the entries are num_runs runs one
+  // after another, run r holding run_lengths[r] of them, each normally
+  // ascending without repeats (one worker's unique keys, as the GPU's
+  // UniqueKeys sorts them). The GPU merges such runs instead of sorting
+  // them; the CPU, whose UniqueKeys hashes, reads none of this.
+  const int64_t* run_lengths = nullptr;  // (num_runs,) host
+  int num_runs = 0;
   int64_t nnz = 0;
   int64_t batch = 0;
   int64_t* unique_index = nullptr;  // (nnz,) out: each entry's unique key

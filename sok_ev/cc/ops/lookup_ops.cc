@@ -111,12 +111,15 @@ REGISTER_OP("SokEv>UniquePackedKeys")
 // The owner's side of a lookup over several workers: each worker sent its
 // unique keys once, with their occurrences in its batch, so a key asked by
 // several workers arrives several times. Deduplicated here, the owner finds
-// each key once (FindOrInsertCombine with one entry per sample hands every
-// received key its row) and its gradients arrive summed per key
-// (CombineBackward), so the optimizer needs no second deduplication.
+// each key once (FindOrInsertRowMessage with one entry per sample hands
+// every received key its row) and its gradients arrive summed per key, so
+// the optimizer needs no second deduplication. The keys arrive as one run
+// per worker (sender_counts, UnpackKeyMessage's), each sorted on the GPU:
+// there the runs are merged, not sorted again.
 REGISTER_OP("SokEv>UniqueOwnedKeys")
     .Input("keys: Tkeys")
     .Input("occurrences: N * int64")
+    .Input("sender_counts: int64")
     .Output("unique_keys: Tkeys")
     .Output("counts: N * int64")
     .Output("unique_index: N * int64")
@@ -129,7 +132,9 @@ REGISTER_OP("SokEv>UniqueOwnedKeys")
     .Doc(
         "UniqueKeys for keys[t] where entry j is sample j (row_offsets[j] == j) "
         "and stands for occurrences[t][j] occurrences of its key: counts[t][u] "
-        "sums them over unique key u's entries.");
+        "sums them over unique key u's entries. sender_counts [N, W] (host "
+        "memory on the GPU) splits keys[t] into W runs, sender_counts[t][w] "
+        "keys from worker w; the outputs do not depend on it.");
 
 REGISTER_OP("SokEv>PartitionByOwner")
     .Input("unique_keys: Tkeys")
