@@ -33,14 +33,19 @@ struct VectorUnit<float, float, 4> {
 
 // Rows a warp copies at once: their loads are all in flight together.
 constexpr int kRowsPerWarp = 4;
+// Rows of at most this many units go a thread a row: a warp over a row of
+// one key or count would leave 31 of its lanes idle.
+constexpr int kThreadRowUnits = 4;
 
 // blockIdx.y picks the block. kVector elements move as one: 4 floats (16
 // bytes) when every block of the launch allows it (see vector_copy_allowed),
 // else 1. A block of consecutive rows at both ends (no row index, rows
-// packed) is one run of elements, which every thread strides over. Any
-// other block goes by rows: a warp copies kRowsPerWarp rows at a time, its
-// lanes striding over their elements (coalesced, no division per element),
-// the x blocks' warps striding over the rows.
+// packed) is one run of elements, which every thread strides over. A block
+// of narrow rows (kThreadRowUnits or fewer: the key message's keys and
+// counts) goes a thread a row. Any other block goes by rows: a warp copies
+// kRowsPerWarp rows at a time, its lanes striding over their elements
+// (coalesced, no division per element), the x blocks' warps striding over
+// the rows.
 template <typename Src, typename Dst, int kVector>
 __global__ void copy_rows_kernel(RowCopyBatch<Src, Dst> batch) {
   using Unit = typename VectorUnit<Src, Dst, kVector>::type;
@@ -65,8 +70,18 @@ __global__ void copy_rows_kernel(RowCopyBatch<Src, Dst> batch) {
     }
     return;
   }
-  const int lane = threadIdx.x % kWarp;
   const int64_t src_stride = block.src_stride / kVector, dst_stride = block.dst_stride / kVector;
+  if (units <= kThreadRowUnits) {
+    for (int64_t r = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; r < block.rows;
+         r += int64_t(gridDim.x) * blockDim.x) {
+      const int64_t from = block.src_rows ? block.src_rows[r] : r;
+      const int64_t to = block.dst_rows ? block.dst_rows[r] : r;
+      for (int64_t c = 0; c < units; ++c)
+        dst[to * dst_stride + c] = convert(src[from * src_stride + c]);
+    }
+    return;
+  }
+  const int lane = threadIdx.x % kWarp;
   const int64_t step = int64_t(gridDim.x) * (blockDim.x / kWarp) * kRowsPerWarp;
   for (int64_t first =
            (blockIdx.x * int64_t(blockDim.x / kWarp) + threadIdx.x / kWarp) * kRowsPerWarp;
