@@ -315,6 +315,29 @@ int sokev_unique_grouped(int key_bits, uint64_t keys, int64_t n, uint64_t key_of
   return report_pending();
 }
 
+// key_offsets: (num_tables + 1,), run_offsets: (num_tables * num_runs + 1,),
+// unsorted: (1,); all device.
+int sokev_unique_of_runs_grouped(int key_bits, uint64_t keys, int64_t n, uint64_t key_offsets,
+                                 uint64_t run_offsets, int num_tables, int num_runs,
+                                 uint64_t unique_keys, uint64_t counts, uint64_t inverse,
+                                 uint64_t order, uint64_t segments, uint64_t unique_offsets,
+                                 uint64_t unsorted, uint64_t stream) {
+  if (key_bits == 32) {
+    gpu::unique_keys_of_runs_grouped(
+        context_for(stream), ptr<const int32_t>(keys), n, ptr<const int64_t>(key_offsets),
+        ptr<const int64_t>(run_offsets), num_tables, num_runs, ptr<int32_t>(unique_keys),
+        ptr<int64_t>(counts), ptr<int64_t>(inverse), ptr<int64_t>(order), ptr<int64_t>(segments),
+        ptr<int64_t>(unique_offsets), ptr<int64_t>(unsorted));
+  } else {
+    gpu::unique_keys_of_runs_grouped(
+        context_for(stream), ptr<const int64_t>(keys), n, ptr<const int64_t>(key_offsets),
+        ptr<const int64_t>(run_offsets), num_tables, num_runs, ptr<int64_t>(unique_keys),
+        ptr<int64_t>(counts), ptr<int64_t>(inverse), ptr<int64_t>(order), ptr<int64_t>(segments),
+        ptr<int64_t>(unique_offsets), ptr<int64_t>(unsorted));
+  }
+  return report_pending();
+}
+
 // sample_ids: (num_tables,) host array of device addresses; nnz, batch:
 // (num_tables,) host; first_invalid: (num_tables,) device.
 int sokev_first_invalid_sample_ids(const uint64_t* sample_ids, const int64_t* nnz,

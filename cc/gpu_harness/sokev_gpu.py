@@ -322,6 +322,25 @@ def unique_grouped(keys, key_offsets):
     return uniq, counts, inverse[:n], order[:n], segments, unique_offsets
 
 
+def unique_of_runs_grouped(keys, key_offsets, run_offsets, num_runs):
+    """unique_grouped for keys that come as num_runs sorted runs per table
+    (run_offsets an int64 device tensor of num_tables * num_runs + 1
+    offsets): the runs merged. Returns unique_grouped's six outputs and
+    whether a run was out of order (then they are meaningless)."""
+    n = keys.numel()
+    num_tables = key_offsets.numel() - 1
+    uniq, counts, inverse, order = (torch.empty(max(n, 1), dtype=d, device=keys.device)
+                                    for d in (keys.dtype, torch.int64, torch.int64, torch.int64))
+    segments = torch.empty(n + 1, dtype=torch.int64, device=keys.device)
+    unique_offsets = torch.empty(num_tables + 1, dtype=torch.int64, device=keys.device)
+    unsorted = torch.empty(1, dtype=torch.int64, device=keys.device)
+    _check(lib().sokev_unique_of_runs_grouped(_bits(keys), _p(keys), _i(n), _p(key_offsets),
+                                              _p(run_offsets), num_tables, num_runs, _p(uniq),
+                                              _p(counts), _p(inverse), _p(order), _p(segments),
+                                              _p(unique_offsets), _p(unsorted), _stream()))
+    return (uniq, counts, inverse[:n], order[:n], segments, unique_offsets), bool(unsorted.item())
+
+
 def first_invalid_sample_ids(sample_ids, batches):
     """Per table, the first entry whose sample id is out of [0, batch) or out
     of order, else its nnz (an int64 device tensor)."""

@@ -231,6 +231,44 @@ def test_unique_grouped_deduplicates_each_table_on_its_own(dtype, sizes):
         assert np.all((np.diff(order[first:last]) > 0) | (np.diff(seg_of) > 0))
 
 
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("num_runs", [1, 2, 3])
+def test_unique_of_sorted_runs_merges_them_to_the_sorts_outputs(dtype, num_runs):
+    # An owner's keys: per table, each worker's unique keys ascending (some
+    # runs empty, keys shared between runs and tables).
+    lengths = RNG.integers(0, 3000, size=(5, num_runs))
+    lengths[1, :] = 0
+    runs = [[np.sort(RNG.choice(np.arange(-4000, 4000), size=int(c), replace=False))
+             for c in row]
+            for row in lengths]
+    keys = np.concatenate([np.zeros(0)] + [r for row in runs for r in row]).astype(dtype)
+    key_offsets = np.concatenate([[0], np.cumsum(lengths.sum(axis=1))]).astype(np.int64)
+    run_offsets = np.concatenate([[0], np.cumsum(lengths.reshape(-1))]).astype(np.int64)
+    merged, unsorted = sg.unique_of_runs_grouped(tensor(keys), tensor(key_offsets),
+                                                 tensor(run_offsets), num_runs)
+    assert not unsorted  # the merge's outputs stand: no sort was needed
+    sorted_ = sg.unique_grouped(tensor(keys), tensor(key_offsets))
+    num_unique = int(sorted_[5][-1])
+    for got, want, size in zip(merged, sorted_, [num_unique] * 2 + [len(keys)] * 2 +
+                               [num_unique + 1, len(lengths) + 1]):
+        np.testing.assert_array_equal(got.cpu().numpy()[:size], want.cpu().numpy()[:size])
+
+
+@pytest.mark.parametrize("fault", ["descending", "repeated"])
+def test_unique_of_runs_flags_a_run_out_of_order(fault):
+    runs = [np.arange(0, 40, 2), np.arange(1, 41, 2)]
+    if fault == "descending":
+        runs[1] = runs[1][::-1].copy()
+    else:
+        runs[1][7] = runs[1][6]
+    keys = np.concatenate(runs).astype(np.int64)
+    run_offsets = np.array([0, len(runs[0]), len(keys)], np.int64)
+    _, unsorted = sg.unique_of_runs_grouped(tensor(keys), tensor(np.array([0, len(keys)],
+                                                                          np.int64)),
+                                            tensor(run_offsets), 2)
+    assert unsorted
+
+
 def test_first_invalid_sample_ids_finds_the_first_bad_entry_of_each_table():
     batch = 50
     good = np.repeat(np.arange(batch), RNG.integers(0, 4, batch)).astype(np.int64)
