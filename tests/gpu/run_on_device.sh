@@ -210,7 +210,7 @@ torch_env() { # torch_env COMMAND...: PyTorch's process, without the kit's paths
         SOKEV_GPU_LIB=$root/.device/harness/libsokev_gpu.so "$@"
 }
 part_harness_sanitizer() {
-    local tool rc=0 subset="duplicates or default_value or update_rows or row_offsets or (test_unique and 1000-zipf) or (partition and 2-int64) or (combine_forward and sum-37) or (optimizers and 8-adam) or (fused and mean-7-int64) or (unique_segmented and 1000-int64) or (lookup_combine_rows and sum-7) or (backward_apply and sum-37-adagrad) or (backward_apply and sum-128-adagrad) or (backward_apply and mean-8-ftrl)"
+    local tool rc=0 subset="duplicates or default_value or update_rows or row_offsets or (test_unique and 1000-zipf) or (partition and 2-int64) or (combine_forward and sum-37) or (optimizers and 8-adam) or (fused and mean-7-int64) or (unique_segmented and 1000-int64) or (unique_of_sorted and 2-int64) or unique_of_runs_flags or (lookup_combine_rows and sum-7) or (backward_apply and sum-37-adagrad) or (backward_apply and sum-128-adagrad) or (backward_apply and mean-8-ftrl)"
     : >"$OUT/harness-sanitizer.log"
     for tool in memcheck racecheck; do
         (cd "$run" && torch_env env CUDA_VISIBLE_DEVICES=0 PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
