@@ -179,9 +179,9 @@ def test_owned_keys_with_a_count_missing_fail_naming_the_occurrences():
 
 @pytest.mark.parametrize("sender_counts, message", [
     ([[2, 2]], r"sender_counts\[0\] sums to 4 keys, but keys\[0\] has 3"),
-    ([[4, -1]], r"sender_counts\[0, 1\] must not be negative, got -1"),
-    ([3], r"sender_counts must have shape \[1, num_workers\], one row per table, got \[1\]"),
-    (np.zeros([1, 0], np.int64), r"sender_counts must have shape \[1, num_workers\]"),
+    ([[4, -1]], r"sender_counts\[0, 1\] is negative: -1"),
+    ([3], r"sender_counts must be \[1, num_workers\], got shape \[1\]"),
+    (np.zeros([1, 0], np.int64), r"sender_counts must be \[1, num_workers\], got shape \[1,0\]"),
 ])
 def test_owned_keys_whose_sender_counts_do_not_split_them_fail_naming_the_counts(
         sender_counts, message):

@@ -380,8 +380,7 @@ class Core<GPUDevice> {
     tensorflow::Tensor readback_tensor, offsets_tensor, run_offsets_tensor;
     TF_RETURN_IF_ERROR(Scratch<int64_t>(readback_size, &readback_tensor));
     TF_RETURN_IF_ERROR(Scratch<int64_t>(num_tables + 1, &offsets_tensor));
-    TF_RETURN_IF_ERROR(
-        Scratch<int64_t>(std::max<int64_t>(run_offsets.size(), 1), &run_offsets_tensor));
+    if (runs) TF_RETURN_IF_ERROR(Scratch<int64_t>(run_offsets.size(), &run_offsets_tensor));
     int64_t* readback = VectorData<int64_t>(readback_tensor);
     int64_t* key_offsets_device = VectorData<int64_t>(offsets_tensor);
     gpu::row_offsets_from_sample_ids(context_, sample_ids.data(), num_tables, readback);

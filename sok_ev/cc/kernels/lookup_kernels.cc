@@ -11,6 +11,7 @@
 #endif
 
 #include <algorithm>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -161,6 +162,15 @@ class UniqueKeysOp : public OpKernel {
     OpInputList keys;
     TF_RETURN_IF_ERROR(context->input_list("keys", &keys));
     const bool owned = form_ == Form::kOwned;
+    // UniqueOwnedKeys: how many keys of each table came from each worker.
+    const Tensor* sender_counts = nullptr;
+    std::vector<int64_t> runs;
+    int num_workers = 0;
+    if (owned) {
+      TF_RETURN_IF_ERROR(context->input("sender_counts", &sender_counts));
+      TF_RETURN_IF_ERROR(
+          ReadCounts(*sender_counts, keys.size(), &runs, &num_workers, "sender_counts"));
+    }
     inputs->resize(keys.size());
     for (int t = 0; t < keys.size(); ++t) {
       if (keys[t].dims() != 1) {
@@ -173,8 +183,11 @@ class UniqueKeysOp : public OpKernel {
       input.dtype = keys[t].dtype();
       input.keys = keys[t].data();
       input.nnz = keys[t].dim_size(0);
-      TF_RETURN_IF_ERROR(owned ? ReadOccurrences(context, t, &input)
-                               : ReadSampleIds(context, t, &input));
+      TF_RETURN_IF_ERROR(
+          owned
+              ? ReadOccurrences(context, t, sender_counts->flat<int64_t>().data() + t * num_workers,
+                                num_workers, &input)
+              : ReadSampleIds(context, t, &input));
     }
     return absl::OkStatus();
   }
@@ -208,9 +221,10 @@ class UniqueKeysOp : public OpKernel {
   }
 
   // UniqueOwnedKeys: one occurrence count per received key, and how many
-  // keys came from each worker (host): sender_counts[t] splits keys[t] into
-  // one run per worker.
-  static absl::Status ReadOccurrences(OpKernelContext* context, int t, TableInput* out) {
+  // keys came from each worker (runs, sender_counts[t], host, checked by
+  // ReadCounts): they split keys[t] into one run per worker.
+  static absl::Status ReadOccurrences(OpKernelContext* context, int t, const int64_t* runs,
+                                      int num_workers, TableInput* out) {
     OpInputList occurrences;
     TF_RETURN_IF_ERROR(context->input_list("occurrences", &occurrences));
     if (occurrences[t].dims() != 1 || occurrences[t].dim_size(0) != out->nnz) {
@@ -218,32 +232,14 @@ class UniqueKeysOp : public OpKernel {
                                      "], one count per key, got ",
                                      occurrences[t].shape().DebugString());
     }
-    const Tensor* sender_counts_input;
-    TF_RETURN_IF_ERROR(context->input("sender_counts", &sender_counts_input));
-    const Tensor& sender_counts = *sender_counts_input;
-    if (sender_counts.dims() != 2 || sender_counts.dim_size(0) != occurrences.size() ||
-        sender_counts.dim_size(1) < 1) {
-      return errors::InvalidArgument("sender_counts must have shape [", occurrences.size(),
-                                     ", num_workers], one row per table, got ",
-                                     sender_counts.shape().DebugString());
-    }
-    const int64_t num_workers = sender_counts.dim_size(1);
-    const int64_t* runs = sender_counts.flat<int64_t>().data() + t * num_workers;
-    int64_t total = 0;
-    for (int64_t w = 0; w < num_workers; ++w) {
-      if (runs[w] < 0) {
-        return errors::InvalidArgument("sender_counts[", t, ", ", w, "] must not be negative, got ",
-                                       runs[w]);
-      }
-      total += runs[w];
-    }
+    const int64_t total = std::accumulate(runs, runs + num_workers, int64_t{0});
     if (total != out->nnz) {
       return errors::InvalidArgument("sender_counts[", t, "] sums to ", total, " keys, but keys[",
                                      t, "] has ", out->nnz);
     }
     out->occurrences = occurrences[t].flat<int64_t>().data();
     out->run_lengths = runs;
-    out->num_runs = static_cast<int>(num_workers);
+    out->num_runs = num_workers;
     out->batch = out->nnz;
     return absl::OkStatus();
   }

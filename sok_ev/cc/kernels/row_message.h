@@ -19,19 +19,21 @@
 
 namespace sok_ev {
 
-// counts ([num_tables, W], host) as a vector, and W.
+// counts ([num_tables, W], host) as a vector, and W; errors call the
+// input `name`.
 inline absl::Status ReadCounts(const tensorflow::Tensor& counts, int num_tables,
-                               std::vector<int64_t>* values, int* num_workers) {
+                               std::vector<int64_t>* values, int* num_workers,
+                               const char* name = "counts") {
   if (counts.dims() != 2 || counts.dim_size(0) != num_tables || counts.dim_size(1) < 1) {
     return tensorflow::errors::InvalidArgument(
-        "counts must be [", num_tables, ", num_workers], got shape ", counts.shape().DebugString());
+        name, " must be [", num_tables, ", num_workers], got shape ", counts.shape().DebugString());
   }
   *num_workers = static_cast<int>(counts.dim_size(1));
   const auto flat = counts.flat<int64_t>();
   values->assign(flat.data(), flat.data() + flat.size());
   for (size_t i = 0; i < values->size(); ++i) {
     if ((*values)[i] < 0) {
-      return tensorflow::errors::InvalidArgument("counts[", i / *num_workers, ", ",
+      return tensorflow::errors::InvalidArgument(name, "[", i / *num_workers, ", ",
                                                  i % *num_workers, "] is negative: ", (*values)[i]);
     }
   }
