@@ -273,24 +273,42 @@ def record_mistakes(args, results):
 
 def interrupt(args, results):
     """Saves ROOT/saver/good; then worker 1 dies in the middle of the next
-    save, once worker 0 has written its part of ROOT/saver/bad."""
+    save: once worker 0 has written its part of ROOT/saver/bad, before worker
+    1 joins the barrier after which worker 0 merges the parts."""
     directory = os.path.join(args.root, "saver")
+    dying = threading.Event()
+    if RANK == 1:
+        part = os.path.join(directory, "bad_temp", "sok_ev_tables_0_worker_00000_of_00002.index")
+        _die_before_parts_written_barrier(dying, part)
     with trained_session(directory, "interrupted") as (model, saver, session):
         saver.save(session, os.path.join(directory, "good"))
         record(results, "saver/saved", *session.run(model.state))
         harness.save_rank_results(args.out, RANK, results)
         session.run(model.train, model.feed("interrupted", "saver", 1))
-        if RANK == 1:
-            part = os.path.join(directory, "bad_temp",
-                                "sok_ev_tables_0_worker_00000_of_00002.index")
-            threading.Thread(target=die_when_written, args=(part,), daemon=True).start()
+        dying.set()
         saver.save(session, os.path.join(directory, "bad"))
 
 
-def die_when_written(path):
-    while not os.path.exists(path):
-        time.sleep(0.001)
-    os._exit(3)  # pylint: disable=protected-access
+def _die_before_parts_written_barrier(dying, part):
+    """Makes the Saver built next wait, once `dying` is set, for `part` (worker
+    0's part file) before this worker joins the "parts written" barrier, then
+    exit. Waiting inside the graph, rather than watching from a thread, keeps
+    worker 0 from merging (and deleting the part) before this worker dies."""
+    barrier = sok_ev.checkpoint._barrier  # pylint: disable=protected-access
+
+    def die_when_written():
+        if dying.is_set():
+            while not os.path.exists(part):
+                time.sleep(0.001)
+            os._exit(3)  # pylint: disable=protected-access
+        return True
+
+    def gated(name, after):
+        if name == "sok_ev_checkpoint_parts_written":
+            after = list(after) + [tf.py_function(die_when_written, [], tf.bool)]
+        return barrier(name, after)
+
+    sok_ev.checkpoint._barrier = gated  # pylint: disable=protected-access
 
 
 def main():
