@@ -79,12 +79,16 @@ class Core<CPUDevice> {
     std::vector<absl::Status> statuses(n);
     std::atomic<int> next{0};
     // One unit per thread, each taking the next table until none is left.
-    context_.parallel_for(num_threads_, total, [&](int64_t first, int64_t last) {
-      Core core = serial_core();
-      for (int64_t lane = first; lane < last; ++lane) {
-        for (int i = next++; i < n; i = next++) statuses[order[i]] = work(order[i], core);
-      }
-    });
+    // Its cost is given in cycles, or the pool's cost model would run a
+    // few thousand entries' worth (a one-hot optimizer update) on one thread.
+    context_.parallel_for(num_threads_, total / num_threads_ * kCyclesPerEntry,
+                          [&](int64_t first, int64_t last) {
+                            Core core = serial_core();
+                            for (int64_t lane = first; lane < last; ++lane) {
+                              for (int i = next++; i < n; i = next++)
+                                statuses[order[i]] = work(order[i], core);
+                            }
+                          });
     for (const absl::Status& status : statuses) TF_RETURN_IF_ERROR(status);
     return absl::OkStatus();
   }
@@ -517,6 +521,9 @@ class Core<CPUDevice> {
   // round trip; below this many floats, neither is one optimizer update.
   static constexpr int64_t kMinEntriesToSpread = 4096;
   static constexpr int64_t kMinFloatsToSpread = int64_t{1} << 20;
+  // What a table's stage costs an entry, at the least (ParallelFor's
+  // cost_per_unit is in cycles): a hash probe, a row's worth of copying.
+  static constexpr int64_t kCyclesPerEntry = 64;
 
   Core() { context_ = serial_; }
 
