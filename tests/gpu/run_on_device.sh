@@ -171,7 +171,7 @@ part_tf() {
         targets=()
         for name in $SOK_EV_TF_TESTS; do targets+=("$root/tests/$name"); done
     fi
-    CUDA_VISIBLE_DEVICES=$1 pytest_part tf 330 "${targets[@]}" --ignore="$root/tests/gpu" \
+    CUDA_VISIBLE_DEVICES=$1 pytest_part tf 400 "${targets[@]}" --ignore="$root/tests/gpu" \
         --ignore="$root/tests/multiworker" --ignore="$root/tests/test_formatting.py" \
         --ignore="$root/tests/test_gpu_code_compiles.py"
 }
