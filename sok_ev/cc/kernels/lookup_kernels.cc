@@ -163,6 +163,8 @@ class UniqueKeysOp : public OpKernel {
     TF_RETURN_IF_ERROR(context->input_list("keys", &keys));
     const bool owned = form_ == Form::kOwned;
     // UniqueOwnedKeys: how many keys of each table came from each worker.
+    // ReadCounts checks them (its copy, `runs`, dies with this call); the
+    // tables' run lengths point into the input tensor, which outlives it.
     const Tensor* sender_counts = nullptr;
     std::vector<int64_t> runs;
     int num_workers = 0;
