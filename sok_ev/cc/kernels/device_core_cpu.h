@@ -19,6 +19,7 @@
 #include "cc/optimizers.h"
 #include "cc/partition.h"
 #include "cc/unique.h"
+#include "sok_ev/cc/kernels/claiming_parallel_for.h"
 #include "sok_ev/cc/kernels/export_buffers.h"
 #include "sok_ev/cc/kernels/scratch_vector.h"
 #include "sok_ev/cc/kernels/tf_status.h"
@@ -45,9 +46,9 @@ class Core<CPUDevice> {
         context->device()->tensorflow_cpu_worker_threads()->workers;
     num_threads_ = pool->NumThreads();
     context_.parallelism = num_threads_;
-    context_.parallel_for = [pool](int64_t total, int64_t cost_per_unit,
-                                   const CpuContext::Work& work) {
-      pool->ParallelFor(total, cost_per_unit, work);
+    context_.parallel_for = [pool, threads = num_threads_](int64_t total, int64_t cost_per_unit,
+                                                           const CpuContext::Work& work) {
+      ClaimingParallelFor(pool, threads, total, cost_per_unit, work);
     };
   }
 
