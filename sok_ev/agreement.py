@@ -61,7 +61,9 @@ _SOK_EV_DIR = os.path.dirname(os.path.abspath(__file__))
 # Packages whose frames are not the user's code.
 _LIBRARIES = ("tensorflow", "keras", "horovod")
 
-_checked = set()  # lookup keys every worker agreed on
+# Lookup keys every worker agreed on -> the NCCL id of their native row
+# exchange (None with Horovod's).
+_checked = {}
 # The first collectives of the lookups built here: name (None: eager) ->
 # the device their tensors are on, which a stop message must match
 # (Horovod refuses to pair a CPU alltoall with a GPU one).
@@ -142,18 +144,26 @@ def _context():
     return "/".join([where] + functions[::-1])
 
 
-def check_lookup(params, exchange_dtype="float32"):
+def check_lookup(params, exchange_dtype="float32", row_transport="horovod"):
     """Checks that every worker builds this lookup (see the module docstring).
 
   Args:
     params: the lookup's Embedding Variables.
     exchange_dtype: the name of the dtype its rows travel as (lookup_sparse's
       exchange_dtype); every worker must use the same.
+    row_transport: what carries its rows (sok_ev.communication.row_transport);
+      every worker must use the same. With "nccl", worker 0 makes the NCCL id
+      of the lookup's communicator and the check hands it to every worker.
+
+  Returns:
+    The hex NCCL id of the lookup's row exchange (the same on every worker,
+    and for every rebuild of this lookup here), or None with "horovod".
 
   Raises:
     ValueError: a target_gpu out of range; workers disagreeing on the tables
-      (the message names the table, the field and both values) or on
-      exchange_dtype; or workers not building this lookup within the timeout.
+      (the message names the table, the field and both values), on
+      exchange_dtype or on row_transport; or workers not building this
+      lookup within the timeout.
   """
     size = communication.world_size()
     signatures = [table_signature(v) for v in params]
@@ -163,15 +173,18 @@ def check_lookup(params, exchange_dtype="float32"):
                              f"'{signature['name']}' must be -1 or in [0, {size}) for {size} "
                              f"workers, got {signature['target_gpu']}")
     site, where = _call_site(), _context()
-    key = (where, site, json.dumps(signatures, sort_keys=True), exchange_dtype)
+    key = (where, site, json.dumps(signatures, sort_keys=True), exchange_dtype, row_transport)
     if key in _checked:
-        return
+        return _checked[key]
     description = {
         "tables": signatures,
         "site": site,
         "where": where,
-        "exchange_dtype": exchange_dtype
+        "exchange_dtype": exchange_dtype,
+        "row_transport": row_transport,
     }
+    if row_transport == "nccl" and communication.rank() == 0:
+        description["nccl_id"] = communication.new_nccl_id()
     timeout = _timeout()
     try:
         everyone = communication.allgather_object(description,
@@ -189,12 +202,16 @@ def check_lookup(params, exchange_dtype="float32"):
     _compare(signatures, [e["tables"] for e in everyone], everyone)
     me = communication.rank()
     for other, theirs in enumerate(everyone):
-        if theirs["exchange_dtype"] != exchange_dtype:
-            raise ValueError(f"lookup_sparse: exchange_dtype of the lookup of "
-                             f"{[s['name'] for s in signatures]} is {exchange_dtype!r} on worker "
-                             f"{me} ({site}) but {theirs['exchange_dtype']!r} on worker {other} "
-                             f"({theirs['site']}); every worker must pass the same exchange_dtype")
-    _checked.add(key)
+        for field, mine, how in (("exchange_dtype", exchange_dtype, "pass"),
+                                 ("row_transport", row_transport, "set")):
+            if theirs.get(field) != mine:
+                what = "SOK_EV_ROW_TRANSPORT" if field == "row_transport" else field
+                raise ValueError(f"lookup_sparse: {field} of the lookup of "
+                                 f"{[s['name'] for s in signatures]} is {mine!r} on worker "
+                                 f"{me} ({site}) but {theirs.get(field)!r} on worker {other} "
+                                 f"({theirs['site']}); every worker must {how} the same {what}")
+    _checked[key] = everyone[0].get("nccl_id")
+    return _checked[key]
 
 
 def _compare(signatures, theirs_by_worker, everyone):

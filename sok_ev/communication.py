@@ -7,6 +7,14 @@ calls the functions of this module -- `rank()`, `world_size()`, `alltoall()`,
 `allgather_object()`, `alltoall_now()` and `shutdown()` -- so a native NCCL
 or MPI backend can replace Horovod here without touching `sok_ev.distributed`.
 
+One native backend exists, for the GPU all-to-alls whose receiving sizes
+both ends know (the row messages): with SOK_EV_ROW_TRANSPORT=nccl,
+`alltoall(..., received_splits=..., communicator=...)` runs sok-ev's own
+NcclAlltoall op (cc/nccl_exchange.h) on a communicator made from
+`new_nccl_id()`, with no negotiation by Horovod's background thread. Horovod
+still starts the job, carries everything else, and carries the rows by
+default (SOK_EV_ROW_TRANSPORT=horovod).
+
 Every collective is a TensorFlow op with a gradient where one makes sense
 (alltoall), usable in graph mode (`tf.compat.v1.Session`), eagerly, and
 inside `tf.function`. In graph mode the ops are matched across workers by
@@ -27,7 +35,16 @@ import tensorflow as tf
 from tensorflow.core.protobuf import rewriter_config_pb2
 from tensorflow.python.eager import context
 
+from sok_ev._ops import ops
+
 _state = {"rank": 0, "world_size": 1, "initialized": False}
+
+# What carries the row messages of GPU lookups (see the module docstring).
+ROW_TRANSPORT_VARIABLE = "SOK_EV_ROW_TRANSPORT"
+ROW_TRANSPORTS = ("horovod", "nccl")
+# Seconds a native exchange may take before it fails on this worker.
+EXCHANGE_TIMEOUT_VARIABLE = "SOK_EV_EXCHANGE_TIMEOUT"
+DEFAULT_EXCHANGE_TIMEOUT_SECONDS = 60.0
 
 # Variables that launchers set to the number of processes they started.
 _LAUNCHER_SIZE_VARIABLES = ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "WORLD_SIZE")
@@ -117,10 +134,63 @@ def _backend():
     return hvd
 
 
+def row_transport():
+    """What carries GPU lookups' row messages: SOK_EV_ROW_TRANSPORT, "horovod"
+  (the default) or "nccl" (sok-ev's own NCCL communicator per lookup).
+
+  Raises:
+    ValueError: the variable names another transport.
+  """
+    value = os.environ.get(ROW_TRANSPORT_VARIABLE, "") or "horovod"
+    if value not in ROW_TRANSPORTS:
+        raise ValueError(f"{ROW_TRANSPORT_VARIABLE} must be one of {', '.join(ROW_TRANSPORTS)}, "
+                         f"got {value!r}")
+    return value
+
+
+def exchange_timeout():
+    """SOK_EV_EXCHANGE_TIMEOUT in seconds (default 60): how long a native
+  exchange may take before it fails, and aborts its communicator.
+
+  Raises:
+    ValueError: the variable is not a positive number.
+  """
+    value = os.environ.get(EXCHANGE_TIMEOUT_VARIABLE)
+    if not value:
+        return DEFAULT_EXCHANGE_TIMEOUT_SECONDS
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1
+    if not seconds > 0:
+        raise ValueError(
+            f"{EXCHANGE_TIMEOUT_VARIABLE} must be a positive number of seconds, got {value!r}")
+    return seconds
+
+
+def new_nccl_id():
+    """Runs now, outside any graph being built: a fresh NCCL unique id, as
+  the hex string `alltoall`'s `communicator` takes. One worker makes it and
+  hands it to the others (sok_ev.agreement.check_lookup does, in the
+  lookup's build-time check).
+
+  Raises:
+    tf.errors.InternalError: NCCL cannot be loaded (the message names the
+      library; SOK_EV_NCCL_LIBRARY sets its path).
+    tf.errors.NotFoundError: this build of sok-ev has no GPU kernels.
+  """
+
+    def make():
+        with tf.device("/CPU:0"):
+            return ops().sok_ev_nccl_unique_id()
+
+    return bytes(_eager_or_private_graph(make)).hex()
+
+
 # --- Collectives (TensorFlow ops) ------------------------------------------
 
 
-def alltoall(tensor, splits, name=None, exact_name=False):
+def alltoall(tensor, splits, name=None, exact_name=False, received_splits=None, communicator=None):
     """Sends `splits[w]` leading rows of `tensor` to worker w, in order.
 
   Args:
@@ -132,12 +202,33 @@ def alltoall(tensor, splits, name=None, exact_name=False):
       Eager collectives are matched by kind, not name.
     exact_name: the workers match the collective by `name` alone, whatever
       the name scopes or graph around it (so `alltoall_now` can meet it).
+    received_splits: with `communicator`, int32 `[world_size]`: the rows
+      each worker sends here, known in advance (host memory on a GPU).
+    communicator: None (Horovod), or the hex of an NCCL id (`new_nccl_id`,
+      the same on every worker): sok-ev's own NCCL all-to-all on the GPU,
+      which needs `received_splits` and no name. Every worker must run the
+      exchanges of one communicator in the same order (those of one lookup
+      form a chain); SOK_EV_EXCHANGE_TIMEOUT bounds each.
 
   Returns:
     `(received, received_splits)`: the rows from worker 0, then worker 1, ...,
     and how many came from each (int32 `[world_size]`). Differentiable with
     respect to `tensor` (the gradient is the reverse alltoall).
+
+  Raises:
+    ValueError: `communicator` without `received_splits`.
   """
+    if communicator is not None:
+        if received_splits is None:
+            raise ValueError("alltoall: a native exchange (communicator) needs received_splits")
+        received = ops().sok_ev_nccl_alltoall(tensor,
+                                              tf.cast(splits, tf.int32),
+                                              received_splits,
+                                              communicator=communicator,
+                                              rank=rank(),
+                                              world_size=world_size(),
+                                              timeout_seconds=exchange_timeout())
+        return received, received_splits
     return _backend().alltoall(tensor,
                                splits=tf.cast(splits, tf.int32),
                                name=name,
@@ -285,3 +376,17 @@ def shutdown():
     hvd = _horovod()
     if hvd is not None and hvd.is_initialized():
         hvd.shutdown()
+
+
+@tf.RegisterGradient("SokEv>NcclAlltoall")
+def _nccl_alltoall_grad(op, grad):
+    """The reverse exchange on the same communicator: each worker sends back
+  the gradients of the rows it received."""
+    reverse = ops().sok_ev_nccl_alltoall(grad,
+                                         op.inputs[2],
+                                         op.inputs[1],
+                                         communicator=op.get_attr("communicator"),
+                                         rank=op.get_attr("rank"),
+                                         world_size=op.get_attr("world_size"),
+                                         timeout_seconds=op.get_attr("timeout_seconds"))
+    return [reverse, None, None]

@@ -13,7 +13,9 @@ of one call, with W workers:
     received written where the message back to its sender wants it
     --alltoall #2 (float32, all tables together, rows flattened; or bfloat16 /
     float16 with lookup_sparse's exchange_dtype: sok_ev.row_exchange; the
-    rows an owner looked up for itself go beside it, not through it)-->
+    rows an owner looked up for itself go beside it, not through it; over
+    Horovod, or with SOK_EV_ROW_TRANSPORT=nccl sok-ev's own NCCL
+    communicator, one per lookup, made at its build-time check)-->
   each requester combines its samples' rows where they arrived
   (CombineRowMessage).
 
@@ -87,12 +89,21 @@ def lookup_combine(params, unique_keys, counts, combine, exchange_dtype=tf.float
     IndexedSlices.
 
   Raises:
-    ValueError: see `sok_ev.agreement.check_lookup`.
+    ValueError: see `sok_ev.agreement.check_lookup`; or
+      SOK_EV_ROW_TRANSPORT=nccl for tables whose exchange runs on the CPU.
     tf.errors.InvalidArgumentError: at run time, another worker ran another
       lookup or stopped the job (the header check of UnpackKeyMessage).
   """
     exchange_dtype_name = tf.as_dtype(exchange_dtype).name
-    agreement.check_lookup(params, exchange_dtype_name)
+    transport = communication.row_transport()
+    # Pinned to the device a stop message will use (sok_ev.agreement):
+    # Horovod pairs a GPU alltoall only with GPU alltoalls.
+    device = agreement.exchange_device(params)
+    if transport == "nccl" and "GPU" not in device:
+        raise ValueError(f"lookup_sparse: {communication.ROW_TRANSPORT_VARIABLE}=nccl carries "
+                         f"rows between GPUs, but the lookup of {[v.name for v in params]} "
+                         f"exchanges on {device}; unset it for tables on the CPU")
+    communicator = agreement.check_lookup(params, exchange_dtype_name, transport)
     size = communication.world_size()
     dims = [int(v.embedding_dim) for v in params]
     fingerprint = agreement.fingerprint(params, exchange_dtype_name)
@@ -107,9 +118,6 @@ def lookup_combine(params, unique_keys, counts, combine, exchange_dtype=tf.float
                                                               positions,
                                                               owner_counts,
                                                               fingerprint=fingerprint)
-        # Pinned to the device a stop message will use (sok_ev.agreement):
-        # Horovod pairs a GPU alltoall only with GPU alltoalls.
-        device = agreement.exchange_device(params)
         with tf.device(device):
             received_keys, received_splits = communication.alltoall(send_keys,
                                                                     key_splits,
@@ -153,7 +161,7 @@ def lookup_combine(params, unique_keys, counts, combine, exchange_dtype=tf.float
 
         return row_exchange.exchange_and_combine(
             row_exchange.OwnedRows(owned_rows, owned_row_message), sender_counts, owner_counts,
-            positions, dims, exchange_dtype, communication.rank(), combine)
+            positions, dims, exchange_dtype, communication.rank(), combine, communicator)
 
 
 @tf.RegisterGradient("SokEv>PackRowMessage")

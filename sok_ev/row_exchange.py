@@ -116,8 +116,15 @@ class OwnedRows(NamedTuple):
     row_message: object
 
 
-def exchange_and_combine(owned, sender_counts, owner_counts, positions, dims, exchange_dtype,
-                         local_worker, combine):
+def exchange_and_combine(owned,
+                         sender_counts,
+                         owner_counts,
+                         positions,
+                         dims,
+                         exchange_dtype,
+                         local_worker,
+                         combine,
+                         communicator=None):
     """Sends each owner's looked-up rows back to the workers that asked, and
   combines them there into each sample's embedding.
 
@@ -138,6 +145,8 @@ def exchange_and_combine(owned, sender_counts, owner_counts, positions, dims, ex
     exchange_dtype: one of EXCHANGE_DTYPES (check_exchange_dtype).
     local_worker: this worker's rank.
     combine: a Combine of this worker's batch.
+    communicator: None (the messages go through Horovod), or the hex NCCL id
+      of the lookup's native exchange (sok_ev.communication.alltoall).
 
   Returns:
     N float32 `[batch_t, dims[t]]`, differentiable with respect to the owned
@@ -148,7 +157,8 @@ def exchange_and_combine(owned, sender_counts, owner_counts, positions, dims, ex
         # Exact: the registered gradients of the ops (sok_ev.distributed,
         # sok_ev.lookup).
         send_rows, row_splits, local = owned.row_message(local_worker)
-        returned, _ = communication.alltoall(send_rows, row_splits)
+        returned = _alltoall_rows(send_rows, row_splits, owner_counts, dims, local_worker,
+                                  communicator)
         return ops().sok_ev_combine_row_message(returned,
                                                 owner_counts,
                                                 positions,
@@ -162,13 +172,29 @@ def exchange_and_combine(owned, sender_counts, owner_counts, positions, dims, ex
                                                 local_worker=local_worker,
                                                 **combine_attrs)
     rows = _exchange_compressed(owned.rows(), sender_counts, owner_counts, positions, dims,
-                                _MESSAGE_DTYPE[exchange_dtype], local_worker)
+                                _MESSAGE_DTYPE[exchange_dtype], local_worker, communicator)
     return ops().sok_ev_combine_forward(rows, combine.unique_index, combine.order, combine.segments,
                                         combine.row_offsets, combine.weights, **combine_attrs)
 
 
+def _alltoall_rows(message, splits, received_counts, dims, local_worker, communicator):
+    """The row message every worker sent here: over Horovod, or over the
+  lookup's NCCL communicator, whose receiving sizes come from
+  `received_counts` ([N, W], the rows of table t worker w sends here)."""
+    received_splits = None
+    if communicator is not None:
+        received_splits = ops().sok_ev_row_message_splits(received_counts,
+                                                          dims=dims,
+                                                          local_worker=local_worker)
+    received, _ = communication.alltoall(message,
+                                         splits,
+                                         received_splits=received_splits,
+                                         communicator=communicator)
+    return received
+
+
 def _exchange_compressed(values, sender_counts, owner_counts, positions, dims, message_dtype,
-                         local_worker):
+                         local_worker, communicator):
     """The rows of exchange_and_combine, unpacked in unique-key order, through
   16-bit messages both ways: N float32 `[num_unique_t, dims[t]]`."""
     n = len(values)
@@ -179,7 +205,8 @@ def _exchange_compressed(values, sender_counts, owner_counts, positions, dims, m
                                                                row_positions,
                                                                Tmessage=message_dtype,
                                                                local_worker=local_worker)
-        received, _ = communication.alltoall(tf.bitcast(message, _WIRE_DTYPE), splits)
+        received = _alltoall_rows(tf.bitcast(message, _WIRE_DTYPE), splits, received_counts, dims,
+                                  local_worker, communicator)
         return ops().sok_ev_unpack_row_message(tf.bitcast(received, message_dtype),
                                                received_counts,
                                                received_positions,

@@ -24,14 +24,19 @@ then, as far as --budget-s allows (what is skipped is listed in the report):
             the partition, the messages, the owner's deduplication, the
             combines and Horovod's collectives, with nothing to transfer),
             which splits what 2 GPUs add into the pipeline's own work and the
-            rest (transfers, waiting for the peer); -np 2 again per
-            --variants (Horovod's HOROVOD_CYCLE_TIME and
+            rest (transfers, waiting for the peer), and again per
+            --loopback-variants (SOK_EV_ROW_TRANSPORT=nccl: the rows over
+            sok-ev's own NCCL exchange); -np 2 again per --variants
+            (SOK_EV_ROW_TRANSPORT=nccl, Horovod's HOROVOD_CYCLE_TIME and
             HOROVOD_ENABLE_ASYNC_COMPLETION, or lookup_sparse's
             exchange_dtype=bfloat16, the compressed exchange);
+  check     -np 2 with SOK_EV_ROW_TRANSPORT=nccl, against the same 1-GPU run
+            (--no-check-native skips it);
   check     -np 2 with exchange_dtype=bfloat16 (--check-compressed), whose
             first lookup must be within the bfloat16 bound of the 1-GPU one:
             2^-8 * hotness * 0.05 (rows start in [-0.05, 0.05]).
-With --gpus 1 it runs the two -np 1 time launches only.
+With --gpus 1 it runs the -np 1 time launches only (time1, time1_loopback and
+its variants).
 It prints the table (bytes exchanged per GPU per step from the ranks' own
 routing counts; the exchange floor = those bytes ÷ the all-to-all's measured
 rate) and appends it to benchmarks/RESULTS.md (a copy in
@@ -89,11 +94,22 @@ def parse_args(argv=None):
         "--variants",
         # Horovod's async completion: its GPU ops finish once
         # their NCCL work is queued, with no host wait on it.
-        default="HOROVOD_CYCLE_TIME=0.1,exchange_dtype=bfloat16,"
+        default="SOK_EV_ROW_TRANSPORT=nccl,HOROVOD_CYCLE_TIME=0.1,"
+        "SOK_EV_ROW_TRANSPORT=nccl;HOROVOD_CYCLE_TIME=0.1,exchange_dtype=bfloat16,"
         "HOROVOD_CYCLE_TIME=0.1;HOROVOD_ENABLE_ASYNC_COMPLETION=1",
         help="extra 2-GPU runs, each KEY=VALUE[;KEY=VALUE], comma-separated: "
         "exchange_dtype=float32|bfloat16|float16 is lookup_sparse's, any other "
         "key an environment variable")
+    parser.add_argument(
+        "--loopback-variants",
+        default="SOK_EV_ROW_TRANSPORT=nccl",
+        help="extra one-rank pipeline runs (time1_loopback_variantN), environment variables "
+        "KEY=VALUE[;KEY=VALUE], comma-separated")
+    parser.add_argument("--check-native",
+                        action="store_true",
+                        default=True,
+                        help="also run the 2-GPU check with SOK_EV_ROW_TRANSPORT=nccl")
+    parser.add_argument("--no-check-native", dest="check_native", action="store_false")
     parser.add_argument("--check-compressed",
                         default="bfloat16",
                         help="exchange_dtype of a second 2-GPU check against its error bound "
@@ -217,8 +233,10 @@ def run_step(tf, hvd, sok, ops, args, hot, values, batch, rank, size):
             loss = tf.add_n([tf.reduce_sum(e) for e in embeddings])
             train = tf.compat.v1.train.AdagradOptimizer(LR, ACCUMULATOR).minimize(loss)
             kinds = collections.Counter(op.type for op in graph.get_operations()[first_op:])
+            # Horovod's, and sok-ev's own NCCL exchanges (SOK_EV_ROW_TRANSPORT=nccl).
             out["collectives_per_step"] = sum(
-                v for k, v in kinds.items() if k.startswith("Horovod"))
+                v for k, v in kinds.items() if k.startswith("Horovod") or k == "SokEv>NcclAlltoall")
+            out["native_exchanges_per_step"] = kinds.get("SokEv>NcclAlltoall", 0)
             out["ops_per_step"] = sum(kinds.values())
             if args.loopback and not out["collectives_per_step"]:
                 raise RuntimeError(f"--loopback, but the step holds no collective: {sok.__file__} "
@@ -383,10 +401,11 @@ def _largest_relative(values, reference):
         np.max(np.abs(values - reference) / np.maximum(np.abs(reference), 1e-30), initial=0.0))
 
 
-def compare_check(args, gpus):
-    """The 2-GPU losses and lookups against the 1-GPU run of the same global
-  batch; returns {hot: (max relative difference, agreed)}."""
-    one, many = _check_arrays(args, gpus)
+def compare_check(args, gpus, suffix=""):
+    """The 2-GPU losses and lookups (of the check run tagged
+  check{gpus}{suffix}) against the 1-GPU run of the same global batch;
+  returns {hot: (max relative difference, agreed)}."""
+    one, many = _check_arrays(args, gpus, suffix)
     verdict = {}
     for hot in [int(h) for h in args.hotness.split(",")]:
         lookup = one[f"{hot}hot_lookup"]
@@ -423,7 +442,7 @@ def compare_compressed(args, gpus, dtype):
     return verdict
 
 
-def report(args, runs, verdict, compressed=None, skipped=()):
+def report(args, runs, verdict, compressed=None, skipped=(), native_verdict=None):
     gpus = args.gpus
     base = load(args, "time1", 0)
     # Horovod's settings from the environment are part of the command.
@@ -494,10 +513,19 @@ def report(args, runs, verdict, compressed=None, skipped=()):
             line += (f"; {gpus} GPUs take {t2:.2f} ms, {t2 - loop:.2f} ms more: the transfers "
                      f"and the wait for the peer (exchange floor {floors.get(hot, 0.0):.2f} ms)")
         lines.append(line)
+        for tag, variant in runs:
+            if tag.startswith("time1_loopback_variant"):
+                ms = step_ms[hot, tag]
+                lines.append(f"  - with {variant}: {ms:.2f} ms, own work {ms - t1:.2f} ms "
+                             f"({ms - loop:+.2f} ms against Horovod's one-rank exchange)")
     for hot, (worst, agreed) in sorted(verdict.items()):
         lines.append(f"- check, {hot}-hot: {gpus} GPUs on halves of a global batch of "
                      f"{gpus * args.check_batch} vs 1 GPU on all of it, {args.check_steps} "
                      f"steps: largest relative difference {worst:.2e} "
+                     f"({'agree' if agreed else 'DISAGREE'} within {CHECK_RTOL})")
+    for hot, (worst, agreed) in sorted((native_verdict or {}).items()):
+        lines.append(f"- check, {hot}-hot, SOK_EV_ROW_TRANSPORT=nccl: the same comparison, "
+                     f"largest relative difference {worst:.2e} "
                      f"({'agree' if agreed else 'DISAGREE'} within {CHECK_RTOL})")
     if gpus == 1:
         lines.append("- check: not run (it compares 2 GPUs with 1)")
@@ -552,14 +580,25 @@ def main():
     ok = run("time1", 1, "time")
     runs = [("time1", "")]
     loopback = ("time1_loopback", "multi-worker pipeline, one rank")
+
+    def run_loopback_variants(optional):
+        for number, variant in enumerate(filter(None, args.loopback_variants.split(","))):
+            tag = f"time1_loopback_variant{number}"
+            env = dict(kv.split("=", 1) for kv in variant.split(";"))
+            if run(tag, 1, "time", optional=optional, env=env, loopback=True):
+                runs.append((tag, variant))
+
     if args.gpus == 1:
         if ok and run(loopback[0], 1, "time", loopback=True):
             runs.append(loopback)
+        if ok:
+            run_loopback_variants(optional=False)
         if not ok:
             print("the timed launch failed: nothing to report", flush=True)
             return 1
-        report(args, runs, {})
-        return 0 if len(runs) == 2 else 1
+        report(args, runs, {}, skipped=skipped)
+        expected = 2 + len(list(filter(None, args.loopback_variants.split(","))))
+        return 0 if len(runs) == expected else 1
     # What the target needs first (the scaled run and the 2-vs-1 check), then
     # what explains it, as far as the budget goes.
     ok = ok and run(f"time{args.gpus}", args.gpus, "time")
@@ -568,8 +607,16 @@ def main():
     if run("check1", 1, "check", streams=args.gpus) and run(f"check{args.gpus}", args.gpus,
                                                             "check"):
         verdict = compare_check(args, args.gpus)
+    native_verdict = {}
+    if verdict and args.check_native and run(f"check{args.gpus}_nccl",
+                                             args.gpus,
+                                             "check",
+                                             optional=True,
+                                             env={"SOK_EV_ROW_TRANSPORT": "nccl"}):
+        native_verdict = compare_check(args, args.gpus, "_nccl")
     if ok and run(loopback[0], 1, "time", optional=True, loopback=True):
         runs.append(loopback)
+        run_loopback_variants(optional=True)
     for number, variant in enumerate(filter(None, args.variants.split(","))):
         env = dict(kv.split("=", 1) for kv in variant.split(";"))
         # lookup_sparse's option; every other key is an environment variable.
@@ -585,9 +632,10 @@ def main():
     if not ok:
         print("the timed launches failed: nothing to report", flush=True)
         return 1
-    report(args, runs, verdict, compressed, skipped)
+    report(args, runs, verdict, compressed, skipped, native_verdict)
     within = all(worst <= bound for worst, bound, _ in compressed.values())
-    return 0 if verdict and within and all(agreed for _, agreed in verdict.values()) else 1
+    agreed = all(agreed for _, agreed in list(verdict.values()) + list(native_verdict.values()))
+    return 0 if verdict and within and agreed else 1
 
 
 if __name__ == "__main__":

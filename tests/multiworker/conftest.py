@@ -4,6 +4,8 @@
 size (1, 2 and 3 workers) for every case of `harness.CASES[workers]` and the guard
 checks, and caches the result for the session, so the tests of
 test_model_parallel.py and test_guards.py share a few launches.
+`lookup_run(workers, "nccl")` is the same launch with the rows carried by
+sok-ev's own NCCL exchange (SOK_EV_ROW_TRANSPORT=nccl; GPUs only).
 """
 import os
 import sys
@@ -21,15 +23,17 @@ import harness  # noqa: E402  pylint: disable=wrong-import-position
 def lookup_run():
     launches = {}
 
-    def run(workers):
+    def run(workers, row_transport="horovod"):
         harness.require_horovodrun()
-        if workers not in launches:
-            launches[workers] = harness.launch(os.path.join(HERE, "lookup_worker.py"),
-                                               workers,
-                                               ["--cases", ",".join(harness.CASES[workers])] +
-                                               (["--guards"] if workers == 2 else []),
-                                               timeout=harness.LAUNCH_TIMEOUT)
-        result = launches[workers]
+        if (workers, row_transport) not in launches:
+            launches[workers,
+                     row_transport] = harness.launch(os.path.join(HERE, "lookup_worker.py"),
+                                                     workers,
+                                                     ["--cases", ",".join(harness.CASES[workers])] +
+                                                     (["--guards"] if workers == 2 else []),
+                                                     timeout=harness.LAUNCH_TIMEOUT,
+                                                     env={"SOK_EV_ROW_TRANSPORT": row_transport})
+        result = launches[workers, row_transport]
         assert not result.timed_out, (
             f"{workers}-worker launch exceeded {harness.LAUNCH_TIMEOUT}s:\n"
             f"{result.tail()}")

@@ -79,6 +79,9 @@ def run_graph(scenario, targets_gpu):
         _state["keys_are_unique"] = [
             flag for op in applies for flag in op.get_attr("keys_are_unique")
         ]
+        # Forward and backward row exchanges over sok-ev's own NCCL op.
+        _state["nccl_exchanges"] = sum(
+            op.type == "SokEv>NcclAlltoall" for op in graph.get_operations())
         _state["key_messages"] = sum(
             op.type == "SokEv>PackKeyMessage" for op in graph.get_operations())
         losses, embs = [], []
@@ -165,6 +168,7 @@ def record_case(results, case):
     if mode == "graph":
         results[f"{case}/keys_are_unique"] = np.array(_state.pop("keys_are_unique"))
         results[f"{case}/key_messages"] = np.array(_state.pop("key_messages"))
+        results[f"{case}/nccl_exchanges"] = np.array(_state.pop("nccl_exchanges"))
 
 
 def _message_of(build):

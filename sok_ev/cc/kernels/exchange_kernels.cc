@@ -748,6 +748,41 @@ class FindOrInsertRowMessageGradOp : public OpKernel {
   int local_worker_;
 };
 
+// Host only: the counts and the splits are host memory on both devices.
+class RowMessageSplitsOp : public OpKernel {
+ public:
+  explicit RowMessageSplitsOp(OpKernelConstruction* context) : OpKernel(context) {
+    OP_REQUIRES_OK(context, context->GetAttr("dims", &dims_));
+    OP_REQUIRES_OK(context, context->GetAttr("local_worker", &local_worker_));
+  }
+
+  void Compute(OpKernelContext* context) override {
+    const int n = static_cast<int>(dims_.size());
+    std::vector<int64_t> counts, message_counts;
+    int num_workers;
+    OP_REQUIRES_OK(context, ReadCounts(context->input(0), n, &counts, &num_workers));
+    OP_REQUIRES_OK(context, MessageCounts(counts, num_workers, local_worker_, &message_counts));
+    OP_REQUIRES_OK(
+        context,
+        WriteSplits(context, PlanMessage(message_counts.data(), n, num_workers, dims_.data(), 0),
+                    1));
+  }
+
+ private:
+  std::vector<int64_t> dims_;
+  int local_worker_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("SokEv>RowMessageSplits").Device(tensorflow::DEVICE_CPU),
+                        RowMessageSplitsOp);
+#if GOOGLE_CUDA
+REGISTER_KERNEL_BUILDER(Name("SokEv>RowMessageSplits")
+                            .Device(tensorflow::DEVICE_GPU)
+                            .HostMemory("counts")
+                            .HostMemory("splits"),
+                        RowMessageSplitsOp);
+#endif
+
 #define SOK_EV_REGISTER_CPU(name, kernel) \
   REGISTER_KERNEL_BUILDER(Name("SokEv>" name).Device(tensorflow::DEVICE_CPU), kernel<CPUDevice>)
 SOK_EV_REGISTER_CPU("PackKeyMessage", PackKeyMessageOp);

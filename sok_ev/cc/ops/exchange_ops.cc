@@ -122,6 +122,23 @@ REGISTER_OP("SokEv>PackRowMessage")
         "its counts[t, k] rows of table t, float32 and exact (without positions "
         "a view of rows[t], no copy); with -1, every local[t] is empty.");
 
+REGISTER_OP("SokEv>RowMessageSplits")
+    .Input("counts: int64")
+    .Output("splits: int32")
+    .Attr("dims: list(int)")
+    .Attr("local_worker: int = -1")
+    .SetShapeFn([](InferenceContext* c) {
+      tensorflow::shape_inference::ShapeHandle counts;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &counts));
+      c->set_output(0, c->Vector(c->Dim(counts, 1)));
+      return absl::OkStatus();
+    })
+    .Doc(
+        "The splits (elements per worker) of a row message laid out by counts "
+        "[N, W] with rows dims[t] wide, worker local_worker's block left out: "
+        "PackRowMessage's splits output, computed from the counts alone. The "
+        "receiving end of a row exchange knows what will arrive this way.");
+
 REGISTER_OP("SokEv>UnpackRowMessage")
     .Input("message: Tmessage")
     .Input("counts: int64")

@@ -1,0 +1,143 @@
+"""The native GPU transport of the row messages (SOK_EV_ROW_TRANSPORT=nccl):
+sok-ev's own NCCL all-to-all (sok_ev/cc/ops/nccl_ops.cc) in one process.
+
+Pinned down here, on one worker:
+* the receiving end of a row message knows its splits from its counts alone
+  (RowMessageSplits equals PackRowMessage's splits, NumPy's sums, the local
+  worker's block left out), on any device;
+* the transport's settings are checked, naming the variable and the value;
+* on a GPU, NcclAlltoall over a one-worker communicator returns the rows it
+  sent to itself, bit for bit, for every dtype the row messages use, rows of
+  any width and none; its gradient is the reverse exchange; splits that do
+  not match the tensor, and a malformed communicator, fail naming them.
+Two or more workers: tests/multiworker/test_native_exchange.py.
+"""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from sok_ev import communication
+from sok_ev._ops import ops
+
+GPU = bool(tf.config.list_physical_devices("GPU"))
+needs_gpu = pytest.mark.skipif(not GPU, reason="NCCL carries GPU tensors; the device run has one")
+
+
+@pytest.mark.parametrize("local_worker", [-1, 0, 2])
+def test_row_message_splits_are_the_packed_messages_splits(rng, local_worker):
+    workers, dims = 3, [4, 1, 16]
+    counts = rng.integers(0, 5, size=(len(dims), workers)).astype(np.int64)
+    counts[1] = 0  # a table nobody asked for
+    rows = [
+        rng.standard_normal((int(counts[t].sum()), d)).astype(np.float32)
+        for t, d in enumerate(dims)
+    ]
+    splits = ops().sok_ev_row_message_splits(counts, dims=dims, local_worker=local_worker)
+    _, packed_splits, _ = ops().sok_ev_pack_row_message(rows, counts, [], local_worker=local_worker)
+    expected = (counts * np.array(dims)[:, None]).sum(axis=0)
+    if local_worker >= 0:
+        expected[local_worker] = 0
+    np.testing.assert_array_equal(splits.numpy(), expected)
+    np.testing.assert_array_equal(packed_splits.numpy(), expected)
+
+
+def test_row_message_splits_refuse_counts_of_other_tables():
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"counts must be \[2, num_workers\]"):
+        ops().sok_ev_row_message_splits(np.zeros((3, 2), np.int64), dims=[4, 4])
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"local_worker must be -1 or in"):
+        ops().sok_ev_row_message_splits(np.zeros((1, 2), np.int64), dims=[4], local_worker=2)
+
+
+def test_row_transport_defaults_to_horovod_and_names_a_wrong_value(monkeypatch):
+    monkeypatch.delenv(communication.ROW_TRANSPORT_VARIABLE, raising=False)
+    assert communication.row_transport() == "horovod"
+    monkeypatch.setenv(communication.ROW_TRANSPORT_VARIABLE, "nccl")
+    assert communication.row_transport() == "nccl"
+    monkeypatch.setenv(communication.ROW_TRANSPORT_VARIABLE, "mpi")
+    with pytest.raises(ValueError,
+                       match=r"SOK_EV_ROW_TRANSPORT must be one of horovod, nccl, "
+                       r"got 'mpi'"):
+        communication.row_transport()
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "soon"])
+def test_exchange_timeout_must_be_a_positive_number(monkeypatch, value):
+    monkeypatch.setenv(communication.EXCHANGE_TIMEOUT_VARIABLE, value)
+    with pytest.raises(ValueError,
+                       match=f"SOK_EV_EXCHANGE_TIMEOUT must be a positive number of "
+                       f"seconds, got '{value}'"):
+        communication.exchange_timeout()
+    monkeypatch.setenv(communication.EXCHANGE_TIMEOUT_VARIABLE, "2.5")
+    assert communication.exchange_timeout() == 2.5
+
+
+def test_a_native_exchange_needs_the_receiving_splits():
+    with pytest.raises(ValueError, match="needs received_splits"):
+        communication.alltoall(tf.zeros([2]), [2], communicator="00" * 128)
+
+
+@pytest.fixture(scope="module")
+def one_worker_communicator():
+    if not GPU:
+        pytest.skip("NCCL carries GPU tensors; the device run has one")
+    return communication.new_nccl_id()
+
+
+def _self_exchange(tensor, communicator, splits=None, received_splits=None):
+    rows = int(tensor.shape[0])
+    with tf.device("/GPU:0"):
+        return ops().sok_ev_nccl_alltoall(tensor, [rows] if splits is None else splits,
+                                          [rows] if received_splits is None else received_splits,
+                                          communicator=communicator,
+                                          rank=0,
+                                          world_size=1,
+                                          timeout_seconds=30.0)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype,shape", [(np.float32, (37, 128)), (np.float32, (1000,)),
+                                         (np.int64, (19, 2)), (np.float16, (8, 3)),
+                                         (np.uint16, (5, 7)), (np.float32, (0, 64))])
+def test_one_worker_receives_exactly_what_it_sent_itself(one_worker_communicator, rng, dtype,
+                                                         shape):
+    if np.issubdtype(dtype, np.floating):
+        values = rng.standard_normal(shape).astype(dtype)
+    else:
+        values = rng.integers(-2**15 if dtype != np.uint16 else 0, 2**15, size=shape).astype(dtype)
+    received = _self_exchange(tf.constant(values), one_worker_communicator)
+    assert received.device.endswith("GPU:0")
+    assert received.dtype == values.dtype and tuple(received.shape) == shape
+    np.testing.assert_array_equal(received.numpy(), values)
+
+
+@needs_gpu
+def test_the_gradient_is_the_reverse_exchange(one_worker_communicator, rng):
+    values = tf.constant(rng.standard_normal((11, 16)).astype(np.float32))
+    upstream = rng.standard_normal((11, 16)).astype(np.float32)
+    with tf.GradientTape() as tape:
+        tape.watch(values)
+        received, _ = communication.alltoall(values, [11],
+                                             received_splits=tf.constant([11], tf.int32),
+                                             communicator=one_worker_communicator)
+        loss = tf.reduce_sum(received * upstream)
+    np.testing.assert_array_equal(tape.gradient(loss, values).numpy(), upstream)
+
+
+@needs_gpu
+def test_splits_that_do_not_cover_the_tensor_fail_naming_them(one_worker_communicator):
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="splits sum to 3 rows, but tensor has 4"):
+        _self_exchange(tf.zeros([4, 2]), one_worker_communicator, splits=[3])
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"received_splits must have one entry per worker \(1\)"):
+        _self_exchange(tf.zeros([4, 2]), one_worker_communicator, received_splits=[2, 2])
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"splits\[0\] is negative: -1"):
+        _self_exchange(tf.zeros([0, 2]), one_worker_communicator, splits=[-1], received_splits=[0])
+
+
+@needs_gpu
+def test_a_malformed_communicator_fails_naming_it():
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="communicator must be the hex of a "
+                       "128-byte NCCL unique id"):
+        _self_exchange(tf.zeros([1]), "abc")
