@@ -9,9 +9,13 @@ Pinned down here, on one worker:
 * on a GPU, NcclAlltoall over a one-worker communicator returns the rows it
   sent to itself, bit for bit, for every dtype the row messages use, rows of
   any width and none; its gradient is the reverse exchange; splits that do
-  not match the tensor, and a malformed communicator, fail naming them.
+  not match the tensor, and a malformed communicator, fail naming them; a
+  second worker that never comes makes the exchange fail within its timeout.
 Two or more workers: tests/multiworker/test_native_exchange.py.
 """
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -141,3 +145,41 @@ def test_a_malformed_communicator_fails_naming_it():
                        match="communicator must be the hex of a "
                        "128-byte NCCL unique id"):
         _self_exchange(tf.zeros([1]), "abc")
+
+
+_WORKER_THAT_NEVER_COMES = """
+import sys, time
+import tensorflow as tf
+from sok_ev import communication
+from sok_ev._ops import ops
+started = time.monotonic()
+try:
+    with tf.device("/GPU:0"):
+        ops().sok_ev_nccl_alltoall(tf.zeros([2]), [1, 1], [1, 1],
+                                   communicator=communication.new_nccl_id(), rank=0,
+                                   world_size=2, timeout_seconds=3.0)
+except tf.errors.OpError as error:
+    print("FAILED AFTER", round(time.monotonic() - started, 1), "S:", error.message, flush=True)
+    import os
+    os._exit(0)  # the thread still inside ncclCommInitRank is not joined
+print("NO ERROR", flush=True)
+"""
+
+
+@needs_gpu
+def test_a_worker_that_never_joins_fails_the_exchange_within_its_timeout():
+    """Worker 0 of 2 runs the exchange; worker 1 never starts: the
+  communicator is not made, and the op fails after timeout_seconds (3 s)
+  naming the cause, instead of waiting forever."""
+    run = subprocess.run([sys.executable, "-c", _WORKER_THAT_NEVER_COMES],
+                         capture_output=True,
+                         text=True,
+                         timeout=120,
+                         check=False)
+    assert "FAILED AFTER" in run.stdout, run.stdout + run.stderr
+    line = next(text for text in run.stdout.splitlines() if text.startswith("FAILED AFTER"))
+    seconds = float(line.split()[2])
+    assert 2.5 <= seconds < 30, line
+    assert ("worker 0 of 2: the other workers did not join the NCCL communicator within 3"
+            in line), line
+    assert "SOK_EV_EXCHANGE_TIMEOUT" in line, line
