@@ -14,11 +14,19 @@ The driver (no arguments) launches, one after the other, each under
   time      -np 1, then -np 2: ms per step, steps/s, samples/s, the
             collectives the step's graph holds, and, on 2 GPUs, one
             exchange's all-to-all alone (the rows of one step, `hvd.alltoall`
-            on the GPU);
+            on the GPU, or sok-ev's NCCL exchange when the run sets
+            SOK_EV_ROW_TRANSPORT=nccl);
   check     -np 1 on the global batch of 2 workers (both streams, one after the
             other), then -np 2 on their halves, --check-steps steps at a small
             shape: the losses and the final lookup must agree (rtol 1e-5);
 then, as far as --budget-s allows (what is skipped is listed in the report):
+  time      -np 2 again per --variants, first (SOK_EV_ROW_TRANSPORT=nccl: the
+            rows over sok-ev's own NCCL exchange, alone and compressed;
+            lookup_sparse's exchange_dtype=bfloat16; Horovod's
+            HOROVOD_ENABLE_ASYNC_COMPLETION; run the whole command with
+            HOROVOD_CYCLE_TIME=0.1 for the key exchange's sake);
+  check     -np 2 with SOK_EV_ROW_TRANSPORT=nccl, against the same 1-GPU run
+            (--no-check-native skips it);
   time      -np 1 again running the multi-worker pipeline over a one-rank
             exchange (time1_loopback; sok_ev.lookup.exchange_on_one_worker:
             the partition, the messages, the owner's deduplication, the
@@ -26,12 +34,7 @@ then, as far as --budget-s allows (what is skipped is listed in the report):
             which splits what 2 GPUs add into the pipeline's own work and the
             rest (transfers, waiting for the peer), and again per
             --loopback-variants (SOK_EV_ROW_TRANSPORT=nccl: the rows over
-            sok-ev's own NCCL exchange); -np 2 again per --variants
-            (SOK_EV_ROW_TRANSPORT=nccl, Horovod's HOROVOD_CYCLE_TIME and
-            HOROVOD_ENABLE_ASYNC_COMPLETION, or lookup_sparse's
-            exchange_dtype=bfloat16, the compressed exchange);
-  check     -np 2 with SOK_EV_ROW_TRANSPORT=nccl, against the same 1-GPU run
-            (--no-check-native skips it);
+            sok-ev's own NCCL exchange);
   check     -np 2 with exchange_dtype=bfloat16 (--check-compressed), whose
             first lookup must be within the bfloat16 bound of the 1-GPU one:
             2^-8 * hotness * 0.05 (rows start in [-0.05, 0.05]).
@@ -94,9 +97,8 @@ def parse_args(argv=None):
         "--variants",
         # Horovod's async completion: its GPU ops finish once
         # their NCCL work is queued, with no host wait on it.
-        default="SOK_EV_ROW_TRANSPORT=nccl,HOROVOD_CYCLE_TIME=0.1,"
-        "SOK_EV_ROW_TRANSPORT=nccl;HOROVOD_CYCLE_TIME=0.1,exchange_dtype=bfloat16,"
-        "HOROVOD_CYCLE_TIME=0.1;HOROVOD_ENABLE_ASYNC_COMPLETION=1",
+        default="SOK_EV_ROW_TRANSPORT=nccl,SOK_EV_ROW_TRANSPORT=nccl;exchange_dtype=bfloat16,"
+        "exchange_dtype=bfloat16,HOROVOD_ENABLE_ASYNC_COMPLETION=1",
         help="extra 2-GPU runs, each KEY=VALUE[;KEY=VALUE], comma-separated: "
         "exchange_dtype=float32|bfloat16|float16 is lookup_sparse's, any other "
         "key an environment variable")
@@ -295,7 +297,8 @@ def run_step(tf, hvd, sok, ops, args, hot, values, batch, rank, size):
 def alltoall_alone(tf, hvd, ops, sess, batch_values, size, exchange_dtype):
     """One step's row exchange alone: this rank's unique keys per owner (the
   lookup's own routing, PartitionByOwner), as rows of dim 128 sent with
-  hvd.alltoall on this rank's device: float32, or float16 for a compressed
+  hvd.alltoall on this rank's device (or sok-ev's NCCL exchange with
+  SOK_EV_ROW_TRANSPORT=nccl): float32, or float16 for a compressed
   exchange (what its 16-bit messages travel as). Like the lookup's row
   message, it leaves out the rows this rank owns itself. Returns the op and
   the rows of this rank's keys each worker owns, its own included."""
@@ -310,9 +313,23 @@ def alltoall_alone(tf, hvd, ops, sess, batch_values, size, exchange_dtype):
     wire = tf.float32 if exchange_dtype == "float32" else tf.float16
     rows = tf.Variable(tf.zeros([int(sent_to.sum()), DIM], wire), trainable=False, name="ws_rows")
     sess.run(rows.initializer)
-    received = hvd.alltoall(rows.read_value(),
-                            splits=tf.constant(sent_to, tf.int32),
-                            name="ws_rows_alone")
+    from sok_ev import communication  # pylint: disable=import-outside-toplevel
+    if communication.row_transport() == "nccl":
+        # The transport the step's rows take: sok-ev's own NCCL exchange,
+        # which is told what arrives from whom, and worker 0's communicator.
+        everyone = communication.allgather_object({
+            "sent_to": sent_to.tolist(),
+            "id": communication.new_nccl_id() if hvd.rank() == 0 else None
+        })
+        received, _ = communication.alltoall(
+            rows.read_value(),
+            tf.constant(sent_to, tf.int32),
+            received_splits=tf.constant([e["sent_to"][hvd.rank()] for e in everyone], tf.int32),
+            communicator=everyone[0]["id"])
+    else:
+        received = hvd.alltoall(rows.read_value(),
+                                splits=tf.constant(sent_to, tf.int32),
+                                name="ws_rows_alone")
     return tf.reduce_sum(received[:1]), rows_to.tolist()
 
 
@@ -607,6 +624,15 @@ def main():
     if run("check1", 1, "check", streams=args.gpus) and run(f"check{args.gpus}", args.gpus,
                                                             "check"):
         verdict = compare_check(args, args.gpus)
+    # The variants first: the native exchange leads them.
+    for number, variant in enumerate(filter(None, args.variants.split(","))):
+        env = dict(kv.split("=", 1) for kv in variant.split(";"))
+        # lookup_sparse's option; every other key is an environment variable.
+        exchange_dtype = env.pop("exchange_dtype", "float32")
+        tag = f"variant{number}"
+        if ok and run(tag, args.gpus, "time", optional=True, env=env,
+                      exchange_dtype=exchange_dtype):
+            runs.append((tag, variant))
     native_verdict = {}
     if verdict and args.check_native and run(f"check{args.gpus}_nccl",
                                              args.gpus,
@@ -617,14 +643,6 @@ def main():
     if ok and run(loopback[0], 1, "time", optional=True, loopback=True):
         runs.append(loopback)
         run_loopback_variants(optional=True)
-    for number, variant in enumerate(filter(None, args.variants.split(","))):
-        env = dict(kv.split("=", 1) for kv in variant.split(";"))
-        # lookup_sparse's option; every other key is an environment variable.
-        exchange_dtype = env.pop("exchange_dtype", "float32")
-        tag = f"variant{number}"
-        if ok and run(tag, args.gpus, "time", optional=True, env=env,
-                      exchange_dtype=exchange_dtype):
-            runs.append((tag, variant))
     dtype = args.check_compressed
     if verdict and dtype and run(
             f"check{args.gpus}_{dtype}", args.gpus, "check", optional=True, exchange_dtype=dtype):
