@@ -21,7 +21,9 @@ The driver (no arguments) launches, one after the other, each under
             shape: the losses and the final lookup must agree (rtol 1e-5);
 then, as far as --budget-s allows (what is skipped is listed in the report):
   time      -np 2 again per --variants, first (SOK_EV_ROW_TRANSPORT=nccl: the
-            rows over sok-ev's own NCCL exchange, alone and compressed;
+            rows over sok-ev's own NCCL exchange, alone, with the tables in
+            two lookups (--lookup-groups: one group's exchange beside the other's
+            lookup) and compressed;
             lookup_sparse's exchange_dtype=bfloat16; Horovod's
             HOROVOD_ENABLE_ASYNC_COMPLETION; run the whole command with
             HOROVOD_CYCLE_TIME=0.1 for the key exchange's sake);
@@ -97,16 +99,18 @@ def parse_args(argv=None):
         "--variants",
         # Horovod's async completion: its GPU ops finish once
         # their NCCL work is queued, with no host wait on it.
-        default="SOK_EV_ROW_TRANSPORT=nccl,SOK_EV_ROW_TRANSPORT=nccl;exchange_dtype=bfloat16,"
-        "exchange_dtype=bfloat16,HOROVOD_ENABLE_ASYNC_COMPLETION=1",
+        default="SOK_EV_ROW_TRANSPORT=nccl,SOK_EV_ROW_TRANSPORT=nccl;lookup_groups=2,"
+        "SOK_EV_ROW_TRANSPORT=nccl;exchange_dtype=bfloat16,exchange_dtype=bfloat16,"
+        "HOROVOD_ENABLE_ASYNC_COMPLETION=1",
         help="extra 2-GPU runs, each KEY=VALUE[;KEY=VALUE], comma-separated: "
-        "exchange_dtype=float32|bfloat16|float16 is lookup_sparse's, any other "
-        "key an environment variable")
+        "exchange_dtype=float32|bfloat16|float16 is lookup_sparse's, lookup_groups=G "
+        "--lookup-groups, any other key an environment variable")
     parser.add_argument(
         "--loopback-variants",
-        default="SOK_EV_ROW_TRANSPORT=nccl",
-        help="extra one-rank pipeline runs (time1_loopback_variantN), environment variables "
-        "KEY=VALUE[;KEY=VALUE], comma-separated")
+        default="SOK_EV_ROW_TRANSPORT=nccl,SOK_EV_ROW_TRANSPORT=nccl;lookup_groups=2",
+        help="extra one-rank pipeline runs (time1_loopback_variantN), KEY=VALUE[;KEY=VALUE], "
+        "comma-separated: lookup_groups=G is --lookup-groups, any other key an environment "
+        "variable")
     parser.add_argument("--check-native",
                         action="store_true",
                         default=True,
@@ -140,6 +144,13 @@ def parse_args(argv=None):
     parser.add_argument("--loopback",
                         action="store_true",
                         help="one rank runs the multi-worker pipeline (exchange_on_one_worker)")
+    parser.add_argument("--lookup-groups",
+                        type=int,
+                        default=1,
+                        help="the rank's step looks its tables up in this many lookup_sparse "
+                        "calls (consecutive tables each): with SOK_EV_ROW_TRANSPORT=nccl each "
+                        "has its own communicator, so one group's exchange can run beside "
+                        "another's lookup")
     parser.add_argument("--exchange-dtype",
                         default="float32",
                         choices=sorted(ELEMENT_BYTES),
@@ -228,10 +239,11 @@ def run_step(tf, hvd, sok, ops, args, hot, values, batch, rank, size):
                 tf.SparseTensor(where, values_var[index][t], [batch, hot]) for t in range(TABLES)
             ]
             first_op = len(graph.get_operations())
-            embeddings = sok.lookup_sparse(tables,
-                                           ids,
-                                           combiners=["sum"] * TABLES,
-                                           exchange_dtype=args.exchange_dtype)
+            embeddings = []
+            for group in np.array_split(np.arange(TABLES), args.lookup_groups):
+                embeddings += sok.lookup_sparse([tables[t] for t in group], [ids[t] for t in group],
+                                                combiners=["sum"] * len(group),
+                                                exchange_dtype=args.exchange_dtype)
             loss = tf.add_n([tf.reduce_sum(e) for e in embeddings])
             train = tf.compat.v1.train.AdagradOptimizer(LR, ACCUMULATOR).minimize(loss)
             kinds = collections.Counter(op.type for op in graph.get_operations()[first_op:])
@@ -352,7 +364,15 @@ def horovodrun():
     return local if os.path.exists(local) else shutil.which("horovodrun")
 
 
-def launch(args, gpus, mode, tag, env=None, streams=0, exchange_dtype="float32", loopback=False):
+def launch(args,
+           gpus,
+           mode,
+           tag,
+           env=None,
+           streams=0,
+           exchange_dtype="float32",
+           loopback=False,
+           lookup_groups=1):
     """Runs this script's ranks under horovodrun; True when every rank wrote its
   JSON."""
     rank = [sys.executable] if args.dry_run_on_cpu else [ONE_GPU_PER_RANK, sys.executable]
@@ -360,7 +380,8 @@ def launch(args, gpus, mode, tag, env=None, streams=0, exchange_dtype="float32",
         horovodrun(), "--gloo", "-np",
         str(gpus), "-H", f"localhost:{gpus}", *rank, __file__, *sys.argv[1:], "--worker", mode,
         "--tag", tag, "--streams",
-        str(streams), "--exchange-dtype", exchange_dtype
+        str(streams), "--exchange-dtype", exchange_dtype, "--lookup-groups",
+        str(lookup_groups)
     ] + (["--loopback"] if loopback else [])
     if mode == "check":
         command += ["--batch", str(args.check_batch), "--rows", str(args.check_rows)]
@@ -602,7 +623,8 @@ def main():
         for number, variant in enumerate(filter(None, args.loopback_variants.split(","))):
             tag = f"time1_loopback_variant{number}"
             env = dict(kv.split("=", 1) for kv in variant.split(";"))
-            if run(tag, 1, "time", optional=optional, env=env, loopback=True):
+            groups = int(env.pop("lookup_groups", 1))
+            if run(tag, 1, "time", optional=optional, env=env, loopback=True, lookup_groups=groups):
                 runs.append((tag, variant))
 
     if args.gpus == 1:
@@ -629,9 +651,15 @@ def main():
         env = dict(kv.split("=", 1) for kv in variant.split(";"))
         # lookup_sparse's option; every other key is an environment variable.
         exchange_dtype = env.pop("exchange_dtype", "float32")
+        groups = int(env.pop("lookup_groups", 1))
         tag = f"variant{number}"
-        if ok and run(tag, args.gpus, "time", optional=True, env=env,
-                      exchange_dtype=exchange_dtype):
+        if ok and run(tag,
+                      args.gpus,
+                      "time",
+                      optional=True,
+                      env=env,
+                      exchange_dtype=exchange_dtype,
+                      lookup_groups=groups):
             runs.append((tag, variant))
     native_verdict = {}
     if verdict and args.check_native and run(f"check{args.gpus}_nccl",
