@@ -11,7 +11,7 @@ Pinned down here, on one worker:
   any width and none; its gradient is the reverse exchange; splits that do
   not match the tensor, and a malformed communicator, fail naming them; a
   second worker that never comes makes the exchange fail within its timeout.
-Two or more workers: tests/multiworker/test_native_exchange.py.
+Two or more workers: tests/multiworker/test_native_exchange_workers.py.
 """
 import subprocess
 import sys

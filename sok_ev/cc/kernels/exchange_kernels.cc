@@ -759,7 +759,7 @@ class RowMessageSplitsOp : public OpKernel {
   void Compute(OpKernelContext* context) override {
     const int n = static_cast<int>(dims_.size());
     std::vector<int64_t> counts, message_counts;
-    int num_workers;
+    int num_workers = 0;
     OP_REQUIRES_OK(context, ReadCounts(context->input(0), n, &counts, &num_workers));
     OP_REQUIRES_OK(context, MessageCounts(counts, num_workers, local_worker_, &message_counts));
     OP_REQUIRES_OK(
