@@ -94,16 +94,7 @@ def fingerprint(params, exchange_dtype="float32"):
 
 
 def _timeout():
-    value = os.environ.get(TIMEOUT_VARIABLE)
-    if not value:
-        return DEFAULT_TIMEOUT_SECONDS
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = -1
-    if seconds <= 0:
-        raise ValueError(f"{TIMEOUT_VARIABLE} must be a positive number of seconds, got {value!r}")
-    return seconds
+    return communication.seconds_setting(TIMEOUT_VARIABLE, DEFAULT_TIMEOUT_SECONDS)
 
 
 def _call_site():

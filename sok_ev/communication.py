@@ -148,6 +148,26 @@ def row_transport():
     return value
 
 
+def seconds_setting(variable, default):
+    """The environment variable `variable` as a number of seconds, or
+  `default` when it is unset or empty.
+
+  Raises:
+    ValueError: the variable is not a positive number (the message names it
+      and its value).
+  """
+    value = os.environ.get(variable)
+    if not value:
+        return default
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1
+    if not seconds > 0:  # NaN too
+        raise ValueError(f"{variable} must be a positive number of seconds, got {value!r}")
+    return seconds
+
+
 def exchange_timeout():
     """SOK_EV_EXCHANGE_TIMEOUT in seconds (default 60): how long a native
   exchange may take before it fails, and aborts its communicator.
@@ -155,17 +175,7 @@ def exchange_timeout():
   Raises:
     ValueError: the variable is not a positive number.
   """
-    value = os.environ.get(EXCHANGE_TIMEOUT_VARIABLE)
-    if not value:
-        return DEFAULT_EXCHANGE_TIMEOUT_SECONDS
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = -1
-    if not seconds > 0:
-        raise ValueError(
-            f"{EXCHANGE_TIMEOUT_VARIABLE} must be a positive number of seconds, got {value!r}")
-    return seconds
+    return seconds_setting(EXCHANGE_TIMEOUT_VARIABLE, DEFAULT_EXCHANGE_TIMEOUT_SECONDS)
 
 
 def new_nccl_id():

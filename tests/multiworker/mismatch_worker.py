@@ -5,10 +5,13 @@
 Rank 1 builds table "t1" with embedding_dim 8 where the others use 4 (graph
 mode), then "t2" with target_gpu 0 where the others use -1 (eager), then a
 lookup of "t3" with exchange_dtype bfloat16 where the others use float16
-(eager). Each rank records the ValueError message of each lookup ("" if
+(eager), and, on GPUs, a lookup of "t4" with SOK_EV_ROW_TRANSPORT=nccl where
+the others use Horovod (eager; on CPU workers the transport is refused before
+the check). Each rank records the ValueError message of each lookup ("" if
 none).
 """
 import argparse
+import os
 
 import tensorflow as tf
 import horovod.tensorflow as hvd
@@ -46,6 +49,10 @@ def main():
     results["target_gpu"] = message_of(lambda: lookup("t2", 4, 0 if RANK == 1 else -1))
     results["exchange_dtype"] = message_of(lambda: lookup("t3", 4, -1, "bfloat16"
                                                           if RANK == 1 else "float16"))
+    if tf.config.list_physical_devices("GPU"):
+        os.environ["SOK_EV_ROW_TRANSPORT"] = "nccl" if RANK == 1 else "horovod"
+        results["row_transport"] = message_of(lambda: lookup("t4", 4, -1))
+        del os.environ["SOK_EV_ROW_TRANSPORT"]
     harness.save_rank_results(args.out, RANK, results)
 
 

@@ -1,6 +1,7 @@
 """Failures end every worker in bounded time, with a clear message.
 
-* Mismatch: workers that built different tables fail at the first lookup,
+* Mismatch: workers that built different tables (or chose different
+  exchange dtypes or, on GPUs, row transports) fail at the first lookup,
   every one of them, with a ValueError naming the table, the field and both
   values -- before any exchange that could hang.
 * Time limit: when a rank dies, horovodrun stops the others; when a rank
@@ -34,6 +35,12 @@ def test_mismatched_tables_fail_clearly_on_every_worker():
         assert (f"exchange_dtype of the lookup of ['t3:0'] is '{mine}' on worker {rank}"
                 in message), message
         assert f"but '{theirs}' on worker {other}" in message, message
+        if harness.GPUS:  # CPU workers refuse the native transport before the check
+            mine, theirs = ("horovod", "nccl") if rank == 0 else ("nccl", "horovod")
+            message = str(result.results[rank]["row_transport"])
+            assert (f"row_transport of the lookup of ['t4:0'] is '{mine}' on worker {rank} "
+                    f"but '{theirs}' on worker {other}") in message, message
+            assert "every worker must set the same SOK_EV_ROW_TRANSPORT" in message, message
 
 
 def test_a_dying_worker_stops_the_job():
