@@ -177,11 +177,19 @@ struct NcclExchange::State {
     }
   }
 
+  // Marks the communicator broken, then aborts it: NCCL's kernels stop and
+  // the stream's work ends. Under group_mutex, so no exchange is being
+  // queued on the communicator as it goes, and none is queued after.
   Status Abort(const std::string& why) {
-    Nccl().comm_abort(comm);  // NCCL's kernels stop; the stream's work then ends
-    std::lock_guard<std::mutex> lock(queue_mutex);
-    broken = "the NCCL exchange was aborted: " + why;
-    return Status::Internal(broken);
+    std::lock_guard<std::mutex> group(group_mutex);
+    std::string message;
+    {
+      std::lock_guard<std::mutex> lock(queue_mutex);
+      broken = "the NCCL exchange was aborted: " + why;
+      message = broken;
+    }
+    Nccl().comm_abort(comm);
+    return Status::Internal(message);
   }
 };
 
