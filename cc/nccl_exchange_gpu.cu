@@ -115,7 +115,7 @@ struct NcclExchange::State {
   std::condition_variable wake;
   std::deque<Pending> pending;
   std::string broken;      // why the communicator was aborted; empty while usable
-  std::mutex group_mutex;  // one exchange queued at a time (NCCL's group calls)
+  std::mutex group_mutex;  // one exchange queued at a time; none while aborting
 
   // Runs for the process: reports the exchanges' ends in queue order (the
   // stream runs them in that order).
