@@ -356,6 +356,9 @@ if has tf-scaling; then
     # A dry run's numbers stay out of benchmarks/RESULTS.md.
     ((dry)) && scaling+=(--dry-run-on-cpu --batch 256 --rows 52000 --steps 3 --check-batch 64
         --check-rows 5200 --results "$OUT/RESULTS.dry.md")
+    # Extra arguments: $SOK_EV_TF_SCALING_ARGS (e.g. "--variants SOK_EV_ROW_TRANSPORT=nccl").
+    # shellcheck disable=SC2206
+    scaling+=(${SOK_EV_TF_SCALING_ARGS:-})
     seconds=$(limit 560)
     # The driver skips its optional launches rather than be killed before its report.
     (cd "$run" && timeout -k 10 "$seconds" "$PY" "${scaling[@]}" --budget-s $((seconds - 20))) \
