@@ -44,7 +44,11 @@ EM_CUDA = 190
 HOST_ONLY_OPS = {
     # Reads a host-side count of the GPU path's host synchronisations.
     "SokEv>GpuHostSyncs",
+    # Draws an NCCL id on the host (GPU builds only).
+    "SokEv>NcclUniqueId",
 }
+# GPU builds only, GPU tensors only: NCCL moves nothing on the CPU.
+GPU_ONLY_OPS = {"SokEv>NcclAlltoall"}
 
 
 def _run(command, timeout, **kwargs):
@@ -182,7 +186,8 @@ print(json.dumps({
     assert len(loaded["devices"]) >= 10, loaded["devices"]
     without_gpu = [
         n for n, devices in loaded["devices"].items()
-        if devices != ["CPU", "GPU"] and not (n in HOST_ONLY_OPS and devices == ["CPU"])
+        if devices != ["CPU", "GPU"] and not (n in HOST_ONLY_OPS and devices == ["CPU"]) and
+        not (n in GPU_ONLY_OPS and devices == ["GPU"])
     ]
     assert not without_gpu, f"ops without both CPU and GPU kernels: {without_gpu}"
 
