@@ -3,13 +3,16 @@
 // many-worker lookup, whose sizes both ends already know, so nothing is
 // negotiated before the bytes move.
 //
-// Each communicator has its own CUDA stream, so two lookups' exchanges,
+// Each communicator has its own CUDA stream. An exchange waits for the work
+// queued on the caller's stream before it (which wrote what it sends); the
+// caller's stream never waits for an exchange: its end is reported on the
+// host, by a watcher thread, and only then does anything read what arrived.
+// So the caller's later, independent work (another lookup's, the dense
+// model's) runs on the GPU while the bytes move, and two lookups' exchanges,
 // queued in different orders on different workers, cannot wait for each
-// other: the stream of TF's work waits for the exchange, the exchange for
-// the work queued before it. A watcher thread reports each exchange's end
-// and aborts the communicator when one has not ended within its timeout (a
-// worker that stopped before its part), so every worker gets an error
-// instead of waiting forever.
+// other. The watcher aborts the communicator when an exchange has not ended
+// within its timeout (a worker that stopped before its part), so every
+// worker gets an error instead of waiting forever.
 //
 // NCCL is loaded when first used (libnccl.so.2, or SOK_EV_NCCL_LIBRARY), so
 // the op library loads on machines without it. Implemented in
@@ -48,11 +51,12 @@ class NcclExchange {
 
   // Queues after the work queued on `stream` so far: send_bytes[w] bytes of
   // `send` (worker 0's first, then worker 1's, ...) to worker w, and
-  // recv_bytes[w] bytes from worker w into `recv` (in the same order); then
-  // makes `stream` wait for it. Both buffers must stay valid until `done`
-  // runs on the watcher thread: Ok once the exchange ended, an error when it
+  // recv_bytes[w] bytes from worker w into `recv` (in the same order).
+  // `stream` does not wait for it: `recv` may be read once `done` runs, on
+  // the watcher thread, with Ok once the exchange ended, or an error when it
   // did not within the timeout (the communicator is then aborted and every
-  // later exchange on it fails at once). Every worker must queue its
+  // later exchange on it fails at once). Both buffers must stay valid until
+  // then. Every worker must queue its
   // exchanges on one communicator in the same order, with matching sizes.
   // Returns an error, without calling `done`, if nothing could be queued.
   Status alltoall(const void* send, const int64_t* send_bytes, void* recv,

@@ -332,9 +332,6 @@ Status NcclExchange::alltoall(const void* send, const int64_t* send_bytes, void*
   if (status.ok()) {
     status = cuda_status(cudaEventRecord(ended, state.stream), "recording the exchange's end");
   }
-  if (status.ok()) {
-    status = cuda_status(cudaStreamWaitEvent(caller, ended, 0), "ordering the caller after it");
-  }
   if (!status.ok()) {
     cudaEventDestroy(ended);
     return status;
