@@ -10,6 +10,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <sstream>
 #include <thread>
 #include <type_traits>
 
@@ -91,6 +92,13 @@ Status CheckLoaded() {
 
 using Clock = std::chrono::steady_clock;
 
+// "5", "0.5": a timeout as the user set it, for messages.
+std::string SecondsText(double seconds) {
+  std::ostringstream text;
+  text << seconds;
+  return text.str();
+}
+
 Clock::time_point DeadlineAfter(double seconds) {
   return Clock::now() +
          std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
@@ -164,7 +172,7 @@ struct NcclExchange::State {
       const Clock::time_point now = Clock::now();
       if (now > p.deadline) {
         return Abort("worker " + std::to_string(rank) + " of " + std::to_string(size) +
-                     ": an all-to-all did not end within " + std::to_string(p.timeout_seconds) +
+                     ": an all-to-all did not end within " + SecondsText(p.timeout_seconds) +
                      " s (SOK_EV_EXCHANGE_TIMEOUT): another worker stopped before its part of "
                      "the exchange, or ran another one");
       }
@@ -277,7 +285,7 @@ Status NcclExchange::MakeState(const std::string& id, int rank, int size, double
                               [&] { return init->finished; })) {
     return Status::Internal("worker " + std::to_string(rank) + " of " + std::to_string(size) +
                             ": the other workers did not join the NCCL communicator within " +
-                            std::to_string(timeout_seconds) + " s (SOK_EV_EXCHANGE_TIMEOUT)");
+                            SecondsText(timeout_seconds) + " s (SOK_EV_EXCHANGE_TIMEOUT)");
   }
   SOK_EV_RETURN_IF_ERROR(NcclStatus(
       init->result,

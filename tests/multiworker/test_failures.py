@@ -6,9 +6,14 @@
   values -- before any exchange that could hang.
 * Time limit: when a rank dies, horovodrun stops the others; when a rank
   hangs, the harness kills the whole process group at its time limit.
+* On GPUs with SOK_EV_ROW_TRANSPORT=nccl, a worker that stops between a
+  lookup's key exchange and its row exchange fails the others' row exchange
+  after SOK_EV_EXCHANGE_TIMEOUT seconds, naming the setting.
 """
 import os
 import time
+
+import pytest
 
 import harness
 
@@ -67,3 +72,27 @@ def test_a_hanging_worker_is_killed_at_the_time_limit():
         time.sleep(0.5)
     else:
         raise AssertionError("a rank survived the time limit")
+
+
+def test_a_worker_stopped_between_key_and_row_exchange_fails_the_others_at_the_timeout():
+    if not harness.GPUS:
+        pytest.skip("the native row exchange runs between GPUs; CPU workers refuse it "
+                    "(test_native_exchange_workers.py)")
+    harness.require_horovodrun()
+    timeout = 8
+    start = time.monotonic()
+    result = harness.launch(os.path.join(HERE, "stuck_worker.py"),
+                            2, ["--fault", "hang-between-exchanges"],
+                            timeout=120,
+                            env={
+                                "SOK_EV_ROW_TRANSPORT": "nccl",
+                                "SOK_EV_EXCHANGE_TIMEOUT": str(timeout)
+                            })
+    assert not result.timed_out, result.tail()
+    assert result.returncode != 0, result.tail()
+    rank0 = harness.rank_stdout(result.output, 0)
+    assert "[rank 0] first step done" in rank0, result.tail()
+    assert (f"an all-to-all did not end within {timeout} s (SOK_EV_EXCHANGE_TIMEOUT)"
+            in rank0), result.tail()
+    # The first step, the timeout, and horovodrun stopping rank 1: seconds.
+    assert time.monotonic() - start < 100, result.tail()
