@@ -56,8 +56,8 @@ class NcclExchange {
   // the watcher thread, with Ok once the exchange ended, or an error when it
   // did not within the timeout (the communicator is then aborted and every
   // later exchange on it fails at once). Both buffers must stay valid until
-  // then. Every worker must queue its
-  // exchanges on one communicator in the same order, with matching sizes.
+  // then. Every worker must queue its exchanges on one communicator in the
+  // same order, with matching sizes.
   // Returns an error, without calling `done`, if nothing could be queued.
   Status alltoall(const void* send, const int64_t* send_bytes, void* recv,
                   const int64_t* recv_bytes, void* stream, double timeout_seconds, Done done);

@@ -15,7 +15,6 @@ when its step fails.
 """
 import argparse
 import os
-import sys
 import time
 
 import tensorflow as tf
@@ -46,7 +45,6 @@ def hang_between_exchanges():
             sess.run(looked_up)
         except tf.errors.OpError as error:
             print(f"[rank {hvd.rank()}] failed: {error.message}", flush=True)
-            sys.stdout.flush()
             os._exit(4)  # pylint: disable=protected-access
 
 
