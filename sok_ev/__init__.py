@@ -22,6 +22,7 @@ from sok_ev.embedding_variable import EmbeddingVariable
 from sok_ev.embedding_variable import get_embedding_variable
 from sok_ev.incremental_saver import Saver
 from sok_ev.lookup import lookup_sparse
+from sok_ev.lookup_pipeline import LookupPipeline
 from sok_ev.optimizers import EmbeddingVariableSlot
 from sok_ev.optimizers import OptimizerWrapper
 from sok_ev.optimizers import SUPPORTED_OPTIMIZERS
@@ -103,6 +104,7 @@ __all__ = [
     "GlobalStepEvict",
     "InitializerOption",
     "L2WeightEvict",
+    "LookupPipeline",
     "Saver",
     "StorageOption",
     "StorageType",

@@ -1,16 +1,19 @@
 """Model parallelism: the grouped lookup over tables spread across workers.
 
 Every worker feeds its own batch (data parallel); every table lives on its
-owners (model parallel). `lookup_combine` is `sok_ev.lookup_sparse` after
-its UniqueKeys when there is more than one worker. For the N tables
-of one call, with W workers:
+owners (model parallel). With more than one worker, `sok_ev.lookup_sparse`
+after its UniqueKeys is `route_keys` (no table read) then `lookup_routed`;
+sok_ev.LookupPipeline runs the first for the next batch while the second
+runs for this one. For the N tables of one call, with W workers:
 
+  route_keys:
   unique_keys[N] --PartitionByOwner--> keys grouped by owner, counts [N, W]
     --alltoall #1 (int64 rows, all tables together)-->
   each owner: UniqueOwnedKeys (a key asked by several workers once: the
-    workers' sorted runs merged on the GPU), then
-    FindOrInsertRowMessage: each key found once, and the row of every key
-    received written where the message back to its sender wants it
+    workers' sorted runs merged on the GPU);
+  lookup_routed:
+  each owner: FindOrInsertRowMessage: each key found once, and the row of
+    every key received written where the message back to its sender wants it
     --alltoall #2 (float32, all tables together, rows flattened; or bfloat16 /
     float16 with lookup_sparse's exchange_dtype: sok_ev.row_exchange; the
     rows an owner looked up for itself go beside it, not through it; over
@@ -56,6 +59,8 @@ returns, to each requester, the rows of its keys in the same (table, key)
 order, flattened to floats because the tables' dims differ.
 """
 
+from typing import NamedTuple
+
 import tensorflow as tf
 
 from sok_ev import agreement
@@ -65,28 +70,51 @@ from sok_ev import row_exchange
 from sok_ev._ops import ops
 
 
-def lookup_combine(params, unique_keys, counts, combine, exchange_dtype=tf.float32):
-    """Each sample's embeddings, from rows the workers that own its keys send.
+class KeyRouting(NamedTuple):
+    """A batch's unique keys routed to their owners: every tensor the row
+  exchange needs (route_keys' output; sok_ev.LookupPipeline stages it
+  between steps).
+
+  positions: N int64 vectors, where each row returned by an owner goes in
+    this worker's unique keys (PartitionByOwner's).
+  owner_counts: int64 `[N, W]`, rows of table t this worker asks of w
+    (read on the host).
+  owned: what this worker owns of every worker's keys, UniqueOwnedKeys'
+    outputs (N each): unique_keys, unique_counts, unique_index, order,
+    segments, row_offsets.
+  sender_counts: int64 `[N, W]`, keys of table t worker w sent here (host
+    memory).
+  """
+    positions: list
+    owner_counts: tf.Tensor
+    owned: tuple
+    sender_counts: tf.Tensor
+
+
+# KeyRouting's fields the row stages read on the host.
+HOST_FIELDS = ("owner_counts", "sender_counts")
+
+
+def route_keys(params, unique_keys, counts, exchange_dtype=tf.float32):
+    """Sends each unique key to the worker that owns it (the key exchange), and
+  deduplicates what every owner received.
 
   Collective: every worker must call it, with the same tables in the same
   order (checked when the lookup is built, and at run time by the header of
-  the first exchange: sok_ev.agreement), each with its own keys (possibly
-  none).
+  the key exchange: sok_ev.agreement), each with its own keys (possibly
+  none). Reads no table.
 
   Args:
     params: N Embedding Variables (this worker's shards).
     unique_keys: N 1-D key tensors (each table's key_dtype), unique per table.
     counts: N int64 tensors, occurrences of each unique key in the batch
-      (added to the owner's key frequencies).
-    combine: a sok_ev.row_exchange.Combine of this worker's batch (how the
-      rows of unique_keys make each sample's embedding).
-    exchange_dtype: what the rows and their gradients travel as
-      (sok_ev.row_exchange: float32 exact, bfloat16 or float16 rounded).
+      (added to the owner's key frequencies when it looks them up).
+    exchange_dtype: what the rows will travel as (sok_ev.row_exchange); part
+      of the lookup's fingerprint.
 
   Returns:
-    N float32 tensors `[batch_t, embedding_dim_t]`, as lookup_sparse returns
-    them; differentiable, the gradient reaching the owners' tables as
-    IndexedSlices.
+    (KeyRouting, communicator): communicator is None (rows over Horovod) or
+    the hex NCCL id of the lookup's native row exchange.
 
   Raises:
     ValueError: see `sok_ev.agreement.check_lookup`; or
@@ -105,9 +133,8 @@ def lookup_combine(params, unique_keys, counts, combine, exchange_dtype=tf.float
                          f"exchanges on {device}; unset it for tables on the CPU")
     communicator = agreement.check_lookup(params, exchange_dtype_name, transport)
     size = communication.world_size()
-    dims = [int(v.embedding_dim) for v in params]
     fingerprint = agreement.fingerprint(params, exchange_dtype_name)
-    with tf.name_scope("sok_ev_distributed"):
+    with tf.name_scope("sok_ev_route_keys"):
         keys_by_owner, positions, owner_counts = ops().sok_ev_partition_by_owner(
             unique_keys,
             target_workers=[int(v.target_gpu) for v in params],
@@ -137,11 +164,39 @@ def lookup_combine(params, unique_keys, counts, combine, exchange_dtype=tf.float
         # and its gradients summed once here (FindOrInsertRowMessageGrad), so the
         # optimizer gets distinct keys. Each worker's keys come as one sorted
         # run (sender_counts), which the GPU merges.
-        (unique_keys, unique_counts, unique_index, order, segments,
-         row_offsets) = ops().sok_ev_unique_owned_keys(owned_keys, owned_counts, sender_counts)
+        owned = ops().sok_ev_unique_owned_keys(owned_keys, owned_counts, sender_counts)
+    return KeyRouting(list(positions), owner_counts, tuple(list(o) for o in owned),
+                      sender_counts), communicator
+
+
+def lookup_routed(params, routing, combine, communicator=None, exchange_dtype=tf.float32):
+    """Each sample's embeddings, from the rows of routed keys: every owner
+  looks its keys up and sends their rows back (the row exchange), and each
+  worker combines the rows of its samples.
+
+  Collective, like route_keys, whose outputs it takes (routing,
+  communicator): every worker calls it with the same tables, for the batch
+  it routed.
+
+  Args:
+    params: N Embedding Variables (this worker's shards).
+    routing: a KeyRouting of this worker's batch (route_keys).
+    combine: a sok_ev.row_exchange.Combine of the same batch.
+    communicator: route_keys' communicator.
+    exchange_dtype: what the rows and their gradients travel as
+      (sok_ev.row_exchange: float32 exact, bfloat16 or float16 rounded).
+
+  Returns:
+    N float32 tensors `[batch_t, embedding_dim_t]`, as lookup_sparse returns
+    them; differentiable, the gradient reaching the owners' tables as
+    IndexedSlices.
+  """
+    dims = [int(v.embedding_dim) for v in params]
+    with tf.name_scope("sok_ev_distributed"):
+        unique_keys, *rest = routing.owned
         unique_keys = [embedding_gradients.mark(k, v) for k, v in zip(unique_keys, params)]
         # One entry per received key, summed: each gets its key's row.
-        owned = (unique_keys, unique_counts, unique_index, order, segments, row_offsets)
+        owned = (unique_keys, *rest)
         handles = [v.handle for v in params]
 
         def owned_rows():
@@ -155,13 +210,14 @@ def lookup_combine(params, unique_keys, counts, combine, exchange_dtype=tf.float
         def owned_row_message(local_worker):
             return ops().sok_ev_find_or_insert_row_message(handles,
                                                            *owned,
-                                                           sender_counts,
+                                                           routing.sender_counts,
                                                            embedding_dims=dims,
                                                            local_worker=local_worker)
 
         return row_exchange.exchange_and_combine(
-            row_exchange.OwnedRows(owned_rows, owned_row_message), sender_counts, owner_counts,
-            positions, dims, exchange_dtype, communication.rank(), combine, communicator)
+            row_exchange.OwnedRows(owned_rows, owned_row_message),
+            routing.sender_counts, routing.owner_counts, routing.positions, dims, exchange_dtype,
+            communication.rank(), combine, communicator)
 
 
 @tf.RegisterGradient("SokEv>PackRowMessage")

@@ -20,7 +20,7 @@ entries, so every Embedding Variable gets tf.IndexedSlices keyed by its raw
 keys, deduplicated and summed; the optimizer applies them with one fused op.
 """
 
-from typing import List, Optional, Sequence, Union
+from typing import List, NamedTuple, Optional, Sequence, Union
 
 import tensorflow as tf
 
@@ -223,11 +223,60 @@ def lookup_sparse(
     >>> packed = tf.ragged.constant([[[7, 7], [42]], [[], [5]]], tf.int64)
     >>> a, b = sok_ev.lookup_sparse([var, var_1], packed)  # 2 tables, batch 2
   """
+    plan, batch = route_batch(params, indices, combiners, sp_weights, exchange_dtype)
+    return lookup_routed(plan, batch)
+
+
+class LookupPlan(NamedTuple):
+    """What a lookup knows when it is built (route_batch's), the same for
+  every batch: its tables, combiners, weighted flags (N each),
+  exchange_dtype, whether it exchanges rows between workers, and the NCCL id
+  of its native row exchange (None: Horovod's, or no exchange)."""
+    params: list
+    combiners: list
+    weighted: list
+    exchange_dtype: tf.DType
+    distributed: bool
+    communicator: Optional[str]
+
+
+class RoutedBatch(NamedTuple):
+    """A batch after lookup_sparse's key stages, before any table is read: the
+  tensors the rest of the lookup needs (sok_ev.LookupPipeline stages them
+  between steps).
+
+  keys, counts: N each, the unique keys and their occurrences (one worker;
+    empty lists when the keys are routed).
+  unique_index, order, segments, row_offsets, weights: N each, how the rows
+    of the unique keys make each sample's embedding (UniqueKeys').
+  routing: None with one worker; else the keys routed to their owners
+    (sok_ev.distributed.KeyRouting).
+  """
+    keys: list
+    counts: list
+    unique_index: list
+    order: list
+    segments: list
+    row_offsets: list
+    weights: list
+    routing: object
+
+
+def route_batch(params, indices, combiners=None, sp_weights=None, exchange_dtype=tf.float32):
+    """lookup_sparse's stages that read no table: the arguments checked, each
+  table's keys deduplicated (UniqueKeys) and, with several workers, routed to
+  their owners (sok_ev.distributed.route_keys: the key exchange).
+
+  Args and Raises: as lookup_sparse (collective the same way).
+
+  Returns:
+    (LookupPlan, RoutedBatch), lookup_routed's arguments.
+  """
     params, indices, combiners, sp_weights = _check_arguments(params, indices, combiners,
                                                               sp_weights)
     exchange_dtype = row_exchange.check_exchange_dtype(exchange_dtype)
     _check_placement(params)
-    with tf.name_scope("sok_ev_lookup_sparse"):
+    with tf.name_scope("sok_ev_route_batch"):
         if isinstance(indices, tf.RaggedTensor):
             weighted = [sp_weights is not None] * len(params)
             (unique_keys, counts, unique_index, order, segments, row_offsets,
@@ -243,29 +292,52 @@ def lookup_sparse(
                  [ids.values for ids in indices], [ids.indices for ids in indices],
                  weights, [host_memory_input(ids.dense_shape, tf.int64) for ids in indices],
                  weighted=weighted)
-        for variable in params:
-            variable._record_access()  # pylint: disable=protected-access
+        combine = [list(x) for x in (unique_index, order, segments, row_offsets, weights)]
         if communication.world_size() == 1 and not exchange_on_one_worker:
+            return (LookupPlan(params, combiners, weighted, exchange_dtype, False,
+                               None), RoutedBatch(list(unique_keys), list(counts), *combine, None))
+        from sok_ev import distributed  # pylint: disable=import-outside-toplevel
+        routing, communicator = distributed.route_keys(params, unique_keys, counts, exchange_dtype)
+        return (LookupPlan(params, combiners, weighted, exchange_dtype, True,
+                           communicator), RoutedBatch([], [], *combine, routing))
+
+
+def lookup_routed(plan, batch):
+    """lookup_sparse's stages from the tables on: each sample's embeddings
+  from the rows of a routed batch (with several workers, the owners' lookups
+  and the row exchange: collective, every worker calls it for the batch it
+  routed).
+
+  Args:
+    plan, batch: route_batch's outputs (the batch possibly staged and
+      unstaged since: sok_ev.LookupPipeline).
+
+  Returns:
+    As lookup_sparse: N float32 `[batch_t, embedding_dim_t]`.
+  """
+    params = plan.params
+    for variable in params:
+        variable._record_access()  # pylint: disable=protected-access
+    with tf.name_scope("sok_ev_lookup_sparse"):
+        if not plan.distributed:
             return ops().sok_ev_find_or_insert_combine(
                 [v.handle for v in params],
-                unique_keys,
-                counts,
-                unique_index,
-                order,
-                segments,
-                row_offsets,
-                weights,
+                batch.keys,
+                batch.counts,
+                batch.unique_index,
+                batch.order,
+                batch.segments,
+                batch.row_offsets,
+                batch.weights,
                 embedding_dims=[v.embedding_dim for v in params],
-                combiners=combiners,
-                weighted=weighted)
+                combiners=plan.combiners,
+                weighted=plan.weighted)
         from sok_ev import distributed  # pylint: disable=import-outside-toplevel
-        combine = row_exchange.Combine(unique_index, order, segments, row_offsets, weights,
-                                       combiners, weighted)
-        return distributed.lookup_combine(params,
-                                          unique_keys,
-                                          counts,
-                                          combine,
-                                          exchange_dtype=exchange_dtype)
+        combine = row_exchange.Combine(batch.unique_index, batch.order, batch.segments,
+                                       batch.row_offsets, batch.weights, plan.combiners,
+                                       plan.weighted)
+        return distributed.lookup_routed(params, batch.routing, combine, plan.communicator,
+                                         plan.exchange_dtype)
 
 
 def _unique_packed_keys(indices, sp_weights, weighted):

@@ -194,15 +194,32 @@ class EmbeddingVariableSlot(trackable.Trackable):
                 f"'{self.primary.name}'>")
 
 
+# Set on a graph tensor that holds one table's unique keys of a lookup
+# although no Unique op produced it (mark_distinct_keys).
+_DISTINCT_KEYS = "_sok_ev_distinct_keys"
+
+
+def mark_distinct_keys(tensor):
+    """Records that graph tensor `tensor` holds one table's unique keys of a
+  lookup, passed on unchanged (sok_ev.LookupPipeline's unstaged copy of
+  UniqueKeys' or UniqueOwnedKeys' output), so that an apply keyed by it skips
+  deduplicating. Returns `tensor`."""
+    setattr(tensor, _DISTINCT_KEYS, True)
+    return tensor
+
+
 def _keys_are_distinct(indices):
     """Whether `indices` are, provably, one table's unique keys straight from
   a lookup (an output of SokEv>UniqueKeys or SokEv>UniquePackedKeys, or of
-  SokEv>UniqueOwnedKeys on an owner, through Identity ops): the fused apply
-  then skips deduplicating them. Only graphs (Session, tf.function) show a tensor's producer; eagerly
-  the apply deduplicates."""
+  SokEv>UniqueOwnedKeys on an owner, or a tensor mark_distinct_keys marked,
+  through Identity ops): the fused apply then skips deduplicating them. Only
+  graphs (Session, tf.function) show a tensor's producer; eagerly the apply
+  deduplicates."""
     tensor = indices
     while getattr(tensor, "op", None) is not None and tensor.op.type == "Identity":
         tensor = tensor.op.inputs[0]
+    if getattr(tensor, _DISTINCT_KEYS, False):
+        return True
     op = getattr(tensor, "op", None)
     return (op is not None and
             op.type in ("SokEv>UniqueKeys", "SokEv>UniquePackedKeys", "SokEv>UniqueOwnedKeys") and

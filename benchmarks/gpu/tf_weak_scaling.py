@@ -100,18 +100,22 @@ def parse_args(argv=None):
         "--variants",
         # Horovod's async completion: its GPU ops finish once
         # their NCCL work is queued, with no host wait on it.
-        default="SOK_EV_ROW_TRANSPORT=nccl,SOK_EV_ROW_TRANSPORT=nccl;lookup_groups=2,"
+        default="SOK_EV_ROW_TRANSPORT=nccl,SOK_EV_ROW_TRANSPORT=nccl;pipelined=1,pipelined=1,"
+        "SOK_EV_ROW_TRANSPORT=nccl;lookup_groups=2,"
         "SOK_EV_ROW_TRANSPORT=nccl;exchange_dtype=bfloat16,exchange_dtype=bfloat16,"
         "HOROVOD_ENABLE_ASYNC_COMPLETION=1",
         help="extra 2-GPU runs, each KEY=VALUE[;KEY=VALUE], comma-separated: "
         "exchange_dtype=float32|bfloat16|float16 is lookup_sparse's, lookup_groups=G "
-        "--lookup-groups, any other key an environment variable")
+        "--lookup-groups, pipelined=1 --pipelined, any other key an environment variable")
     parser.add_argument(
         "--loopback-variants",
-        default="SOK_EV_ROW_TRANSPORT=nccl,SOK_EV_ROW_TRANSPORT=nccl;lookup_groups=2",
+        default="SOK_EV_ROW_TRANSPORT=nccl,SOK_EV_ROW_TRANSPORT=nccl;pipelined=1",
         help="extra one-rank pipeline runs (time1_loopback_variantN), KEY=VALUE[;KEY=VALUE], "
-        "comma-separated: lookup_groups=G is --lookup-groups, any other key an environment "
-        "variable")
+        "comma-separated, as --variants")
+    parser.add_argument("--one-gpu-variants",
+                        default="pipelined=1",
+                        help="extra runs of the fused one-GPU step (time1_variantN), as "
+                        "--variants: the baseline of the 2-GPU runs with the same options")
     parser.add_argument("--check-native",
                         action="store_true",
                         default=True,
@@ -135,6 +139,11 @@ def parse_args(argv=None):
                         type=int,
                         default=3,
                         help="traced steps after timing, for rank 0's op-time profile (0: none)")
+    parser.add_argument("--timeline-steps",
+                        type=int,
+                        default=0,
+                        help="traced steps after timing whose GPU timeline rank 0 prints "
+                        "(step_profile.gpu_timeline: kernels in start order, idle gaps)")
     parser.add_argument("--dry-run-on-cpu",
                         action="store_true",
                         help="CPU ranks over Gloo (checks the script only)")
@@ -152,6 +161,10 @@ def parse_args(argv=None):
                         "calls (consecutive tables each): with SOK_EV_ROW_TRANSPORT=nccl each "
                         "has its own communicator, so one group's exchange can run beside "
                         "another's lookup")
+    parser.add_argument("--pipelined",
+                        action="store_true",
+                        help="the rank's step looks up through sok_ev.LookupPipeline: each step "
+                        "routes the next batch's keys while it trains on this one")
     parser.add_argument("--exchange-dtype",
                         default="float32",
                         choices=sorted(ELEMENT_BYTES),
@@ -240,13 +253,27 @@ def run_step(tf, hvd, sok, ops, args, hot, values, batch, rank, size):
                 tf.SparseTensor(where, values_var[index][t], [batch, hot]) for t in range(TABLES)
             ]
             first_op = len(graph.get_operations())
-            embeddings = []
+            embeddings, prefetches, primes = [], [], []
             for group in np.array_split(np.arange(TABLES), args.lookup_groups):
-                embeddings += sok.lookup_sparse([tables[t] for t in group], [ids[t] for t in group],
-                                                combiners=["sum"] * len(group),
-                                                exchange_dtype=args.exchange_dtype)
+                group_tables, group_ids = [tables[t] for t in group], [ids[t] for t in group]
+                if not args.pipelined:
+                    embeddings += sok.lookup_sparse(group_tables,
+                                                    group_ids,
+                                                    combiners=["sum"] * len(group),
+                                                    exchange_dtype=args.exchange_dtype)
+                    continue
+                # The batch of `index` routed before the steps (prime), then each
+                # step looks up the batch routed by the one before and routes the
+                # batch of `index` (the next one).
+                pipeline = sok.LookupPipeline(group_tables, ["sum"] * len(group),
+                                              exchange_dtype=args.exchange_dtype)
+                primes.append(pipeline.prefetch(group_ids))
+                embeddings += pipeline.lookup()[0]
+                prefetches.append(pipeline.prefetch(group_ids))
             loss = tf.add_n([tf.reduce_sum(e) for e in embeddings])
             train = tf.compat.v1.train.AdagradOptimizer(LR, ACCUMULATOR).minimize(loss)
+            if args.pipelined:
+                train = tf.group(train, *prefetches)
             kinds = collections.Counter(op.type for op in graph.get_operations()[first_op:])
             # Horovod's, and sok-ev's own NCCL exchanges (SOK_EV_ROW_TRANSPORT=nccl).
             out["collectives_per_step"] = sum(
@@ -268,10 +295,22 @@ def run_step(tf, hvd, sok, ops, args, hot, values, batch, rank, size):
             syncs = ops().sok_ev_gpu_host_syncs()
             sess.run(tf.compat.v1.global_variables_initializer(), {holder: values})
             sess.run(fill_op)
+            if args.pipelined:
+                # The step of set s routes set s + 1.
+                sess.run(primes, {index: 0})
+                feed = lambda s: {index: (s + 1) % args.sets}
+            else:
+                feed = lambda s: {index: s % args.sets}
             if args.worker == "check":
+                # Set 0 looked up, check_steps steps (the set s % sets each), set 0
+                # looked up again; pipelined, the last step routes set 0 for it.
                 first = np.concatenate(sess.run(embeddings, {index: 0}), axis=1)
+                if args.pipelined:
+                    sess.run(primes, {index: 0})
+                last = args.check_steps - 1
                 losses = [
-                    sess.run([train, loss], {index: s % args.sets})[1]
+                    sess.run([train, loss],
+                             {index: 0} if args.pipelined and s == last else feed(s))[1]
                     for s in range(args.check_steps)
                 ]
                 out["check"] = dict(losses=np.array(losses, np.float64),
@@ -283,7 +322,7 @@ def run_step(tf, hvd, sok, ops, args, hot, values, batch, rank, size):
                 if s == 3:
                     syncs_before = sess.run(syncs)
                 start = time.perf_counter()
-                sess.run([train, loss], {index: s % args.sets})
+                sess.run([train, loss], feed(s))
                 times.append(time.perf_counter() - start)
             out["host_syncs_per_step"] = float(sess.run(syncs) - syncs_before) / args.steps
             timed = np.array(times[3:]) * 1e3
@@ -295,11 +334,18 @@ def run_step(tf, hvd, sok, ops, args, hot, values, batch, rank, size):
                                                               args.exchange_dtype)
                 out["alltoall_call_ms"] = time_alltoall(sess, one, args.steps)
                 out["alltoall_ms"] = time_alltoall(sess, chained, args.steps) / CHAINED_EXCHANGES
+            for s in range(args.timeline_steps):  # every rank traces, as below
+                options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
+                metadata = tf.compat.v1.RunMetadata()
+                sess.run([train, loss], feed(s), options=options, run_metadata=metadata)
+                if rank == 0:
+                    step_profile.print_timeline(step_profile.gpu_timeline(metadata.step_stats),
+                                                f" {hot}-hot {args.tag} step {s}")
             if args.profile_steps:  # every rank traces: the collectives need all of them
                 try:
                     wall, op_ms = step_profile.profile(
                         lambda options, metadata: sess.run(
-                            [train, loss], {index: 0}, options=options, run_metadata=metadata),
+                            [train, loss], feed(0), options=options, run_metadata=metadata),
                         args.profile_steps)
                     out["profile"] = dict(traced_ms=wall, top=step_profile.top(op_ms, PROFILE_TOP))
                 except Exception as error:  # pylint: disable=broad-except
@@ -389,7 +435,8 @@ def launch(args,
            streams=0,
            exchange_dtype="float32",
            loopback=False,
-           lookup_groups=1):
+           lookup_groups=1,
+           pipelined=False):
     """Runs this script's ranks under horovodrun; True when every rank wrote its
   JSON."""
     rank = [sys.executable] if args.dry_run_on_cpu else [ONE_GPU_PER_RANK, sys.executable]
@@ -399,7 +446,7 @@ def launch(args,
         "--tag", tag, "--streams",
         str(streams), "--exchange-dtype", exchange_dtype, "--lookup-groups",
         str(lookup_groups)
-    ] + (["--loopback"] if loopback else [])
+    ] + (["--loopback"] if loopback else []) + (["--pipelined"] if pipelined else [])
     if mode == "check":
         command += ["--batch", str(args.check_batch), "--rows", str(args.check_rows)]
     print(f"[{tag}] {' '.join(command[5:])}" + (f" with {env}" if env else ""), flush=True)
@@ -419,6 +466,17 @@ def launch(args,
     return all(
         os.path.exists(os.path.join(args.json_dir, f"tf_weak_scaling_{tag}_rank{r}.json"))
         for r in range(gpus))
+
+
+def variant_options(variant):
+    """A variant's "KEY=VALUE[;KEY=VALUE]" as (environment, launch() options):
+  exchange_dtype, lookup_groups and pipelined (=1) are the rank's options,
+  every other key an environment variable."""
+    env = dict(kv.split("=", 1) for kv in variant.split(";"))
+    options = dict(exchange_dtype=env.pop("exchange_dtype", "float32"),
+                   lookup_groups=int(env.pop("lookup_groups", 1)),
+                   pipelined=env.pop("pipelined", "0") == "1")
+    return env, options
 
 
 def load(args, tag, rank):
@@ -580,7 +638,20 @@ def report(args, runs, verdict, compressed=None, skipped=(), native_verdict=None
             if tag.startswith("time1_loopback_variant"):
                 ms = step_ms[hot, tag]
                 lines.append(f"  - with {variant}: {ms:.2f} ms, own work {ms - t1:.2f} ms "
-                             f"({ms - loop:+.2f} ms against Horovod's one-rank exchange)")
+                             f"({ms - loop:+.2f} ms against time1_loopback)")
+    # Pipelined runs (sok_ev.LookupPipeline) against the pipelined fused step.
+    pipelined_one = next((tag for tag, variant in runs
+                          if tag.startswith("time1_variant") and variant == "pipelined=1"), None)
+    for hot in [int(h) for h in args.hotness.split(",")]:
+        for tag, variant in runs:
+            if (pipelined_one is None or tag.startswith("time1_variant") or
+                    "pipelined=1" not in variant.split(";")):
+                continue
+            base, ms = step_ms[hot, pipelined_one], step_ms[hot, tag]
+            what = ("the one-rank pipeline" if tag.startswith("time1_loopback") else f"{gpus} GPUs")
+            lines.append(f"- {hot}-hot, pipelined: {what} ({tag}: {variant}) {ms:.2f} ms against "
+                         f"the pipelined fused one-GPU step's {base:.2f} ({pipelined_one}): "
+                         f"{100 * base / ms:.1f}%")
     for hot, (worst, agreed) in sorted(verdict.items()):
         lines.append(f"- check, {hot}-hot: {gpus} GPUs on halves of a global batch of "
                      f"{gpus * args.check_batch} vs 1 GPU on all of it, {args.check_steps} "
@@ -647,10 +718,19 @@ def main():
     def run_loopback_variants(optional):
         for number, variant in enumerate(filter(None, args.loopback_variants.split(","))):
             tag = f"time1_loopback_variant{number}"
-            env = dict(kv.split("=", 1) for kv in variant.split(";"))
-            groups = int(env.pop("lookup_groups", 1))
-            if run(tag, 1, "time", optional=optional, env=env, loopback=True, lookup_groups=groups):
+            env, options = variant_options(variant)
+            if run(tag, 1, "time", optional=optional, env=env, loopback=True, **options):
                 runs.append((tag, variant))
+
+    def run_one_gpu_variants():
+        for number, variant in enumerate(filter(None, args.one_gpu_variants.split(","))):
+            tag = f"time1_variant{number}"
+            env, options = variant_options(variant)
+            if run(tag, 1, "time", env=env, **options):
+                runs.append((tag, variant))
+
+    if ok:
+        run_one_gpu_variants()
 
     if args.gpus == 1:
         if ok and run(loopback[0], 1, "time", loopback=True):
@@ -661,7 +741,9 @@ def main():
             print("the timed launch failed: nothing to report", flush=True)
             return 1
         report(args, runs, {}, skipped=skipped)
-        expected = 2 + len(list(filter(None, args.loopback_variants.split(","))))
+        expected = 2 + sum(
+            len(list(filter(None, v.split(","))))
+            for v in (args.loopback_variants, args.one_gpu_variants))
         return 0 if len(runs) == expected else 1
     # What the target needs first (the scaled run and the 2-vs-1 check), then
     # what explains it, as far as the budget goes.
@@ -673,18 +755,9 @@ def main():
         verdict = compare_check(args, args.gpus)
     # The variants first: the native exchange leads them.
     for number, variant in enumerate(filter(None, args.variants.split(","))):
-        env = dict(kv.split("=", 1) for kv in variant.split(";"))
-        # lookup_sparse's option; every other key is an environment variable.
-        exchange_dtype = env.pop("exchange_dtype", "float32")
-        groups = int(env.pop("lookup_groups", 1))
+        env, options = variant_options(variant)
         tag = f"variant{number}"
-        if ok and run(tag,
-                      args.gpus,
-                      "time",
-                      optional=True,
-                      env=env,
-                      exchange_dtype=exchange_dtype,
-                      lookup_groups=groups):
+        if ok and run(tag, args.gpus, "time", optional=True, env=env, **options):
             runs.append((tag, variant))
     native_verdict = {}
     if verdict and args.check_native and run(f"check{args.gpus}_nccl",

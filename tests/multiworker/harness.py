@@ -152,24 +152,28 @@ def horovod_available():
 
 # SCENARIO:PLACEMENT:MODE. Every placement runs in both modes on 2 workers;
 # 3 workers run each placement once, alternating the mode, to bound CI time.
-# Mode "packed" is "eager" with the ids packed in RaggedTensors. One worker
+# Mode "packed" is "eager" with the ids packed in RaggedTensors; "pipelined"
+# and "pipelined_fn" are "graph" and "eager" through sok_ev.LookupPipeline
+# (each step routing the next step's batch). One worker
 # runs the multi-worker pipeline over a one-rank exchange
 # (sok_ev.lookup.exchange_on_one_worker, what tf_weak_scaling.py times on
 # one GPU) in each mode; the idle-worker scenario needs a second worker.
 CASES = {
     1: [
         "random:sharded:graph", "random:mixed:eager", "duplicates:target:graph",
-        "random:sharded:packed"
+        "random:sharded:packed", "random:sharded:pipelined"
     ],
     2: [
         "random:sharded:graph", "random:sharded:eager", "random:target:graph",
         "random:target:eager", "random:mixed:graph", "random:mixed:eager", "empty:sharded:eager",
         "one_owner:sharded:graph", "duplicates:mixed:eager", "random:mixed:packed",
-        "empty:sharded:packed"
+        "empty:sharded:packed", "random:mixed:pipelined", "duplicates:sharded:pipelined_fn",
+        "empty:sharded:pipelined"
     ],
     3: [
         "random:sharded:eager", "random:target:graph", "random:mixed:eager", "empty:mixed:graph",
-        "one_owner:sharded:eager", "duplicates:sharded:graph", "random:sharded:packed"
+        "one_owner:sharded:eager", "duplicates:sharded:graph", "random:sharded:packed",
+        "random:sharded:pipelined"
     ],
 }
 LAUNCH_TIMEOUT = 240  # seconds; a healthy launch takes well under half

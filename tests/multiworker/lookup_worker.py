@@ -5,7 +5,8 @@
 For each case: builds the two tables of harness.TABLES with the placement,
 trains 10 Adagrad steps on this rank's part of the scenario's batches
 (harness.make_step_data) in graph mode (tf.compat.v1.Session) or eagerly with
-a tf.function step, and records, under "<case>/": this rank's loss and
+a tf.function step (modes "graph", "eager", "packed"), or both through
+sok_ev.LookupPipeline ("pipelined", "pipelined_fn"), and records, under "<case>/": this rank's loss and
 embeddings of every step, and its final shard of each table (export()).
 With --guards, also records the messages of the refused ways of allreducing
 an Embedding Variable gradient (see test_guards.py).
@@ -48,8 +49,11 @@ def model(tables, sparse_ids, targets):
         ]
     else:
         embeddings = sok_ev.lookup_sparse(tables, sparse_ids, combiners=["sum"] * len(tables))
-    loss = tf.add_n([0.5 * tf.reduce_sum(tf.square(e - y)) for e, y in zip(embeddings, targets)])
-    return loss, embeddings
+    return loss_of(embeddings, targets), embeddings
+
+
+def loss_of(embeddings, targets):
+    return tf.add_n([0.5 * tf.reduce_sum(tf.square(e - y)) for e, y in zip(embeddings, targets)])
 
 
 def my_feeds(scenario, step):
@@ -61,7 +65,9 @@ def my_feeds(scenario, step):
 _state = {}
 
 
-def run_graph(scenario, targets_gpu):
+def run_graph(scenario, targets_gpu, pipelined=False):
+    """A tf.compat.v1.Session step; `pipelined`: through sok_ev.LookupPipeline,
+  each step routing the next step's batch (and its targets, as extras)."""
     with tf.Graph().as_default() as graph:
         tables = harness.make_tables(targets_gpu)
         indices = [tf.compat.v1.placeholder(tf.int64, [None, 2]) for _ in tables]
@@ -72,8 +78,17 @@ def run_graph(scenario, targets_gpu):
             tf.SparseTensor(i, v, tf.stack([s, table["hotness"]]))
             for i, v, s, table in zip(indices, values, sizes, harness.TABLES)
         ]
-        loss, embeddings = model(tables, sparse_ids, ys)
+        if pipelined:
+            pipeline = sok_ev.LookupPipeline(tables, ["sum"] * len(tables))
+            prime = pipeline.prefetch(sparse_ids, extras=ys)
+            embeddings, staged_ys = pipeline.lookup()
+            loss = loss_of(embeddings, staged_ys)
+        else:
+            loss, embeddings = model(tables, sparse_ids, ys)
         train = tf.compat.v1.train.AdagradOptimizer(harness.LEARNING_RATE).minimize(loss)
+        last_train = train
+        if pipelined:
+            train = tf.group(train, pipeline.prefetch(sparse_ids, extras=ys))
         exports = [v.export_full()[:3] for v in tables]
         applies = [op for op in graph.get_operations() if op.type == "SokEv>SparseApplyOptimizer"]
         _state["keys_are_unique"] = [
@@ -85,19 +100,31 @@ def run_graph(scenario, targets_gpu):
         _state["key_messages"] = sum(
             op.type == "SokEv>PackKeyMessage" for op in graph.get_operations())
         losses, embs = [], []
+
+        def feed(step):
+            batches, targets = my_feeds(scenario, step)
+            fed = {}
+            for t in range(len(tables)):
+                fed.update({
+                    indices[t]: batches[t].indices,
+                    values[t]: batches[t].values,
+                    sizes[t]: batches[t].batch_size,
+                    ys[t]: targets[t]
+                })
+            return fed
+
         with tf.compat.v1.Session(graph=graph) as session:
             session.run(tf.compat.v1.global_variables_initializer())
+            if pipelined:
+                session.run(prime, feed(0))
             for step in range(harness.STEPS):
-                batches, targets = my_feeds(scenario, step)
-                feed = {}
-                for t in range(len(tables)):
-                    feed.update({
-                        indices[t]: batches[t].indices,
-                        values[t]: batches[t].values,
-                        sizes[t]: batches[t].batch_size,
-                        ys[t]: targets[t]
-                    })
-                step_loss, step_embs, _ = session.run([loss, embeddings, train], feed)
+                if not pipelined:
+                    fetch, fed = train, feed(step)
+                elif step + 1 < harness.STEPS:
+                    fetch, fed = train, feed(step + 1)
+                else:
+                    fetch, fed = last_train, {}
+                step_loss, step_embs, _ = session.run([loss, embeddings, fetch], fed)
                 losses.append(step_loss)
                 embs.append(step_embs)
             shards = [_shard(*export) for export in session.run(exports)]
@@ -146,6 +173,63 @@ def run_eager(scenario, targets_gpu, packed=False):
     return losses, embs, shards
 
 
+def run_pipelined_function(scenario, targets_gpu):
+    """tf.function steps through sok_ev.LookupPipeline: each step looks up the
+  batch the step before routed, trains, then routes the next batch."""
+    tables = harness.make_tables(targets_gpu)
+    optimizer = tf.compat.v1.train.AdagradOptimizer(harness.LEARNING_RATE)
+    pipeline = sok_ev.LookupPipeline(tables, "sum")
+    signature = []
+    for v in tables:
+        signature += [
+            tf.TensorSpec([None, 2], tf.int64),
+            tf.TensorSpec([None], v.key_dtype),
+            tf.TensorSpec([2], tf.int64),
+            tf.TensorSpec([None, v.embedding_dim], tf.float32)
+        ]
+
+    def prefetch(flat):
+        sparse_ids = [tf.SparseTensor(*flat[4 * t:4 * t + 3]) for t in range(len(tables))]
+        pipeline.prefetch(sparse_ids, extras=[flat[4 * t + 3] for t in range(len(tables))])
+
+    def train():
+        with tf.GradientTape() as tape:
+            embeddings, targets = pipeline.lookup()
+            loss = loss_of(embeddings, targets)
+        grads = tape.gradient(loss, tables)
+        optimizer.apply_gradients(zip(grads, tables))
+        return loss, embeddings
+
+    @tf.function(input_signature=signature)
+    def train_and_prefetch(*flat_next):
+        out = train()
+        prefetch(flat_next)
+        return out
+
+    def flat_of(step):
+        batches, targets = my_feeds(scenario, step)
+        flat = []
+        for t, table in enumerate(harness.TABLES):
+            flat += [
+                batches[t].indices, batches[t].values,
+                np.array([batches[t].batch_size, table["hotness"]]), targets[t]
+            ]
+        return flat
+
+    tf.function(input_signature=signature)(lambda *flat: prefetch(flat))(*flat_of(0))
+    last_step = tf.function(train)
+    losses, embs = [], []
+    for step in range(harness.STEPS):
+        if step + 1 < harness.STEPS:
+            step_loss, step_embs = train_and_prefetch(*flat_of(step + 1))
+        else:
+            step_loss, step_embs = last_step()
+        losses.append(step_loss.numpy())
+        embs.append([e.numpy() for e in step_embs])
+    shards = [_shard(*(x.numpy() for x in v.export_full()[:3])) for v in tables]
+    return losses, embs, shards
+
+
 def _shard(keys, rows, frequencies):
     """A shard as (keys, values, frequencies): export_full's rows hold the
     value, then the optimizer's slots."""
@@ -155,8 +239,10 @@ def _shard(keys, rows, frequencies):
 
 def record_case(results, case):
     scenario, placement_name, mode = case.split(":")
-    if mode == "graph":
-        losses, embs, shards = run_graph(scenario, placement(placement_name))
+    if mode in ("graph", "pipelined"):
+        losses, embs, shards = run_graph(scenario, placement(placement_name), mode == "pipelined")
+    elif mode == "pipelined_fn":
+        losses, embs, shards = run_pipelined_function(scenario, placement(placement_name))
     else:
         losses, embs, shards = run_eager(scenario, placement(placement_name), mode == "packed")
     results[f"{case}/loss"] = np.array(losses, np.float64)
@@ -165,7 +251,7 @@ def record_case(results, case):
         results[f"{case}/keys{t}"] = shards[t][0].astype(np.int64)
         results[f"{case}/values{t}"] = shards[t][1]
         results[f"{case}/frequencies{t}"] = shards[t][2]
-    if mode == "graph":
+    if mode in ("graph", "pipelined"):
         results[f"{case}/keys_are_unique"] = np.array(_state.pop("keys_are_unique"))
         results[f"{case}/key_messages"] = np.array(_state.pop("key_messages"))
         results[f"{case}/nccl_exchanges"] = np.array(_state.pop("nccl_exchanges"))

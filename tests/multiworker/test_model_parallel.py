@@ -141,11 +141,13 @@ def test_each_key_frequency_counts_its_occurrences_in_every_worker_batch(lookup_
 
 
 GRAPH_CASES = [(w, case) for w, case in ALL_CASES if case.endswith(":graph")]
+# Graph-mode cases, sok_ev.LookupPipeline's included (its keys come staged).
+APPLY_CASES = [(w, case) for w, case in ALL_CASES if case.endswith((":graph", ":pipelined"))]
 
 
 @pytest.mark.parametrize("workers,case",
-                         GRAPH_CASES,
-                         ids=[f"{w}workers-{case}" for w, case in GRAPH_CASES])
+                         APPLY_CASES,
+                         ids=[f"{w}workers-{case}" for w, case in APPLY_CASES])
 def test_owners_apply_their_keys_as_distinct_without_a_second_deduplication(
         lookup_run, workers, case):
     """The owner deduplicated what every worker sent in the forward pass
