@@ -5,6 +5,10 @@ One call runs each stage once for all tables, each stage one native op:
   UniqueKeys -> (one worker)   FindOrInsertCombine
              -> (workers > 1)  sok_ev.distributed exchange -> CombineRowMessage
 
+in two halves: route_batch (UniqueKeys, and with several workers the key
+exchange: nothing that reads a table) and lookup_routed (the rest).
+sok_ev.LookupPipeline runs the first half one batch ahead.
+
 The ids come as one SparseTensor (or rank-2 RaggedTensor) per table, or
 packed: one RaggedTensor [num_tables, batch, None] for all of them, which
 UniquePackedKeys reads in place. A tf.function takes the packed form as 3

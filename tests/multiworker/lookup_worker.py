@@ -61,6 +61,32 @@ def my_feeds(scenario, step):
     return batches[RANK], targets[RANK]
 
 
+def step_signature(tables):
+    """A tf.function step's input signature: per table the ids' indices,
+  values and dense shape, then the targets (step_inputs' order)."""
+    signature = []
+    for v in tables:
+        signature += [
+            tf.TensorSpec([None, 2], tf.int64),
+            tf.TensorSpec([None], v.key_dtype),
+            tf.TensorSpec([2], tf.int64),
+            tf.TensorSpec([None, v.embedding_dim], tf.float32)
+        ]
+    return signature
+
+
+def step_inputs(scenario, step):
+    """This rank's batch and targets of `step`, flat as step_signature says."""
+    batches, targets = my_feeds(scenario, step)
+    flat = []
+    for t, table in enumerate(harness.TABLES):
+        flat += [
+            batches[t].indices, batches[t].values,
+            np.array([batches[t].batch_size, table["hotness"]]), targets[t]
+        ]
+    return flat
+
+
 # What run_graph saw of its graph, for record_case.
 _state = {}
 
@@ -136,14 +162,7 @@ def run_eager(scenario, targets_gpu, packed=False):
   [1, batch, None] (lookup_sparse's packed form) instead of a SparseTensor."""
     tables = harness.make_tables(targets_gpu)
     optimizer = tf.compat.v1.train.AdagradOptimizer(harness.LEARNING_RATE)
-    signature = []
-    for v in tables:
-        signature += [
-            tf.TensorSpec([None, 2], tf.int64),
-            tf.TensorSpec([None], v.key_dtype),
-            tf.TensorSpec([2], tf.int64),
-            tf.TensorSpec([None, v.embedding_dim], tf.float32)
-        ]
+    signature = step_signature(tables)
 
     @tf.function(input_signature=signature)
     def train_step(*flat):
@@ -159,14 +178,7 @@ def run_eager(scenario, targets_gpu, packed=False):
 
     losses, embs = [], []
     for step in range(harness.STEPS):
-        batches, targets = my_feeds(scenario, step)
-        flat = []
-        for t, table in enumerate(harness.TABLES):
-            flat += [
-                batches[t].indices, batches[t].values,
-                np.array([batches[t].batch_size, table["hotness"]]), targets[t]
-            ]
-        step_loss, step_embs = train_step(*flat)
+        step_loss, step_embs = train_step(*step_inputs(scenario, step))
         losses.append(step_loss.numpy())
         embs.append([e.numpy() for e in step_embs])
     shards = [_shard(*(x.numpy() for x in v.export_full()[:3])) for v in tables]
@@ -179,14 +191,7 @@ def run_pipelined_function(scenario, targets_gpu):
     tables = harness.make_tables(targets_gpu)
     optimizer = tf.compat.v1.train.AdagradOptimizer(harness.LEARNING_RATE)
     pipeline = sok_ev.LookupPipeline(tables, "sum")
-    signature = []
-    for v in tables:
-        signature += [
-            tf.TensorSpec([None, 2], tf.int64),
-            tf.TensorSpec([None], v.key_dtype),
-            tf.TensorSpec([2], tf.int64),
-            tf.TensorSpec([None, v.embedding_dim], tf.float32)
-        ]
+    signature = step_signature(tables)
 
     def prefetch(flat):
         sparse_ids = [tf.SparseTensor(*flat[4 * t:4 * t + 3]) for t in range(len(tables))]
@@ -206,22 +211,12 @@ def run_pipelined_function(scenario, targets_gpu):
         prefetch(flat_next)
         return out
 
-    def flat_of(step):
-        batches, targets = my_feeds(scenario, step)
-        flat = []
-        for t, table in enumerate(harness.TABLES):
-            flat += [
-                batches[t].indices, batches[t].values,
-                np.array([batches[t].batch_size, table["hotness"]]), targets[t]
-            ]
-        return flat
-
-    tf.function(input_signature=signature)(lambda *flat: prefetch(flat))(*flat_of(0))
+    tf.function(input_signature=signature)(lambda *flat: prefetch(flat))(*step_inputs(scenario, 0))
     last_step = tf.function(train)
     losses, embs = [], []
     for step in range(harness.STEPS):
         if step + 1 < harness.STEPS:
-            step_loss, step_embs = train_and_prefetch(*flat_of(step + 1))
+            step_loss, step_embs = train_and_prefetch(*step_inputs(scenario, step + 1))
         else:
             step_loss, step_embs = last_step()
         losses.append(step_loss.numpy())
