@@ -54,6 +54,9 @@ from sok_ev.embedding_variable import EmbeddingVariable
 
 _HOST_DEVICE = "/CPU:0"
 _ordinals = itertools.count()
+# Name -> the live pipeline staging under it: two sharing a name would take
+# each other's batches.
+_pipelines = weakref.WeakValueDictionary()
 
 
 class LookupPipeline:
@@ -78,8 +81,9 @@ class LookupPipeline:
         process). Two pipelines must not share one.
 
     Raises:
-      TypeError, ValueError: params, combiners or exchange_dtype as
-        lookup_sparse would refuse them (checked again with each batch).
+      TypeError, ValueError: params or exchange_dtype as lookup_sparse
+        would refuse them (combiners are checked with each batch, as
+        lookup_sparse checks them), or a name another live pipeline has.
     """
         if not isinstance(params, (list, tuple)) or not params:
             raise ValueError(f"LookupPipeline: params must be a non-empty list of Embedding "
@@ -94,6 +98,10 @@ class LookupPipeline:
         self._combiners = combiners
         self._exchange_dtype = row_exchange.check_exchange_dtype(exchange_dtype, "LookupPipeline")
         self._name = name or f"sok_ev_lookup_pipeline_{next(_ordinals)}"
+        if _pipelines.get(self._name) is not None:
+            raise ValueError(f"LookupPipeline: name {self._name!r} is taken by another "
+                             "LookupPipeline of this process; give each its own")
+        _pipelines[self._name] = self
         self._device = agreement.exchange_device(self._params)
         # Set by the first prefetch: the plan, the staged dtypes and the
         # extras' structure, which every later batch must match.

@@ -226,6 +226,9 @@ def test_bad_arguments_are_refused_naming_them(sok, rng, unique_name):
         sok.LookupPipeline([ev], exchange_dtype="float64")
     with pytest.raises(ValueError, match="name"):
         sok.LookupPipeline([ev], name="")
+    taken = sok.LookupPipeline([ev], name=unique_name("pipeline"))
+    with pytest.raises(ValueError, match=f"name '{taken.name}' is taken"):
+        sok.LookupPipeline([ev], name=taken.name)
     pipeline = sok.LookupPipeline([ev], combiners=["max"])
     int32_ids = _batches(rng, np.int32)[0].sp_ids()
     with pytest.raises(ValueError, match=r"combiners\[0\].*'max'"):
