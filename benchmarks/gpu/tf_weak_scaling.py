@@ -11,7 +11,10 @@ efficiency = t(1 GPU) / t(N GPUs).
 
 The driver (no arguments) launches, one after the other, each under
 `horovodrun --gloo` with one GPU per rank (NCCL carries the GPU tensors):
-  time      -np 1, then -np 2: ms per step, steps/s, samples/s, the
+  time      -np 1, then -np 1 per --one-gpu-variants (pipelined=1: the step
+            through sok_ev.LookupPipeline, each step routing the next batch,
+            the baseline of the pipelined 2-GPU runs), then -np 2: ms per
+            step, steps/s, samples/s, the
             collectives the step's graph holds, and, on 2 GPUs, one
             exchange's all-to-all alone (the rows of one step, `hvd.alltoall`
             on the GPU, or sok-ev's NCCL exchange when the run sets
@@ -21,9 +24,9 @@ The driver (no arguments) launches, one after the other, each under
             shape: the losses and the final lookup must agree (rtol 1e-5);
 then, as far as --budget-s allows (what is skipped is listed in the report):
   time      -np 2 again per --variants, first (SOK_EV_ROW_TRANSPORT=nccl: the
-            rows over sok-ev's own NCCL exchange, alone, with the tables in
-            two lookups (--lookup-groups: one group's exchange beside the other's
-            lookup) and compressed;
+            rows over sok-ev's own NCCL exchange, alone, pipelined (also over
+            Horovod), with the tables in two lookups (--lookup-groups: one
+            group's exchange beside the other's lookup) and compressed;
             lookup_sparse's exchange_dtype=bfloat16; Horovod's
             HOROVOD_ENABLE_ASYNC_COMPLETION; run the whole command with
             HOROVOD_CYCLE_TIME=0.1 for the key exchange's sake);
@@ -36,12 +39,13 @@ then, as far as --budget-s allows (what is skipped is listed in the report):
             which splits what 2 GPUs add into the pipeline's own work and the
             rest (transfers, waiting for the peer), and again per
             --loopback-variants (SOK_EV_ROW_TRANSPORT=nccl: the rows over
-            sok-ev's own NCCL exchange);
+            sok-ev's own NCCL exchange; pipelined=1);
   check     -np 2 with exchange_dtype=bfloat16 (--check-compressed), whose
             first lookup must be within the bfloat16 bound of the 1-GPU one:
             2^-8 * hotness * 0.05 (rows start in [-0.05, 0.05]).
-With --gpus 1 it runs the -np 1 time launches only (time1, time1_loopback and
-its variants).
+With --gpus 1 it runs the -np 1 time launches only (time1 and its variants,
+time1_loopback and its variants). --timeline-steps N prints rank 0's GPU
+timeline of N traced steps per launch (step_profile.gpu_timeline).
 It prints the table (bytes exchanged per GPU per step from the ranks' own
 routing counts; the exchange floor = those bytes ÷ the all-to-all's measured
 rate) and appends it to benchmarks/RESULTS.md (a copy in
