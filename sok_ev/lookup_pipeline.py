@@ -131,20 +131,31 @@ class LookupPipeline:
       op; eagerly it has run).
 
     Raises:
+      TypeError: an element of extras that is not a tensor (nor convertible
+        to one).
       TypeError, ValueError: as lookup_sparse; or a batch whose form
         differs from the first prefetched one (weighted or not, packed or
         not, the extras' structure or dtypes), naming what differs.
     """
+        # The extras first: a refused batch routes nothing (eagerly, routing
+        # runs the key exchange).
+        extra_values = [] if extras is None else [
+            _extra_tensor(x, self._name) for x in tf.nest.flatten(extras)
+        ]
+        extras_form = (None if extras is None else tf.nest.map_structure(lambda _: 0, extras),
+                       [v.dtype for v in extra_values])
+        if self._layout is not None and extras_form != (self._layout[2], self._layout[3]):
+            raise ValueError(f"LookupPipeline '{self._name}': extras has structure "
+                             f"{extras_form[0]} and dtypes {[d.name for d in extras_form[1]]}, but "
+                             f"the first prefetched batch had {self._layout[2]} and "
+                             f"{[d.name for d in self._layout[3]]}")
         plan, batch = lookup_module.route_batch(self._params, indices, self._combiners, sp_weights,
                                                 self._exchange_dtype)
         device_values, host_values = _split(batch)
-        extra_values = ([] if extras is None else
-                        [tf.convert_to_tensor(x) for x in tf.nest.flatten(extras)])
         layout = (
             [v.dtype for v in device_values],
             [v.dtype for v in host_values],
-            None if extras is None else tf.nest.map_structure(lambda _: 0, extras),
-            [v.dtype for v in extra_values],
+            *extras_form,
             _structure(batch),
         )
         if self._plan is None:
@@ -205,21 +216,27 @@ class LookupPipeline:
         return lookup_module.lookup_routed(self._plan, batch), extras
 
     def _check_same_form(self, plan, layout):
-        """Fails unless a batch is staged as the first one was."""
+        """Fails unless a routed batch is staged as the first one was (its
+    extras are checked before it is routed)."""
         first = self._plan
         if plan.weighted != first.weighted:
             raise ValueError(f"LookupPipeline '{self._name}': sp_weights gives weighted tables "
                              f"{plan.weighted}, but the first prefetched batch gave "
                              f"{first.weighted}; every batch must weight the same tables")
-        if (layout[2], layout[3]) != (self._layout[2], self._layout[3]):
-            raise ValueError(f"LookupPipeline '{self._name}': extras has structure "
-                             f"{layout[2]} and dtypes {[d.name for d in layout[3]]}, but the "
-                             f"first prefetched batch had {self._layout[2]} and "
-                             f"{[d.name for d in self._layout[3]]}")
         if layout != self._layout:
             raise ValueError(f"LookupPipeline '{self._name}': indices has another form than "
                              "in the first prefetched batch (packed or not, or other dtypes); "
                              "every batch must come in the same form")
+
+
+def _extra_tensor(value, name):
+    """An element of prefetch's extras as a tensor, or a TypeError naming it."""
+    try:
+        return tf.convert_to_tensor(value)
+    except (TypeError, ValueError) as error:
+        raise TypeError(f"LookupPipeline '{name}': extras must hold tensors (or values "
+                        f"tf.convert_to_tensor takes), got {value!r} of type "
+                        f"{type(value).__name__}") from error
 
 
 def _structure(batch):

@@ -236,3 +236,6 @@ def test_bad_arguments_are_refused_naming_them(sok, rng, unique_name):
     pipeline = sok.LookupPipeline([ev])
     with pytest.raises(TypeError, match=r"indices\[0\] has int32"):
         pipeline.prefetch([int32_ids])
+    int64_ids = _batches(rng, np.int64)[0].sp_ids()
+    with pytest.raises(TypeError, match=r"extras must hold tensors.*object"):
+        pipeline.prefetch([int64_ids], extras={"labels": object()})
