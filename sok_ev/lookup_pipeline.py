@@ -144,20 +144,20 @@ class LookupPipeline:
         ]
         extras_form = (None if extras is None else tf.nest.map_structure(lambda _: 0, extras),
                        [v.dtype for v in extra_values])
-        if self._layout is not None and extras_form != (self._layout[2], self._layout[3]):
+        if self._layout is not None and extras_form != self._layout[1:]:
             raise ValueError(f"LookupPipeline '{self._name}': extras has structure "
                              f"{extras_form[0]} and dtypes {[d.name for d in extras_form[1]]}, but "
-                             f"the first prefetched batch had {self._layout[2]} and "
-                             f"{[d.name for d in self._layout[3]]}")
+                             f"the first prefetched batch had {self._layout[1]} and "
+                             f"{[d.name for d in self._layout[2]]}")
         plan, batch = lookup_module.route_batch(self._params, indices, self._combiners, sp_weights,
                                                 self._exchange_dtype)
-        device_values, host_values = _split(batch)
-        layout = (
-            [v.dtype for v in device_values],
-            [v.dtype for v in host_values],
-            *extras_form,
-            _structure(batch),
-        )
+        device_part, host_part = _parts(batch)
+        device_values = [t for t in tf.nest.flatten(device_part) if t is not None]
+        host_values = tf.nest.flatten(host_part)
+        # The batch's structure with each tensor's dtype (None where a field is
+        # None), and the extras'.
+        layout = (tf.nest.map_structure(lambda t: None if t is None else t.dtype,
+                                        (device_part, host_part)), *extras_form)
         if self._plan is None:
             self._plan, self._layout = plan, layout
         else:
@@ -189,8 +189,9 @@ class LookupPipeline:
         if self._plan is None:
             raise ValueError(f"LookupPipeline '{self._name}': lookup() before any prefetch(); "
                              "prefetch a batch first (it defines what lookup() takes)")
-        device_dtypes, host_dtypes, extras_structure, extra_dtypes, structure = self._layout
-        host_dtypes = host_dtypes + extra_dtypes + [tf.int64]
+        (device_form, host_form), extras_structure, extra_dtypes = self._layout
+        device_dtypes = [d for d in tf.nest.flatten(device_form) if d is not None]
+        host_dtypes = tf.nest.flatten(host_form) + extra_dtypes + [tf.int64]
         with tf.name_scope("sok_ev_lookup_pipeline_lookup"):
             with tf.device(self._device):
                 waiting = tf.raw_ops.StageSize(dtypes=device_dtypes, shared_name=self._name)
@@ -208,11 +209,10 @@ class LookupPipeline:
             graph = framework_ops.get_default_graph()
             self._unstaged.setdefault(graph, []).extend([device_values[0].op, host_values[0].op])
         host_values = list(host_values)[:-1]
-        num_host = len(self._layout[1])
-        batch = _join(structure, list(device_values), host_values[:num_host])
-        extra_values = host_values[num_host:]
+        num_host = len(tf.nest.flatten(host_form))
+        batch = _join(device_form, host_form, device_values, host_values[:num_host])
         extras = (None if extras_structure is None else tf.nest.pack_sequence_as(
-            extras_structure, extra_values))
+            extras_structure, host_values[num_host:]))
         return lookup_module.lookup_routed(self._plan, batch), extras
 
     def _check_same_form(self, plan, layout):
@@ -239,60 +239,27 @@ def _extra_tensor(value, name):
                         f"{type(value).__name__}") from error
 
 
-def _structure(batch):
-    """Which RoutedBatch fields hold lists, of how many tensors: the layout
-  _split flattens and _join restores."""
-    fields = batch._asdict()
-    routing = fields.pop("routing")
-    described = [(name, len(value)) for name, value in fields.items()]
-    if routing is None:
-        return described, None
-    parts = routing._asdict()
-    return described, [(name, len(value) if isinstance(value, (list, tuple)) else None,
-                        [len(v)
-                         for v in value] if name == "owned" else None)
-                       for name, value in parts.items()]
+def _parts(batch):
+    """A RoutedBatch as (the batch with the fields the row stages read on the
+  host set to None, {field: tensor} of those fields): what stays on the
+  lookup's device, and what is staged on the CPU (nothing with one worker)."""
+    if batch.routing is None:
+        return batch, {}
+    host = {name: getattr(batch.routing, name) for name in distributed.HOST_FIELDS}
+    return batch._replace(routing=batch.routing._replace(**dict.fromkeys(host))), host
 
 
-def _split(batch):
-    """A RoutedBatch as (tensors the lookup's device keeps, tensors read on the
-  host), each in field order."""
-    device, host = [], []
-    for value in batch[:-1]:
-        device.extend(value)
-    if batch.routing is not None:
-        for name, value in batch.routing._asdict().items():
-            if name in distributed.HOST_FIELDS:
-                host.append(value)
-            elif name == "owned":
-                for part in value:
-                    device.extend(part)
-            else:
-                device.extend(value)
-    return device, host
-
-
-def _join(structure, device, host):
-    """_split's inverse, from the unstaged tensors."""
-    described, routed = structure
-    device = iter(device)
-    host = iter(host)
-    fields = {name: [next(device) for _ in range(n)] for name, n in described}
-    routing = None
-    if routed is not None:
-        parts = {}
-        for name, n, owned_sizes in routed:
-            if name in distributed.HOST_FIELDS:
-                parts[name] = next(host)
-            elif name == "owned":
-                parts[name] = tuple([next(device) for _ in range(k)] for k in owned_sizes)
-            else:
-                parts[name] = [next(device) for _ in range(n)]
-        routing = distributed.KeyRouting(**parts)
-    # Unique keys as they were staged: the fused apply may skip deduplicating
-    # them, as it does for UniqueKeys' own outputs.
-    keys = fields["keys"] if routing is None else routing.owned[0]
+def _join(device_form, host_form, device_values, host_values):
+    """_parts' inverse, from the unstaged tensors: each non-None leaf of
+  device_form (a dtype) takes the next device value, host_form's the host
+  values. The unique keys are marked distinct (they are UniqueKeys' or
+  UniqueOwnedKeys' as staged), so the fused apply skips deduplicating them."""
+    values = iter(device_values)
+    batch = tf.nest.map_structure(lambda d: None if d is None else next(values), device_form)
+    if host_form:
+        host = tf.nest.pack_sequence_as(host_form, list(host_values))
+        batch = batch._replace(routing=batch.routing._replace(**host))
     if not tf.executing_eagerly():
-        for tensor in keys:
+        for tensor in batch.keys if batch.routing is None else batch.routing.owned[0]:
             optimizers.mark_distinct_keys(tensor)
-    return lookup_module.RoutedBatch(routing=routing, **fields)
+    return batch
