@@ -35,6 +35,21 @@ def op_type(node):
     return label.split(" = ", 1)[1].split("(", 1)[0] if " = " in label else node.node_name
 
 
+def traced(run):
+    """Runs `run(options, run_metadata)`, one graph-mode step that passes both
+  to Session.run, once with RunOptions.FULL_TRACE.
+
+  Returns:
+    (wall ms of the step, its StepStats proto).
+  """
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
+    metadata = tf.compat.v1.RunMetadata()
+    begin = time.perf_counter()
+    run(options, metadata)
+    return (time.perf_counter() - begin) * 1e3, metadata.step_stats
+
+
 def profile(run, steps):
     """Runs `run(options, run_metadata)`, one graph-mode step that passes both
   to Session.run, `steps` times traced.
@@ -42,15 +57,11 @@ def profile(run, steps):
   Returns:
     (median wall ms of a traced step, {(kind, op type): ms a step}).
   """
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
     times, walls = collections.Counter(), []
     for _ in range(steps):
-        metadata = tf.compat.v1.RunMetadata()
-        begin = time.perf_counter()
-        run(options, metadata)
-        walls.append((time.perf_counter() - begin) * 1e3)
-        for device in metadata.step_stats.dev_stats:
+        wall, step_stats = traced(run)
+        walls.append(wall)
+        for device in step_stats.dev_stats:
             kind = device_kind(device.device)
             for node in device.node_stats:
                 times[kind, op_type(node)] += node.all_end_rel_micros / 1e3 / steps

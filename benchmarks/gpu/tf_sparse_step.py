@@ -344,15 +344,13 @@ def trace_steps(tf, args, hot, run):
     step's GPU timeline printed (step_profile.gpu_timeline) and its step
     stats saved as tf_sparse_step_trace_<hot>hot_<s>.pb in --json-dir."""
     import step_profile  # pylint: disable=import-outside-toplevel
-    options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
     for s in range(args.trace_steps):
-        metadata = tf.compat.v1.RunMetadata()
-        run(s, options=options, run_metadata=metadata)
+        _, step_stats = step_profile.traced(
+            lambda options, metadata, s=s: run(s, options=options, run_metadata=metadata))
         path = os.path.join(args.json_dir, f"tf_sparse_step_trace_{hot}hot_{s}.pb")
         with open(path, "wb") as f:
-            f.write(metadata.step_stats.SerializeToString())
-        step_profile.print_timeline(step_profile.gpu_timeline(metadata.step_stats),
-                                    f" {hot}-hot step {s}")
+            f.write(step_stats.SerializeToString())
+        step_profile.print_timeline(step_profile.gpu_timeline(step_stats), f" {hot}-hot step {s}")
 
 
 def trace_function_steps(tf, args, hot, run):

@@ -339,11 +339,10 @@ def run_step(tf, hvd, sok, ops, args, hot, values, batch, rank, size):
                 out["alltoall_call_ms"] = time_alltoall(sess, one, args.steps)
                 out["alltoall_ms"] = time_alltoall(sess, chained, args.steps) / CHAINED_EXCHANGES
             for s in range(args.timeline_steps):  # every rank traces, as below
-                options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
-                metadata = tf.compat.v1.RunMetadata()
-                sess.run([train, loss], feed(s), options=options, run_metadata=metadata)
+                _, step_stats = step_profile.traced(lambda options, metadata, s=s: sess.run(
+                    [train, loss], feed(s), options=options, run_metadata=metadata))
                 if rank == 0:
-                    step_profile.print_timeline(step_profile.gpu_timeline(metadata.step_stats),
+                    step_profile.print_timeline(step_profile.gpu_timeline(step_stats),
                                                 f" {hot}-hot {args.tag} step {s}")
             if args.profile_steps:  # every rank traces: the collectives need all of them
                 try:
