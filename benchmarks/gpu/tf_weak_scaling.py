@@ -45,7 +45,8 @@ then, as far as --budget-s allows (what is skipped is listed in the report):
             2^-8 * hotness * 0.05 (rows start in [-0.05, 0.05]).
 With --gpus 1 it runs the -np 1 time launches only (time1 and its variants,
 time1_loopback and its variants). --timeline-steps N prints rank 0's GPU
-timeline of N traced steps per launch (step_profile.gpu_timeline).
+timeline of N traced steps per launch (step_profile.gpu_timeline) and saves
+their StepStats as trace_<tag>_<hot>hot_<step>.pb in --json-dir.
 It prints the table (bytes exchanged per GPU per step from the ranks' own
 routing counts; the exchange floor = those bytes ÷ the all-to-all's measured
 rate) and appends it to benchmarks/RESULTS.md (a copy in
@@ -147,7 +148,8 @@ def parse_args(argv=None):
                         type=int,
                         default=0,
                         help="traced steps after timing whose GPU timeline rank 0 prints "
-                        "(step_profile.gpu_timeline: kernels in start order, idle gaps)")
+                        "(step_profile.gpu_timeline: kernels in start order, idle gaps) and "
+                        "saves (trace_<tag>_<hot>hot_<step>.pb in --json-dir)")
     parser.add_argument("--dry-run-on-cpu",
                         action="store_true",
                         help="CPU ranks over Gloo (checks the script only)")
@@ -342,6 +344,9 @@ def run_step(tf, hvd, sok, ops, args, hot, values, batch, rank, size):
                 _, step_stats = step_profile.traced(lambda options, metadata, s=s: sess.run(
                     [train, loss], feed(s), options=options, run_metadata=metadata))
                 if rank == 0:
+                    path = os.path.join(args.json_dir, f"trace_{args.tag}_{hot}hot_{s}.pb")
+                    with open(path, "wb") as f:
+                        f.write(step_stats.SerializeToString())
                     step_profile.print_timeline(step_profile.gpu_timeline(step_stats),
                                                 f" {hot}-hot {args.tag} step {s}")
             if args.profile_steps:  # every rank traces: the collectives need all of them

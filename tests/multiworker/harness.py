@@ -24,6 +24,7 @@ placement function of cc/partition.h in NumPy, so tests check that contract.
 import dataclasses
 import importlib.util
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -137,13 +138,19 @@ def launch(script, workers, args=(), timeout=240, out_dir=None, pass_out=True, e
                   output.decode(errors="replace"), results)
 
 
+# NCCL's own log lines (its debug.cc): "host:pid:tid [device] NCCL INFO ...";
+# a WARN also names its source ("... [device] file.cc:123 NCCL WARN ..."),
+# a TRACE its time and function too.
+NCCL_LOG_LINE = re.compile(r"^\S+:\d+:\d+ \[\d+\] (?:\S+ ){0,2}NCCL (?:INFO|WARN|TRACE)\b")
+
+
 def rank_stdout(output, rank):
     """Rank `rank`'s stdout lines from horovodrun's prefixed output, without
-  NCCL's own log lines (GPU mode sets NCCL_DEBUG, and they hold numbers)."""
+  NCCL's own log lines (GPU mode sets NCCL_DEBUG, and they hold numbers).
+  A line of the worker's own that names NCCL stays."""
     prefix = f"[{rank}]<stdout>:"
-    return "\n".join(line[len(prefix):]
-                     for line in output.splitlines()
-                     if line.startswith(prefix) and " NCCL " not in line)
+    lines = (line[len(prefix):] for line in output.splitlines() if line.startswith(prefix))
+    return "\n".join(line for line in lines if not NCCL_LOG_LINE.match(line))
 
 
 def horovod_available():

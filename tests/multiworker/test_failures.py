@@ -90,10 +90,7 @@ def test_a_worker_stopped_between_key_and_row_exchange_fails_the_others_at_the_t
                             })
     assert not result.timed_out, result.tail()
     assert result.returncode != 0, result.tail()
-    # Rank 0's own lines, NCCL's name in its error included (rank_stdout
-    # drops lines that name NCCL).
-    rank0 = "\n".join(
-        line for line in result.output.splitlines() if line.startswith("[0]<stdout>:"))
+    rank0 = harness.rank_stdout(result.output, 0)
     assert "[rank 0] first step done" in rank0, result.tail()
     assert (f"an all-to-all did not end within {timeout} s (SOK_EV_EXCHANGE_TIMEOUT)"
             in rank0), result.tail()
