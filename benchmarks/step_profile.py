@@ -225,6 +225,14 @@ def print_timeline(timeline, label="", min_launch_ms=0.02):
         print(f"[timeline{label}]   idle {idle:.3f} ms at {at:.3f}: {before} -> {after}")
 
 
+def save_and_print_timeline(step_stats, path, label=""):
+    """Writes a traced step's StepStats proto to `path` (what this module's
+  command line reads back) and prints its GPU timeline (print_timeline)."""
+    with open(path, "wb") as f:
+        f.write(step_stats.SerializeToString())
+    print_timeline(gpu_timeline(step_stats), label)
+
+
 if __name__ == "__main__":
     import sys  # pylint: disable=import-outside-toplevel
     from tensorflow.core.framework import step_stats_pb2  # pylint: disable=import-outside-toplevel

@@ -347,10 +347,9 @@ def trace_steps(tf, args, hot, run):
     for s in range(args.trace_steps):
         _, step_stats = step_profile.traced(
             lambda options, metadata, s=s: run(s, options=options, run_metadata=metadata))
-        path = os.path.join(args.json_dir, f"tf_sparse_step_trace_{hot}hot_{s}.pb")
-        with open(path, "wb") as f:
-            f.write(step_stats.SerializeToString())
-        step_profile.print_timeline(step_profile.gpu_timeline(step_stats), f" {hot}-hot step {s}")
+        step_profile.save_and_print_timeline(
+            step_stats, os.path.join(args.json_dir, f"tf_sparse_step_trace_{hot}hot_{s}.pb"),
+            f" {hot}-hot step {s}")
 
 
 def trace_function_steps(tf, args, hot, run):

@@ -344,11 +344,10 @@ def run_step(tf, hvd, sok, ops, args, hot, values, batch, rank, size):
                 _, step_stats = step_profile.traced(lambda options, metadata, s=s: sess.run(
                     [train, loss], feed(s), options=options, run_metadata=metadata))
                 if rank == 0:
-                    path = os.path.join(args.json_dir, f"trace_{args.tag}_{hot}hot_{s}.pb")
-                    with open(path, "wb") as f:
-                        f.write(step_stats.SerializeToString())
-                    step_profile.print_timeline(step_profile.gpu_timeline(step_stats),
-                                                f" {hot}-hot {args.tag} step {s}")
+                    step_profile.save_and_print_timeline(
+                        step_stats, os.path.join(args.json_dir,
+                                                 f"trace_{args.tag}_{hot}hot_{s}.pb"),
+                        f" {hot}-hot {args.tag} step {s}")
             if args.profile_steps:  # every rank traces: the collectives need all of them
                 try:
                     wall, op_ms = step_profile.profile(
