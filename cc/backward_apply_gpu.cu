@@ -22,7 +22,7 @@ template <int kLanes>
 __global__ void __launch_bounds__(kThreads)
     backward_apply_kernel(OptimizerSpec spec, float* rows, int64_t row_width, int64_t* versions,
                           const int64_t* row_ids, SegmentGradients gradients,
-                          const int64_t* num_unique, int64_t global_step) {
+                          const int64_t* num_unique, int64_t max_unique, int64_t global_step) {
   extern __shared__ float shared_grads[];
   const int lane = threadIdx.x & 31;
   const int rank = lane % kLanes;
@@ -30,7 +30,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t dim = gradients.dim;
   float* grad = shared_grads + (threadIdx.x / kLanes) * dim;
   const float adam_lr = adam_learning_rate(spec);
-  const int64_t count = *num_unique;
+  const int64_t count = num_unique != nullptr ? *num_unique : max_unique;
   for (int64_t u = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / kLanes; u < count;
        u += (int64_t(gridDim.x) * blockDim.x) / kLanes) {
     const int64_t row_id = row_ids[u];
@@ -63,7 +63,7 @@ template <int kCount, int kSlots, int kMinBlocks>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     backward_apply_vec_kernel(OptimizerSpec spec, float* rows, int64_t row_width, int64_t* versions,
                               const int64_t* row_ids, SegmentGradients gradients,
-                              const int64_t* num_unique, int64_t global_step) {
+                              const int64_t* num_unique, int64_t max_unique, int64_t global_step) {
   constexpr int kLanes = 8;
   const int64_t dim = gradients.dim;
   const int rank = threadIdx.x & (kLanes - 1);
@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   int64_t slot_offset[kSlots > 0 ? kSlots : 1];
 #pragma unroll
   for (int s = 0; s < kSlots; ++s) slot_offset[s] = (1 + spec.slot_index[s]) * dim;
-  const int64_t count = *num_unique;
+  const int64_t count = num_unique != nullptr ? *num_unique : max_unique;
   for (int64_t u = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / kLanes; u < count;
        u += (int64_t(gridDim.x) * blockDim.x) / kLanes) {
     const int64_t row_id = row_ids[u];
@@ -158,7 +158,7 @@ Status combine_backward_apply(const GpuContext& context, HashTable<Key>& table,
                                              : (4 * kCount * (kSlots + 2) <= 80) ? 2             \
                                                                                  : 1)>           \
       <<<blocks, kThreads, 0, stream>>>(spec, view.rows, view.row_width, view.versions, row_ids, \
-                                        gradients, num_unique, global_step)
+                                        gradients, num_unique, max_unique, global_step)
 #define SOK_EV_BACKWARD_APPLY_SLOTS(kCount) \
   switch (used_slots) {                     \
     case 0:                                 \
@@ -193,9 +193,10 @@ Status combine_backward_apply(const GpuContext& context, HashTable<Key>& table,
   const int lanes = narrow ? 8 : 32;
   const size_t shared = (kThreads / lanes) * view.dim * sizeof(float);
   const unsigned blocks = grid_for(max_unique * lanes, kThreads);
-#define SOK_EV_BACKWARD_APPLY(kLanes)                                  \
-  backward_apply_kernel<kLanes><<<blocks, kThreads, shared, stream>>>( \
-      spec, view.rows, view.row_width, view.versions, row_ids, gradients, num_unique, global_step)
+#define SOK_EV_BACKWARD_APPLY(kLanes)                                                             \
+  backward_apply_kernel<kLanes><<<blocks, kThreads, shared, stream>>>(                            \
+      spec, view.rows, view.row_width, view.versions, row_ids, gradients, num_unique, max_unique, \
+      global_step)
   if (narrow) {
     SOK_EV_BACKWARD_APPLY(8);
   } else {

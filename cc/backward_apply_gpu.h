@@ -19,7 +19,10 @@ namespace gpu {
 // row's version set to global_step: unique u's gradient sums its entries
 // order[segments[u] .. segments[u + 1]) in that order.
 //   grad_out: (batch, dim)  weights: (nnz,) or null  row_offsets: (batch + 1,)
-//   order, segments, num_unique: from unique_keys_segmented (device)
+//   order, segments, num_unique: from unique_keys_segmented (device); or,
+//     for distinct keys one per gradient row (max_key_entries 1), order,
+//     segments and row_offsets null: key u's gradient is row u
+//   num_unique: device, or null: max_unique is the count
 //   max_unique: host upper bound of *num_unique (sizes the launch)
 //   max_key_entries: host bound on any key's entries (nnz when unknown; 1
 //     when the keys are distinct: each key's one entry is read in place,

@@ -25,6 +25,28 @@ namespace sok_ev {
 // tf.math.div_no_nan: x / y, and 0 where y is 0.
 SOK_EV_HOST_DEVICE float div_no_nan(float x, float y) { return y == 0.0f ? 0.0f : x / y; }
 
+// One table's combine backward, in any of its forms (combine_backward,
+// combine_backward_rows, combine_backward_from_rows below): a multi-table
+// op hands over all its tables at once (Core::CombineBackwardTables), and
+// the GPU sums them in a few launches (gpu::combine_backward_tables).
+struct CombineBackwardTable {
+  const float* grad_out = nullptr;              // (batch, dim); null: grad_out_rows
+  const float* const* grad_out_rows = nullptr;  // (batch,) sample b's gradient row
+  const int64_t* unique_index = nullptr;        // (nnz,)
+  const int64_t* order = nullptr;               // (nnz,) grouped by key, or null (see below)
+  const int64_t* segments = nullptr;            // (num_unique + 1,)
+  int64_t num_unique = 0;
+  const float* weights = nullptr;        // (nnz,) or null
+  const int64_t* row_offsets = nullptr;  // (batch + 1,)
+  int64_t batch = 0;
+  int64_t nnz = 0;
+  int64_t dim = 0;
+  Combiner combiner = Combiner::kSum;
+  float* grad_unique = nullptr;       // (num_unique, dim) out; null: grad_rows
+  float* const* grad_rows = nullptr;  // (num_unique,) unique u's gradient row, out
+  bool rows_aligned = false;          // every row read or written by address is 16-byte aligned
+};
+
 namespace cpu {
 
 // Entry j's sample id is sample_ids[j * stride]: a SparseTensor's indices
@@ -137,7 +159,8 @@ namespace gpu {
 
 // One table's sample ids (or row splits), for row_offsets_from_sample_ids.
 struct SampleIds {
-  const int64_t* sample_ids;  // (nnz * stride,) device; null: entry j is sample j
+  const int64_t* sample_ids;  // (nnz * stride,) device; null: entry j is sample j (and
+                              // samples past nnz are empty)
   int64_t stride;
   int64_t nnz;
   int64_t batch;
@@ -178,19 +201,13 @@ void combine_backward(const GpuContext& context, const float* grad_out, const in
                       const int64_t* segments, int64_t num_unique, const float* weights,
                       const int64_t* row_offsets, int64_t batch, int64_t nnz, int64_t dim,
                       Combiner combiner, float* grad_unique);
-// rows_aligned: every row of grad_rows starts 16-byte aligned (written as
-// float4s when dim % 4 == 0).
-void combine_backward_rows(const GpuContext& context, const float* grad_out, const int64_t* order,
-                           const int64_t* segments, int64_t num_unique, const float* weights,
-                           const int64_t* row_offsets, int64_t batch, int64_t nnz, int64_t dim,
-                           Combiner combiner, float* const* grad_rows, bool rows_aligned);
-// rows_aligned: every row of grad_out_rows starts 16-byte aligned (read as
-// float4s when dim % 4 == 0).
-void combine_backward_from_rows(const GpuContext& context, const float* const* grad_out_rows,
-                                const int64_t* order, const int64_t* segments, int64_t num_unique,
-                                const float* weights, const int64_t* row_offsets, int64_t batch,
-                                int64_t nnz, int64_t dim, Combiner combiner, float* grad_unique,
-                                bool rows_aligned);
+// Every table's combine_backward, in its form (grad_out or grad_out_rows in,
+// grad_unique or grad_rows out), each stage one launch for up to 32
+// tables; each table's bits are those of its own call. order must be set
+// (the GPU reads the entries grouped by key).
+//   tables: (num_tables,) host
+void combine_backward_tables(const GpuContext& context, const CombineBackwardTable* tables,
+                             int num_tables);
 }  // namespace gpu
 
 }  // namespace sok_ev

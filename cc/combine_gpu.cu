@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "cc/combine.h"
 #include "cc/combine_kernels_gpu.h"
@@ -51,7 +52,8 @@ struct SampleIdTables {
 // blockIdx.y picks the table. Thread j checks entry j and writes row
 // offset j. first_invalid[t] starts at nnz and takes the smallest bad entry
 // (atomicMin: the answer does not depend on scheduling). Null sample ids:
-// entry j is sample j, always valid.
+// entry j is sample j, always valid, and the samples past the last entry are
+// empty (an empty SparseTensor's indices are null too).
 __global__ void row_offsets_kernel(SampleIdTables tables, int64_t* first_invalid) {
   const SampleIds table = tables.tables[blockIdx.y];
   const int64_t stride = table.stride;
@@ -70,7 +72,9 @@ __global__ void row_offsets_kernel(SampleIdTables tables, int64_t* first_invalid
       continue;
     }
     if (table.sample_ids == nullptr) {
-      if (table.row_offsets != nullptr && j <= table.batch) table.row_offsets[j] = j;
+      if (table.row_offsets != nullptr && j <= table.batch) {
+        table.row_offsets[j] = j < table.nnz ? j : table.nnz;
+      }
       continue;
     }
     if (first_invalid != nullptr && j < table.nnz) {
@@ -88,23 +92,6 @@ __global__ void row_offsets_kernel(SampleIdTables tables, int64_t* first_invalid
 
 __global__ void fill_kernel(int64_t* values, const SampleIdTables tables, int count) {
   for (int t = threadIdx.x; t < count; t += blockDim.x) values[t] = tables.tables[t].nnz;
-}
-
-// Each unique key's gradient written straight into grad_unique, or at
-// grad_rows.at[u], by the segment sums (cc/segment_sum_gpu.h); sample b's
-// gradient read at grad_out + b * dim, or at grad_out_rows.at[b].
-Status combine_backward_impl(const GpuContext& context, const float* grad_out, const int64_t* order,
-                             const int64_t* segments, int64_t num_unique, const float* weights,
-                             const int64_t* row_offsets, int64_t batch, int64_t nnz, int64_t dim,
-                             Combiner combiner, float* grad_unique,
-                             AddressedRows<float> grad_rows = {},
-                             AddressedRows<const float> grad_out_rows = {}) {
-  if (num_unique <= 0) return Status::Ok();
-  if (dim < 1) return Status::InvalidArgument("combine_backward: dim must be >= 1");
-  SegmentGradientSums sums;
-  return sums.prepare(context, grad_out, weights, row_offsets, batch, nnz, combiner, order,
-                      segments, /*num_unique=*/nullptr, num_unique, /*max_key_entries=*/nnz, dim,
-                      grad_unique, grad_rows, grad_out_rows);
 }
 
 // combine_rows_kernel over a Source into a Destination, dim checked.
@@ -175,27 +162,56 @@ void combine_backward(const GpuContext& context, const float* grad_out, const in
                       const int64_t* segments, int64_t num_unique, const float* weights,
                       const int64_t* row_offsets, int64_t batch, int64_t nnz, int64_t dim,
                       Combiner combiner, float* grad_unique) {
-  record_error(combine_backward_impl(context, grad_out, order, segments, num_unique, weights,
-                                     row_offsets, batch, nnz, dim, combiner, grad_unique));
+  CombineBackwardTable table;
+  table.grad_out = grad_out;
+  table.order = order;
+  table.segments = segments;
+  table.num_unique = num_unique;
+  table.weights = weights;
+  table.row_offsets = row_offsets;
+  table.batch = batch;
+  table.nnz = nnz;
+  table.dim = dim;
+  table.combiner = combiner;
+  table.grad_unique = grad_unique;
+  combine_backward_tables(context, &table, 1);
 }
 
-void combine_backward_rows(const GpuContext& context, const float* grad_out, const int64_t* order,
-                           const int64_t* segments, int64_t num_unique, const float* weights,
-                           const int64_t* row_offsets, int64_t batch, int64_t nnz, int64_t dim,
-                           Combiner combiner, float* const* grad_rows, bool rows_aligned) {
-  record_error(combine_backward_impl(context, grad_out, order, segments, num_unique, weights,
-                                     row_offsets, batch, nnz, dim, combiner,
-                                     /*grad_unique=*/nullptr, {grad_rows, rows_aligned}));
-}
-
-void combine_backward_from_rows(const GpuContext& context, const float* const* grad_out_rows,
-                                const int64_t* order, const int64_t* segments, int64_t num_unique,
-                                const float* weights, const int64_t* row_offsets, int64_t batch,
-                                int64_t nnz, int64_t dim, Combiner combiner, float* grad_unique,
-                                bool rows_aligned) {
-  record_error(combine_backward_impl(context, /*grad_out=*/nullptr, order, segments, num_unique,
-                                     weights, row_offsets, batch, nnz, dim, combiner, grad_unique,
-                                     {}, {grad_out_rows, rows_aligned}));
+// Each unique key's gradient written straight into grad_unique, or at
+// grad_rows[u], by the segment sums (cc/segment_sum_gpu.h); sample b's
+// gradient read at grad_out + b * dim, or at grad_out_rows[b].
+void combine_backward_tables(const GpuContext& context, const CombineBackwardTable* tables,
+                             int num_tables) {
+  std::vector<SegmentSumTable> sums;
+  for (int t = 0; t < num_tables; ++t) {
+    const CombineBackwardTable& table = tables[t];
+    if (table.num_unique <= 0) continue;
+    if (table.dim < 1) {
+      record_error(Status::InvalidArgument("combine_backward: dim must be >= 1"));
+      return;
+    }
+    SegmentSumTable sum;
+    sum.grad_out = table.grad_out;
+    sum.weights = table.weights;
+    sum.row_offsets = table.row_offsets;
+    sum.batch = table.batch;
+    sum.nnz = table.nnz;
+    sum.combiner = table.combiner;
+    sum.order = table.order;
+    sum.segments = table.segments;
+    sum.max_unique = table.num_unique;  // exact: num_unique stays null
+    sum.max_key_entries = table.nnz;
+    sum.dim = table.dim;
+    sum.sums = table.grad_unique;
+    if (table.grad_rows != nullptr) sum.sum_rows = {table.grad_rows, table.rows_aligned};
+    if (table.grad_out_rows != nullptr) {
+      sum.grad_out_rows = {table.grad_out_rows, table.rows_aligned};
+    }
+    sums.push_back(sum);
+  }
+  if (sums.empty()) return;
+  SegmentGradientSums gradients;
+  record_error(gradients.prepare(context, sums));
 }
 
 }  // namespace gpu

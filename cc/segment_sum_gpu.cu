@@ -1,5 +1,6 @@
 // SegmentGradientSums::prepare: see cc/segment_sum_gpu.h.
 #include <algorithm>
+#include <vector>
 
 #include "cc/lower_bound_gpu.h"
 #include "cc/segment_sum_gpu.h"
@@ -11,51 +12,100 @@ namespace {
 
 constexpr int kThreads = 256;
 
+// One table as the passes before the sums read it.
+struct EntriesTable {
+  const int64_t* order;        // (nnz,)
+  const int64_t* row_offsets;  // (batch + 1,)
+  const float* weights;        // (nnz,) or null
+  int64_t* entry_bag;          // (nnz,) scratch; null: a sum of unweighted entries
+  float* bag_scale;            // (batch,) out, with entry_bag
+  int64_t* sorted_bag;         // (nnz,) out
+  float* sorted_weight;        // (nnz,) out, with entry_bag
+  int64_t batch;
+  int64_t nnz;
+  Combiner combiner;
+};
+
+// One table as the sums read it.
+struct SumsTable {
+  SegmentGradients s;
+  const int64_t* num_unique;  // device, or null: max_unique is the count
+  int64_t max_unique;
+  int64_t nnz;
+  float* sums;             // (max_unique, dim) out (s.sums, writable), or null
+  float* const* sum_rows;  // (max_unique,) or null: key u's gradient at sums + u * dim
+  float* partials;         // head (tiles, dim), then tail (tiles, dim)
+};
+
+// The tables of one launch, by value; blockIdx.y picks one. Kernel
+// parameters are at most 4 KB.
+constexpr int kTablesPerLaunch = 32;
+template <typename Table>
+struct Tables {
+  Table at[kTablesPerLaunch];
+};
+static_assert(sizeof(Tables<SumsTable>) <= 4000 && sizeof(Tables<EntriesTable>) <= 4000,
+              "a launch's tables must fit the 4 KB of kernel parameters");
+
 // Each entry's sample, and each sample's denominator (1, sum w, or
-// sqrt(sum w^2)), as combine_forward divides.
-//   entry_bag: (nnz,) out   bag_scale: (batch,) out
-__global__ void bag_scale_kernel(const float* weights, const int64_t* row_offsets, int64_t batch,
-                                 Combiner combiner, int64_t* entry_bag, float* bag_scale) {
-  for (int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; b < batch;
+// sqrt(sum w^2)), as combine_forward divides. Tables without entry_bag have
+// nothing to do.
+__global__ void bag_scale_kernel(Tables<EntriesTable> tables) {
+  const EntriesTable& table = tables.at[blockIdx.y];
+  if (table.entry_bag == nullptr) return;
+  for (int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; b < table.batch;
        b += int64_t(gridDim.x) * blockDim.x) {
     float weight_sum = 0.0f, weight_square_sum = 0.0f;
-    for (int64_t j = row_offsets[b]; j < row_offsets[b + 1]; ++j) {
-      const float w = weights != nullptr ? weights[j] : 1.0f;
+    for (int64_t j = table.row_offsets[b]; j < table.row_offsets[b + 1]; ++j) {
+      const float w = table.weights != nullptr ? table.weights[j] : 1.0f;
       weight_sum += w;
       weight_square_sum += w * w;
-      entry_bag[j] = b;
+      table.entry_bag[j] = b;
     }
     float denominator = 1.0f;
-    if (combiner == Combiner::kMean) denominator = weight_sum;
-    if (combiner == Combiner::kSqrtn) denominator = sqrtf(weight_square_sum);
-    bag_scale[b] = denominator;
+    if (table.combiner == Combiner::kMean) denominator = weight_sum;
+    if (table.combiner == Combiner::kSqrtn) denominator = sqrtf(weight_square_sum);
+    table.bag_scale[b] = denominator;
   }
 }
 
 // Each grouped entry's sample and weight (one dependent load fewer in the
-// sums: segments -> sorted_bag -> gradient row).
-__global__ void sorted_entries_kernel(const int64_t* order, const int64_t* entry_bag,
-                                      const float* weights, int64_t nnz, int64_t* sorted_bag,
-                                      float* sorted_weight) {
-  for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < nnz;
+// sums: segments -> sorted_bag -> gradient row). A sum of unweighted entries
+// reads no denominator and no weight: its entry's sample is found in the row
+// offsets, in one pass (bag_scale_kernel's is not needed).
+__global__ void sorted_entries_kernel(Tables<EntriesTable> tables) {
+  const EntriesTable& table = tables.at[blockIdx.y];
+  for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < table.nnz;
        k += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t j = order[k];
-    sorted_bag[k] = entry_bag[j];
-    sorted_weight[k] = weights != nullptr ? weights[j] : 1.0f;
+    const int64_t j = table.order[k];
+    if (table.entry_bag == nullptr) {
+      // The last sample b whose entries start at or before entry j.
+      table.sorted_bag[k] = lower_bound(table.row_offsets, table.batch + 1, j + 1) - 1;
+    } else {
+      table.sorted_bag[k] = table.entry_bag[j];
+      table.sorted_weight[k] = table.weights != nullptr ? table.weights[j] : 1.0f;
+    }
   }
 }
 
-// sorted_entries_kernel for a sum of unweighted entries, which reads no
-// denominator and no weight: each grouped entry's sample found in the row
-// offsets, in one pass (bag_scale_kernel's pass is not needed).
-//   row_offsets: (batch + 1,)  sorted_bag: (nnz,) out
-__global__ void sorted_samples_kernel(const int64_t* order, const int64_t* row_offsets,
-                                      int64_t batch, int64_t nnz, int64_t* sorted_bag) {
-  for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < nnz;
-       k += int64_t(gridDim.x) * blockDim.x) {
-    // The last sample b whose entries start at or before entry order[k].
-    sorted_bag[k] = lower_bound(row_offsets, batch + 1, order[k] + 1) - 1;
+// Runs launch(tables, count, longest) for the tables, kTablesPerLaunch at a
+// time, where longest is the most work items (size(table)) of any of them.
+template <typename Table, typename Size, typename Launch>
+Status launch_by_table(const std::vector<Table>& tables, const Size& size, const Launch& launch,
+                       const char* what) {
+  for (size_t first = 0; first < tables.size(); first += kTablesPerLaunch) {
+    const int count = static_cast<int>(std::min<size_t>(kTablesPerLaunch, tables.size() - first));
+    Tables<Table> batch;
+    int64_t longest = 0;
+    for (int t = 0; t < count; ++t) {
+      batch.at[t] = tables[first + t];
+      longest = std::max(longest, size(batch.at[t]));
+    }
+    if (longest == 0) continue;
+    launch(batch, count, longest);
+    SOK_EV_RETURN_IF_ERROR(cuda_status(cudaGetLastError(), what));
   }
+  return Status::Ok();
 }
 
 // kWidth consecutive floats at p: one 16-byte access for 4 (p aligned).
@@ -100,9 +150,12 @@ struct SumDestination {
 // 4 * lane + 128 j (dim % 4 == 0, aligned rows); else columns lane + 32 j.
 //   sums: (count, dim) out  partials: head (tiles, dim), then tail (tiles, dim)
 template <bool kVec>
-__global__ void __launch_bounds__(kThreads, 3)
-    tile_sums_kernel(SegmentGradients s, const int64_t* num_unique, int64_t max_unique, int64_t nnz,
-                     SumDestination sums, float* partials) {
+__global__ void __launch_bounds__(kThreads, 3) tile_sums_kernel(Tables<SumsTable> tables) {
+  const SumsTable& table = tables.at[blockIdx.y];
+  const SegmentGradients& s = table.s;
+  const int64_t nnz = table.nnz;
+  const SumDestination sums{table.sums, table.sum_rows, s.dim};
+  float* const partials = table.partials;
   constexpr int kWidth = kVec ? 4 : 1;
   // 3 blocks an SM: 80 registers (104 uncapped, 4 bytes spilled; with 8
   // float4 rows ahead 72 bytes spill; clang, 2026-11-23).
@@ -111,7 +164,7 @@ __global__ void __launch_bounds__(kThreads, 3)
   const int lane = threadIdx.x & 31;
   const int64_t dim = s.dim;
   const int64_t tiles = (nnz + kTileEntries - 1) / kTileEntries;
-  const int64_t count = num_unique != nullptr ? *num_unique : max_unique;
+  const int64_t count = table.num_unique != nullptr ? *table.num_unique : table.max_unique;
   for (int64_t tile = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5; tile < tiles;
        tile += (int64_t(gridDim.x) * blockDim.x) >> 5) {
     const int64_t k0 = tile * kTileEntries;
@@ -184,9 +237,12 @@ __global__ void __launch_bounds__(kThreads, 3)
 // head parts of the tiles after, in order. A key without entries gets
 // zeros. Keys inside one tile are done.
 template <bool kVec>
-__global__ void __launch_bounds__(kThreads)
-    crossing_sums_kernel(SegmentGradients s, const int64_t* num_unique, int64_t max_unique,
-                         int64_t nnz, SumDestination sums, const float* partials) {
+__global__ void __launch_bounds__(kThreads) crossing_sums_kernel(Tables<SumsTable> tables) {
+  const SumsTable& table = tables.at[blockIdx.y];
+  const SegmentGradients& s = table.s;
+  const int64_t nnz = table.nnz;
+  const SumDestination sums{table.sums, table.sum_rows, s.dim};
+  const float* const partials = table.partials;
   constexpr int kWidth = kVec ? 4 : 1;
   // A hot key's parts form one serial chain (about 190 for the hottest
   // Zipf key of a one-hot 65536 batch): its time is parts / kAhead loads'
@@ -196,7 +252,7 @@ __global__ void __launch_bounds__(kThreads)
   const int lane = threadIdx.x & 31;
   const int64_t dim = s.dim;
   const int64_t tiles = (nnz + kTileEntries - 1) / kTileEntries;
-  const int64_t count = num_unique != nullptr ? *num_unique : max_unique;
+  const int64_t count = table.num_unique != nullptr ? *table.num_unique : table.max_unique;
   for (int64_t base = ((blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5) * 32; base < count;
        base += ((int64_t(gridDim.x) * blockDim.x) >> 5) * 32) {
     int64_t begin = 0, end = 0;
@@ -244,6 +300,8 @@ std::unique_ptr<ScratchBuffer> scratch(const GpuContext& context, size_t bytes) 
   return std::make_unique<ScratchBuffer>(context, bytes);
 }
 
+int64_t round_up_to_4(int64_t n) { return (n + 3) / 4 * 4; }
+
 }  // namespace
 
 Status SegmentGradientSums::prepare(const GpuContext& context, const float* grad_out,
@@ -253,93 +311,156 @@ Status SegmentGradientSums::prepare(const GpuContext& context, const float* grad
                                     int64_t max_unique, int64_t max_key_entries, int64_t dim,
                                     float* sums, AddressedRows<float> sum_rows,
                                     AddressedRows<const float> grad_out_rows) {
-  cudaStream_t stream = stream_of(context);
-  const int64_t entries = nnz > 0 ? nnz : 1;
-  // A sum of unweighted entries reads no denominator and no weight.
-  const bool plain_sum = combiner == Combiner::kSum && weights == nullptr;
-  sorted_bag_ = scratch(context, entries * sizeof(int64_t));
-  if (!sorted_bag_->ok()) return Status::Internal("segment gradients: out of device memory");
-  if (!plain_sum) {
-    entry_bag_ = scratch(context, entries * sizeof(int64_t));
-    bag_scale_ = scratch(context, (batch > 0 ? batch : 1) * sizeof(float));
-    sorted_weight_ = scratch(context, entries * sizeof(float));
-    if (!entry_bag_->ok() || !bag_scale_->ok() || !sorted_weight_->ok()) {
-      return Status::Internal("segment gradients: out of device memory");
+  return prepare(context, {{grad_out, weights, row_offsets, batch, nnz, combiner, order, segments,
+                            num_unique, max_unique, max_key_entries, dim, sums, sum_rows,
+                            grad_out_rows, /*distinct_rows=*/order == nullptr}});
+}
+
+Status SegmentGradientSums::prepare(const GpuContext& context,
+                                    const std::vector<SegmentSumTable>& tables) {
+  const int n = static_cast<int>(tables.size());
+  // Each table's share of the scratch buffers (offsets in elements; sums
+  // and partials in whole float4s, so that each table's rows stay aligned).
+  std::vector<int64_t> entry_at(n), weighted_at(n, -1), bag_at(n), sums_at(n, -1),
+      partials_at(n, -1);
+  int64_t entries = 0, weighted_entries = 0, bags = 0, sum_floats = 0, partial_floats = 0;
+  for (int t = 0; t < n; ++t) {
+    const SegmentSumTable& table = tables[t];
+    if (table.distinct_rows &&
+        (table.weights != nullptr || table.combiner != Combiner::kSum ||
+         table.max_key_entries > 1 || table.sums != nullptr || table.sum_rows.at != nullptr)) {
+      return Status::InvalidArgument(
+          "segment gradients: distinct rows are summed unweighted and read in place");
     }
-  }
-  view_ = SegmentGradients();
-  view_.grad_out = grad_out;
-  view_.grad_out_rows = grad_out_rows.at;
-  view_.segments = segments;
-  view_.sorted_bag = sorted_bag_->as<int64_t>();
-  view_.combiner = combiner;
-  view_.dim = dim;
-  if (plain_sum) {
-    if (nnz > 0 && batch > 0) {
-      sorted_samples_kernel<<<grid_for(nnz, kThreads), kThreads, 0, stream>>>(
-          order, row_offsets, batch, nnz, sorted_bag_->as<int64_t>());
-      SOK_EV_LAUNCH_CHECK("sorted_samples");
+    entry_at[t] = entries;
+    if (!table.distinct_rows) entries += table.nnz;
+    // A sum of unweighted entries reads no denominator and no weight.
+    if (table.combiner != Combiner::kSum || table.weights != nullptr) {
+      weighted_at[t] = weighted_entries;
+      weighted_entries += table.nnz;
+      bag_at[t] = bags;
+      bags += table.batch;
     }
-  } else {
-    view_.sorted_weight = sorted_weight_->as<float>();
-    view_.bag_scale = bag_scale_->as<float>();
-    if (batch > 0) {
-      bag_scale_kernel<<<grid_for(batch, kThreads), kThreads, 0, stream>>>(
-          weights, row_offsets, batch, combiner, entry_bag_->as<int64_t>(),
-          bag_scale_->as<float>());
-      SOK_EV_LAUNCH_CHECK("bag_scale");
-    }
-    if (nnz > 0) {
-      sorted_entries_kernel<<<grid_for(nnz, kThreads), kThreads, 0, stream>>>(
-          order, entry_bag_->as<int64_t>(), weights, nnz, sorted_bag_->as<int64_t>(),
-          sorted_weight_->as<float>());
-      SOK_EV_LAUNCH_CHECK("sorted_entries");
-    }
-  }
-  if (max_unique <= 0) return Status::Ok();
-  SumDestination destination{sums, sum_rows.at, dim};
-  bool destination_aligned = sum_rows.aligned;
-  if (sum_rows.at == nullptr) {
     // Distinct keys with nowhere asked to write: each key's one entry is
-    // read in place.
-    if (sums == nullptr && max_key_entries <= 1) return Status::Ok();
-    if (sums == nullptr) {
-      sums_ = scratch(context, max_unique * dim * sizeof(float));
-      if (!sums_->ok()) return Status::Internal("segment gradients: out of device memory");
-      sums = sums_->as<float>();
+    // read in place, with no sums.
+    const bool in_place =
+        table.sum_rows.at == nullptr && table.sums == nullptr && table.max_key_entries <= 1;
+    if (table.max_unique <= 0 || in_place) continue;
+    if (table.sum_rows.at == nullptr && table.sums == nullptr) {
+      sums_at[t] = sum_floats;
+      sum_floats += round_up_to_4(table.max_unique * table.dim);
     }
-    view_.sums = sums;
-    destination.sums = sums;
-    destination_aligned = reinterpret_cast<uintptr_t>(sums) % 16 == 0;
+    partials_at[t] = partial_floats;
+    const int64_t tiles = (table.nnz + kTileEntries - 1) / kTileEntries;
+    partial_floats += round_up_to_4(2 * tiles * table.dim);
   }
-  const int64_t tiles = (nnz + kTileEntries - 1) / kTileEntries;
-  partials_ = scratch(context, std::max<int64_t>(2 * tiles * dim, 1) * sizeof(float));
-  if (!partials_->ok()) return Status::Internal("segment gradients: out of device memory");
-  const bool source_aligned = grad_out_rows.at != nullptr
-                                  ? grad_out_rows.aligned
-                                  : reinterpret_cast<uintptr_t>(grad_out) % 16 == 0;
-  const bool vec = dim % 4 == 0 && source_aligned && destination_aligned;
-  float* partials = partials_->as<float>();
-  if (tiles > 0) {
-    const unsigned blocks = grid_for(tiles * 32, kThreads);
-    if (vec) {
-      tile_sums_kernel<true><<<blocks, kThreads, 0, stream>>>(view_, num_unique, max_unique, nnz,
-                                                              destination, partials);
-    } else {
-      tile_sums_kernel<false><<<blocks, kThreads, 0, stream>>>(view_, num_unique, max_unique, nnz,
-                                                               destination, partials);
+  const Status out_of_memory = Status::Internal("segment gradients: out of device memory");
+  sorted_bag_ = scratch(context, std::max<int64_t>(entries, 1) * sizeof(int64_t));
+  if (!sorted_bag_->ok()) return out_of_memory;
+  if (weighted_entries > 0 || bags > 0) {
+    entry_bag_ = scratch(context, std::max<int64_t>(weighted_entries, 1) * sizeof(int64_t));
+    sorted_weight_ = scratch(context, std::max<int64_t>(weighted_entries, 1) * sizeof(float));
+    bag_scale_ = scratch(context, std::max<int64_t>(bags, 1) * sizeof(float));
+    if (!entry_bag_->ok() || !sorted_weight_->ok() || !bag_scale_->ok()) return out_of_memory;
+  }
+  if (sum_floats > 0) {
+    sums_ = scratch(context, sum_floats * sizeof(float));
+    if (!sums_->ok()) return out_of_memory;
+  }
+  // Summed tables whose keys have no entries (no tiles) still point here.
+  if (std::any_of(partials_at.begin(), partials_at.end(), [](int64_t at) { return at >= 0; })) {
+    partials_ = scratch(context, std::max<int64_t>(partial_floats, 1) * sizeof(float));
+    if (!partials_->ok()) return out_of_memory;
+  }
+
+  views_.assign(n, SegmentGradients());
+  std::vector<EntriesTable> entry_passes;
+  std::vector<SumsTable> sums_passes[2];  // [vec]: float4 rows or not
+  for (int t = 0; t < n; ++t) {
+    const SegmentSumTable& table = tables[t];
+    SegmentGradients& view = views_[t];
+    view.grad_out = table.grad_out;
+    view.grad_out_rows = table.grad_out_rows.at;
+    view.segments = table.segments;
+    view.combiner = table.combiner;
+    view.dim = table.dim;
+    if (table.distinct_rows) continue;  // nothing to sort
+    view.sorted_bag = sorted_bag_->as<int64_t>() + entry_at[t];
+    EntriesTable entry_pass{table.order,   table.row_offsets,
+                            table.weights, nullptr,
+                            nullptr,       sorted_bag_->as<int64_t>() + entry_at[t],
+                            nullptr,       table.batch,
+                            table.nnz,     table.combiner};
+    if (weighted_at[t] >= 0) {
+      entry_pass.entry_bag = entry_bag_->as<int64_t>() + weighted_at[t];
+      entry_pass.bag_scale = bag_scale_->as<float>() + bag_at[t];
+      entry_pass.sorted_weight = sorted_weight_->as<float>() + weighted_at[t];
+      view.sorted_weight = entry_pass.sorted_weight;
+      view.bag_scale = entry_pass.bag_scale;
     }
-    SOK_EV_LAUNCH_CHECK("tile_sums");
+    entry_passes.push_back(entry_pass);
+    if (partials_at[t] < 0) continue;
+    bool destination_aligned = table.sum_rows.aligned;
+    float* sums = nullptr;
+    if (table.sum_rows.at == nullptr) {
+      sums = sums_at[t] >= 0 ? sums_->as<float>() + sums_at[t] : table.sums;
+      view.sums = sums;
+      destination_aligned = reinterpret_cast<uintptr_t>(sums) % 16 == 0;
+    }
+    const bool source_aligned = table.grad_out_rows.at != nullptr
+                                    ? table.grad_out_rows.aligned
+                                    : reinterpret_cast<uintptr_t>(table.grad_out) % 16 == 0;
+    const bool vec = table.dim % 4 == 0 && source_aligned && destination_aligned;
+    sums_passes[vec].push_back({view, table.num_unique, table.max_unique, table.nnz, sums,
+                                table.sum_rows.at, partials_->as<float>() + partials_at[t]});
   }
-  const unsigned blocks = grid_for(max_unique, kThreads);
-  if (vec) {
-    crossing_sums_kernel<true><<<blocks, kThreads, 0, stream>>>(view_, num_unique, max_unique, nnz,
-                                                                destination, partials);
-  } else {
-    crossing_sums_kernel<false><<<blocks, kThreads, 0, stream>>>(view_, num_unique, max_unique, nnz,
-                                                                 destination, partials);
+
+  cudaStream_t stream = stream_of(context);
+  SOK_EV_RETURN_IF_ERROR(launch_by_table(
+      entry_passes,
+      [](const EntriesTable& table) { return table.entry_bag != nullptr ? table.batch : 0; },
+      [&](const Tables<EntriesTable>& batch, int count, int64_t longest) {
+        bag_scale_kernel<<<dim3(grid_for(longest, kThreads), count), kThreads, 0, stream>>>(batch);
+      },
+      "bag_scale"));
+  SOK_EV_RETURN_IF_ERROR(launch_by_table(
+      entry_passes, [](const EntriesTable& table) { return table.nnz; },
+      [&](const Tables<EntriesTable>& batch, int count, int64_t longest) {
+        sorted_entries_kernel<<<dim3(grid_for(longest, kThreads), count), kThreads, 0, stream>>>(
+            batch);
+      },
+      "sorted_entries"));
+  for (const bool vec : {false, true}) {
+    const std::vector<SumsTable>& passes = sums_passes[vec];
+    // A warp a tile of kTileEntries grouped entries.
+    auto tile_threads = [](const SumsTable& table) {
+      return (table.nnz + kTileEntries - 1) / kTileEntries * 32;
+    };
+    SOK_EV_RETURN_IF_ERROR(launch_by_table(
+        passes, tile_threads,
+        [&](const Tables<SumsTable>& batch, int count, int64_t longest) {
+          const dim3 grid(grid_for(longest, kThreads), count);
+          if (vec) {
+            tile_sums_kernel<true><<<grid, kThreads, 0, stream>>>(batch);
+          } else {
+            tile_sums_kernel<false><<<grid, kThreads, 0, stream>>>(batch);
+          }
+        },
+        "tile_sums"));
+    // The crossing keys' pass runs even without tiles: a key without
+    // entries gets zeros.
+    SOK_EV_RETURN_IF_ERROR(launch_by_table(
+        passes, [](const SumsTable& table) { return table.max_unique; },
+        [&](const Tables<SumsTable>& batch, int count, int64_t longest) {
+          const dim3 grid(grid_for(longest, kThreads), count);
+          if (vec) {
+            crossing_sums_kernel<true><<<grid, kThreads, 0, stream>>>(batch);
+          } else {
+            crossing_sums_kernel<false><<<grid, kThreads, 0, stream>>>(batch);
+          }
+        },
+        "crossing_sums"));
   }
-  SOK_EV_LAUNCH_CHECK("crossing_sums");
   return Status::Ok();
 }
 

@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "cc/combine.h"
 #include "cc/common.h"
@@ -47,8 +48,10 @@ struct SegmentGradients {
   const float* const* grad_out_rows = nullptr;  // (batch,) or null: sample b's
                                                 // gradient at grad_out_rows[b]
                                                 // instead of grad_out + b * dim
-  const int64_t* segments = nullptr;            // (num_unique + 1,)
-  const int64_t* sorted_bag = nullptr;          // (nnz,) the sample of grouped entry k
+  const int64_t* segments = nullptr;            // (num_unique + 1,); null: key u's one
+                                                // entry is entry u (distinct keys)
+  const int64_t* sorted_bag = nullptr;          // (nnz,) the sample of grouped entry k;
+                                                // null: entry k is sample k's one entry
   const float* sorted_weight = nullptr;         // (nnz,) its weight; null: all 1
   const float* bag_scale = nullptr;             // (batch,) each sample's denominator
   const float* sums = nullptr;                  // (num_unique, dim) each key's gradient;
@@ -57,11 +60,37 @@ struct SegmentGradients {
   int64_t dim = 0;
 };
 
+// One table's part of SegmentGradientSums::prepare: its arguments, as there.
+struct SegmentSumTable {
+  const float* grad_out = nullptr;
+  const float* weights = nullptr;
+  const int64_t* row_offsets = nullptr;
+  int64_t batch = 0;
+  int64_t nnz = 0;
+  Combiner combiner = Combiner::kSum;
+  const int64_t* order = nullptr;
+  const int64_t* segments = nullptr;
+  const int64_t* num_unique = nullptr;
+  int64_t max_unique = 0;
+  int64_t max_key_entries = 0;
+  int64_t dim = 0;
+  float* sums = nullptr;
+  AddressedRows<float> sum_rows;
+  AddressedRows<const float> grad_out_rows;
+  // Distinct keys, one entry a sample, in order (an optimizer's gradient
+  // rows): key u's gradient is sample u's, read in place; order, segments
+  // and row_offsets are not read.
+  bool distinct_rows = false;
+};
+
 // Computes SegmentGradients and owns its scratch: one pass over the samples
 // (denominators) and one over the entries (their samples and weights in
 // grouped order), then the tile sums and the sums of the keys that cross
 // tiles. A sum of unweighted entries skips the samples' pass: it finds each
-// entry's sample in the row offsets.
+// entry's sample in the row offsets. Many tables go through each pass in one
+// launch (blockIdx.y picks the table): a multi-table op's sums cost a few
+// launches, not a few per table, and the bits of each table's sums are those
+// of its sums alone.
 class SegmentGradientSums {
  public:
   //   grad_out: (batch, dim)  weights: (nnz,) or null  row_offsets: (batch + 1,)
@@ -76,17 +105,21 @@ class SegmentGradientSums {
   //     null: it is not for reading the keys' gradients back)
   //   grad_out_rows: (batch,) or none: sample b's gradient is read at
   //     grad_out_rows.at[b] instead (grad_out is then ignored)
+  // A null order: SegmentSumTable::distinct_rows (an unweighted sum read in
+  // place: max_key_entries 1, no sums or sum_rows).
   Status prepare(const GpuContext& context, const float* grad_out, const float* weights,
                  const int64_t* row_offsets, int64_t batch, int64_t nnz, Combiner combiner,
                  const int64_t* order, const int64_t* segments, const int64_t* num_unique,
                  int64_t max_unique, int64_t max_key_entries, int64_t dim, float* sums,
                  AddressedRows<float> sum_rows = {}, AddressedRows<const float> grad_out_rows = {});
-  const SegmentGradients& view() const { return view_; }
+  // The same for every table at once; table t's sums are view(t).
+  Status prepare(const GpuContext& context, const std::vector<SegmentSumTable>& tables);
+  const SegmentGradients& view(int t = 0) const { return views_[t]; }
 
  private:
   std::unique_ptr<ScratchBuffer> entry_bag_, bag_scale_, sorted_bag_, sorted_weight_, sums_,
       partials_;
-  SegmentGradients view_;
+  std::vector<SegmentGradients> views_;
 };
 
 // Sample b's upstream gradient row.
@@ -99,11 +132,19 @@ __device__ __forceinline__ float entry_gradient(float g, float w, float denomina
   return combiner == Combiner::kSum ? w * g : w * div_no_nan(g, denominator);
 }
 
+// Key u's one entry, when view.sums is null, and that entry's sample.
+__device__ __forceinline__ int64_t single_entry(const SegmentGradients& s, int64_t u) {
+  return s.segments != nullptr ? s.segments[u] : u;
+}
+__device__ __forceinline__ int64_t entry_sample(const SegmentGradients& s, int64_t k) {
+  return s.sorted_bag != nullptr ? s.sorted_bag[k] : k;
+}
+
 // Key u's one entry, when view.sums is null: its gradient at column c.
 __device__ __forceinline__ float single_entry_gradient(const SegmentGradients& s, int64_t u,
                                                        int64_t c) {
-  const int64_t k = s.segments[u];
-  const int64_t bag = s.sorted_bag[k];
+  const int64_t k = single_entry(s, u);
+  const int64_t bag = entry_sample(s, k);
   const float w = s.sorted_weight != nullptr ? s.sorted_weight[k] : 1.0f;
   const float denominator = s.combiner == Combiner::kSum ? 1.0f : s.bag_scale[bag];
   return 0.0f + entry_gradient(sample_gradient(s, bag)[c], w, denominator, s.combiner);
@@ -130,8 +171,8 @@ __device__ __forceinline__ void key_gradient_vec(const SegmentGradients& s, int6
   int64_t bag = 0;
   float w = 1.0f, denominator = 1.0f;
   if (s.sums == nullptr) {
-    const int64_t k = s.segments[u];
-    bag = s.sorted_bag[k];
+    const int64_t k = single_entry(s, u);
+    bag = entry_sample(s, k);
     if (s.sorted_weight != nullptr) w = s.sorted_weight[k];
     if (s.combiner != Combiner::kSum) denominator = s.bag_scale[bag];
   }

@@ -467,6 +467,12 @@ def _combine_row_message(message, counts, positions, local, batches, dims, combi
                                             local_worker=local_worker)
 
 
+# More tables than one GPU launch of the backward's sums carries (32,
+# cc/segment_sum_gpu.cu), rows with and without 16-byte alignment mixed in
+# each launch.
+MANY_TABLES = [3, 4, 8, 128, 5, 1, 16] * 5 + [4, 3]
+
+
 # dims 3 and 5 leave the rows of the tables after them off 16-byte
 # boundaries in the message (the GPU then reads them a float at a time).
 @pytest.mark.parametrize("dims", [[4, 128, 8], [3, 128, 5, 8]], ids=["aligned", "unaligned"])
@@ -542,7 +548,8 @@ def test_the_gradient_of_combining_the_message_is_each_keys_gradient_packed_as_t
 
 
 @pytest.mark.parametrize("order_given", [True, False], ids=["order", "no_order"])
-@pytest.mark.parametrize("dims", [[4, 128, 8], [3, 128, 5, 8]], ids=["aligned", "unaligned"])
+@pytest.mark.parametrize("dims", [[4, 128, 8], [3, 128, 5, 8], MANY_TABLES],
+                         ids=["aligned", "unaligned", "many"])
 @pytest.mark.parametrize("num_workers, local_worker", [(1, 0), (2, 1), (3, -1), (3, 2)])
 def test_the_message_gradient_written_in_place_equals_combine_backward_then_pack(
         num_workers, local_worker, dims, order_given):
@@ -567,8 +574,14 @@ def test_the_message_gradient_written_in_place_equals_combine_backward_then_pack
                                                                      dims=dims,
                                                                      local_worker=local_worker,
                                                                      **attrs)
-    # The two ops it replaces.
-    grad_unique = ops().sok_ev_combine_backward(upstream, *pieces, **attrs)
+    # The two ops it replaces, each table's sums computed alone: grouping
+    # the tables changes no bit.
+    grad_unique = [
+        ops().sok_ev_combine_backward([upstream[t]],
+                                      *[[piece[t]] for piece in pieces],
+                                      combiners=[combiners[t]],
+                                      weighted=[True])[0] for t in range(len(dims))
+    ]
     want_message, _, want_local = ops().sok_ev_pack_row_message(grad_unique,
                                                                 counts,
                                                                 positions,
@@ -810,7 +823,8 @@ def _owner_gradient_case(rng, num_workers, dims, local_worker):
 
 
 @pytest.mark.parametrize("order_given", [True, False], ids=["order", "no_order"])
-@pytest.mark.parametrize("dims", [[4, 128, 8], [3, 128, 5, 8]], ids=["aligned", "unaligned"])
+@pytest.mark.parametrize("dims", [[4, 128, 8], [3, 128, 5, 8], MANY_TABLES],
+                         ids=["aligned", "unaligned", "many"])
 @pytest.mark.parametrize("num_workers, local_worker", [(1, 0), (2, 1), (3, -1), (3, 2)])
 def test_the_owners_gradient_read_in_place_equals_unpack_then_combine_backward(
         rng, num_workers, local_worker, dims, order_given):
@@ -832,14 +846,15 @@ def test_the_owners_gradient_read_in_place_equals_unpack_then_combine_backward(
         want = np.zeros((len(segments[t]) - 1, dims[t]))
         np.add.at(want, table_index, rows.astype(np.float64))
         np.testing.assert_allclose(got[t].numpy(), want, rtol=1e-5, atol=1e-6, err_msg=f"table {t}")
-    # The same bits as the two ops it replaces.
+    # The same bits as the two ops it replaces, each table's sums computed
+    # alone: grouping the tables changes no bit.
     unpacked = _unpack_rows(message, counts, [], local, dims, local_worker)
-    want = ops().sok_ev_combine_backward(list(unpacked),
-                                         *pieces, [tf.zeros([0])] * len(dims),
-                                         combiners=["sum"] * len(dims),
-                                         weighted=[False] * len(dims))
     for t in range(len(dims)):
-        np.testing.assert_array_equal(got[t].numpy(), want[t].numpy(), err_msg=f"table {t}")
+        want = ops().sok_ev_combine_backward([unpacked[t]],
+                                             *[[piece[t]] for piece in pieces], [tf.zeros([0])],
+                                             combiners=["sum"],
+                                             weighted=[False])[0]
+        np.testing.assert_array_equal(got[t].numpy(), want.numpy(), err_msg=f"table {t}")
 
 
 def test_training_through_the_owners_message_sums_each_keys_gradients_from_every_worker(

@@ -96,6 +96,58 @@ def test_gradients_of_several_tables_in_one_call(sok, rng, unique_name):
         _assert_gradient_matches(grad, matrix, batch, combiner, weighted, upstream)
 
 
+def _empty_batch(key_dtype):
+    return ref.SparseBatch(np.zeros((0, 2), np.int64), np.zeros(0, key_dtype),
+                           np.zeros(0, np.float32), BATCH, MAX_HOTNESS)
+
+
+def test_many_tables_of_mixed_forms_get_the_gradients_each_would_get_alone(sok, rng, unique_name):
+    # More tables than one GPU launch of the backward's sums carries (32,
+    # cc/segment_sum_gpu.cu), each launch mixing what its tables may differ
+    # in: dims with and without float4 rows, unweighted sums beside
+    # weighted means and square roots, int32 and int64 keys, and tables
+    # whose batch has no entries at all.
+    n_tables = 37
+    specs = [([1, 3, 4, 8, 16][t % 5], ref.KEY_DTYPES[t % 2], ref.COMBINERS[t % 3], t % 4 == 1)
+             for t in range(n_tables)]
+    empty = {5, 33}
+    matrices = [ref.random_matrix(rng, N_ROWS, dim) for dim, _, _, _ in specs]
+    batches = [
+        _empty_batch(kd) if t in empty else ref.random_sparse_batch(
+            rng, BATCH, MAX_HOTNESS, ref.key_sampler(rng, "beyond_n", N_ROWS, kd), kd)
+        for t, (_, kd, _, _) in enumerate(specs)
+    ]
+    upstreams = [rng.normal(size=(BATCH, dim)).astype(np.float32) for dim, _, _, _ in specs]
+
+    def gradients(tables):
+        evs = [ref.matrix_ev(sok, unique_name(), matrices[t], specs[t][1]) for t in tables]
+        with tf.GradientTape() as tape:
+            outs = sok.lookup_sparse(
+                evs, [batches[t].sp_ids() for t in tables],
+                combiners=[specs[t][2] for t in tables],
+                sp_weights=[batches[t].sp_weights() if specs[t][3] else None for t in tables])
+            loss = tf.add_n([tf.reduce_sum(o * upstreams[t]) for o, t in zip(outs, tables)])
+        return outs, tape.gradient(loss, evs)
+
+    outs, together = gradients(list(range(n_tables)))
+    for t, (_, _, combiner, weighted) in enumerate(specs):
+        alone = gradients([t])[1][0]
+        if t in empty:  # every sample empty: zeros out, no key to train
+            np.testing.assert_array_equal(outs[t].numpy(), np.zeros((BATCH, specs[t][0])))
+            assert together[t].indices.shape[0] == 0 and alone.indices.shape[0] == 0
+            continue
+        _assert_gradient_matches(together[t], matrices[t], batches[t], combiner, weighted,
+                                 upstreams[t])
+        # The same bits: grouping the tables changes nothing a table sums.
+        got, want = [
+            ref.indexed_slices_to_dict(g.indices.numpy(), g.values.numpy())
+            for g in (together[t], alone)
+        ]
+        assert sorted(got) == sorted(want), f"table {t}"
+        for key in want:
+            np.testing.assert_array_equal(got[key], want[key], err_msg=f"table {t}, key {key}")
+
+
 @pytest.mark.parametrize("combiner", ref.COMBINERS)
 def test_compute_gradients_in_graph_mode_gives_key_indexed_slices(sok, rng, combiner):
     matrix = ref.random_matrix(rng, N_ROWS, DIM)

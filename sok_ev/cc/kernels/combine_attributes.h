@@ -1,11 +1,13 @@
 // The combiner and weighting attributes of the ops that combine
-// (lookup_kernels.cc, and CombineRowMessage in exchange_kernels.cc).
+// (lookup_kernels.cc, and CombineRowMessage in exchange_kernels.cc), and the
+// part of a table's combine backward their gradient ops all read alike.
 #ifndef SOK_EV_CC_KERNELS_COMBINE_ATTRIBUTES_H_
 #define SOK_EV_CC_KERNELS_COMBINE_ATTRIBUTES_H_
 
 #include <string>
 #include <vector>
 
+#include "cc/combine.h"
 #include "cc/common.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -60,6 +62,28 @@ class CombineAttributes {
   std::vector<Combiner> combiners_;
   std::vector<bool> weighted_;
 };
+
+// Table t's combine backward as a gradient op's inputs give it, checked by
+// the op: its entries (unique_index), grouped by key (order; empty where
+// UniqueKeys ran on the CPU), segments and row offsets, with dim columns.
+// Where the gradients are read and written, the weights and the combiner
+// are the op's to set.
+inline CombineBackwardTable CombineBackwardTableOf(const tensorflow::Tensor& unique_index,
+                                                   const tensorflow::Tensor& order,
+                                                   const tensorflow::Tensor& segments,
+                                                   const tensorflow::Tensor& row_offsets,
+                                                   int64_t dim) {
+  CombineBackwardTable table;
+  table.unique_index = unique_index.flat<int64_t>().data();
+  table.order = order.NumElements() == 0 ? nullptr : order.flat<int64_t>().data();
+  table.segments = segments.flat<int64_t>().data();
+  table.num_unique = segments.NumElements() - 1;
+  table.row_offsets = row_offsets.flat<int64_t>().data();
+  table.batch = row_offsets.NumElements() - 1;
+  table.nnz = unique_index.NumElements();
+  table.dim = dim;
+  return table;
+}
 
 }  // namespace sok_ev
 

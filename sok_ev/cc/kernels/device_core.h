@@ -9,7 +9,7 @@
 // Both specialisations offer the same members:
 //   Table<Key>            cpu::HashTable<Key> / gpu::HashTable<Key>
 //   kTableIsThreadSafe    false: the variable serialises calls on its table
-//   kBackwardReadsOrder   CombineBackward sums entries grouped by key (order);
+//   kBackwardReadsOrder   CombineBackwardTables sums entries grouped by key (order);
 //                         false: UniqueKeys leaves order empty
 //   Core(OpKernelContext*)
 //   NewTableAllocator()   table-lifetime memory, null when the table needs none
@@ -18,7 +18,7 @@
 //   ExportAll, ExportBatches, ApplyOptimizer          on one table
 //   UniqueKeys (all tables of a lookup at once), CheckDistinct,
 //   PartitionByOwner, CombineForward, CombineForwardRows,
-//   CombineBackward                                           free stages
+//   CombineBackwardTables (all tables of a gradient op at once)   free stages
 //   Copy, SetZero, CopyToHost, CopyFromHost, Upload, Scratch  device memory
 //   CopyRows                  blocks of rows to and from a message buffer
 //   WriteRowAddresses         where a message's rows are, to read them in place

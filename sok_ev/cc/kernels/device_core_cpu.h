@@ -287,7 +287,9 @@ class Core<CPUDevice> {
                                          table.row_offsets);
       } else if (table.sample_ids == nullptr) {  // entry j is sample j
         (*first_invalid)[t] = table.nnz;
-        std::iota(table.row_offsets, table.row_offsets + table.nnz + 1, int64_t{0});
+        for (int64_t b = 0; b <= table.batch; ++b) {
+          table.row_offsets[b] = std::min(b, table.nnz);  // samples past the entries are empty
+        }
       } else {
         (*first_invalid)[t] = cpu::row_offsets_from_sample_ids(
             table.sample_ids, table.sample_id_stride, table.nnz, table.batch, table.row_offsets);
@@ -410,59 +412,17 @@ class Core<CPUDevice> {
     return absl::OkStatus();
   }
 
-  // order (null when UniqueKeys ran on the CPU) is the GPU twin's; the
-  // CPU reads unique_index.
-  //   grad_out: (batch, dim)  unique_index: (nnz,)  order: (nnz,) or null
-  //   segments: (num_unique + 1,)  weights: (nnz,) or null
-  //   row_offsets: (batch + 1,)  grad_unique: (num_unique, dim) out
-  absl::Status CombineBackward(const float* grad_out, const int64_t* unique_index,
-                               const int64_t* /*order*/, const int64_t* segments,
-                               int64_t num_unique, const float* weights, const int64_t* row_offsets,
-                               int64_t batch, int64_t nnz, int64_t dim, Combiner combiner,
-                               float* grad_unique) {
-    // On one thread (a table of ForEachTable) entries go in sample order.
-    if (num_threads_ == 1) {
-      cpu::combine_backward_serial(grad_out, unique_index, num_unique, weights, row_offsets, batch,
-                                   dim, combiner, grad_unique);
-    } else {
-      cpu::combine_backward(context_, grad_out, unique_index, segments, num_unique, weights,
-                            row_offsets, batch, nnz, dim, combiner, grad_unique);
-    }
-    return absl::OkStatus();
-  }
-
-  // CombineBackward with unique u's gradient written at grad_rows[u].
-  absl::Status CombineBackwardRows(const float* grad_out, const int64_t* unique_index,
-                                   const int64_t* /*order*/, const int64_t* segments,
-                                   int64_t num_unique, const float* weights,
-                                   const int64_t* row_offsets, int64_t batch, int64_t nnz,
-                                   int64_t dim, Combiner combiner, float* const* grad_rows,
-                                   bool /*rows_aligned*/) {
-    if (num_threads_ == 1) {
-      cpu::combine_backward_rows_serial(grad_out, unique_index, num_unique, weights, row_offsets,
-                                        batch, dim, combiner, grad_rows);
-    } else {
-      cpu::combine_backward_rows(context_, grad_out, unique_index, segments, num_unique, weights,
-                                 row_offsets, batch, nnz, dim, combiner, grad_rows);
-    }
-    return absl::OkStatus();
-  }
-
-  // CombineBackward with sample b's gradient read at grad_out_rows[b].
-  absl::Status CombineBackwardFromRows(const float* const* grad_out_rows,
-                                       const int64_t* unique_index, const int64_t* /*order*/,
-                                       const int64_t* segments, int64_t num_unique,
-                                       const float* weights, const int64_t* row_offsets,
-                                       int64_t batch, int64_t nnz, int64_t dim, Combiner combiner,
-                                       float* grad_unique, bool /*rows_aligned*/) {
-    if (num_threads_ == 1) {
-      cpu::combine_backward_from_rows_serial(grad_out_rows, unique_index, num_unique, weights,
-                                             row_offsets, batch, dim, combiner, grad_unique);
-    } else {
-      cpu::combine_backward_from_rows(context_, grad_out_rows, unique_index, segments, num_unique,
-                                      weights, row_offsets, batch, nnz, dim, combiner, grad_unique);
-    }
-    return absl::OkStatus();
+  // Every table's combine backward (cc/combine.h), the tables side by side
+  // (ForEachTable). The CPU reads unique_index; order (null when UniqueKeys
+  // ran on the CPU) and rows_aligned are the GPU twin's.
+  absl::Status CombineBackwardTables(const std::vector<CombineBackwardTable>& tables) {
+    const int n = static_cast<int>(tables.size());
+    std::vector<int64_t> costs(n);
+    for (int t = 0; t < n; ++t) costs[t] = tables[t].nnz + tables[t].batch;
+    return ForEachTable(n, costs.data(), [&](int t, Core& core) {
+      core.CombineBackwardTable(tables[t]);
+      return absl::OkStatus();
+    });
   }
 
   // Copies blocks of rows between tables and a message (cc/exchange_message.h).
@@ -518,6 +478,39 @@ class Core<CPUDevice> {
   }
 
  private:
+  // One table's CombineBackwardTables, in its form; on one thread (a table
+  // of ForEachTable) the entries go in sample order.
+  void CombineBackwardTable(const CombineBackwardTable& t) {
+    const bool serial = num_threads_ == 1;
+    if (t.grad_out_rows != nullptr) {
+      if (serial) {
+        cpu::combine_backward_from_rows_serial(t.grad_out_rows, t.unique_index, t.num_unique,
+                                               t.weights, t.row_offsets, t.batch, t.dim, t.combiner,
+                                               t.grad_unique);
+      } else {
+        cpu::combine_backward_from_rows(context_, t.grad_out_rows, t.unique_index, t.segments,
+                                        t.num_unique, t.weights, t.row_offsets, t.batch, t.nnz,
+                                        t.dim, t.combiner, t.grad_unique);
+      }
+    } else if (t.grad_rows != nullptr) {
+      if (serial) {
+        cpu::combine_backward_rows_serial(t.grad_out, t.unique_index, t.num_unique, t.weights,
+                                          t.row_offsets, t.batch, t.dim, t.combiner, t.grad_rows);
+      } else {
+        cpu::combine_backward_rows(context_, t.grad_out, t.unique_index, t.segments, t.num_unique,
+                                   t.weights, t.row_offsets, t.batch, t.nnz, t.dim, t.combiner,
+                                   t.grad_rows);
+      }
+    } else if (serial) {
+      cpu::combine_backward_serial(t.grad_out, t.unique_index, t.num_unique, t.weights,
+                                   t.row_offsets, t.batch, t.dim, t.combiner, t.grad_unique);
+    } else {
+      cpu::combine_backward(context_, t.grad_out, t.unique_index, t.segments, t.num_unique,
+                            t.weights, t.row_offsets, t.batch, t.nnz, t.dim, t.combiner,
+                            t.grad_unique);
+    }
+  }
+
   // Below this many entries in all, a multi-table stage is not worth a pool
   // round trip; below this many floats, neither is one optimizer update.
   static constexpr int64_t kMinEntriesToSpread = 4096;

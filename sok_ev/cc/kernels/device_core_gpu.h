@@ -322,33 +322,37 @@ class Core<GPUDevice> {
                               int64_t n, const float* grads, int64_t dim, int64_t global_step,
                               bool keys_are_unique) {
     if (n <= 0) return absl::OkStatus();
-    tensorflow::Tensor identity_tensor, row_ids_tensor;
-    TF_RETURN_IF_ERROR(Scratch<int64_t>(n + 1, &identity_tensor));
+    tensorflow::Tensor row_ids_tensor;
     TF_RETURN_IF_ERROR(Scratch<int64_t>(n, &row_ids_tensor));
-    // 0, 1, ..., n: one entry per "sample" (row offsets), and for distinct
-    // keys also the order, the segments and, at [n], their count.
-    int64_t* identity = VectorData<int64_t>(identity_tensor);
     int64_t* row_ids = VectorData<int64_t>(row_ids_tensor);
-    gpu::fill_iota(context_, identity, n + 1);
-    const Key* unique = keys;
-    const int64_t* order = identity;
-    const int64_t* segments = identity;
-    const int64_t* num_unique = identity + n;
-    Segmented sorted;
-    if (!keys_are_unique) {
-      TF_RETURN_IF_ERROR(UniqueKeysSegmented<Key>(keys, n, &sorted));
-      unique = VectorData<Key>(sorted.unique_keys);
-      order = VectorData<int64_t>(sorted.order);
-      segments = VectorData<int64_t>(sorted.segments);
-      num_unique = VectorData<int64_t>(sorted.num_unique);
+    if (keys_are_unique) {
+      // Key i's gradient is row i: nothing to group (null order, segments
+      // and row offsets), and n is the count.
+      TF_RETURN_IF_ERROR(
+          ToTfStatus(table.find_or_insert_rows(context_, keys, n, /*count=*/nullptr, row_ids)));
+      TF_RETURN_IF_ERROR(ToTfStatus(gpu::combine_backward_apply(
+          context_, table, spec, grads, /*weights=*/nullptr, /*row_offsets=*/nullptr, /*batch=*/n,
+          /*nnz=*/n, Combiner::kSum, /*order=*/nullptr, /*segments=*/nullptr,
+          /*num_unique=*/nullptr, /*max_unique=*/n, /*max_key_entries=*/1, row_ids, global_step)));
+      return Pending();
     }
+    // Each unique key once, its gradient the sum of its rows': row offsets
+    // 0, 1, ..., n (one entry a "sample").
+    tensorflow::Tensor identity_tensor;
+    TF_RETURN_IF_ERROR(Scratch<int64_t>(n + 1, &identity_tensor));
+    int64_t* identity = VectorData<int64_t>(identity_tensor);
+    gpu::fill_iota(context_, identity, n + 1);
+    Segmented sorted;
+    TF_RETURN_IF_ERROR(UniqueKeysSegmented<Key>(keys, n, &sorted));
+    const int64_t* num_unique = VectorData<int64_t>(sorted.num_unique);
     TF_RETURN_IF_ERROR(Pending());
     TF_RETURN_IF_ERROR(ToTfStatus(table.find_or_insert_rows(
-        context_, unique, n, keys_are_unique ? nullptr : num_unique, row_ids)));
+        context_, VectorData<Key>(sorted.unique_keys), n, num_unique, row_ids)));
     TF_RETURN_IF_ERROR(ToTfStatus(gpu::combine_backward_apply(
         context_, table, spec, grads, /*weights=*/nullptr, /*row_offsets=*/identity, /*batch=*/n,
-        /*nnz=*/n, Combiner::kSum, order, segments, num_unique, /*max_unique=*/n,
-        /*max_key_entries=*/keys_are_unique ? 1 : n, row_ids, global_step)));
+        /*nnz=*/n, Combiner::kSum, VectorData<int64_t>(sorted.order),
+        VectorData<int64_t>(sorted.segments), num_unique, /*max_unique=*/n,
+        /*max_key_entries=*/n, row_ids, global_step)));
     return Pending();
   }
 
@@ -622,51 +626,19 @@ class Core<GPUDevice> {
     return Pending();
   }
 
-  // The GPU sums each key's entries through order and segments. A null
-  // order (the lookup's UniqueKeys ran on the CPU, which writes none) is
-  // rebuilt here from unique_index: its stable sort groups the entries by
-  // key, keys 0 .. num_unique - 1 in turn, as UniqueKeys' order would.
-  //   grad_out: (batch, dim)  unique_index: (nnz,)  order: (nnz,) or null
-  //   segments: (num_unique + 1,)  weights: (nnz,) or null
-  //   row_offsets: (batch + 1,)  grad_unique: (num_unique, dim) out
-  absl::Status CombineBackward(const float* grad_out, const int64_t* unique_index,
-                               const int64_t* order, const int64_t* segments, int64_t num_unique,
-                               const float* weights, const int64_t* row_offsets, int64_t batch,
-                               int64_t nnz, int64_t dim, Combiner combiner, float* grad_unique) {
-    Segmented grouped;
-    TF_RETURN_IF_ERROR(OrderOrGroup(unique_index, nnz, &order, &grouped));
-    gpu::combine_backward(context_, grad_out, order, segments, num_unique, weights, row_offsets,
-                          batch, nnz, dim, combiner, grad_unique);
-    return Pending();
-  }
-
-  // CombineBackward with unique u's gradient written at grad_rows[u].
-  absl::Status CombineBackwardRows(const float* grad_out, const int64_t* unique_index,
-                                   const int64_t* order, const int64_t* segments,
-                                   int64_t num_unique, const float* weights,
-                                   const int64_t* row_offsets, int64_t batch, int64_t nnz,
-                                   int64_t dim, Combiner combiner, float* const* grad_rows,
-                                   bool rows_aligned) {
-    Segmented grouped;
-    TF_RETURN_IF_ERROR(OrderOrGroup(unique_index, nnz, &order, &grouped));
-    gpu::combine_backward_rows(context_, grad_out, order, segments, num_unique, weights,
-                               row_offsets, batch, nnz, dim, combiner, grad_rows, rows_aligned);
-    return Pending();
-  }
-
-  // CombineBackward with sample b's gradient read at grad_out_rows[b].
-  //   rows_aligned: every row of grad_out_rows 16-byte aligned
-  absl::Status CombineBackwardFromRows(const float* const* grad_out_rows,
-                                       const int64_t* unique_index, const int64_t* order,
-                                       const int64_t* segments, int64_t num_unique,
-                                       const float* weights, const int64_t* row_offsets,
-                                       int64_t batch, int64_t nnz, int64_t dim, Combiner combiner,
-                                       float* grad_unique, bool rows_aligned) {
-    Segmented grouped;
-    TF_RETURN_IF_ERROR(OrderOrGroup(unique_index, nnz, &order, &grouped));
-    gpu::combine_backward_from_rows(context_, grad_out_rows, order, segments, num_unique, weights,
-                                    row_offsets, batch, nnz, dim, combiner, grad_unique,
-                                    rows_aligned);
+  // Every table's combine backward (cc/combine.h), each stage one launch
+  // for all tables (gpu::combine_backward_tables). The GPU sums each key's
+  // entries through order and segments. A null order (the lookup's
+  // UniqueKeys ran on the CPU, which writes none) is rebuilt here from
+  // unique_index: its stable sort groups the entries by key, keys 0 ..
+  // num_unique - 1 in turn, as UniqueKeys' order would.
+  absl::Status CombineBackwardTables(std::vector<CombineBackwardTable> tables) {
+    std::vector<Segmented> grouped(tables.size());
+    for (size_t t = 0; t < tables.size(); ++t) {
+      TF_RETURN_IF_ERROR(
+          OrderOrGroup(tables[t].unique_index, tables[t].nnz, &tables[t].order, &grouped[t]));
+    }
+    gpu::combine_backward_tables(context_, tables.data(), static_cast<int>(tables.size()));
     return Pending();
   }
 

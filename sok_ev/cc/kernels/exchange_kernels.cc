@@ -608,7 +608,8 @@ class CombineRowMessageOp : public OpKernel {
 // The gradient of CombineRowMessage, in the layout of its message and local
 // inputs: each unique key's gradient (CombineBackward's sums) written where
 // the key's row arrived, so that the gradient message needs no
-// PackRowMessage copy (Core::WriteRowAddresses, then CombineBackwardRows).
+// PackRowMessage copy (Core::WriteRowAddresses, then CombineBackwardTables
+// into those rows).
 template <typename Device>
 class CombineRowMessageGradOp : public OpKernel {
  public:
@@ -632,7 +633,7 @@ class CombineRowMessageGradOp : public OpKernel {
                 errors::InvalidArgument("dims has ", dims_.size(), " entries for ", n, " tables"));
     RowMessageLayout layout;
     OP_REQUIRES_OK(context, layout.Plan(context->input(n), positions, dims_, local_worker_));
-    std::vector<int64_t> costs(n), table_rows(n);
+    std::vector<int64_t> table_rows(n);
     for (int t = 0; t < n; ++t) {
       const int64_t batch = row_offsets[t].NumElements() - 1;
       const int64_t nnz = unique_index[t].NumElements();
@@ -652,25 +653,23 @@ class CombineRowMessageGradOp : public OpKernel {
                                   table_rows[t], " unique keys, ", nnz, " entries and ",
                                   order[t].NumElements(), " in their order"));
       OP_REQUIRES_OK(context, attributes_.CheckWeights(t, weights[t], nnz));
-      costs[t] = nnz + batch;
     }
     Core<Device> core(context);
     RowAddressTable addresses;
     OP_REQUIRES_OK(context,
                    AllocateRowMessage(context, core, layout, /*with_splits=*/false, &addresses));
-    OP_REQUIRES_OK(
-        context,
-        ForEachTable(
-            core, n, costs.data(), /*same_stream=*/nullptr, [&](int t, Core<Device>& table_core) {
-              if (dims_[t] == 0) return absl::OkStatus();  // no rows, nothing to write
-              return table_core.CombineBackwardRows(
-                  grads[t].flat<float>().data(), unique_index[t].flat<int64_t>().data(),
-                  order[t].NumElements() == 0 ? nullptr : order[t].flat<int64_t>().data(),
-                  segments[t].flat<int64_t>().data(), table_rows[t],
-                  attributes_.WeightsOrNull(t, weights[t]), row_offsets[t].flat<int64_t>().data(),
-                  grads[t].dim_size(0), unique_index[t].NumElements(), dims_[t],
-                  attributes_.combiner(t), addresses.table(t), addresses.aligned(t, dims_[t]));
-            }));
+    std::vector<CombineBackwardTable> tables;
+    for (int t = 0; t < n; ++t) {
+      if (dims_[t] == 0) continue;  // no rows, nothing to write
+      tables.push_back(
+          CombineBackwardTableOf(unique_index[t], order[t], segments[t], row_offsets[t], dims_[t]));
+      tables.back().grad_out = grads[t].flat<float>().data();
+      tables.back().weights = attributes_.WeightsOrNull(t, weights[t]);
+      tables.back().combiner = attributes_.combiner(t);
+      tables.back().grad_rows = addresses.table(t);
+      tables.back().rows_aligned = addresses.aligned(t, dims_[t]);
+    }
+    OP_REQUIRES_OK(context, core.CombineBackwardTables(tables));
   }
 
  private:
@@ -682,9 +681,9 @@ class CombineRowMessageGradOp : public OpKernel {
 // The gradient of FindOrInsertRowMessage (lookup_kernels.cc): the owner's
 // sum of each unique key's gradients, CombineBackward of the rows
 // UnpackRowMessage(message, counts, local) would give, read where they
-// arrived (Core::WriteRowAddresses, then CombineBackwardFromRows), so the
-// gradient message needs no unpacking copy. Sample j is received row j, its
-// one entry, summed.
+// arrived (Core::WriteRowAddresses, then CombineBackwardTables from those
+// rows), so the gradient message needs no unpacking copy. Sample j is
+// received row j, its one entry, summed.
 template <typename Device>
 class FindOrInsertRowMessageGradOp : public OpKernel {
  public:
@@ -707,8 +706,7 @@ class FindOrInsertRowMessageGradOp : public OpKernel {
     OP_REQUIRES(
         context, unique_index.size() == n,
         errors::InvalidArgument("dims has ", n, " entries for ", unique_index.size(), " tables"));
-    std::vector<Tensor*> outputs(n);
-    std::vector<int64_t> costs(n);
+    std::vector<CombineBackwardTable> tables(n);
     for (int t = 0; t < n; ++t) {
       const int64_t rows = received.table_rows(t);
       const int64_t nnz = unique_index[t].NumElements();
@@ -722,25 +720,21 @@ class FindOrInsertRowMessageGradOp : public OpKernel {
                                   row_offsets[t].NumElements(), " row offsets, ", nnz, " entries, ",
                                   segments[t].NumElements(), " segments and ",
                                   order[t].NumElements(), " in their order"));
+      Tensor* output;
       OP_REQUIRES_OK(context,
-                     grad_unique.allocate(t, TensorShape({num_unique, dims_[t]}), &outputs[t]));
-      costs[t] = 2 * rows;
+                     grad_unique.allocate(t, TensorShape({num_unique, dims_[t]}), &output));
+      tables[t] =
+          CombineBackwardTableOf(unique_index[t], order[t], segments[t], row_offsets[t], dims_[t]);
+      tables[t].grad_unique = output->flat<float>().data();
     }
     Core<Device> core(context);
     RowAddressTable addresses;
     OP_REQUIRES_OK(context, received.Addresses(core, &addresses));
-    OP_REQUIRES_OK(
-        context,
-        ForEachTable(
-            core, n, costs.data(), /*same_stream=*/nullptr, [&](int t, Core<Device>& table_core) {
-              return table_core.CombineBackwardFromRows(
-                  addresses.table(t), unique_index[t].flat<int64_t>().data(),
-                  order[t].NumElements() == 0 ? nullptr : order[t].flat<int64_t>().data(),
-                  segments[t].flat<int64_t>().data(), segments[t].NumElements() - 1,
-                  /*weights=*/nullptr, row_offsets[t].flat<int64_t>().data(),
-                  received.table_rows(t), unique_index[t].NumElements(), dims_[t], Combiner::kSum,
-                  outputs[t]->flat<float>().data(), addresses.aligned(t, dims_[t]));
-            }));
+    for (int t = 0; t < n; ++t) {
+      tables[t].grad_out_rows = addresses.table(t);
+      tables[t].rows_aligned = addresses.aligned(t, dims_[t]);
+    }
+    OP_REQUIRES_OK(context, core.CombineBackwardTables(tables));
   }
 
  private:

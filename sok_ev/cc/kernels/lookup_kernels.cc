@@ -708,8 +708,7 @@ class CombineBackwardOp : public OpKernel {
     OpOutputList grad_unique;
     OP_REQUIRES_OK(context, context->output_list("grad_unique", &grad_unique));
     const int num_tables = grads.size();
-    std::vector<Tensor*> outputs(num_tables);
-    std::vector<int64_t> costs(num_tables);
+    std::vector<CombineBackwardTable> tables(num_tables);
     for (int t = 0; t < num_tables; ++t) {
       OP_REQUIRES(context, grads[t].dims() == 2,
                   errors::InvalidArgument("grads[", t, "] must be a matrix"));
@@ -726,23 +725,17 @@ class CombineBackwardOp : public OpKernel {
                       " samples, ", segments[t].NumElements(), " segments, ", nnz, " entries and ",
                       order[t].NumElements(), " in their order"));
       OP_REQUIRES_OK(context, attributes_.CheckWeights(t, weights[t], nnz));
-      OP_REQUIRES_OK(context, grad_unique.allocate(t, TensorShape({num_unique, dim}), &outputs[t]));
-      costs[t] = nnz + batch;
+      Tensor* output;
+      OP_REQUIRES_OK(context, grad_unique.allocate(t, TensorShape({num_unique, dim}), &output));
+      tables[t] =
+          CombineBackwardTableOf(unique_index[t], order[t], segments[t], row_offsets[t], dim);
+      tables[t].grad_out = grads[t].flat<float>().data();
+      tables[t].weights = attributes_.WeightsOrNull(t, weights[t]);
+      tables[t].combiner = attributes_.combiner(t);
+      tables[t].grad_unique = output->flat<float>().data();
     }
     Core<Device> core(context);
-    OP_REQUIRES_OK(
-        context,
-        ForEachTable(core, num_tables, costs.data(), /*same_stream=*/nullptr,
-                     [&](int t, Core<Device>& table_core) {
-                       return table_core.CombineBackward(
-                           grads[t].flat<float>().data(), unique_index[t].flat<int64_t>().data(),
-                           order[t].NumElements() == 0 ? nullptr : order[t].flat<int64_t>().data(),
-                           segments[t].flat<int64_t>().data(), segments[t].NumElements() - 1,
-                           attributes_.WeightsOrNull(t, weights[t]),
-                           row_offsets[t].flat<int64_t>().data(), grads[t].dim_size(0),
-                           unique_index[t].NumElements(), grads[t].dim_size(1),
-                           attributes_.combiner(t), outputs[t]->flat<float>().data());
-                     }));
+    OP_REQUIRES_OK(context, core.CombineBackwardTables(tables));
   }
 
  private:

@@ -18,7 +18,8 @@ struct TableBatch {
   const Key* keys = nullptr;  // (nnz,)
   // Entry j's sample is sample_ids[j * sample_id_stride]: a SparseTensor's
   // (nnz, rank) indices read in place. Null: entry j is sample j (batch ==
-  // nnz), as for the keys an owner received.
+  // nnz), as for the keys an owner received, and samples past nnz are
+  // empty (an empty SparseTensor's indices are null too).
   const int64_t* sample_ids = nullptr;  // (nnz * sample_id_stride,)
   int64_t sample_id_stride = 1;
   // Non-null (then sample_ids is null): a RaggedTensor's row splits read in
