@@ -1,6 +1,6 @@
 // gpu::row_offsets_from_sample_ids, gpu::combine_forward (from a matrix or
-// rows, into a matrix or rows) and gpu::combine_backward (its three forms)
-// (cc/combine.h).
+// rows, into a matrix or rows) and gpu::combine_backward (one table, or many
+// in any of their forms: combine_backward_tables) (cc/combine.h).
 #include <algorithm>
 #include <cstdint>
 #include <string>
