@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <atomic>
 #include <memory>
-#include <numeric>
 #include <string>
 #include <vector>
 
