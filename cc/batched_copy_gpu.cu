@@ -3,24 +3,17 @@
 
 #include "cc/batched_copy_gpu.h"
 #include "cc/status_gpu.h"
+#include "cc/table_launch_gpu.h"
 
 namespace sok_ev {
 namespace gpu {
 namespace {
 
 constexpr int kThreads = 256;
-// Jobs per launch, passed by value as a kernel parameter (4 KB limit).
-constexpr int kJobsPerLaunch = 64;
-
-template <typename T>
-struct JobBatch {
-  CopyJob<T> jobs[kJobsPerLaunch];
-};
-
 // blockIdx.y picks the job; the x blocks stride over its elements.
 template <typename T>
-__global__ void batched_copy_kernel(JobBatch<T> batch) {
-  const CopyJob<T> job = batch.jobs[blockIdx.y];
+__global__ void batched_copy_kernel(LaunchTables<CopyJob<T>> jobs) {
+  const CopyJob<T> job = jobs.at[blockIdx.y];
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < job.count;
        i += int64_t(gridDim.x) * blockDim.x) {
     job.dst[i] = job.src[i] - job.shift;
@@ -55,23 +48,13 @@ void upload_values(const GpuContext& context, const std::vector<int64_t>& values
 
 template <typename T>
 void batched_copy(const GpuContext& context, const std::vector<CopyJob<T>>& jobs) {
-  for (size_t first = 0; first < jobs.size(); first += kJobsPerLaunch) {
-    const int count = static_cast<int>(std::min<size_t>(kJobsPerLaunch, jobs.size() - first));
-    JobBatch<T> batch;
-    int64_t longest = 0;
-    for (int j = 0; j < count; ++j) {
-      batch.jobs[j] = jobs[first + j];
-      longest = std::max(longest, batch.jobs[j].count);
-    }
-    if (longest == 0) continue;
-    const dim3 grid(grid_for(longest, kThreads, 4096), count);
-    batched_copy_kernel<T><<<grid, kThreads, 0, stream_of(context)>>>(batch);
-    const Status status = cuda_status(cudaGetLastError(), "batched_copy");
-    if (!status.ok()) {
-      record_error(status);
-      return;
-    }
-  }
+  record_error(launch_by_table(
+      jobs.data(), jobs.size(), [](const CopyJob<T>& job) { return job.count; },
+      [&](const LaunchTables<CopyJob<T>>& batch, int /*first*/, int count, int64_t longest) {
+        const dim3 grid(grid_for(longest, kThreads, 4096), count);
+        batched_copy_kernel<T><<<grid, kThreads, 0, stream_of(context)>>>(batch);
+      },
+      "batched_copy"));
 }
 
 template void batched_copy<int32_t>(const GpuContext&, const std::vector<CopyJob<int32_t>>&);

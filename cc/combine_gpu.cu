@@ -11,6 +11,7 @@
 #include "cc/lower_bound_gpu.h"
 #include "cc/segment_sum_gpu.h"
 #include "cc/status_gpu.h"
+#include "cc/table_launch_gpu.h"
 
 namespace sok_ev {
 namespace gpu {
@@ -43,19 +44,13 @@ struct UniqueRowsSource {
   }
 };
 
-// Sample ids of up to kTablesPerLaunch tables, by value (4 KB limit).
-constexpr int kTablesPerLaunch = 64;
-struct SampleIdTables {
-  SampleIds tables[kTablesPerLaunch];
-};
-
 // blockIdx.y picks the table. Thread j checks entry j and writes row
 // offset j. first_invalid[t] starts at nnz and takes the smallest bad entry
 // (atomicMin: the answer does not depend on scheduling). Null sample ids:
 // entry j is sample j, always valid, and the samples past the last entry are
 // empty (an empty SparseTensor's indices are null too).
-__global__ void row_offsets_kernel(SampleIdTables tables, int64_t* first_invalid) {
-  const SampleIds table = tables.tables[blockIdx.y];
+__global__ void row_offsets_kernel(LaunchTables<SampleIds> tables, int64_t* first_invalid) {
+  const SampleIds table = tables.at[blockIdx.y];
   const int64_t stride = table.stride;
   const int64_t end = table.nnz > table.batch ? table.nnz : table.batch + 1;
   for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < end;
@@ -90,8 +85,8 @@ __global__ void row_offsets_kernel(SampleIdTables tables, int64_t* first_invalid
   }
 }
 
-__global__ void fill_kernel(int64_t* values, const SampleIdTables tables, int count) {
-  for (int t = threadIdx.x; t < count; t += blockDim.x) values[t] = tables.tables[t].nnz;
+__global__ void fill_kernel(int64_t* values, const LaunchTables<SampleIds> tables, int count) {
+  for (int t = threadIdx.x; t < count; t += blockDim.x) values[t] = tables.at[t].nnz;
 }
 
 // combine_rows_kernel over a Source into a Destination, dim checked.
@@ -103,9 +98,9 @@ void combine_into(const GpuContext& context, const Source& source, const float* 
     record_error(Status::InvalidArgument(std::string(what) + ": dim must be in [1, 1024]"));
     return;
   }
-  record_error(cuda_status(launch_combine_rows(source, weights, row_offsets, batch, dim, combiner,
-                                               out, stream_of(context), rows_aligned),
-                           what));
+  const CombineRowsTable<Source, Destination> table{source, weights, row_offsets, batch,
+                                                    dim,    out,     combiner,    rows_aligned};
+  record_error(launch_combine_rows(&table, 1, stream_of(context), what));
 }
 
 }  // namespace
@@ -138,24 +133,18 @@ void combine_forward_rows(const GpuContext& context, const float* const* unique_
 void row_offsets_from_sample_ids(const GpuContext& context, const SampleIds* tables, int num_tables,
                                  int64_t* first_invalid) {
   cudaStream_t stream = stream_of(context);
-  for (int first = 0; first < num_tables; first += kTablesPerLaunch) {
-    const int count = std::min(kTablesPerLaunch, num_tables - first);
-    SampleIdTables batch;
-    int64_t longest = 1;
-    for (int t = 0; t < count; ++t) {
-      batch.tables[t] = tables[first + t];
-      longest = std::max({longest, batch.tables[t].nnz, batch.tables[t].batch + 1});
-    }
-    int64_t* answers = first_invalid == nullptr ? nullptr : first_invalid + first;
-    if (answers != nullptr) fill_kernel<<<1, kThreads, 0, stream>>>(answers, batch, count);
-    row_offsets_kernel<<<dim3(grid_for(longest, kThreads, 4096), count), kThreads, 0, stream>>>(
-        batch, answers);
-    const Status status = cuda_status(cudaGetLastError(), "row_offsets_from_sample_ids");
-    if (!status.ok()) {
-      record_error(status);
-      return;
-    }
-  }
+  record_error(launch_by_table(
+      tables, num_tables,
+      [](const SampleIds& table) {
+        return std::max<int64_t>({1, table.nnz, table.batch + 1});
+      },
+      [&](const LaunchTables<SampleIds>& batch, int first, int count, int64_t longest) {
+        int64_t* answers = first_invalid == nullptr ? nullptr : first_invalid + first;
+        if (answers != nullptr) fill_kernel<<<1, kThreads, 0, stream>>>(answers, batch, count);
+        row_offsets_kernel<<<dim3(grid_for(longest, kThreads, 4096), count), kThreads, 0, stream>>>(
+            batch, answers);
+      },
+      "row_offsets_from_sample_ids"));
 }
 
 void combine_backward(const GpuContext& context, const float* grad_out, const int64_t* order,

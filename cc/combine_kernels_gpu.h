@@ -1,8 +1,8 @@
 // The gather + combine kernel shared by gpu::combine_forward (rows from a
-// unique-values matrix) and gpu::lookup_combine_rows (rows of a hash table),
-// each sample's vector written to an output matrix or through its own
-// address (a row message's layout). CUDA only. (The backward's sums are in
-// cc/segment_sum_gpu.h.)
+// unique-values matrix) and gpu::lookup_combine_tables (rows of hash
+// tables), each sample's vector written to an output matrix or through its
+// own address (a row message's layout); one launch serves many tables.
+// CUDA only. (The backward's sums are in cc/segment_sum_gpu.h.)
 //
 // One warp serves 32 consecutive samples. Its lanes first resolve the rows of
 // 32 entries at once (32 independent lookups in flight), then the warp walks
@@ -14,9 +14,12 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "cc/combine.h"
 #include "cc/common.h"
+#include "cc/status_gpu.h"
+#include "cc/table_launch_gpu.h"
 #include "cc/warp_gpu.h"
 
 namespace sok_ev {
@@ -60,15 +63,36 @@ struct SampleRows {
   __device__ __forceinline__ float* row(int64_t b) const { return rows[b]; }
 };
 
-// Source: int64_t resolve(int64_t entry) -> row handle (-1: missing, reads
-// as zeros); const float* row(int64_t handle). Destination: SampleMatrix or
-// SampleRows (the outputs must not overlap the rows read).
-//   weights: (nnz,) or null   row_offsets: (batch + 1,)
+// One table of a combine_rows_kernel launch. Source: int64_t
+// resolve(int64_t entry) -> row handle (-1: missing, reads as zeros); const
+// float* row(int64_t handle). Destination: SampleMatrix or SampleRows (the
+// outputs must not overlap the rows read).
+template <class Source, class Destination>
+struct CombineRowsTable {
+  Source source;
+  const float* weights;        // (nnz,) or null
+  const int64_t* row_offsets;  // (batch + 1,)
+  int64_t batch;
+  int64_t dim;  // [1, 1024]
+  Destination out;
+  Combiner combiner;
+  // Every row the source gives, and every output row, 16-byte aligned (rows
+  // then load as float4s when dim % 4 == 0). Read on the host.
+  bool rows_aligned;
+};
+
+// blockIdx.y picks the table (cc/table_launch_gpu.h).
 template <class Source, class Destination, int kWidth, int kCount>
 __global__ void __launch_bounds__(256)
-    combine_rows_kernel(Source source, const float* __restrict__ weights,
-                        const int64_t* __restrict__ row_offsets, int64_t batch, int64_t dim,
-                        Combiner combiner, Destination out) {
+    combine_rows_kernel(LaunchTables<CombineRowsTable<Source, Destination>> tables) {
+  const CombineRowsTable<Source, Destination>& table = tables.at[blockIdx.y];
+  const Source source = table.source;
+  const float* __restrict__ weights = table.weights;
+  const int64_t* __restrict__ row_offsets = table.row_offsets;
+  const int64_t batch = table.batch;
+  const int64_t dim = table.dim;
+  const Combiner combiner = table.combiner;
+  const Destination out = table.out;
   constexpr int kUnroll = kCount >= 4 ? 1 : 4 / kCount;
   const int lane = threadIdx.x & 31;
   const int64_t warp = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5;
@@ -174,47 +198,67 @@ __global__ void __launch_bounds__(256)
   while (bag < bags) finish_bag();
 }
 
-// Launches combine_rows_kernel with the narrowest register footprint that
-// covers dim (<= 1024). Rows load as float4s when dim % 4 == 0 and
-// rows_aligned: every row Source gives, and every output row, 16-byte
-// aligned.
-template <class Source, class Destination>
-cudaError_t launch_combine_rows(const Source& source, const float* weights,
-                                const int64_t* row_offsets, int64_t batch, int64_t dim,
-                                Combiner combiner, const Destination& out, cudaStream_t stream,
-                                bool rows_aligned = true) {
-  if (batch <= 0) return cudaSuccess;
+// Launches one kernel variant for its tables.
+template <class Source, class Destination, int kWidth, int kCount>
+Status launch_combine_variant(const std::vector<CombineRowsTable<Source, Destination>>& tables,
+                              cudaStream_t stream, const char* what) {
+  using Table = CombineRowsTable<Source, Destination>;
   constexpr int kThreads = 256;
-  const int64_t warps = (batch + 31) / 32;
-  const unsigned blocks = static_cast<unsigned>((warps * 32 + kThreads - 1) / kThreads);
-#define SOK_EV_COMBINE_LAUNCH(width, count)              \
-  combine_rows_kernel<Source, Destination, width, count> \
-      <<<blocks, kThreads, 0, stream>>>(source, weights, row_offsets, batch, dim, combiner, out)
-  if (dim % 4 == 0 && rows_aligned) {
-    if (dim <= 128)
-      SOK_EV_COMBINE_LAUNCH(4, 1);
-    else if (dim <= 256)
-      SOK_EV_COMBINE_LAUNCH(4, 2);
-    else if (dim <= 512)
-      SOK_EV_COMBINE_LAUNCH(4, 4);
-    else
-      SOK_EV_COMBINE_LAUNCH(4, 8);
-  } else {
-    if (dim <= 32)
-      SOK_EV_COMBINE_LAUNCH(1, 1);
-    else if (dim <= 64)
-      SOK_EV_COMBINE_LAUNCH(1, 2);
-    else if (dim <= 128)
-      SOK_EV_COMBINE_LAUNCH(1, 4);
-    else if (dim <= 256)
-      SOK_EV_COMBINE_LAUNCH(1, 8);
-    else if (dim <= 512)
-      SOK_EV_COMBINE_LAUNCH(1, 16);
-    else
-      SOK_EV_COMBINE_LAUNCH(1, 32);
+  return launch_by_table(
+      tables.data(), tables.size(),
+      // A warp a run of 32 samples.
+      [](const Table& table) { return (table.batch + 31) / 32 * 32; },
+      [&](const LaunchTables<Table>& batch, int /*first*/, int count, int64_t longest) {
+        const unsigned blocks = static_cast<unsigned>((longest + kThreads - 1) / kThreads);
+        combine_rows_kernel<Source, Destination, kWidth, kCount>
+            <<<dim3(blocks, count), kThreads, 0, stream>>>(batch);
+      },
+      what);
+}
+
+// Launches combine_rows_kernel for every table, each in the variant with
+// the narrowest register footprint that covers its dim (<= 1024): one
+// launch for all tables of a variant. Rows load as float4s when
+// dim % 4 == 0 and rows_aligned.
+template <class Source, class Destination>
+Status launch_combine_rows(const CombineRowsTable<Source, Destination>* tables, size_t n,
+                           cudaStream_t stream, const char* what) {
+  // Variants (kWidth, kCount): float4 columns up to 128, 256, 512, 1024;
+  // scalar columns up to 32, 64, ..., 1024.
+  std::vector<CombineRowsTable<Source, Destination>> variant[10];
+  for (size_t t = 0; t < n; ++t) {
+    const CombineRowsTable<Source, Destination>& table = tables[t];
+    if (table.batch <= 0) continue;
+    int v = 0;
+    if (table.dim % 4 == 0 && table.rows_aligned) {
+      v = table.dim <= 128 ? 0 : table.dim <= 256 ? 1 : table.dim <= 512 ? 2 : 3;
+    } else {
+      v = table.dim <= 32    ? 4
+          : table.dim <= 64  ? 5
+          : table.dim <= 128 ? 6
+          : table.dim <= 256 ? 7
+          : table.dim <= 512 ? 8
+                             : 9;
+    }
+    variant[v].push_back(table);
   }
-#undef SOK_EV_COMBINE_LAUNCH
-  return cudaGetLastError();
+#define SOK_EV_COMBINE_VARIANT(v, width, count)                                                 \
+  if (!variant[v].empty()) {                                                                    \
+    SOK_EV_RETURN_IF_ERROR(                                                                     \
+        (launch_combine_variant<Source, Destination, width, count>(variant[v], stream, what))); \
+  }
+  SOK_EV_COMBINE_VARIANT(0, 4, 1)
+  SOK_EV_COMBINE_VARIANT(1, 4, 2)
+  SOK_EV_COMBINE_VARIANT(2, 4, 4)
+  SOK_EV_COMBINE_VARIANT(3, 4, 8)
+  SOK_EV_COMBINE_VARIANT(4, 1, 1)
+  SOK_EV_COMBINE_VARIANT(5, 1, 2)
+  SOK_EV_COMBINE_VARIANT(6, 1, 4)
+  SOK_EV_COMBINE_VARIANT(7, 1, 8)
+  SOK_EV_COMBINE_VARIANT(8, 1, 16)
+  SOK_EV_COMBINE_VARIANT(9, 1, 32)
+#undef SOK_EV_COMBINE_VARIANT
+  return Status::Ok();
 }
 
 }  // namespace gpu

@@ -1,3 +1,6 @@
+// gpu::lookup_combine_tables: see cc/fused_lookup_gpu.h.
+#include <vector>
+
 #include "cc/combine_kernels_gpu.h"
 #include "cc/fused_lookup_gpu.h"
 #include "cc/status_gpu.h"
@@ -20,47 +23,61 @@ struct RowIdSource {
   }
 };
 
-// The table's rows feed one combine_rows_kernel launch into `out`.
+// table's combine into `out`; the table's view is read now, after every
+// insert before it.
 template <typename Key, class Destination>
-Status lookup_combine(const GpuContext& context, const HashTable<Key>& table,
-                      const int64_t* row_ids, const int64_t* inverse, const float* weights,
-                      const int64_t* row_offsets, int64_t batch, Combiner combiner,
-                      const Destination& out, bool rows_aligned, const char* what) {
-  const TableView<Key> view = table.view();
-  RowIdSource source{view.rows, view.row_width, row_ids, inverse};
-  return cuda_status(launch_combine_rows(source, weights, row_offsets, batch, table.dim(), combiner,
-                                         out, stream_of(context), rows_aligned),
-                     what);
+CombineRowsTable<RowIdSource, Destination> combine_of(const LookupCombineTable<Key>& table,
+                                                      const Destination& out, bool rows_aligned) {
+  const TableView<Key> view = table.table->view();
+  return {RowIdSource{view.rows, view.row_width, table.row_ids, table.inverse},
+          table.weights,
+          table.row_offsets,
+          table.batch,
+          view.dim,
+          out,
+          table.combiner,
+          rows_aligned};
 }
 
 }  // namespace
+
+template <typename Key>
+Status lookup_combine_tables(const GpuContext& context, const LookupCombineTable<Key>* tables,
+                             size_t n) {
+  std::vector<CombineRowsTable<RowIdSource, SampleMatrix>> into_matrix;
+  std::vector<CombineRowsTable<RowIdSource, SampleRows>> into_rows;
+  for (size_t t = 0; t < n; ++t) {
+    const LookupCombineTable<Key>& table = tables[t];
+    if (table.out != nullptr) {
+      into_matrix.push_back(combine_of(table, SampleMatrix{table.out, table.table->dim()},
+                                       /*rows_aligned=*/true));
+    } else {
+      into_rows.push_back(combine_of(table, SampleRows{table.out_rows}, table.rows_aligned));
+    }
+  }
+  cudaStream_t stream = stream_of(context);
+  SOK_EV_RETURN_IF_ERROR(
+      launch_combine_rows(into_matrix.data(), into_matrix.size(), stream, "lookup_combine_rows"));
+  return launch_combine_rows(into_rows.data(), into_rows.size(), stream,
+                             "lookup_combine_into_rows");
+}
 
 template <typename Key>
 Status lookup_combine_rows(const GpuContext& context, const HashTable<Key>& table,
                            const int64_t* row_ids, const int64_t* inverse, const float* weights,
                            const int64_t* row_offsets, int64_t batch, Combiner combiner,
                            float* out) {
-  return lookup_combine(context, table, row_ids, inverse, weights, row_offsets, batch, combiner,
-                        SampleMatrix{out, table.dim()}, /*rows_aligned=*/true,
-                        "lookup_combine_rows");
+  const LookupCombineTable<Key> one{&table, row_ids,  inverse, weights, row_offsets,
+                                    batch,  combiner, out,     nullptr, false};
+  return lookup_combine_tables(context, &one, 1);
 }
 
-template <typename Key>
-Status lookup_combine_into_rows(const GpuContext& context, const HashTable<Key>& table,
-                                const int64_t* row_ids, const int64_t* inverse,
-                                const float* weights, const int64_t* row_offsets, int64_t batch,
-                                Combiner combiner, float* const* out_rows, bool rows_aligned) {
-  return lookup_combine(context, table, row_ids, inverse, weights, row_offsets, batch, combiner,
-                        SampleRows{out_rows}, rows_aligned, "lookup_combine_into_rows");
-}
-
-#define SOK_EV_INSTANTIATE(Key)                                                               \
-  template Status lookup_combine_rows<Key>(const GpuContext&, const HashTable<Key>&,          \
-                                           const int64_t*, const int64_t*, const float*,      \
-                                           const int64_t*, int64_t, Combiner, float*);        \
-  template Status lookup_combine_into_rows<Key>(                                              \
-      const GpuContext&, const HashTable<Key>&, const int64_t*, const int64_t*, const float*, \
-      const int64_t*, int64_t, Combiner, float* const*, bool);
+#define SOK_EV_INSTANTIATE(Key)                                                                 \
+  template Status lookup_combine_tables<Key>(const GpuContext&, const LookupCombineTable<Key>*, \
+                                             size_t);                                           \
+  template Status lookup_combine_rows<Key>(const GpuContext&, const HashTable<Key>&,            \
+                                           const int64_t*, const int64_t*, const float*,        \
+                                           const int64_t*, int64_t, Combiner, float*);
 SOK_EV_INSTANTIATE(int32_t)
 SOK_EV_INSTANTIATE(int64_t)
 #undef SOK_EV_INSTANTIATE

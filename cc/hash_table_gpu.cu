@@ -3,10 +3,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
+#include <vector>
 
 #include "cc/hash_table_gpu.h"
 #include "cc/hash_table_probe_gpu.h"
 #include "cc/status_gpu.h"
+#include "cc/table_launch_gpu.h"
 
 namespace sok_ev {
 namespace gpu {
@@ -153,35 +156,62 @@ __device__ __forceinline__ void group_copy_value(const TableView<Key>& table,
   }
 }
 
-// One group of ProbeGroup<Key>::kLanes lanes per key: finds or inserts it,
-// counts its frequency and copies its value out.
-//   keys: (n,)  frequencies: (n,) or null  row_ids: (n,) out or null
-//   values: (n, dim) out or null
-//   count: device, or null: only the first min(n, *count) keys are resolved
+// One table's keys in an insert_kernel launch (FindOrInsertJob, with the
+// table's view, counters and free rows).
 template <typename Key>
-__global__ void __launch_bounds__(256)
-    insert_kernel(TableView<Key> table, TableCounters* counters, const int32_t* free_rows,
-                  const Key* keys, int64_t n, const int64_t* count, const int64_t* frequencies,
-                  bool count_frequency, int64_t* row_ids, float* values) {
+struct InsertTable {
+  TableView<Key> table;
+  TableCounters* counters;
+  const int32_t* free_rows;
+  const Key* keys;  // (n,)
+  int64_t n;
+  const int64_t* count;        // device, or null: only the first min(n, *count) keys
+  const int64_t* frequencies;  // (n,) or null
+  int64_t* row_ids;            // (n,) out or null
+  float* values;               // (n, dim) out or null
+  bool count_frequency;
+};
+
+// One group of ProbeGroup<Key>::kLanes lanes per key: finds or inserts it,
+// counts its frequency and copies its value out. blockIdx.y picks the table
+// (cc/table_launch_gpu.h).
+template <typename Key>
+__global__ void __launch_bounds__(256) insert_kernel(LaunchTables<InsertTable<Key>> inserts) {
   constexpr int kLanes = ProbeGroup<Key>::kLanes;
+  const InsertTable<Key>& insert = inserts.at[blockIdx.y];
+  const TableView<Key>& table = insert.table;
   const ProbeGroup<Key> g;
   const int64_t stride = (int64_t(gridDim.x) * blockDim.x) / kLanes;
-  const int64_t limit = count != nullptr && *count < n ? *count : n;
+  const int64_t n = insert.n;
+  const int64_t limit = insert.count != nullptr && *insert.count < n ? *insert.count : n;
   for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / kLanes; i < limit;
        i += stride) {
-    const Key key = keys[i];
-    const int32_t row = group_find_or_claim(table, counters, free_rows, g, key);
+    const Key key = insert.keys[i];
+    const int32_t row = group_find_or_claim(table, insert.counters, insert.free_rows, g, key);
     if (g.rank == 0) {
-      if (row_ids != nullptr) row_ids[i] = row;
-      if (count_frequency && row >= 0) {
-        const long long add = frequencies != nullptr ? frequencies[i] : 1;
+      if (insert.row_ids != nullptr) insert.row_ids[i] = row;
+      if (insert.count_frequency && row >= 0) {
+        const long long add = insert.frequencies != nullptr ? insert.frequencies[i] : 1;
         atomicAdd(reinterpret_cast<unsigned long long*>(table.frequencies + row),
                   static_cast<unsigned long long>(add));
       }
     }
-    if (values != nullptr) {
-      group_copy_value<Key, true>(table, g, row, values + i * table.dim);
+    if (insert.values != nullptr) {
+      group_copy_value<Key, true>(table, g, row, insert.values + i * table.dim);
     }
+  }
+}
+
+// Where a table's counters go after an insert: pinned host memory.
+struct CounterCopy {
+  const TableCounters* from;  // device
+  TableCounters* to;          // pinned host, as the device addresses it
+};
+
+// Thread t copies table t's counters.
+__global__ void copy_counters_kernel(LaunchTables<CounterCopy> copies, int count) {
+  if (static_cast<int>(threadIdx.x) < count) {
+    *copies.at[threadIdx.x].to = *copies.at[threadIdx.x].from;
   }
 }
 
@@ -643,31 +673,37 @@ inline bool landed(void* event) {
 }
 
 template <typename Key>
-void HashTable<Key>::snapshot_counters(const GpuContext& context) {
+typename HashTable<Key>::CounterSnapshot* HashTable<Key>::free_snapshot() {
   CounterSnapshot& snapshot = snapshots_[next_snapshot_];
   if (snapshot.host == nullptr) {
     cudaEvent_t event;
-    if (cudaHostAlloc(&snapshot.host, sizeof(TableCounters), cudaHostAllocDefault) != cudaSuccess ||
+    void* device = nullptr;
+    // Mapped, so that a kernel writes the copies of many tables at once.
+    if (cudaHostAlloc(&snapshot.host, sizeof(TableCounters), cudaHostAllocMapped) != cudaSuccess ||
+        cudaHostGetDevicePointer(&device, snapshot.host, 0) != cudaSuccess ||
         cudaEventCreateWithFlags(&event, cudaEventDisableTiming) != cudaSuccess) {
-      // Without snapshots the bounds stay correct, only looser.
       cudaGetLastError();
       if (snapshot.host != nullptr) cudaFreeHost(snapshot.host);
       snapshot.host = nullptr;
-      return;
+      return nullptr;
     }
+    snapshot.device = static_cast<TableCounters*>(device);
     snapshot.event = event;
   }
-  if (snapshot.taken && !landed(snapshot.event)) return;  // its copy is still under way
-  cudaStream_t stream = stream_of(context);
-  if (cudaMemcpyAsync(snapshot.host, counters_, sizeof(TableCounters), cudaMemcpyDeviceToHost,
-                      stream) != cudaSuccess ||
-      cudaEventRecord(static_cast<cudaEvent_t>(snapshot.event), stream) != cudaSuccess) {
+  if (snapshot.taken && !landed(snapshot.event)) return nullptr;  // its copy is still under way
+  return &snapshot;
+}
+
+template <typename Key>
+void HashTable<Key>::snapshot_queued(const GpuContext& context, CounterSnapshot* snapshot) {
+  if (cudaEventRecord(static_cast<cudaEvent_t>(snapshot->event), stream_of(context)) !=
+      cudaSuccess) {
     cudaGetLastError();
-    snapshot.taken = false;
+    snapshot->taken = false;
     return;
   }
-  snapshot.incoming_total = incoming_total_;
-  snapshot.taken = true;
+  snapshot->incoming_total = incoming_total_;
+  snapshot->taken = true;
   next_snapshot_ = (next_snapshot_ + 1) % kSnapshots;
 }
 
@@ -761,23 +797,69 @@ Status HashTable<Key>::reserve(const GpuContext& context, int64_t keys) {
 }
 
 template <typename Key>
-Status HashTable<Key>::resolve_insert(const GpuContext& context, const Key* keys, int64_t n,
-                                      const int64_t* count, const int64_t* frequencies,
-                                      bool count_frequency, int64_t* row_ids, float* values) {
+Status HashTable<Key>::find_or_insert_tables(const GpuContext& context,
+                                             const FindOrInsertJob<Key>* jobs, size_t n) {
   cudaStream_t stream = stream_of(context);
-  SOK_EV_RETURN_IF_ERROR(prepare_insert(context, keys, n, count));
-  insert_kernel<Key><<<grid_for(n * ProbeGroup<Key>::kLanes, kThreads), kThreads, 0, stream>>>(
-      view(), counters_, free_rows_, keys, n, count, frequencies, count_frequency, row_ids, values);
-  SOK_EV_LAUNCH_CHECK("insert");
-  snapshot_counters(context);
+  // Round r holds the (r + 1)-th job of each table.
+  std::vector<int> round(n, 0);
+  int rounds = 0;
+  for (size_t i = 0; i < n; ++i) {
+    for (size_t j = 0; j < i; ++j) round[i] += jobs[j].table == jobs[i].table;
+    rounds = std::max(rounds, round[i] + 1);
+  }
+  for (int r = 0; r < rounds; ++r) {
+    std::vector<size_t> members;
+    for (size_t i = 0; i < n; ++i) {
+      if (round[i] == r && jobs[i].n > 0) members.push_back(i);
+    }
+    for (size_t i : members) {
+      SOK_EV_RETURN_IF_ERROR(
+          jobs[i].table->prepare_insert(context, jobs[i].keys, jobs[i].n, jobs[i].count));
+    }
+    // The views after every sizing of the round (growth moves a table's storage).
+    std::vector<InsertTable<Key>> inserts;
+    for (size_t i : members) {
+      const FindOrInsertJob<Key>& job = jobs[i];
+      HashTable& table = *job.table;
+      inserts.push_back({table.view(), table.counters_, table.free_rows_, job.keys, job.n,
+                         job.count, job.frequencies, job.row_ids, job.values, job.count_frequency});
+    }
+    SOK_EV_RETURN_IF_ERROR(launch_by_table(
+        inserts.data(), inserts.size(),
+        [](const InsertTable<Key>& insert) { return insert.n * ProbeGroup<Key>::kLanes; },
+        [&](const LaunchTables<InsertTable<Key>>& batch, int /*first*/, int count,
+            int64_t longest) {
+          insert_kernel<Key>
+              <<<dim3(grid_for(longest, kThreads), count), kThreads, 0, stream>>>(batch);
+        },
+        "insert"));
+    std::vector<CounterCopy> copies;
+    std::vector<std::pair<HashTable*, CounterSnapshot*>> snapshots;
+    for (size_t i : members) {
+      HashTable& table = *jobs[i].table;
+      if (CounterSnapshot* snapshot = table.free_snapshot()) {
+        copies.push_back({table.counters_, snapshot->device});
+        snapshots.push_back({&table, snapshot});
+      }
+    }
+    const Status copied = launch_by_table(
+        copies.data(), copies.size(), [](const CounterCopy&) { return 1; },
+        [&](const LaunchTables<CounterCopy>& batch, int /*first*/, int count, int64_t) {
+          copy_counters_kernel<<<1, LaunchTables<CounterCopy>::kCapacity, 0, stream>>>(batch,
+                                                                                       count);
+        },
+        "copy_counters");
+    if (!copied.ok()) continue;  // without snapshots the bounds stay correct, only looser
+    for (const auto& [table, snapshot] : snapshots) table->snapshot_queued(context, snapshot);
+  }
   return Status::Ok();
 }
 
 template <typename Key>
 Status HashTable<Key>::find_or_insert(const GpuContext& context, const Key* keys, int64_t n,
                                       float* values, const int64_t* frequencies, int64_t* row_ids) {
-  if (n <= 0) return Status::Ok();
-  return resolve_insert(context, keys, n, nullptr, frequencies, true, row_ids, values);
+  const FindOrInsertJob<Key> job{this, keys, n, nullptr, frequencies, true, row_ids, values};
+  return find_or_insert_tables(context, &job, 1);
 }
 
 template <typename Key>
@@ -799,8 +881,8 @@ Status HashTable<Key>::insert_or_assign(const GpuContext& context, const Key* ke
   cudaStream_t stream = stream_of(context);
   ScratchBuffer row_ids(context, n * sizeof(int64_t));
   if (!row_ids.ok()) return Status::Internal("out of device memory");
-  SOK_EV_RETURN_IF_ERROR(
-      resolve_insert(context, keys, n, nullptr, nullptr, false, row_ids.as<int64_t>(), nullptr));
+  const FindOrInsertJob<Key> job{this, keys, n, nullptr, nullptr, false, row_ids.as<int64_t>()};
+  SOK_EV_RETURN_IF_ERROR(find_or_insert_tables(context, &job, 1));
   assign_rows_kernel<Key><<<grid_for(n * 32, kThreads), kThreads, 0, stream>>>(
       view(), n, row_ids.as<int64_t>(), rows, frequencies, versions);
   SOK_EV_LAUNCH_CHECK("assign_rows");
@@ -810,8 +892,8 @@ Status HashTable<Key>::insert_or_assign(const GpuContext& context, const Key* ke
 template <typename Key>
 Status HashTable<Key>::find_or_insert_rows(const GpuContext& context, const Key* keys, int64_t n,
                                            const int64_t* count, int64_t* row_ids) {
-  if (n <= 0) return Status::Ok();
-  return resolve_insert(context, keys, n, count, nullptr, false, row_ids, nullptr);
+  const FindOrInsertJob<Key> job{this, keys, n, count, nullptr, false, row_ids};
+  return find_or_insert_tables(context, &job, 1);
 }
 
 template <typename Key>

@@ -78,6 +78,27 @@ struct HashTableOptions {
 };
 
 template <typename Key>
+class HashTable;
+
+// One table's keys in HashTable::find_or_insert_tables.
+template <typename Key>
+struct FindOrInsertJob {
+  HashTable<Key>* table;
+  const Key* keys;  // (n,) device
+  int64_t n;        // the host's bound on the keys, which sizes the launch
+  // Device, or null: when set, only the first *count (<= n) keys are
+  // resolved, so a count computed on the GPU needs no sync.
+  const int64_t* count = nullptr;
+  // (n,) added to each key's frequency, or null: 1 each.
+  const int64_t* frequencies = nullptr;
+  // False: frequencies stay as they are (the optimizer's apply: the lookup
+  // counted the keys already).
+  bool count_frequency = true;
+  int64_t* row_ids = nullptr;  // (n,) out or null: each key's arena row
+  float* values = nullptr;     // (n, dim) out or null: each key's value
+};
+
+template <typename Key>
 class HashTable {
  public:
   // dim in [1, 1024]. For kDefaultValueMatrix the (default_value_dim, dim)
@@ -144,6 +165,15 @@ class HashTable {
   Status find_or_insert_rows(const GpuContext& context, const Key* keys, int64_t n,
                              const int64_t* count, int64_t* row_ids);
 
+  // find_or_insert / find_or_insert_rows for many tables at once: each
+  // table's sizing on the host, then one insert launch for all and one copy
+  // of their counters. A table listed k times is inserted into by k
+  // launches, in list order, so each one's sizing sees the inserts before it.
+  // The row ids stay valid until the next call that inserts.
+  //   jobs: (n,) host
+  static Status find_or_insert_tables(const GpuContext& context, const FindOrInsertJob<Key>* jobs,
+                                      size_t n);
+
   // For row ids already resolved by find_or_insert (no second probe): sets
   // each row's version and returns its full-row pointer.
   // row_ids: (n,) device, from this table since its last insert.
@@ -180,13 +210,13 @@ class HashTable {
                         const int64_t* count);
   Status rehash(const GpuContext& context, int64_t num_buckets);
   Status grow_arena(const GpuContext& context, int64_t row_capacity, int64_t new_row_width);
-  // Finds or inserts (new rows initialized), one kernel; row_ids and
-  // values (n, dim) are optional outputs.
-  Status resolve_insert(const GpuContext& context, const Key* keys, int64_t n, const int64_t* count,
-                        const int64_t* frequencies, bool count_frequency, int64_t* row_ids,
-                        float* values);
-  // After an insert: queues a copy of the counters and its event.
-  void snapshot_counters(const GpuContext& context);
+  struct CounterSnapshot;
+  // Where the next copy of the counters after an insert goes, or null while
+  // the last copy there is still under way (or pinned memory could not be
+  // had: the bounds then stay correct, only looser).
+  CounterSnapshot* free_snapshot();
+  // After the copy into `snapshot` was queued: records its event.
+  void snapshot_queued(const GpuContext& context, CounterSnapshot* snapshot);
   // Tightens the host bounds from the snapshots that have landed.
   void tighten_bounds();
 
@@ -213,9 +243,10 @@ class HashTable {
   // Keys sent to inserts so far (each may have been new).
   int64_t incoming_total_ = 0;
   struct CounterSnapshot {
-    void* event = nullptr;          // cudaEvent_t, recorded after the copy
-    TableCounters* host = nullptr;  // pinned
-    int64_t incoming_total = 0;     // incoming_total_ when it was taken
+    void* event = nullptr;            // cudaEvent_t, recorded after the copy
+    TableCounters* host = nullptr;    // pinned
+    TableCounters* device = nullptr;  // the same memory as kernels write it
+    int64_t incoming_total = 0;       // incoming_total_ when it was taken
     bool taken = false;
   };
   static constexpr int kSnapshots = 4;

@@ -4,6 +4,7 @@
 
 #include "cc/lower_bound_gpu.h"
 #include "cc/segment_sum_gpu.h"
+#include "cc/table_launch_gpu.h"
 #include "cc/warp_gpu.h"
 
 namespace sok_ev {
@@ -37,20 +38,10 @@ struct SumsTable {
   float* partials;         // head (tiles, dim), then tail (tiles, dim)
 };
 
-// The tables of one launch, by value; blockIdx.y picks one. Kernel
-// parameters are at most 4 KB.
-constexpr int kTablesPerLaunch = 32;
-template <typename Table>
-struct Tables {
-  Table at[kTablesPerLaunch];
-};
-static_assert(sizeof(Tables<SumsTable>) <= 4000 && sizeof(Tables<EntriesTable>) <= 4000,
-              "a launch's tables must fit the 4 KB of kernel parameters");
-
 // Each entry's sample, and each sample's denominator (1, sum w, or
 // sqrt(sum w^2)), as combine_forward divides. Tables without entry_bag have
 // nothing to do.
-__global__ void bag_scale_kernel(Tables<EntriesTable> tables) {
+__global__ void bag_scale_kernel(LaunchTables<EntriesTable> tables) {
   const EntriesTable& table = tables.at[blockIdx.y];
   if (table.entry_bag == nullptr) return;
   for (int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; b < table.batch;
@@ -73,7 +64,7 @@ __global__ void bag_scale_kernel(Tables<EntriesTable> tables) {
 // sums: segments -> sorted_bag -> gradient row). A sum of unweighted entries
 // reads no denominator and no weight: its entry's sample is found in the row
 // offsets, in one pass (bag_scale_kernel's is not needed).
-__global__ void sorted_entries_kernel(Tables<EntriesTable> tables) {
+__global__ void sorted_entries_kernel(LaunchTables<EntriesTable> tables) {
   const EntriesTable& table = tables.at[blockIdx.y];
   for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < table.nnz;
        k += int64_t(gridDim.x) * blockDim.x) {
@@ -86,26 +77,6 @@ __global__ void sorted_entries_kernel(Tables<EntriesTable> tables) {
       table.sorted_weight[k] = table.weights != nullptr ? table.weights[j] : 1.0f;
     }
   }
-}
-
-// Runs launch(tables, count, longest) for the tables, kTablesPerLaunch at a
-// time, where longest is the most work items (size(table)) of any of them.
-template <typename Table, typename Size, typename Launch>
-Status launch_by_table(const std::vector<Table>& tables, const Size& size, const Launch& launch,
-                       const char* what) {
-  for (size_t first = 0; first < tables.size(); first += kTablesPerLaunch) {
-    const int count = static_cast<int>(std::min<size_t>(kTablesPerLaunch, tables.size() - first));
-    Tables<Table> batch;
-    int64_t longest = 0;
-    for (int t = 0; t < count; ++t) {
-      batch.at[t] = tables[first + t];
-      longest = std::max(longest, size(batch.at[t]));
-    }
-    if (longest == 0) continue;
-    launch(batch, count, longest);
-    SOK_EV_RETURN_IF_ERROR(cuda_status(cudaGetLastError(), what));
-  }
-  return Status::Ok();
 }
 
 // kWidth consecutive floats at p: one 16-byte access for 4 (p aligned).
@@ -150,7 +121,7 @@ struct SumDestination {
 // 4 * lane + 128 j (dim % 4 == 0, aligned rows); else columns lane + 32 j.
 //   sums: (count, dim) out  partials: head (tiles, dim), then tail (tiles, dim)
 template <bool kVec>
-__global__ void __launch_bounds__(kThreads, 3) tile_sums_kernel(Tables<SumsTable> tables) {
+__global__ void __launch_bounds__(kThreads, 3) tile_sums_kernel(LaunchTables<SumsTable> tables) {
   const SumsTable& table = tables.at[blockIdx.y];
   const SegmentGradients& s = table.s;
   const int64_t nnz = table.nnz;
@@ -237,7 +208,7 @@ __global__ void __launch_bounds__(kThreads, 3) tile_sums_kernel(Tables<SumsTable
 // head parts of the tiles after, in order. A key without entries gets
 // zeros. Keys inside one tile are done.
 template <bool kVec>
-__global__ void __launch_bounds__(kThreads) crossing_sums_kernel(Tables<SumsTable> tables) {
+__global__ void __launch_bounds__(kThreads) crossing_sums_kernel(LaunchTables<SumsTable> tables) {
   const SumsTable& table = tables.at[blockIdx.y];
   const SegmentGradients& s = table.s;
   const int64_t nnz = table.nnz;
@@ -417,15 +388,15 @@ Status SegmentGradientSums::prepare(const GpuContext& context,
 
   cudaStream_t stream = stream_of(context);
   SOK_EV_RETURN_IF_ERROR(launch_by_table(
-      entry_passes,
+      entry_passes.data(), entry_passes.size(),
       [](const EntriesTable& table) { return table.entry_bag != nullptr ? table.batch : 0; },
-      [&](const Tables<EntriesTable>& batch, int count, int64_t longest) {
+      [&](const LaunchTables<EntriesTable>& batch, int /*first*/, int count, int64_t longest) {
         bag_scale_kernel<<<dim3(grid_for(longest, kThreads), count), kThreads, 0, stream>>>(batch);
       },
       "bag_scale"));
   SOK_EV_RETURN_IF_ERROR(launch_by_table(
-      entry_passes, [](const EntriesTable& table) { return table.nnz; },
-      [&](const Tables<EntriesTable>& batch, int count, int64_t longest) {
+      entry_passes.data(), entry_passes.size(), [](const EntriesTable& table) { return table.nnz; },
+      [&](const LaunchTables<EntriesTable>& batch, int /*first*/, int count, int64_t longest) {
         sorted_entries_kernel<<<dim3(grid_for(longest, kThreads), count), kThreads, 0, stream>>>(
             batch);
       },
@@ -437,8 +408,8 @@ Status SegmentGradientSums::prepare(const GpuContext& context,
       return (table.nnz + kTileEntries - 1) / kTileEntries * 32;
     };
     SOK_EV_RETURN_IF_ERROR(launch_by_table(
-        passes, tile_threads,
-        [&](const Tables<SumsTable>& batch, int count, int64_t longest) {
+        passes.data(), passes.size(), tile_threads,
+        [&](const LaunchTables<SumsTable>& batch, int /*first*/, int count, int64_t longest) {
           const dim3 grid(grid_for(longest, kThreads), count);
           if (vec) {
             tile_sums_kernel<true><<<grid, kThreads, 0, stream>>>(batch);
@@ -450,8 +421,8 @@ Status SegmentGradientSums::prepare(const GpuContext& context,
     // The crossing keys' pass runs even without tiles: a key without
     // entries gets zeros.
     SOK_EV_RETURN_IF_ERROR(launch_by_table(
-        passes, [](const SumsTable& table) { return table.max_unique; },
-        [&](const Tables<SumsTable>& batch, int count, int64_t longest) {
+        passes.data(), passes.size(), [](const SumsTable& table) { return table.max_unique; },
+        [&](const LaunchTables<SumsTable>& batch, int /*first*/, int count, int64_t longest) {
           const dim3 grid(grid_for(longest, kThreads), count);
           if (vec) {
             crossing_sums_kernel<true><<<grid, kThreads, 0, stream>>>(batch);

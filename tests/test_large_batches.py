@@ -1,4 +1,5 @@
-"""Batches large enough that the CPU kernels spread their work over threads.
+"""Batches large enough that the CPU kernels spread their work over threads,
+and that tables grow inside one grouped op.
 
 The multi-table ops schedule by size: many tables run side by side, each
 table's stages on one thread (its backward then walks entries in sample
@@ -148,3 +149,72 @@ def test_an_update_spread_over_threads_matches_dense_adagrad(sok, rng, unique_na
         rows = ref.export_to_dict(exported_keys.numpy(), exported_values.numpy())
         expected = {k: row for k, row in zip(sorted(touched), dense.numpy()[sorted(touched)])}
         ref.assert_rows_close(rows, expected, RTOL, ATOL, "rows after Adagrad")
+
+
+# Tables that grow inside one grouped op: every step brings each table more
+# distinct keys than a GPU table's first index holds (65536 slots at load
+# 0.75), so the one insert launch of the lookup (and of the update) runs
+# after each table was resized on its own. One call holds both key dtypes,
+# two widths (float4 and scalar rows) and a variable listed twice, whose
+# second listing grows it again after its first listing's rows were found.
+GROW_ROWS, GROW_BATCH, GROW_STEPS = 150_000, 40_000, 2
+GROW_FIRST_INDEX_KEYS = 49_152
+# (variable, key dtype, dim, combiner) of each table of the call.
+GROW_TABLES = [(0, np.int64, 8, "sum"), (1, np.int32, 8, "mean"), (0, np.int64, 8, "sqrtn"),
+               (2, np.int32, 5, "sum")]
+
+
+def test_tables_that_grow_within_one_grouped_step_match_dense_lookup_and_adagrad(
+        sok, rng, unique_name):
+    variables = sorted({v for v, _, _, _ in GROW_TABLES})
+    dtype_of = {v: dtype for v, dtype, _, _ in GROW_TABLES}
+    matrices = {v: ref.random_matrix(rng, GROW_ROWS, dim) for v, _, dim, _ in GROW_TABLES}
+    evs = {
+        v: ref.matrix_ev(sok, unique_name(), matrices[v], key_dtype=dtype_of[v]) for v in variables
+    }
+    dense = {v: tf.Variable(matrices[v]) for v in variables}
+    opt, dense_opt = (tf.compat.v1.train.AdagradOptimizer(0.1) for _ in range(2))
+    touched = {v: set() for v in variables}
+    for step in range(GROW_STEPS):
+        batches = [
+            ref.random_sparse_batch(rng, GROW_BATCH, 4,
+                                    ref.key_sampler(rng, "in_range", GROW_ROWS, dtype), dtype)
+            for _, dtype, _, _ in GROW_TABLES
+        ]
+        for b in batches:
+            assert len(b.unique_keys()) > GROW_FIRST_INDEX_KEYS, "each table must outgrow its index"
+        upstreams = [
+            rng.normal(size=(GROW_BATCH, dim)).astype(np.float32) for _, _, dim, _ in GROW_TABLES
+        ]
+        combiners = [c for _, _, _, c in GROW_TABLES]
+        with tf.GradientTape() as tape:
+            outs = sok.lookup_sparse([evs[v] for v, _, _, _ in GROW_TABLES],
+                                     [b.sp_ids() for b in batches],
+                                     combiners=combiners)
+            loss = tf.add_n([tf.reduce_sum(o * u) for o, u in zip(outs, upstreams)])
+        grads = tape.gradient(loss, [evs[v] for v in variables])
+        opt.apply_gradients(zip(grads, [evs[v] for v in variables]))
+
+        with tf.GradientTape() as tape:
+            dense_outs = [
+                ref.dense_lookup_sparse(dense[v], b, c, False)
+                for (v, _, _, c), b in zip(GROW_TABLES, batches)
+            ]
+            loss = tf.add_n([tf.reduce_sum(o * u) for o, u in zip(dense_outs, upstreams)])
+        dense_grads = tape.gradient(loss, [dense[v] for v in variables])
+        dense_opt.apply_gradients(zip(dense_grads, [dense[v] for v in variables]))
+
+        for t, (out, expected) in enumerate(zip(outs, dense_outs)):
+            np.testing.assert_allclose(out.numpy(),
+                                       expected.numpy(),
+                                       rtol=RTOL,
+                                       atol=ATOL,
+                                       err_msg=f"step {step}, table {t}")
+        for (v, _, _, _), b in zip(GROW_TABLES, batches):
+            touched[v].update(int(k) for k in b.keys)
+        for v in variables:
+            keys, values = evs[v].export()[:2]
+            rows = ref.export_to_dict(keys.numpy(), values.numpy())
+            seen = sorted(touched[v])
+            expected = dict(zip(seen, dense[v].numpy()[seen]))
+            ref.assert_rows_close(rows, expected, RTOL, ATOL, f"step {step}, variable {v}")

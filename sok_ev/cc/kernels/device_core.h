@@ -13,9 +13,11 @@
 //                         false: UniqueKeys leaves order empty
 //   Core(OpKernelContext*)
 //   NewTableAllocator()   table-lifetime memory, null when the table needs none
-//   NewTable, Size, AddSlot, FindOrInsert, FindOrInsertCombine, Find,
-//   FindPresent, InsertOrAssign, InsertOrAssignFromHost, Erase, EvictStale,
-//   ExportAll, ExportBatches, ApplyOptimizer          on one table
+//   NewTable, Size, AddSlot, FindOrInsert, Find, FindPresent,
+//   InsertOrAssign, InsertOrAssignFromHost, Erase, EvictStale, ExportAll,
+//   ExportBatches, ApplyOptimizer                     on one table
+//   FindOrInsertCombineTables, ApplyOptimizerTables   on all tables of an op
+//                                                     at once (below)
 //   UniqueKeys (all tables of a lookup at once), CheckDistinct,
 //   PartitionByOwner, CombineForward, CombineForwardRows,
 //   CombineBackwardTables (all tables of a gradient op at once)   free stages
@@ -35,6 +37,8 @@
 #include <string>
 #include <unordered_set>
 
+#include "cc/common.h"
+#include "cc/optimizers.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/lib/core/errors.h"
 
@@ -60,6 +64,40 @@ absl::Status CheckDistinctOnHost(const Key* keys, int64_t n, const std::string& 
   }
   return absl::OkStatus();
 }
+
+// One table of Core::FindOrInsertCombineTables (an op's forward lookup of
+// plain tables): its unique keys found or inserted, their counts added to
+// the frequencies; then each sample's rows combined (cc/combine.h) into
+// out, or, with out null, at out_rows[b]. A table may be listed more than
+// once: the inserts then run in list order.
+template <typename Table, typename Key>
+struct FindOrInsertCombineTable {
+  Table* table;
+  const Key* unique_keys;  // (num_unique,)
+  const int64_t* counts;   // (num_unique,)
+  int64_t num_unique;
+  const int64_t* unique_index;  // (nnz,)
+  const float* weights;         // (nnz,) or null
+  const int64_t* row_offsets;   // (batch + 1,)
+  int64_t batch;
+  Combiner combiner;
+  float* out;              // (batch, dim), or null
+  float* const* out_rows;  // (batch,) with out null: rows where a row message wants them
+  bool rows_aligned;       // out_rows only: every one 16-byte aligned (read by the GPU)
+};
+
+// One table of Core::ApplyOptimizerTables: Core::ApplyOptimizer's
+// arguments. Tables listed more than once are updated in list order.
+template <typename Table, typename Key>
+struct ApplyOptimizerTable {
+  Table* table;
+  OptimizerSpec spec;  // with this table's slot indices
+  const Key* keys;     // (n,)
+  int64_t n;
+  const float* grads;  // (n, dim)
+  int64_t dim;
+  bool keys_are_unique;
+};
 
 // ForEachTable(core, n, costs, same_stream, work) runs work(t, table_core)
 // for every table t < n of a multi-table op and returns the first failure;

@@ -51,6 +51,24 @@ class Core<CPUDevice> {
     };
   }
 
+  // As below, but tables with the same non-null same_stream entry (one
+  // variable listed twice) must see each other's updates in list order:
+  // then the tables run one after another.
+  //   same_stream: (n,) host or null
+  template <typename Work>
+  absl::Status ForEachTable(int n, const int64_t* costs, const void* const* same_stream,
+                            const Work& work) {
+    if (same_stream != nullptr) {
+      std::vector<const void*> sorted(same_stream, same_stream + n);
+      std::sort(sorted.begin(), sorted.end());
+      if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
+        for (int t = 0; t < n; ++t) TF_RETURN_IF_ERROR(work(t, *this));
+        return absl::OkStatus();
+      }
+    }
+    return ForEachTable(n, costs, work);
+  }
+
   // Tables side by side when there are enough of them: each table's stages
   // then run whole on one thread, on a Core without a pool (one task per
   // table instead of a pool round trip per stage and table), the largest
@@ -317,36 +335,53 @@ class Core<CPUDevice> {
     });
   }
 
-  // Finds or inserts the unique keys (their counts added to the
-  // frequencies), then combines each sample's rows.
-  //   unique_keys, counts: (num_unique,)  unique_index: (nnz,)
-  //   weights: (nnz,) or null  row_offsets: (batch + 1,)  out: (batch, dim)
+  // Every table's find-or-insert and combine (device_core.h), the tables
+  // side by side (ForEachTable). rows_aligned is the GPU twin's.
   template <typename Key>
-  absl::Status FindOrInsertCombine(Table<Key>& table, const Key* unique_keys, const int64_t* counts,
-                                   int64_t num_unique, const int64_t* unique_index,
-                                   const float* weights, const int64_t* row_offsets, int64_t batch,
-                                   Combiner combiner, float* out) {
-    std::unique_ptr<float[]> values;
-    TF_RETURN_IF_ERROR(FindOrInsertValues(table, unique_keys, counts, num_unique, &values));
-    cpu::combine_forward(context_, values.get(), unique_index, weights, row_offsets, batch,
-                         table.dim(), combiner, out);
-    return absl::OkStatus();
+  absl::Status FindOrInsertCombineTables(
+      const std::vector<FindOrInsertCombineTable<Table<Key>, Key>>& tables) {
+    const int n = static_cast<int>(tables.size());
+    std::vector<int64_t> costs(n);
+    std::vector<const void*> same_table(n);
+    for (int t = 0; t < n; ++t) {
+      costs[t] = tables[t].num_unique + tables[t].batch;
+      same_table[t] = tables[t].table;
+    }
+    return ForEachTable(n, costs.data(), same_table.data(), [&](int t, Core& core) {
+      const FindOrInsertCombineTable<Table<Key>, Key>& table = tables[t];
+      std::unique_ptr<float[]> values;
+      TF_RETURN_IF_ERROR(core.FindOrInsertValues(*table.table, table.unique_keys, table.counts,
+                                                 table.num_unique, &values));
+      if (table.out != nullptr) {
+        cpu::combine_forward(core.context_, values.get(), table.unique_index, table.weights,
+                             table.row_offsets, table.batch, table.table->dim(), table.combiner,
+                             table.out);
+      } else {
+        cpu::combine_forward_into_rows(core.context_, values.get(), table.unique_index,
+                                       table.weights, table.row_offsets, table.batch,
+                                       table.table->dim(), table.combiner, table.out_rows);
+      }
+      return absl::OkStatus();
+    });
   }
 
-  // The same, sample b's vector written at out_rows[b] (rows where a row
-  // message wants them). rows_aligned is the GPU twin's.
+  // Every table's ApplyOptimizer (device_core.h), the tables side by side
+  // (ForEachTable).
   template <typename Key>
-  absl::Status FindOrInsertCombineIntoRows(Table<Key>& table, const Key* unique_keys,
-                                           const int64_t* counts, int64_t num_unique,
-                                           const int64_t* unique_index, const float* weights,
-                                           const int64_t* row_offsets, int64_t batch,
-                                           Combiner combiner, float* const* out_rows,
-                                           bool /*rows_aligned*/) {
-    std::unique_ptr<float[]> values;
-    TF_RETURN_IF_ERROR(FindOrInsertValues(table, unique_keys, counts, num_unique, &values));
-    cpu::combine_forward_into_rows(context_, values.get(), unique_index, weights, row_offsets,
-                                   batch, table.dim(), combiner, out_rows);
-    return absl::OkStatus();
+  absl::Status ApplyOptimizerTables(const std::vector<ApplyOptimizerTable<Table<Key>, Key>>& tables,
+                                    int64_t global_step) {
+    const int n = static_cast<int>(tables.size());
+    std::vector<int64_t> costs(n);
+    std::vector<const void*> same_table(n);
+    for (int t = 0; t < n; ++t) {
+      costs[t] = tables[t].n;
+      same_table[t] = tables[t].table;
+    }
+    return ForEachTable(n, costs.data(), same_table.data(), [&](int t, Core& core) {
+      const ApplyOptimizerTable<Table<Key>, Key>& table = tables[t];
+      return core.ApplyOptimizer(*table.table, table.spec, table.keys, table.n, table.grads,
+                                 table.dim, global_step, table.keys_are_unique);
+    });
   }
 
   // Fails, naming the first repeated key, unless keys are distinct.
@@ -546,20 +581,11 @@ class Core<CPUDevice> {
 
 // Tables side by side; see Core<CPUDevice>::ForEachTable. The CPU table
 // locks itself, but a variable listed twice (a repeated non-null
-// same_stream entry) must see its updates in list order: then the tables
-// run one after another.
+// same_stream entry) must see its updates in list order.
 template <typename Work>
 absl::Status ForEachTable(Core<CPUDevice>& core, int n, const int64_t* costs,
                           const void* const* same_stream, const Work& work) {
-  if (same_stream != nullptr) {
-    std::vector<const void*> sorted(same_stream, same_stream + n);
-    std::sort(sorted.begin(), sorted.end());
-    if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
-      for (int t = 0; t < n; ++t) TF_RETURN_IF_ERROR(work(t, core));
-      return absl::OkStatus();
-    }
-  }
-  return core.ForEachTable(n, costs, work);
+  return core.ForEachTable(n, costs, same_stream, work);
 }
 
 }  // namespace sok_ev

@@ -326,15 +326,9 @@ class Core<GPUDevice> {
     TF_RETURN_IF_ERROR(Scratch<int64_t>(n, &row_ids_tensor));
     int64_t* row_ids = VectorData<int64_t>(row_ids_tensor);
     if (keys_are_unique) {
-      // Key i's gradient is row i: nothing to group (null order, segments
-      // and row offsets), and n is the count.
       TF_RETURN_IF_ERROR(
           ToTfStatus(table.find_or_insert_rows(context_, keys, n, /*count=*/nullptr, row_ids)));
-      TF_RETURN_IF_ERROR(ToTfStatus(gpu::combine_backward_apply(
-          context_, table, spec, grads, /*weights=*/nullptr, /*row_offsets=*/nullptr, /*batch=*/n,
-          /*nnz=*/n, Combiner::kSum, /*order=*/nullptr, /*segments=*/nullptr,
-          /*num_unique=*/nullptr, /*max_unique=*/n, /*max_key_entries=*/1, row_ids, global_step)));
-      return Pending();
+      return ApplyDistinctRows(table, spec, n, grads, row_ids, global_step);
     }
     // Each unique key once, its gradient the sum of its rows': row offsets
     // 0, 1, ..., n (one entry a "sample").
@@ -493,38 +487,75 @@ class Core<GPUDevice> {
     return Pending();
   }
 
-  // Finds or inserts the unique keys (their counts added to the
-  // frequencies) and combines each sample's rows straight from the table
-  // (gpu::lookup_combine_rows): no (num_unique, dim) matrix in between.
-  //   unique_keys, counts: (num_unique,)  unique_index: (nnz,)
-  //   weights: (nnz,) or null  row_offsets: (batch + 1,)  out: (batch, dim)
+  // Every table's find-or-insert and combine (device_core.h): one insert
+  // launch for all tables (HashTable::find_or_insert_tables), then the
+  // samples' rows combined straight from the tables, one launch a kernel
+  // variant (gpu::lookup_combine_tables): no (num_unique, dim) matrix in
+  // between, and no launch per table.
   template <typename Key>
-  absl::Status FindOrInsertCombine(Table<Key>& table, const Key* unique_keys, const int64_t* counts,
-                                   int64_t num_unique, const int64_t* unique_index,
-                                   const float* weights, const int64_t* row_offsets, int64_t batch,
-                                   Combiner combiner, float* out) {
-    tensorflow::Tensor row_ids;
-    TF_RETURN_IF_ERROR(FindOrInsertRowIds(table, unique_keys, counts, num_unique, &row_ids));
-    return ToTfStatus(gpu::lookup_combine_rows(context_, table, VectorData<int64_t>(row_ids),
-                                               unique_index, weights, row_offsets, batch, combiner,
-                                               out));
+  absl::Status FindOrInsertCombineTables(
+      const std::vector<FindOrInsertCombineTable<Table<Key>, Key>>& tables) {
+    const size_t n = tables.size();
+    if (n == 0) return absl::OkStatus();
+    std::vector<int64_t> first_id(n + 1, 0);
+    for (size_t t = 0; t < n; ++t) first_id[t + 1] = first_id[t] + tables[t].num_unique;
+    tensorflow::Tensor row_ids_tensor;
+    TF_RETURN_IF_ERROR(Scratch<int64_t>(std::max<int64_t>(first_id[n], 1), &row_ids_tensor));
+    std::vector<gpu::FindOrInsertJob<Key>> inserts(n);
+    std::vector<gpu::LookupCombineTable<Key>> combines(n);
+    for (size_t t = 0; t < n; ++t) {
+      const FindOrInsertCombineTable<Table<Key>, Key>& table = tables[t];
+      int64_t* row_ids = VectorData<int64_t>(row_ids_tensor) + first_id[t];
+      inserts[t] = {table.table,  table.unique_keys,        table.num_unique, /*count=*/nullptr,
+                    table.counts, /*count_frequency=*/true, row_ids};
+      combines[t] = {table.table,       row_ids,           table.unique_index, table.weights,
+                     table.row_offsets, table.batch,       table.combiner,     table.out,
+                     table.out_rows,    table.rows_aligned};
+    }
+    TF_RETURN_IF_ERROR(ToTfStatus(Table<Key>::find_or_insert_tables(context_, inserts.data(), n)));
+    return ToTfStatus(gpu::lookup_combine_tables(context_, combines.data(), n));
   }
 
-  // The same, sample b's vector written at out_rows[b] (device): rows where
-  // a row message wants them (gpu::lookup_combine_into_rows).
-  //   rows_aligned: every output row 16-byte aligned
+  // Every table's ApplyOptimizer (device_core.h) on this stream, in list
+  // order. When every table's keys are distinct (the lookup's own gradient),
+  // one insert launch resolves every table's rows first
+  // (HashTable::find_or_insert_tables; a table listed twice gets its rows
+  // in order, and row ids survive growth), then each table's update.
   template <typename Key>
-  absl::Status FindOrInsertCombineIntoRows(Table<Key>& table, const Key* unique_keys,
-                                           const int64_t* counts, int64_t num_unique,
-                                           const int64_t* unique_index, const float* weights,
-                                           const int64_t* row_offsets, int64_t batch,
-                                           Combiner combiner, float* const* out_rows,
-                                           bool rows_aligned) {
-    tensorflow::Tensor row_ids;
-    TF_RETURN_IF_ERROR(FindOrInsertRowIds(table, unique_keys, counts, num_unique, &row_ids));
-    return ToTfStatus(gpu::lookup_combine_into_rows(context_, table, VectorData<int64_t>(row_ids),
-                                                    unique_index, weights, row_offsets, batch,
-                                                    combiner, out_rows, rows_aligned));
+  absl::Status ApplyOptimizerTables(const std::vector<ApplyOptimizerTable<Table<Key>, Key>>& tables,
+                                    int64_t global_step) {
+    const size_t n = tables.size();
+    const bool distinct = std::all_of(tables.begin(), tables.end(),
+                                      [](const auto& table) { return table.keys_are_unique; });
+    if (!distinct) {
+      for (const ApplyOptimizerTable<Table<Key>, Key>& table : tables) {
+        TF_RETURN_IF_ERROR(ApplyOptimizer(*table.table, table.spec, table.keys, table.n,
+                                          table.grads, table.dim, global_step,
+                                          table.keys_are_unique));
+      }
+      return absl::OkStatus();
+    }
+    std::vector<int64_t> first_id(n + 1, 0);
+    for (size_t t = 0; t < n; ++t) first_id[t + 1] = first_id[t] + tables[t].n;
+    if (first_id[n] == 0) return absl::OkStatus();
+    tensorflow::Tensor row_ids_tensor;
+    TF_RETURN_IF_ERROR(Scratch<int64_t>(first_id[n], &row_ids_tensor));
+    int64_t* row_ids = VectorData<int64_t>(row_ids_tensor);
+    std::vector<gpu::FindOrInsertJob<Key>> inserts(n);
+    for (size_t t = 0; t < n; ++t) {
+      gpu::FindOrInsertJob<Key>& insert = inserts[t];
+      insert.table = tables[t].table;
+      insert.keys = tables[t].keys;
+      insert.n = tables[t].n;
+      insert.count_frequency = false;  // the lookup counted the keys
+      insert.row_ids = row_ids + first_id[t];
+    }
+    TF_RETURN_IF_ERROR(ToTfStatus(Table<Key>::find_or_insert_tables(context_, inserts.data(), n)));
+    for (size_t t = 0; t < n; ++t) {
+      TF_RETURN_IF_ERROR(ApplyDistinctRows(*tables[t].table, tables[t].spec, tables[t].n,
+                                           tables[t].grads, row_ids + first_id[t], global_step));
+    }
+    return absl::OkStatus();
   }
 
   // Scratch memory for a table's work inside ForEachTable (safe on a side
@@ -764,15 +795,17 @@ class Core<GPUDevice> {
     return offsets;
   }
 
-  // Finds or inserts the unique keys (their counts added to the
-  // frequencies); each one's row id in the table goes to *row_ids (scratch).
+  // The update of n distinct keys whose rows are resolved: key i's gradient
+  // is row i, nothing to group (null order, segments and row offsets).
+  //   grads: (n, dim)  row_ids: (n,)
   template <typename Key>
-  absl::Status FindOrInsertRowIds(Table<Key>& table, const Key* unique_keys, const int64_t* counts,
-                                  int64_t num_unique, tensorflow::Tensor* row_ids) {
-    TF_RETURN_IF_ERROR(Scratch<int64_t>(std::max<int64_t>(num_unique, 1), row_ids));
-    return ToTfStatus(table.find_or_insert(context_, unique_keys, num_unique,
-                                           /*values=*/nullptr, counts,
-                                           VectorData<int64_t>(*row_ids)));
+  absl::Status ApplyDistinctRows(Table<Key>& table, const OptimizerSpec& spec, int64_t n,
+                                 const float* grads, const int64_t* row_ids, int64_t global_step) {
+    TF_RETURN_IF_ERROR(ToTfStatus(gpu::combine_backward_apply(
+        context_, table, spec, grads, /*weights=*/nullptr, /*row_offsets=*/nullptr, /*batch=*/n,
+        /*nnz=*/n, Combiner::kSum, /*order=*/nullptr, /*segments=*/nullptr,
+        /*num_unique=*/nullptr, /*max_unique=*/n, /*max_key_entries=*/1, row_ids, global_step)));
+    return Pending();
   }
 
   // On a side stream `side` whose home is `home` (ForEachTable).

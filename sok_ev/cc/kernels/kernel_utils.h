@@ -1,10 +1,12 @@
 // What every sok_ev op kernel needs besides Core<Device>: key-dtype
-// dispatch and resource lookup.
+// dispatch and grouping, and resource lookup.
 #ifndef SOK_EV_CC_KERNELS_KERNEL_UTILS_H_
 #define SOK_EV_CC_KERNELS_KERNEL_UTILS_H_
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 #include "sok_ev/cc/kernels/device_core.h"
 #include "sok_ev/cc/kernels/embedding_variable.h"
@@ -29,6 +31,25 @@ absl::Status DispatchKeyType(tensorflow::DataType dtype, const std::string& what
       return tensorflow::errors::InvalidArgument(what, " must be int32 or int64, got ",
                                                  tensorflow::DataTypeString(dtype));
   }
+}
+
+// Calls entry(t, Key{}) for every table t of a multi-table op, Key its
+// keys' dtype, and gathers the entries by key dtype: int32 tables into
+// *narrow and int64 tables into *wide, each then one grouped Core call.
+template <typename Narrow, typename Wide, typename Entry>
+absl::Status GroupByKeyType(const tensorflow::OpInputList& keys, std::vector<Narrow>* narrow,
+                            std::vector<Wide>* wide, const Entry& entry) {
+  for (int t = 0; t < keys.size(); ++t) {
+    TF_RETURN_IF_ERROR(DispatchKeyType(keys[t].dtype(), "keys", [&](auto key) {
+      if constexpr (std::is_same_v<decltype(key), int32_t>) {
+        narrow->push_back(entry(t, key));
+      } else {
+        wide->push_back(entry(t, key));
+      }
+      return absl::OkStatus();
+    }));
+  }
+  return absl::OkStatus();
 }
 
 // Looks up the Embedding Variable behind input `index` and checks that it

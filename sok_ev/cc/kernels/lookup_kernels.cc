@@ -11,8 +11,11 @@
 #endif
 
 #include <algorithm>
+#include <memory>
 #include <numeric>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "cc/combine.h"
@@ -476,6 +479,41 @@ absl::Status ForEachLookupTable(
                       });
 }
 
+template <typename Device, typename Key>
+using FindOrInsertCombineTableOf =
+    FindOrInsertCombineTable<typename Core<Device>::template Table<Key>, Key>;
+
+// Every table of a lookup op found or inserted and combined, by one
+// Core::FindOrInsertCombineTables call a key dtype, with every variable's
+// table lock held throughout (TableLocks); then each table's keys recorded
+// in its variable's change log. fill(t, &table) sets table t's combine
+// (all but its hash table, keys and counts).
+template <typename Device, typename Fill>
+absl::Status FindOrInsertCombineGrouped(
+    OpKernelContext* context, const std::vector<RefCountPtr<EmbeddingVariable<Device>>>& variables,
+    const OpInputList& keys, const OpInputList& counts, const Fill& fill) {
+  Core<Device> core(context);
+  TableLocks<Device> locks(variables);
+  std::vector<std::shared_ptr<void>> held;  // each table, for the op's length
+  std::vector<FindOrInsertCombineTableOf<Device, int32_t>> narrow;
+  std::vector<FindOrInsertCombineTableOf<Device, int64_t>> wide;
+  TF_RETURN_IF_ERROR(GroupByKeyType(keys, &narrow, &wide, [&](int t, auto key) {
+    using Key = decltype(key);
+    auto hash_table = variables[t]->template table<Key>();
+    FindOrInsertCombineTableOf<Device, Key> table;
+    table.table = hash_table.get();
+    table.unique_keys = keys[t].flat<Key>().data();
+    table.counts = counts[t].flat<int64_t>().data();
+    table.num_unique = keys[t].NumElements();
+    fill(t, &table);
+    held.push_back(std::move(hash_table));
+    return table;
+  }));
+  TF_RETURN_IF_ERROR(core.FindOrInsertCombineTables(narrow));
+  TF_RETURN_IF_ERROR(core.FindOrInsertCombineTables(wide));
+  return RecordChangedKeysOfTables(core, variables, keys);
+}
+
 template <typename Device>
 class FindOrInsertOp : public OpKernel {
  public:
@@ -595,6 +633,18 @@ class FindOrInsertCombineOp : public OpKernel {
       OP_REQUIRES_OK(context,
                      AllocateRowMessage(context, core, layout, /*with_splits=*/true, &addresses));
     }
+    // Plain tables (the usual case) in one grouped call a key dtype; tables
+    // that filter keys or serve read their rows first, one by one.
+    const bool plain = std::all_of(variables.begin(), variables.end(),
+                                   [](const auto& variable) { return variable->is_plain(); });
+    if (plain) {
+      OP_REQUIRES_OK(
+          context,
+          FindOrInsertCombineGrouped(context, variables, keys, counts, [&](int t, auto* table) {
+            Fill(t, unique_index, row_offsets, weights, outputs, addresses, table);
+          }));
+      return;
+    }
     OP_REQUIRES_OK(
         context,
         ForEachLookupTable(
@@ -611,16 +661,6 @@ class FindOrInsertCombineOp : public OpKernel {
               const int64_t dim = variable.embedding_dim();
               float* const* out_rows = row_message_ ? addresses.table(t) : nullptr;
               const bool aligned = row_message_ && addresses.aligned(t, dim);
-              if (variable.is_plain()) {
-                if (row_message_) {
-                  return table_core.FindOrInsertCombineIntoRows(
-                      table, table_keys, table_counts, num_unique, index, sample_weights, offsets,
-                      batch, combiner, out_rows, aligned);
-                }
-                return table_core.FindOrInsertCombine(table, table_keys, table_counts, num_unique,
-                                                      index, sample_weights, offsets, batch,
-                                                      combiner, outputs[t]->flat<float>().data());
-              }
               // The rows first (serving or admission decide them), then the combine.
               Tensor rows;
               TF_RETURN_IF_ERROR(table_core.template Scratch<float>(
@@ -638,6 +678,32 @@ class FindOrInsertCombineOp : public OpKernel {
   }
 
  private:
+  // Table t's combine: its entries, samples and weights, and where its
+  // vectors go.
+  template <typename CombineTable>
+  void Fill(int t, const OpInputList& unique_index, const OpInputList& row_offsets,
+            const OpInputList& weights, const std::vector<Tensor*>& outputs,
+            const RowAddressTable& addresses, CombineTable* table) const {
+    const int64_t dim = embedding_dims_[t];
+    table->unique_index = unique_index[t].flat<int64_t>().data();
+    table->row_offsets = row_offsets[t].flat<int64_t>().data();
+    table->batch = row_offsets[t].NumElements() - 1;
+    if (row_message_) {
+      // One entry a received key, summed: each key gets its row.
+      table->weights = nullptr;
+      table->combiner = Combiner::kSum;
+      table->out = nullptr;
+      table->out_rows = addresses.table(t);
+      table->rows_aligned = addresses.aligned(t, dim);
+    } else {
+      table->weights = attributes_.WeightsOrNull(t, weights[t]);
+      table->combiner = attributes_.combiner(t);
+      table->out = outputs[t]->flat<float>().data();
+      table->out_rows = nullptr;
+      table->rows_aligned = false;
+    }
+  }
+
   CombineAttributes attributes_;
   const bool row_message_;
   std::vector<int64_t> embedding_dims_;

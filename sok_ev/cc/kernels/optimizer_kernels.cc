@@ -2,18 +2,22 @@
 // (GOOGLE_CUDA builds) GPU. Per table: sums the gradients of duplicate keys
 // (unless the keys are known to be distinct), then updates each key's row
 // and slots in place with cc/optimizers.h, through
-// Core<Device>::ApplyOptimizer (with a feature filter, only the admitted
-// keys: variable_lookup.h). The tables run side by side (ForEachTable: CPU
-// threads, GPU side streams) under every variable's lock. Op definition:
-// sok_ev/cc/ops/optimizer_ops.cc.
+// Core<Device>::ApplyOptimizerTables, every table at once (with a feature
+// filter, only the admitted keys, table by table: variable_lookup.h, the
+// tables side by side on CPU threads or GPU side streams), under every
+// variable's lock. Op definition: sok_ev/cc/ops/optimizer_ops.cc.
 #define EIGEN_USE_THREADS
 #if GOOGLE_CUDA && !defined(EIGEN_USE_GPU)
 #define EIGEN_USE_GPU
 #endif
 
+#include <algorithm>
 #include <array>
 #include <map>
+#include <memory>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "cc/optimizers.h"
@@ -153,6 +157,15 @@ class SparseApplyOptimizerOp : public OpKernel {
                        return absl::OkStatus();
                      }));
     }
+    // Plain tables (no feature filter: the usual case) in one grouped call a
+    // key dtype; filtered tables update their admitted keys one by one.
+    const bool plain = std::all_of(variables.begin(), variables.end(),
+                                   [](const auto& variable) { return variable->is_plain(); });
+    if (plain) {
+      OP_REQUIRES_OK(context,
+                     ApplyGrouped(context, core, variables, keys, grads, spec, slot_index, step));
+      return;
+    }
     OP_REQUIRES_OK(context,
                    ForEachTable(core, num_tables, costs.data(), locks.same_stream(),
                                 [&](int t, Core<Device>& table_core) {
@@ -183,6 +196,40 @@ class SparseApplyOptimizerOp : public OpKernel {
   }
 
  private:
+  // Every table updated by one Core::ApplyOptimizerTables call a key dtype
+  // (the caller holds the tables' locks); then each table's keys recorded
+  // in its variable's change log.
+  absl::Status ApplyGrouped(OpKernelContext* context, Core<Device>& core,
+                            const std::vector<RefCountPtr<EmbeddingVariable<Device>>>& variables,
+                            const OpInputList& keys, const OpInputList& grads,
+                            const OptimizerSpec& spec,
+                            const std::vector<std::array<int, kMaxOptimizerSlots>>& slot_index,
+                            int64_t step) const {
+    std::vector<std::shared_ptr<void>> held;  // each table, for the op's length
+    std::vector<ApplyOptimizerTable<Table<int32_t>, int32_t>> narrow;
+    std::vector<ApplyOptimizerTable<Table<int64_t>, int64_t>> wide;
+    TF_RETURN_IF_ERROR(GroupByKeyType(keys, &narrow, &wide, [&](int t, auto key) {
+      using Key = decltype(key);
+      auto table = variables[t]->template table<Key>();
+      ApplyOptimizerTable<Table<Key>, Key> update{table.get(),
+                                                  spec,
+                                                  keys[t].flat<Key>().data(),
+                                                  keys[t].NumElements(),
+                                                  grads[t].flat<float>().data(),
+                                                  variables[t]->embedding_dim(),
+                                                  keys_are_unique_[t]};
+      for (size_t s = 0; s < slot_names_.size(); ++s) update.spec.slot_index[s] = slot_index[t][s];
+      held.push_back(std::move(table));
+      return update;
+    }));
+    TF_RETURN_IF_ERROR(core.ApplyOptimizerTables(narrow, step));
+    TF_RETURN_IF_ERROR(core.ApplyOptimizerTables(wide, step));
+    return RecordChangedKeysOfTables(core, variables, keys);
+  }
+
+  template <typename Key>
+  using Table = typename Core<Device>::template Table<Key>;
+
   // Table t's inputs fit its variable, which must be trainable.
   static absl::Status CheckTable(EmbeddingVariable<Device>& variable, const Tensor& keys,
                                  const Tensor& grads) {

@@ -36,6 +36,7 @@
 #include "cc/optimizers.h"
 #include "sok_ev/cc/kernels/device_core.h"
 #include "sok_ev/cc/kernels/embedding_variable.h"
+#include "sok_ev/cc/kernels/kernel_utils.h"
 #include "sok_ev/cc/kernels/scratch_vector.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -52,6 +53,23 @@ absl::Status RecordChangedKeys(Core<Device>& core, EmbeddingVariable<Device>& va
   std::vector<Key> host(n);
   TF_RETURN_IF_ERROR(core.CopyToHost(keys, n, host.data()));
   variable.change_log().Record(host.data(), n);
+  return absl::OkStatus();
+}
+
+// RecordChangedKeys for every table of a multi-table op.
+//   keys: one (n,) tensor a table
+template <typename Device>
+absl::Status RecordChangedKeysOfTables(
+    Core<Device>& core,
+    const std::vector<tensorflow::core::RefCountPtr<EmbeddingVariable<Device>>>& variables,
+    const tensorflow::OpInputList& keys) {
+  for (int t = 0; t < keys.size(); ++t) {
+    TF_RETURN_IF_ERROR(DispatchKeyType(keys[t].dtype(), "keys", [&](auto key) {
+      using Key = decltype(key);
+      return RecordChangedKeys(core, *variables[t], keys[t].flat<Key>().data(),
+                               keys[t].NumElements());
+    }));
+  }
   return absl::OkStatus();
 }
 
