@@ -157,11 +157,15 @@ class SparseApplyOptimizerOp : public OpKernel {
                        return absl::OkStatus();
                      }));
     }
-    // Plain tables (no feature filter: the usual case) in one grouped call a
-    // key dtype; filtered tables update their admitted keys one by one.
+    // Plain tables of distinct keys (no feature filter; a lookup's own
+    // gradients: the usual case) in one grouped call a key dtype. Otherwise
+    // table by table, side by side: filtered tables update their admitted
+    // keys, and repeated keys are summed per table first.
     const bool plain = std::all_of(variables.begin(), variables.end(),
                                    [](const auto& variable) { return variable->is_plain(); });
-    if (plain) {
+    const bool distinct =
+        std::all_of(keys_are_unique_.begin(), keys_are_unique_.end(), [](bool v) { return v; });
+    if (plain && distinct) {
       OP_REQUIRES_OK(context,
                      ApplyGrouped(context, core, variables, keys, grads, spec, slot_index, step));
       return;
