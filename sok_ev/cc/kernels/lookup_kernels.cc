@@ -646,40 +646,37 @@ class FindOrInsertCombineOp : public OpKernel {
       return;
     }
     OP_REQUIRES_OK(
-        context,
-        ForEachLookupTable(
-            context, variables, keys, counts, costs,
-            [&](int t, Core<Device>& table_core, EmbeddingVariable<Device>& variable, auto& table,
-                const auto* table_keys, int64_t num_unique,
-                const int64_t* table_counts) -> absl::Status {
-              const int64_t* index = unique_index[t].flat<int64_t>().data();
-              const float* sample_weights =
-                  row_message_ ? nullptr : attributes_.WeightsOrNull(t, weights[t]);
-              const Combiner combiner = row_message_ ? Combiner::kSum : attributes_.combiner(t);
-              const int64_t* offsets = row_offsets[t].flat<int64_t>().data();
-              const int64_t batch = row_offsets[t].NumElements() - 1;
-              const int64_t dim = variable.embedding_dim();
-              float* const* out_rows = row_message_ ? addresses.table(t) : nullptr;
-              const bool aligned = row_message_ && addresses.aligned(t, dim);
-              // The rows first (serving or admission decide them), then the combine.
-              Tensor rows;
-              TF_RETURN_IF_ERROR(table_core.template Scratch<float>(
-                  std::max<int64_t>(1, num_unique * dim), &rows));
-              float* values = VectorData<float>(rows);
-              TF_RETURN_IF_ERROR(LookupRows(table_core, variable, table, table_keys, table_counts,
-                                            num_unique, values));
-              if (row_message_) {
-                return table_core.CombineForwardIntoRows(values, index, sample_weights, offsets,
-                                                         batch, dim, combiner, out_rows, aligned);
-              }
-              return table_core.CombineForward(values, index, sample_weights, offsets, batch, dim,
-                                               combiner, outputs[t]->flat<float>().data());
-            }));
+        context, ForEachLookupTable(
+                     context, variables, keys, counts, costs,
+                     [&](int t, Core<Device>& table_core, EmbeddingVariable<Device>& variable,
+                         auto& table, const auto* table_keys, int64_t num_unique,
+                         const int64_t* table_counts) -> absl::Status {
+                       using Key = std::remove_const_t<std::remove_pointer_t<decltype(table_keys)>>;
+                       FindOrInsertCombineTableOf<Device, Key> combine;
+                       Fill(t, unique_index, row_offsets, weights, outputs, addresses, &combine);
+                       const int64_t dim = variable.embedding_dim();
+                       // The rows first (serving or admission decide them), then the combine.
+                       Tensor rows;
+                       TF_RETURN_IF_ERROR(table_core.template Scratch<float>(
+                           std::max<int64_t>(1, num_unique * dim), &rows));
+                       float* values = VectorData<float>(rows);
+                       TF_RETURN_IF_ERROR(LookupRows(table_core, variable, table, table_keys,
+                                                     table_counts, num_unique, values));
+                       if (combine.out == nullptr) {
+                         return table_core.CombineForwardIntoRows(
+                             values, combine.unique_index, combine.weights, combine.row_offsets,
+                             combine.batch, dim, combine.combiner, combine.out_rows,
+                             combine.rows_aligned);
+                       }
+                       return table_core.CombineForward(
+                           values, combine.unique_index, combine.weights, combine.row_offsets,
+                           combine.batch, dim, combine.combiner, combine.out);
+                     }));
   }
 
  private:
   // Table t's combine: its entries, samples and weights, and where its
-  // vectors go.
+  // vectors go (the grouped call's, and the per-table path's too).
   template <typename CombineTable>
   void Fill(int t, const OpInputList& unique_index, const OpInputList& row_offsets,
             const OpInputList& weights, const std::vector<Tensor*>& outputs,
