@@ -25,6 +25,29 @@ namespace sok_ev {
 // tf.math.div_no_nan: x / y, and 0 where y is 0.
 SOK_EV_HOST_DEVICE float div_no_nan(float x, float y) { return y == 0.0f ? 0.0f : x / y; }
 
+// One table's combine forward, in any of its forms (combine_forward,
+// combine_forward_into_rows, combine_forward_rows below): a multi-table op
+// hands over all its tables at once (Core::CombineForwardTables), and the
+// GPU combines them in one launch per kernel variant
+// (gpu::combine_forward_tables). A lookup that gathers from a hash table
+// (gpu::lookup_combine_tables, Core::FindOrInsertCombineTables) describes
+// its samples with the same struct, its rows and dim being the table's.
+struct CombineForwardTable {
+  const float* unique_values = nullptr;       // (num_unique, dim); null: unique_rows
+  const float* const* unique_rows = nullptr;  // (num_unique,) unique u's row, read in place
+  const int64_t* unique_index = nullptr;      // (nnz,)
+  const float* weights = nullptr;             // (nnz,) or null
+  const int64_t* row_offsets = nullptr;       // (batch + 1,)
+  int64_t batch = 0;
+  int64_t dim = 0;
+  Combiner combiner = Combiner::kSum;
+  float* out = nullptr;              // (batch, dim) out; null: out_rows
+  float* const* out_rows = nullptr;  // (batch,) sample b's vector, out (rows must not overlap)
+  // Every row read or written by address (unique_rows, out_rows) starts
+  // 16-byte aligned: the GPU then moves rows as float4s when dim % 4 == 0.
+  bool rows_aligned = false;
+};
+
 // One table's combine backward, in any of its forms (combine_backward,
 // combine_backward_rows, combine_backward_from_rows below): a multi-table
 // op hands over all its tables at once (Core::CombineBackwardTables), and
@@ -179,21 +202,17 @@ struct SampleIds {
 //   tables: (num_tables,) host   first_invalid: (num_tables,) device out
 void row_offsets_from_sample_ids(const GpuContext& context, const SampleIds* tables, int num_tables,
                                  int64_t* first_invalid);
+// cpu::combine_forward from a matrix into a matrix (the harness's form).
 void combine_forward(const GpuContext& context, const float* unique_values,
                      const int64_t* unique_index, const float* weights, const int64_t* row_offsets,
                      int64_t batch, int64_t dim, Combiner combiner, float* out);
-// rows_aligned: every output row starts 16-byte aligned (written as float4s
-// when dim % 4 == 0; a message's rows sit where its layout puts them).
-void combine_forward_into_rows(const GpuContext& context, const float* unique_values,
-                               const int64_t* unique_index, const float* weights,
-                               const int64_t* row_offsets, int64_t batch, int64_t dim,
-                               Combiner combiner, float* const* out_rows, bool rows_aligned);
-// rows_aligned: every unique row starts 16-byte aligned (read as float4s
-// when dim % 4 == 0; a message's rows sit where its layout puts them).
-void combine_forward_rows(const GpuContext& context, const float* const* unique_rows,
-                          const int64_t* unique_index, const float* weights,
-                          const int64_t* row_offsets, int64_t batch, int64_t dim, Combiner combiner,
-                          float* out, bool rows_aligned);
+// Every table's combine forward, in its form (unique_values or unique_rows
+// in, out or out_rows out), one launch for
+// all tables of a kernel variant (dim and alignment); each table's bits are
+// those of its own call. Records an error when a dim is outside [1, 1024].
+//   tables: (num_tables,) host
+void combine_forward_tables(const GpuContext& context, const CombineForwardTable* tables,
+                            int num_tables);
 // cpu::combine_backward's result, reading the entries already grouped by key
 // (order[segments[u] .. segments[u + 1]), from gpu::unique_keys_segmented)
 // where the CPU twin groups them from unique_index itself.

@@ -1,6 +1,6 @@
-// gpu::row_offsets_from_sample_ids, gpu::combine_forward (from a matrix or
-// rows, into a matrix or rows) and gpu::combine_backward (one table, or many
-// in any of their forms: combine_backward_tables) (cc/combine.h).
+// gpu::row_offsets_from_sample_ids, gpu::combine_forward_tables (from a
+// matrix or rows, into a matrix or rows) and gpu::combine_backward_tables
+// (each also for one table) (cc/combine.h).
 #include <algorithm>
 #include <cstdint>
 #include <string>
@@ -89,45 +89,47 @@ __global__ void fill_kernel(int64_t* values, const LaunchTables<SampleIds> table
   for (int t = threadIdx.x; t < count; t += blockDim.x) values[t] = tables.at[t].nnz;
 }
 
-// combine_rows_kernel over a Source into a Destination, dim checked.
-template <class Source, class Destination>
-void combine_into(const GpuContext& context, const Source& source, const float* weights,
-                  const int64_t* row_offsets, int64_t batch, int64_t dim, Combiner combiner,
-                  const Destination& out, bool rows_aligned, const char* what) {
-  if (dim < 1 || dim > 1024) {
-    record_error(Status::InvalidArgument(std::string(what) + ": dim must be in [1, 1024]"));
-    return;
-  }
-  const CombineRowsTable<Source, Destination> table{source, weights, row_offsets, batch,
-                                                    dim,    out,     combiner,    rows_aligned};
-  record_error(launch_combine_rows(&table, 1, stream_of(context), what));
-}
-
 }  // namespace
 
 void combine_forward(const GpuContext& context, const float* unique_values,
                      const int64_t* unique_index, const float* weights, const int64_t* row_offsets,
                      int64_t batch, int64_t dim, Combiner combiner, float* out) {
-  combine_into(context, UniqueValuesSource{unique_values, unique_index, dim}, weights, row_offsets,
-               batch, dim, combiner, SampleMatrix{out, dim}, /*rows_aligned=*/true,
-               "combine_forward");
+  CombineForwardTable table;
+  table.unique_values = unique_values;
+  table.unique_index = unique_index;
+  table.weights = weights;
+  table.row_offsets = row_offsets;
+  table.batch = batch;
+  table.dim = dim;
+  table.combiner = combiner;
+  table.out = out;
+  combine_forward_tables(context, &table, 1);
 }
 
-void combine_forward_into_rows(const GpuContext& context, const float* unique_values,
-                               const int64_t* unique_index, const float* weights,
-                               const int64_t* row_offsets, int64_t batch, int64_t dim,
-                               Combiner combiner, float* const* out_rows, bool rows_aligned) {
-  combine_into(context, UniqueValuesSource{unique_values, unique_index, dim}, weights, row_offsets,
-               batch, dim, combiner, SampleRows{out_rows}, rows_aligned,
-               "combine_forward_into_rows");
-}
-
-void combine_forward_rows(const GpuContext& context, const float* const* unique_rows,
-                          const int64_t* unique_index, const float* weights,
-                          const int64_t* row_offsets, int64_t batch, int64_t dim, Combiner combiner,
-                          float* out, bool rows_aligned) {
-  combine_into(context, UniqueRowsSource{unique_rows, unique_index}, weights, row_offsets, batch,
-               dim, combiner, SampleMatrix{out, dim}, rows_aligned, "combine_forward_rows");
+// Tables whose rows come from a matrix and tables whose rows are read by
+// address take different kernels; each kind launches once a destination
+// and variant. A matrix's rows are aligned (TensorFlow's buffers are).
+void combine_forward_tables(const GpuContext& context, const CombineForwardTable* tables,
+                            int num_tables) {
+  CombineLaunches<UniqueValuesSource> from_matrix;
+  CombineLaunches<UniqueRowsSource> from_rows;
+  for (int t = 0; t < num_tables; ++t) {
+    const CombineForwardTable& table = tables[t];
+    if (table.dim < 1 || table.dim > 1024) {
+      record_error(Status::InvalidArgument("combine_forward: dim must be in [1, 1024]"));
+      return;
+    }
+    if (table.unique_values != nullptr) {
+      from_matrix.add(table, UniqueValuesSource{table.unique_values, table.unique_index, table.dim},
+                      table.out != nullptr || table.rows_aligned);
+    } else {
+      from_rows.add(table, UniqueRowsSource{table.unique_rows, table.unique_index},
+                    table.rows_aligned);
+    }
+  }
+  cudaStream_t stream = stream_of(context);
+  const Status status = from_matrix.launch(stream, "combine_forward");
+  record_error(status.ok() ? from_rows.launch(stream, "combine_forward_rows") : status);
 }
 
 void row_offsets_from_sample_ids(const GpuContext& context, const SampleIds* tables, int num_tables,

@@ -261,6 +261,33 @@ Status launch_combine_rows(const CombineRowsTable<Source, Destination>* tables, 
   return Status::Ok();
 }
 
+// The tables of one combine whose rows come from one kind of Source, by
+// destination (a matrix or rows take different kernels), for
+// launch_combine_rows.
+template <class Source>
+struct CombineLaunches {
+  std::vector<CombineRowsTable<Source, SampleMatrix>> into_matrix;
+  std::vector<CombineRowsTable<Source, SampleRows>> into_rows;
+
+  // table's samples (weights, offsets, combiner, destination, dim) with
+  // rows from source; rows_aligned as CombineRowsTable reads it.
+  void add(const CombineForwardTable& table, const Source& source, bool rows_aligned) {
+    if (table.out != nullptr) {
+      into_matrix.push_back({source, table.weights, table.row_offsets, table.batch, table.dim,
+                             SampleMatrix{table.out, table.dim}, table.combiner, rows_aligned});
+    } else {
+      into_rows.push_back({source, table.weights, table.row_offsets, table.batch, table.dim,
+                           SampleRows{table.out_rows}, table.combiner, rows_aligned});
+    }
+  }
+
+  Status launch(cudaStream_t stream, const char* what) const {
+    SOK_EV_RETURN_IF_ERROR(
+        launch_combine_rows(into_matrix.data(), into_matrix.size(), stream, what));
+    return launch_combine_rows(into_rows.data(), into_rows.size(), stream, what);
+  }
+};
+
 }  // namespace gpu
 }  // namespace sok_ev
 

@@ -23,43 +23,23 @@ struct RowIdSource {
   }
 };
 
-// table's combine into `out`; the table's view is read now, after every
-// insert before it.
-template <typename Key, class Destination>
-CombineRowsTable<RowIdSource, Destination> combine_of(const LookupCombineTable<Key>& table,
-                                                      const Destination& out, bool rows_aligned) {
-  const TableView<Key> view = table.table->view();
-  return {RowIdSource{view.rows, view.row_width, table.row_ids, table.inverse},
-          table.weights,
-          table.row_offsets,
-          table.batch,
-          view.dim,
-          out,
-          table.combiner,
-          rows_aligned};
-}
-
 }  // namespace
 
+// Each table's view is read at the launch, after every insert before it.
 template <typename Key>
 Status lookup_combine_tables(const GpuContext& context, const LookupCombineTable<Key>* tables,
                              size_t n) {
-  std::vector<CombineRowsTable<RowIdSource, SampleMatrix>> into_matrix;
-  std::vector<CombineRowsTable<RowIdSource, SampleRows>> into_rows;
+  CombineLaunches<RowIdSource> launches;
   for (size_t t = 0; t < n; ++t) {
-    const LookupCombineTable<Key>& table = tables[t];
-    if (table.out != nullptr) {
-      into_matrix.push_back(combine_of(table, SampleMatrix{table.out, table.table->dim()},
-                                       /*rows_aligned=*/true));
-    } else {
-      into_rows.push_back(combine_of(table, SampleRows{table.out_rows}, table.rows_aligned));
-    }
+    const TableView<Key> view = tables[t].table->view();
+    CombineForwardTable combine = tables[t].combine;
+    combine.dim = view.dim;
+    // The arena's rows are aligned; a row message's, as the caller says.
+    launches.add(combine,
+                 RowIdSource{view.rows, view.row_width, tables[t].row_ids, combine.unique_index},
+                 combine.out != nullptr || combine.rows_aligned);
   }
-  cudaStream_t stream = stream_of(context);
-  SOK_EV_RETURN_IF_ERROR(
-      launch_combine_rows(into_matrix.data(), into_matrix.size(), stream, "lookup_combine_rows"));
-  return launch_combine_rows(into_rows.data(), into_rows.size(), stream,
-                             "lookup_combine_into_rows");
+  return launches.launch(stream_of(context), "lookup_combine_rows");
 }
 
 template <typename Key>
@@ -67,8 +47,15 @@ Status lookup_combine_rows(const GpuContext& context, const HashTable<Key>& tabl
                            const int64_t* row_ids, const int64_t* inverse, const float* weights,
                            const int64_t* row_offsets, int64_t batch, Combiner combiner,
                            float* out) {
-  const LookupCombineTable<Key> one{&table, row_ids,  inverse, weights, row_offsets,
-                                    batch,  combiner, out,     nullptr, false};
+  LookupCombineTable<Key> one;
+  one.table = &table;
+  one.row_ids = row_ids;
+  one.combine.unique_index = inverse;
+  one.combine.weights = weights;
+  one.combine.row_offsets = row_offsets;
+  one.combine.batch = batch;
+  one.combine.combiner = combiner;
+  one.combine.out = out;
   return lookup_combine_tables(context, &one, 1);
 }
 

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "cc/combine.h"
 #include "cc/common.h"
 #include "cc/hash_table_gpu.h"
 
@@ -17,22 +18,14 @@ namespace gpu {
 // of its entries' rows, as combine_forward, for keys whose rows are already
 // resolved (find_or_insert gives the rows of the batch's unique keys), so
 // the forward gathers straight from the table: entry j reads row
-// row_ids[inverse[j]].
+// row_ids[combine.unique_index[j]].
 template <typename Key>
 struct LookupCombineTable {
   const HashTable<Key>* table;
-  const int64_t* row_ids;      // (num_unique,) from this table since its last insert
-  const int64_t* inverse;      // (nnz,) unique index of each entry
-  const float* weights;        // (nnz,) or null
-  const int64_t* row_offsets;  // (batch + 1,)
-  int64_t batch;
-  Combiner combiner;
-  // Sample b's vector goes to row b of out, (batch, dim), every element
-  // written; or, with out null, to the dim floats at out_rows[b] (rows where
-  // a row message wants them), which must not overlap.
-  float* out;
-  float* const* out_rows;  // (batch,)
-  bool rows_aligned;       // out_rows only: every one starts 16-byte aligned
+  const int64_t* row_ids;  // (num_unique,) from this table since its last insert
+  // The samples and where their vectors go; its rows (unique_values,
+  // unique_rows) and dim are the table's, read at the launch.
+  CombineForwardTable combine;
 };
 
 // Every table's combine: one launch for all tables of a kernel variant (dim

@@ -36,7 +36,7 @@ __device__ __forceinline__ int32_t allocate_row(TableCounters* counters, const i
 __global__ void set_used_slots(TableCounters* counters) { counters->used_slots = counters->size; }
 
 // Finds `key` or inserts it with its initial row; the whole group gets the
-// row (-1 only when no slot is free, which prepare_insert rules out).
+// row (-1 only when no slot is free, which prepare_inserts rules out).
 //
 // Publish protocol: an inserter claims a slot (CAS to kLockedSlot), writes
 // the key, the counters and the whole initial row, then releases (fence)
@@ -268,7 +268,7 @@ __global__ void assign_rows_kernel(TableView<Key> table, int64_t n, const int64_
   for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5; i < n;
        i += (int64_t(gridDim.x) * blockDim.x) >> 5) {
     const int64_t row_id = row_ids[i];
-    if (row_id < 0) continue;  // no free slot (prepare_insert prevents it)
+    if (row_id < 0) continue;  // no free slot (prepare_inserts prevents it)
     float* destination = table.rows + row_id * table.row_width;
     const float* source = rows + i * table.row_width;
     for (int64_t c = lane; c < table.row_width; c += 32) destination[c] = source[c];
@@ -522,6 +522,7 @@ HashTable<Key>::~HashTable() {
     }
     if (snapshot.host != nullptr) cudaFreeHost(snapshot.host);
   }
+  if (exact_counters_ != nullptr) cudaFreeHost(exact_counters_);
   deallocate(keys_);
   deallocate(states_);
   deallocate(arena_);
@@ -721,60 +722,115 @@ void HashTable<Key>::tighten_bounds() {
 }
 
 template <typename Key>
-Status HashTable<Key>::prepare_insert(const GpuContext& context, const Key* keys, int64_t incoming,
-                                      const int64_t* count) {
-  const double slot_limit =
-      options_.max_load_factor * static_cast<double>(num_buckets_ * kBucketSlots);
-  auto full = [&] {
-    return used_slots_bound_ + incoming > slot_limit || next_row_bound_ + incoming > row_capacity_;
+bool HashTable<Key>::bounds_fit(int64_t incoming) {
+  auto fit = [&] {
+    return used_slots_bound_ + incoming <= slot_limit() &&
+           next_row_bound_ + incoming <= row_capacity_;
   };
-  if (full()) tighten_bounds();
-  if (full()) {
-    // The bounds assume every key is new. Headroom for that, up to one growth
-    // step (the arena's factor; the index doubles), buys sync-free calls
-    // later; beyond it (a call's keys are a large share of the table, mostly
-    // present after the first step) the table would grow by the whole call.
-    // Then count the absent keys, in the sync that reads the counters, and
-    // grow only by those.
-    const bool count_absent =
-        next_row_bound_ + incoming > row_capacity_ * static_cast<double>(options_.arena_growth) ||
-        used_slots_bound_ + incoming > 2 * slot_limit;
-    cudaStream_t stream = stream_of(context);
-    if (count_absent) {
-      SOK_EV_CUDA_RETURN(cudaMemsetAsync(&counters_->absent, 0, sizeof(counters_->absent), stream));
-      count_absent_kernel<Key>
-          <<<grid_for(incoming * ProbeGroup<Key>::kLanes, kThreads), kThreads, 0, stream>>>(
-              view(), counters_, keys, incoming, count);
-      SOK_EV_LAUNCH_CHECK("count_absent");
-    }
-    TableCounters counters;
-    SOK_EV_RETURN_IF_ERROR(read_counters(context, &counters));
-    // Exact until the insert: the caller's lock keeps other calls out, and
-    // the insert follows on this stream.
-    if (count_absent) incoming = std::min(incoming, static_cast<int64_t>(counters.absent));
-    used_slots_bound_ = static_cast<int64_t>(counters.used_slots);
-    next_row_bound_ = static_cast<int64_t>(counters.next_row);
-    if (used_slots_bound_ + incoming > slot_limit) {
-      // Sized from live keys: erased slots are dropped by the rehash.
-      const int64_t needed = static_cast<int64_t>(counters.size) + incoming;
-      int64_t buckets = next_power_of_two(
-          static_cast<int64_t>(std::ceil(needed / (options_.max_load_factor * kBucketSlots))));
-      buckets = std::max(buckets, num_buckets_);
-      SOK_EV_RETURN_IF_ERROR(rehash(context, buckets));
-      used_slots_bound_ = static_cast<int64_t>(counters.size);
-    }
-    if (next_row_bound_ + incoming > row_capacity_) {
-      const int64_t rows = std::max<int64_t>(
-          next_row_bound_ + incoming, static_cast<int64_t>(row_capacity_ * options_.arena_growth));
-      if (rows > (int64_t{1} << 31) - 4) {
-        return Status::InvalidArgument("table is full: 2^31 rows");
-      }
-      SOK_EV_RETURN_IF_ERROR(grow_arena(context, rows, row_width()));
-    }
+  if (fit()) return true;
+  tighten_bounds();
+  return fit();
+}
+
+template <typename Key>
+double HashTable<Key>::slot_limit() const {
+  return options_.max_load_factor * static_cast<double>(num_buckets_ * kBucketSlots);
+}
+
+template <typename Key>
+Status HashTable<Key>::queue_exact_read(const GpuContext& context, const Key* keys,
+                                        int64_t incoming, const int64_t* count,
+                                        bool* count_absent) {
+  // The bounds assume every key is new. Headroom for that, up to one growth
+  // step (the arena's factor; the index doubles), buys sync-free calls
+  // later; beyond it (a call's keys are a large share of the table, mostly
+  // present after the first step) the table would grow by the whole call.
+  // Then count the absent keys, read with the counters, and grow only by
+  // those.
+  *count_absent =
+      next_row_bound_ + incoming > row_capacity_ * static_cast<double>(options_.arena_growth) ||
+      used_slots_bound_ + incoming > 2 * slot_limit();
+  cudaStream_t stream = stream_of(context);
+  if (*count_absent) {
+    SOK_EV_CUDA_RETURN(cudaMemsetAsync(&counters_->absent, 0, sizeof(counters_->absent), stream));
+    count_absent_kernel<Key>
+        <<<grid_for(incoming * ProbeGroup<Key>::kLanes, kThreads), kThreads, 0, stream>>>(
+            view(), counters_, keys, incoming, count);
+    SOK_EV_LAUNCH_CHECK("count_absent");
   }
-  used_slots_bound_ += incoming;
-  next_row_bound_ += incoming;
-  incoming_total_ += incoming;
+  if (exact_counters_ == nullptr &&
+      cudaHostAlloc(reinterpret_cast<void**>(&exact_counters_), sizeof(TableCounters),
+                    cudaHostAllocDefault) != cudaSuccess) {
+    cudaGetLastError();
+    exact_counters_ = nullptr;
+    return Status::Internal(
+        "find_or_insert: no pinned host memory to read the table's counters into");
+  }
+  SOK_EV_CUDA_RETURN(cudaMemcpyAsync(exact_counters_, counters_, sizeof(TableCounters),
+                                     cudaMemcpyDeviceToHost, stream));
+  return Status::Ok();
+}
+
+template <typename Key>
+Status HashTable<Key>::size_from_exact_read(const GpuContext& context, int64_t* incoming,
+                                            bool count_absent) {
+  const TableCounters counters = *exact_counters_;
+  // Exact until the insert: the caller's lock keeps other calls out, and
+  // the insert follows on this stream.
+  if (count_absent) *incoming = std::min(*incoming, static_cast<int64_t>(counters.absent));
+  used_slots_bound_ = static_cast<int64_t>(counters.used_slots);
+  next_row_bound_ = static_cast<int64_t>(counters.next_row);
+  if (used_slots_bound_ + *incoming > slot_limit()) {
+    // Sized from live keys: erased slots are dropped by the rehash.
+    const int64_t needed = static_cast<int64_t>(counters.size) + *incoming;
+    int64_t buckets = next_power_of_two(
+        static_cast<int64_t>(std::ceil(needed / (options_.max_load_factor * kBucketSlots))));
+    buckets = std::max(buckets, num_buckets_);
+    SOK_EV_RETURN_IF_ERROR(rehash(context, buckets));
+    used_slots_bound_ = static_cast<int64_t>(counters.size);
+  }
+  if (next_row_bound_ + *incoming > row_capacity_) {
+    const int64_t rows = std::max<int64_t>(
+        next_row_bound_ + *incoming, static_cast<int64_t>(row_capacity_ * options_.arena_growth));
+    if (rows > (int64_t{1} << 31) - 4) {
+      return Status::InvalidArgument("table is full: 2^31 rows");
+    }
+    SOK_EV_RETURN_IF_ERROR(grow_arena(context, rows, row_width()));
+  }
+  return Status::Ok();
+}
+
+template <typename Key>
+Status HashTable<Key>::prepare_inserts(const GpuContext& context, const FindOrInsertJob<Key>* jobs,
+                                       const std::vector<size_t>& members) {
+  struct ExactRead {
+    size_t job;
+    bool count_absent;
+  };
+  std::vector<ExactRead> reads;
+  for (size_t i : members) {
+    HashTable& table = *jobs[i].table;
+    if (table.bounds_fit(jobs[i].n)) continue;
+    ExactRead read{i, false};
+    SOK_EV_RETURN_IF_ERROR(table.queue_exact_read(context, jobs[i].keys, jobs[i].n, jobs[i].count,
+                                                  &read.count_absent));
+    reads.push_back(read);
+  }
+  // One wait for every table's counters.
+  if (!reads.empty()) SOK_EV_RETURN_IF_ERROR(synchronize(stream_of(context)));
+  std::vector<int64_t> incoming(members.size());
+  for (size_t m = 0; m < members.size(); ++m) incoming[m] = jobs[members[m]].n;
+  for (const ExactRead& read : reads) {
+    const size_t m = std::find(members.begin(), members.end(), read.job) - members.begin();
+    SOK_EV_RETURN_IF_ERROR(
+        jobs[read.job].table->size_from_exact_read(context, &incoming[m], read.count_absent));
+  }
+  for (size_t m = 0; m < members.size(); ++m) {
+    HashTable& table = *jobs[members[m]].table;
+    table.used_slots_bound_ += incoming[m];
+    table.next_row_bound_ += incoming[m];
+    table.incoming_total_ += incoming[m];
+  }
   return Status::Ok();
 }
 
@@ -812,10 +868,7 @@ Status HashTable<Key>::find_or_insert_tables(const GpuContext& context,
     for (size_t i = 0; i < n; ++i) {
       if (round[i] == r && jobs[i].n > 0) members.push_back(i);
     }
-    for (size_t i : members) {
-      SOK_EV_RETURN_IF_ERROR(
-          jobs[i].table->prepare_insert(context, jobs[i].keys, jobs[i].n, jobs[i].count));
-    }
+    SOK_EV_RETURN_IF_ERROR(prepare_inserts(context, jobs, members));
     // The views after every sizing of the round (growth moves a table's storage).
     std::vector<InsertTable<Key>> inserts;
     for (size_t i : members) {

@@ -68,7 +68,7 @@ struct TableCounters {
   unsigned long long used_slots;  // occupied + erased slots
   unsigned long long next_row;    // rows handed out from the arena's end
   long long free_rows;            // entries in the free-row stack
-  unsigned long long absent;      // scratch of prepare_insert: keys of one call not present
+  unsigned long long absent;      // scratch of prepare_inserts: keys of one call not present
 };
 
 struct HashTableOptions {
@@ -200,14 +200,28 @@ class HashTable {
   void deallocate(void* pointer);
   Status wait_before_free(const GpuContext& context);
   Status read_counters(const GpuContext& context, TableCounters* counters) const;
-  // Ensures room for the keys of one insert call in the index and the arena.
-  // While the host bounds show room for all of them, no sync; otherwise one
-  // sync reads the counters together with how many keys are absent, so the
-  // table grows only by keys that are really new. The caller holds the
-  // table's lock until its insert kernel is queued (the count stays exact).
-  //   keys: (incoming,) device  count: device or null (see find_or_insert_rows)
-  Status prepare_insert(const GpuContext& context, const Key* keys, int64_t incoming,
-                        const int64_t* count);
+  // Ensures room in the index and the arena for the keys of each job of one
+  // round of find_or_insert_tables (members: indices into jobs, each table
+  // once). While a table's host bounds show room for all its keys, nothing
+  // is read; otherwise its counters are read, together with how many of its
+  // keys are absent when the bounds are far off, so the table grows only by
+  // keys that are really new. One sync serves every table read. The caller
+  // holds the tables' locks until their insert kernels are queued (the
+  // counts stay exact).
+  static Status prepare_inserts(const GpuContext& context, const FindOrInsertJob<Key>* jobs,
+                                const std::vector<size_t>& members);
+  // The stages of prepare_inserts for one table: whether the host bounds
+  // fit `incoming` more keys (tightened from landed snapshots first); if
+  // not, the exact counters' copy to exact_counters_ queued (after counting
+  // the absent keys of keys, (incoming,) device, when *count_absent); after
+  // the sync, the table grown as the counters say, and *incoming lowered to
+  // the absent keys when they were counted.
+  bool bounds_fit(int64_t incoming);
+  Status queue_exact_read(const GpuContext& context, const Key* keys, int64_t incoming,
+                          const int64_t* count, bool* count_absent);
+  Status size_from_exact_read(const GpuContext& context, int64_t* incoming, bool count_absent);
+  // The index's occupied + erased slots allowed by max_load_factor.
+  double slot_limit() const;
   Status rehash(const GpuContext& context, int64_t num_buckets);
   Status grow_arena(const GpuContext& context, int64_t row_capacity, int64_t new_row_width);
   struct CounterSnapshot;
@@ -242,6 +256,7 @@ class HashTable {
   int64_t next_row_bound_ = 0;
   // Keys sent to inserts so far (each may have been new).
   int64_t incoming_total_ = 0;
+  TableCounters* exact_counters_ = nullptr;  // pinned host: prepare_inserts' reads
   struct CounterSnapshot {
     void* event = nullptr;            // cudaEvent_t, recorded after the copy
     TableCounters* host = nullptr;    // pinned

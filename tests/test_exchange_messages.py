@@ -475,7 +475,10 @@ MANY_TABLES = [3, 4, 8, 128, 5, 1, 16] * 5 + [4, 3]
 
 # dims 3 and 5 leave the rows of the tables after them off 16-byte
 # boundaries in the message (the GPU then reads them a float at a time).
-@pytest.mark.parametrize("dims", [[4, 128, 8], [3, 128, 5, 8]], ids=["aligned", "unaligned"])
+# "many": more tables of one kernel variant than one GPU launch of the
+# combine carries (50, cc/table_launch_gpu.h).
+@pytest.mark.parametrize("dims", [[4, 128, 8], [3, 128, 5, 8], [4, 3, 128, 8, 1] * 24],
+                         ids=["aligned", "unaligned", "many"])
 @pytest.mark.parametrize("num_workers, local_worker", [(1, 0), (2, 1), (3, -1), (3, 2)])
 def test_combining_the_message_in_place_equals_combining_its_unpacked_rows(
         num_workers, local_worker, dims):
@@ -490,6 +493,14 @@ def test_combining_the_message_in_place_equals_combining_its_unpacked_rows(
     got = _combine_row_message(message, counts, positions, local, batches, dims, combiners,
                                local_worker)
     unpacked = _unpack_rows(message, counts, positions, local, dims, local_worker)
+    # Every table in one CombineForward call, as the row exchange makes it.
+    together = ops().sok_ev_combine_forward(unpacked, [tf.constant(i) for i, _, _ in batches],
+                                            [tf.zeros([0], tf.int64)] * len(dims),
+                                            [tf.zeros([0], tf.int64)] * len(dims),
+                                            [tf.constant(o) for _, o, _ in batches],
+                                            [tf.constant(w) for _, _, w in batches],
+                                            combiners=combiners,
+                                            weighted=[True] * len(dims))
     for t, (index, offsets, weights) in enumerate(batches):
         np.testing.assert_allclose(got[t].numpy(),
                                    _combine_reference(rows[t], index, offsets, weights,
@@ -504,6 +515,7 @@ def test_combining_the_message_in_place_equals_combining_its_unpacked_rows(
                                             combiners=[combiners[t]],
                                             weighted=[True])[0]
         np.testing.assert_array_equal(got[t].numpy(), want.numpy(), err_msg=f"table {t}")
+        np.testing.assert_array_equal(together[t].numpy(), want.numpy(), err_msg=f"table {t}")
 
 
 def test_the_gradient_of_combining_the_message_is_each_keys_gradient_packed_as_the_message():

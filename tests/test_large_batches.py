@@ -218,3 +218,39 @@ def test_tables_that_grow_within_one_grouped_step_match_dense_lookup_and_adagrad
             seen = sorted(touched[v])
             expected = dict(zip(seen, dense[v].numpy()[seen]))
             ref.assert_rows_close(rows, expected, RTOL, ATOL, f"step {step}, variable {v}")
+
+
+# A GPU table's insert reads the table's counters back only when its host
+# bounds say the keys may not fit; a grouped lookup reads every such table's
+# counters after one wait for the GPU, not one wait a table (issue 12's
+# ten-hot step made 53 waits a step when each table waited on its own).
+# Here the second lookup of the same 60,000 keys makes every table read
+# (its bounds count each key as possibly new) and grow by nothing.
+SYNC_KEYS = 60_000
+
+
+@pytest.mark.skipif(not tf.config.list_physical_devices("GPU"),
+                    reason="the CPU core never waits for a GPU")
+def test_a_grouped_lookup_that_must_read_its_tables_waits_for_the_gpu_as_often_for_eight_as_for_one(
+        sok, rng, unique_name):
+    from sok_ev._ops import ops
+
+    keys = rng.permutation(10 * SYNC_KEYS)[:SYNC_KEYS].astype(np.int64)
+    ids = tf.SparseTensor(
+        np.stack([np.arange(SYNC_KEYS), np.zeros(SYNC_KEYS)], 1).astype(np.int64), keys,
+        [SYNC_KEYS, 1])
+
+    def waits_of_second_lookup(num_tables):
+        evs = [
+            sok.get_embedding_variable(unique_name(), embedding_dim=4) for _ in range(num_tables)
+        ]
+        first = sok.lookup_sparse(evs, [ids] * num_tables)
+        before = int(ops().sok_ev_gpu_host_syncs())
+        second = sok.lookup_sparse(evs, [ids] * num_tables)
+        waits = int(ops().sok_ev_gpu_host_syncs()) - before
+        for a, b in zip(first, second):
+            np.testing.assert_array_equal(a.numpy(), b.numpy())
+        assert all(int(ev.total_count()) == SYNC_KEYS for ev in evs)
+        return waits
+
+    assert waits_of_second_lookup(8) == waits_of_second_lookup(1)

@@ -19,8 +19,8 @@
 //   FindOrInsertCombineTables, ApplyOptimizerTables   on all tables of an op
 //                                                     at once (below)
 //   UniqueKeys (all tables of a lookup at once), CheckDistinct,
-//   PartitionByOwner, CombineForward, CombineForwardRows,
-//   CombineBackwardTables (all tables of a gradient op at once)   free stages
+//   PartitionByOwner, CombineForwardTables, CombineBackwardTables (all tables
+//   of a combine or its gradient at once)                      free stages
 //   Copy, SetZero, CopyToHost, CopyFromHost, Upload, Scratch  device memory
 //   CopyRows                  blocks of rows to and from a message buffer
 //   WriteRowAddresses         where a message's rows are, to read them in place
@@ -37,6 +37,7 @@
 #include <string>
 #include <unordered_set>
 
+#include "cc/combine.h"
 #include "cc/common.h"
 #include "cc/optimizers.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -67,23 +68,16 @@ absl::Status CheckDistinctOnHost(const Key* keys, int64_t n, const std::string& 
 
 // One table of Core::FindOrInsertCombineTables (an op's forward lookup of
 // plain tables): its unique keys found or inserted, their counts added to
-// the frequencies; then each sample's rows combined (cc/combine.h) into
-// out, or, with out null, at out_rows[b]. A table may be listed more than
-// once: the inserts then run in list order.
+// the frequencies; then each sample's rows combined as combine describes
+// (cc/combine.h: into its out, or at its out_rows). A table may be listed
+// more than once: the inserts then run in list order.
 template <typename Table, typename Key>
 struct FindOrInsertCombineTable {
   Table* table;
   const Key* unique_keys;  // (num_unique,)
   const int64_t* counts;   // (num_unique,)
   int64_t num_unique;
-  const int64_t* unique_index;  // (nnz,)
-  const float* weights;         // (nnz,) or null
-  const int64_t* row_offsets;   // (batch + 1,)
-  int64_t batch;
-  Combiner combiner;
-  float* out;              // (batch, dim), or null
-  float* const* out_rows;  // (batch,) with out null: rows where a row message wants them
-  bool rows_aligned;       // out_rows only: every one 16-byte aligned (read by the GPU)
+  CombineForwardTable combine;  // its rows and dim are the table's
 };
 
 // One table of Core::ApplyOptimizerTables: Core::ApplyOptimizer's

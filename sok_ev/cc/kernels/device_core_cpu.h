@@ -344,7 +344,7 @@ class Core<CPUDevice> {
     std::vector<int64_t> costs(n);
     std::vector<const void*> same_table(n);
     for (int t = 0; t < n; ++t) {
-      costs[t] = tables[t].num_unique + tables[t].batch;
+      costs[t] = tables[t].num_unique + tables[t].combine.batch;
       same_table[t] = tables[t].table;
     }
     return ForEachTable(n, costs.data(), same_table.data(), [&](int t, Core& core) {
@@ -352,15 +352,9 @@ class Core<CPUDevice> {
       std::unique_ptr<float[]> values;
       TF_RETURN_IF_ERROR(core.FindOrInsertValues(*table.table, table.unique_keys, table.counts,
                                                  table.num_unique, &values));
-      if (table.out != nullptr) {
-        cpu::combine_forward(core.context_, values.get(), table.unique_index, table.weights,
-                             table.row_offsets, table.batch, table.table->dim(), table.combiner,
-                             table.out);
-      } else {
-        cpu::combine_forward_into_rows(core.context_, values.get(), table.unique_index,
-                                       table.weights, table.row_offsets, table.batch,
-                                       table.table->dim(), table.combiner, table.out_rows);
-      }
+      sok_ev::CombineForwardTable combine = table.combine;
+      combine.dim = table.table->dim();
+      core.CombineForward(combine, values.get());
       return absl::OkStatus();
     });
   }
@@ -414,36 +408,22 @@ class Core<CPUDevice> {
     });
   }
 
-  //   unique_values: (num_unique, dim)  unique_index: (nnz,)  weights: (nnz,)
-  //   or null  row_offsets: (batch + 1,)  out: (batch, dim)
-  absl::Status CombineForward(const float* unique_values, const int64_t* unique_index,
-                              const float* weights, const int64_t* row_offsets, int64_t batch,
-                              int64_t dim, Combiner combiner, float* out) {
-    cpu::combine_forward(context_, unique_values, unique_index, weights, row_offsets, batch, dim,
-                         combiner, out);
-    return absl::OkStatus();
-  }
-
-  // The same, sample b's vector written at out_rows[b]. rows_aligned is the
-  // GPU twin's.
-  absl::Status CombineForwardIntoRows(const float* unique_values, const int64_t* unique_index,
-                                      const float* weights, const int64_t* row_offsets,
-                                      int64_t batch, int64_t dim, Combiner combiner,
-                                      float* const* out_rows, bool /*rows_aligned*/) {
-    cpu::combine_forward_into_rows(context_, unique_values, unique_index, weights, row_offsets,
-                                   batch, dim, combiner, out_rows);
-    return absl::OkStatus();
-  }
-
-  // The same, unique row u read at unique_rows[u], in place. rows_aligned
-  // is the GPU twin's.
-  absl::Status CombineForwardRows(const float* const* unique_rows, const int64_t* unique_index,
-                                  const float* weights, const int64_t* row_offsets, int64_t batch,
-                                  int64_t dim, Combiner combiner, float* out,
-                                  bool /*rows_aligned*/) {
-    cpu::combine_forward_rows(context_, unique_rows, unique_index, weights, row_offsets, batch, dim,
-                              combiner, out);
-    return absl::OkStatus();
+  // Every table's combine forward (cc/combine.h), the tables side by side
+  // (ForEachTable). rows_aligned is the GPU twin's.
+  absl::Status CombineForwardTables(const std::vector<CombineForwardTable>& tables) {
+    const int n = static_cast<int>(tables.size());
+    std::vector<int64_t> costs(n);
+    for (int t = 0; t < n; ++t) {
+      costs[t] = tables[t].row_offsets[tables[t].batch] + tables[t].batch;
+      if (tables[t].unique_values == nullptr && tables[t].out == nullptr) {
+        return tensorflow::errors::Unimplemented("CombineForwardTables: table ", t,
+                                                 " reads rows by address into rows by address");
+      }
+    }
+    return ForEachTable(n, costs.data(), [&](int t, Core& core) {
+      core.CombineForward(tables[t], tables[t].unique_values);
+      return absl::OkStatus();
+    });
   }
 
   // Every table's combine backward (cc/combine.h), the tables side by side
@@ -512,6 +492,21 @@ class Core<CPUDevice> {
   }
 
  private:
+  // One table's combine forward in its form, its rows from unique_values
+  // (a matrix) or, when null, t.unique_rows.
+  void CombineForward(const sok_ev::CombineForwardTable& t, const float* unique_values) {
+    if (unique_values == nullptr) {
+      cpu::combine_forward_rows(context_, t.unique_rows, t.unique_index, t.weights, t.row_offsets,
+                                t.batch, t.dim, t.combiner, t.out);
+    } else if (t.out != nullptr) {
+      cpu::combine_forward(context_, unique_values, t.unique_index, t.weights, t.row_offsets,
+                           t.batch, t.dim, t.combiner, t.out);
+    } else {
+      cpu::combine_forward_into_rows(context_, unique_values, t.unique_index, t.weights,
+                                     t.row_offsets, t.batch, t.dim, t.combiner, t.out_rows);
+    }
+  }
+
   // One table's CombineBackwardTables, in its form; on one thread (a table
   // of ForEachTable) the entries go in sample order.
   void CombineBackwardTable(const CombineBackwardTable& t) {

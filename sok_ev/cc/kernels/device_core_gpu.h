@@ -508,9 +508,7 @@ class Core<GPUDevice> {
       int64_t* row_ids = VectorData<int64_t>(row_ids_tensor) + first_id[t];
       inserts[t] = {table.table,  table.unique_keys,        table.num_unique, /*count=*/nullptr,
                     table.counts, /*count_frequency=*/true, row_ids};
-      combines[t] = {table.table,       row_ids,           table.unique_index, table.weights,
-                     table.row_offsets, table.batch,       table.combiner,     table.out,
-                     table.out_rows,    table.rows_aligned};
+      combines[t] = {table.table, row_ids, table.combine};
     }
     TF_RETURN_IF_ERROR(ToTfStatus(Table<Key>::find_or_insert_tables(context_, inserts.data(), n)));
     return ToTfStatus(gpu::lookup_combine_tables(context_, combines.data(), n));
@@ -626,34 +624,10 @@ class Core<GPUDevice> {
     return Pending();
   }
 
-  //   unique_values: (num_unique, dim)  unique_index: (nnz,)  weights: (nnz,)
-  //   or null  row_offsets: (batch + 1,)  out: (batch, dim)
-  absl::Status CombineForward(const float* unique_values, const int64_t* unique_index,
-                              const float* weights, const int64_t* row_offsets, int64_t batch,
-                              int64_t dim, Combiner combiner, float* out) {
-    gpu::combine_forward(context_, unique_values, unique_index, weights, row_offsets, batch, dim,
-                         combiner, out);
-    return Pending();
-  }
-
-  // The same, sample b's vector written at out_rows[b] (device).
-  //   rows_aligned: every output row 16-byte aligned
-  absl::Status CombineForwardIntoRows(const float* unique_values, const int64_t* unique_index,
-                                      const float* weights, const int64_t* row_offsets,
-                                      int64_t batch, int64_t dim, Combiner combiner,
-                                      float* const* out_rows, bool rows_aligned) {
-    gpu::combine_forward_into_rows(context_, unique_values, unique_index, weights, row_offsets,
-                                   batch, dim, combiner, out_rows, rows_aligned);
-    return Pending();
-  }
-
-  // The same, unique row u read at unique_rows[u] (device), in place.
-  //   rows_aligned: every row 16-byte aligned (gpu::combine_forward_rows)
-  absl::Status CombineForwardRows(const float* const* unique_rows, const int64_t* unique_index,
-                                  const float* weights, const int64_t* row_offsets, int64_t batch,
-                                  int64_t dim, Combiner combiner, float* out, bool rows_aligned) {
-    gpu::combine_forward_rows(context_, unique_rows, unique_index, weights, row_offsets, batch, dim,
-                              combiner, out, rows_aligned);
+  // Every table's combine forward (cc/combine.h), one launch for all tables
+  // of a kernel variant (gpu::combine_forward_tables).
+  absl::Status CombineForwardTables(const std::vector<CombineForwardTable>& tables) {
+    gpu::combine_forward_tables(context_, tables.data(), static_cast<int>(tables.size()));
     return Pending();
   }
 

@@ -553,7 +553,7 @@ class UnpackRowMessageOp : public OpKernel {
 // The requester's end of a float32 row message and its combine in one:
 // UnpackRowMessage then CombineForward, without the unpacked rows. Each
 // unique key's row is read where it arrived, in the message or in the local
-// block (Core::WriteRowAddresses, then CombineForwardRows).
+// block (Core::WriteRowAddresses, then CombineForwardTables).
 template <typename Device>
 class CombineRowMessageOp : public OpKernel {
  public:
@@ -573,30 +573,32 @@ class CombineRowMessageOp : public OpKernel {
     OpOutputList embeddings;
     OP_REQUIRES_OK(context, context->output_list("embeddings", &embeddings));
     const int n = static_cast<int>(dims_.size());
-    std::vector<Tensor*> outputs(n);
-    std::vector<int64_t> costs(n);
+    std::vector<CombineForwardTable> tables(n);
     for (int t = 0; t < n; ++t) {
       const int64_t batch = row_offsets[t].NumElements() - 1;
       OP_REQUIRES(context, batch >= 0,
                   errors::InvalidArgument("row_offsets[", t, "] must not be empty"));
       OP_REQUIRES_OK(context,
                      attributes_.CheckWeights(t, weights[t], unique_index[t].NumElements()));
-      OP_REQUIRES_OK(context, embeddings.allocate(t, TensorShape({batch, dims_[t]}), &outputs[t]));
-      costs[t] = unique_index[t].NumElements() + batch;
+      Tensor* output = nullptr;
+      OP_REQUIRES_OK(context, embeddings.allocate(t, TensorShape({batch, dims_[t]}), &output));
+      CombineForwardTable& table = tables[t];
+      table.unique_index = unique_index[t].flat<int64_t>().data();
+      table.weights = attributes_.WeightsOrNull(t, weights[t]);
+      table.row_offsets = row_offsets[t].flat<int64_t>().data();
+      table.batch = batch;
+      table.dim = dims_[t];
+      table.combiner = attributes_.combiner(t);
+      table.out = output->flat<float>().data();
     }
     Core<Device> core(context);
     RowAddressTable addresses;
     OP_REQUIRES_OK(context, received.Addresses(core, &addresses));
-    OP_REQUIRES_OK(
-        context,
-        ForEachTable(
-            core, n, costs.data(), /*same_stream=*/nullptr, [&](int t, Core<Device>& table_core) {
-              return table_core.CombineForwardRows(
-                  addresses.table(t), unique_index[t].flat<int64_t>().data(),
-                  attributes_.WeightsOrNull(t, weights[t]), row_offsets[t].flat<int64_t>().data(),
-                  row_offsets[t].NumElements() - 1, dims_[t], attributes_.combiner(t),
-                  outputs[t]->flat<float>().data(), addresses.aligned(t, dims_[t]));
-            }));
+    for (int t = 0; t < n; ++t) {
+      tables[t].unique_rows = addresses.table(t);
+      tables[t].rows_aligned = addresses.aligned(t, dims_[t]);
+    }
+    OP_REQUIRES_OK(context, core.CombineForwardTables(tables));
   }
 
  private:

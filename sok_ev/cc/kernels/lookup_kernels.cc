@@ -641,46 +641,37 @@ class FindOrInsertCombineOp : public OpKernel {
       OP_REQUIRES_OK(
           context,
           FindOrInsertCombineGrouped(context, variables, keys, counts, [&](int t, auto* table) {
-            Fill(t, unique_index, row_offsets, weights, outputs, addresses, table);
+            Fill(t, unique_index, row_offsets, weights, outputs, addresses, &table->combine);
           }));
       return;
     }
     OP_REQUIRES_OK(
-        context, ForEachLookupTable(
-                     context, variables, keys, counts, costs,
-                     [&](int t, Core<Device>& table_core, EmbeddingVariable<Device>& variable,
-                         auto& table, const auto* table_keys, int64_t num_unique,
-                         const int64_t* table_counts) -> absl::Status {
-                       using Key = std::remove_const_t<std::remove_pointer_t<decltype(table_keys)>>;
-                       FindOrInsertCombineTableOf<Device, Key> combine;
-                       Fill(t, unique_index, row_offsets, weights, outputs, addresses, &combine);
-                       const int64_t dim = variable.embedding_dim();
-                       // The rows first (serving or admission decide them), then the combine.
-                       Tensor rows;
-                       TF_RETURN_IF_ERROR(table_core.template Scratch<float>(
-                           std::max<int64_t>(1, num_unique * dim), &rows));
-                       float* values = VectorData<float>(rows);
-                       TF_RETURN_IF_ERROR(LookupRows(table_core, variable, table, table_keys,
-                                                     table_counts, num_unique, values));
-                       if (combine.out == nullptr) {
-                         return table_core.CombineForwardIntoRows(
-                             values, combine.unique_index, combine.weights, combine.row_offsets,
-                             combine.batch, dim, combine.combiner, combine.out_rows,
-                             combine.rows_aligned);
-                       }
-                       return table_core.CombineForward(
-                           values, combine.unique_index, combine.weights, combine.row_offsets,
-                           combine.batch, dim, combine.combiner, combine.out);
-                     }));
+        context,
+        ForEachLookupTable(
+            context, variables, keys, counts, costs,
+            [&](int t, Core<Device>& table_core, EmbeddingVariable<Device>& variable, auto& table,
+                const auto* table_keys, int64_t num_unique,
+                const int64_t* table_counts) -> absl::Status {
+              CombineForwardTable combine;
+              Fill(t, unique_index, row_offsets, weights, outputs, addresses, &combine);
+              combine.dim = variable.embedding_dim();
+              // The rows first (serving or admission decide them), then the combine.
+              Tensor rows;
+              TF_RETURN_IF_ERROR(table_core.template Scratch<float>(
+                  std::max<int64_t>(1, num_unique * combine.dim), &rows));
+              combine.unique_values = VectorData<float>(rows);
+              TF_RETURN_IF_ERROR(LookupRows(table_core, variable, table, table_keys, table_counts,
+                                            num_unique, VectorData<float>(rows)));
+              return table_core.CombineForwardTables({combine});
+            }));
   }
 
  private:
   // Table t's combine: its entries, samples and weights, and where its
   // vectors go (the grouped call's, and the per-table path's too).
-  template <typename CombineTable>
   void Fill(int t, const OpInputList& unique_index, const OpInputList& row_offsets,
             const OpInputList& weights, const std::vector<Tensor*>& outputs,
-            const RowAddressTable& addresses, CombineTable* table) const {
+            const RowAddressTable& addresses, CombineForwardTable* table) const {
     const int64_t dim = embedding_dims_[t];
     table->unique_index = unique_index[t].flat<int64_t>().data();
     table->row_offsets = row_offsets[t].flat<int64_t>().data();
@@ -722,8 +713,7 @@ class CombineForwardOp : public OpKernel {
     OpOutputList embeddings;
     OP_REQUIRES_OK(context, context->output_list("embeddings", &embeddings));
     const int num_tables = unique_values.size();
-    std::vector<Tensor*> outputs(num_tables);
-    std::vector<int64_t> costs(num_tables);
+    std::vector<CombineForwardTable> tables(num_tables);
     for (int t = 0; t < num_tables; ++t) {
       OP_REQUIRES(context, unique_values[t].dims() == 2,
                   errors::InvalidArgument("unique_values[", t, "] must be a matrix"));
@@ -733,21 +723,20 @@ class CombineForwardOp : public OpKernel {
                   errors::InvalidArgument("row_offsets[", t, "] must not be empty"));
       OP_REQUIRES_OK(context,
                      attributes_.CheckWeights(t, weights[t], unique_index[t].NumElements()));
-      OP_REQUIRES_OK(context, embeddings.allocate(t, TensorShape({batch, dim}), &outputs[t]));
-      costs[t] = unique_index[t].NumElements() + batch;
+      Tensor* output = nullptr;
+      OP_REQUIRES_OK(context, embeddings.allocate(t, TensorShape({batch, dim}), &output));
+      CombineForwardTable& table = tables[t];
+      table.unique_values = unique_values[t].flat<float>().data();
+      table.unique_index = unique_index[t].flat<int64_t>().data();
+      table.weights = attributes_.WeightsOrNull(t, weights[t]);
+      table.row_offsets = row_offsets[t].flat<int64_t>().data();
+      table.batch = batch;
+      table.dim = dim;
+      table.combiner = attributes_.combiner(t);
+      table.out = output->flat<float>().data();
     }
     Core<Device> core(context);
-    OP_REQUIRES_OK(
-        context, ForEachTable(core, num_tables, costs.data(), /*same_stream=*/nullptr,
-                              [&](int t, Core<Device>& table_core) {
-                                return table_core.CombineForward(
-                                    unique_values[t].flat<float>().data(),
-                                    unique_index[t].flat<int64_t>().data(),
-                                    attributes_.WeightsOrNull(t, weights[t]),
-                                    row_offsets[t].flat<int64_t>().data(),
-                                    row_offsets[t].NumElements() - 1, unique_values[t].dim_size(1),
-                                    attributes_.combiner(t), outputs[t]->flat<float>().data());
-                              }));
+    OP_REQUIRES_OK(context, core.CombineForwardTables(tables));
   }
 
  private:
