@@ -803,33 +803,28 @@ Status HashTable<Key>::size_from_exact_read(const GpuContext& context, int64_t* 
 template <typename Key>
 Status HashTable<Key>::prepare_inserts(const GpuContext& context, const FindOrInsertJob<Key>* jobs,
                                        const std::vector<size_t>& members) {
-  struct ExactRead {
-    size_t job;
-    bool count_absent;
-  };
-  std::vector<ExactRead> reads;
-  for (size_t i : members) {
-    HashTable& table = *jobs[i].table;
-    if (table.bounds_fit(jobs[i].n)) continue;
-    ExactRead read{i, false};
-    SOK_EV_RETURN_IF_ERROR(table.queue_exact_read(context, jobs[i].keys, jobs[i].n, jobs[i].count,
-                                                  &read.count_absent));
-    reads.push_back(read);
+  // Per member: its counters read, and its absent keys counted with them.
+  std::vector<bool> read(members.size(), false), counted(members.size(), false);
+  for (size_t m = 0; m < members.size(); ++m) {
+    const FindOrInsertJob<Key>& job = jobs[members[m]];
+    if (job.table->bounds_fit(job.n)) continue;
+    bool count_absent = false;
+    SOK_EV_RETURN_IF_ERROR(
+        job.table->queue_exact_read(context, job.keys, job.n, job.count, &count_absent));
+    read[m] = true;
+    counted[m] = count_absent;
   }
   // One wait for every table's counters.
-  if (!reads.empty()) SOK_EV_RETURN_IF_ERROR(synchronize(stream_of(context)));
-  std::vector<int64_t> incoming(members.size());
-  for (size_t m = 0; m < members.size(); ++m) incoming[m] = jobs[members[m]].n;
-  for (const ExactRead& read : reads) {
-    const size_t m = std::find(members.begin(), members.end(), read.job) - members.begin();
-    SOK_EV_RETURN_IF_ERROR(
-        jobs[read.job].table->size_from_exact_read(context, &incoming[m], read.count_absent));
+  if (std::find(read.begin(), read.end(), true) != read.end()) {
+    SOK_EV_RETURN_IF_ERROR(synchronize(stream_of(context)));
   }
   for (size_t m = 0; m < members.size(); ++m) {
     HashTable& table = *jobs[members[m]].table;
-    table.used_slots_bound_ += incoming[m];
-    table.next_row_bound_ += incoming[m];
-    table.incoming_total_ += incoming[m];
+    int64_t incoming = jobs[members[m]].n;
+    if (read[m]) SOK_EV_RETURN_IF_ERROR(table.size_from_exact_read(context, &incoming, counted[m]));
+    table.used_slots_bound_ += incoming;
+    table.next_row_bound_ += incoming;
+    table.incoming_total_ += incoming;
   }
   return Status::Ok();
 }

@@ -353,8 +353,9 @@ class Core<CPUDevice> {
       TF_RETURN_IF_ERROR(core.FindOrInsertValues(*table.table, table.unique_keys, table.counts,
                                                  table.num_unique, &values));
       sok_ev::CombineForwardTable combine = table.combine;
+      combine.unique_values = values.get();
       combine.dim = table.table->dim();
-      core.CombineForward(combine, values.get());
+      core.CombineForward(combine);
       return absl::OkStatus();
     });
   }
@@ -415,13 +416,15 @@ class Core<CPUDevice> {
     std::vector<int64_t> costs(n);
     for (int t = 0; t < n; ++t) {
       costs[t] = tables[t].row_offsets[tables[t].batch] + tables[t].batch;
-      if (tables[t].unique_values == nullptr && tables[t].out == nullptr) {
+      // An empty output's data pointer may be null: only a table with
+      // samples has a form.
+      if (tables[t].batch > 0 && tables[t].unique_values == nullptr && tables[t].out == nullptr) {
         return tensorflow::errors::Unimplemented("CombineForwardTables: table ", t,
                                                  " reads rows by address into rows by address");
       }
     }
     return ForEachTable(n, costs.data(), [&](int t, Core& core) {
-      core.CombineForward(tables[t], tables[t].unique_values);
+      core.CombineForward(tables[t]);
       return absl::OkStatus();
     });
   }
@@ -492,17 +495,17 @@ class Core<CPUDevice> {
   }
 
  private:
-  // One table's combine forward in its form, its rows from unique_values
-  // (a matrix) or, when null, t.unique_rows.
-  void CombineForward(const sok_ev::CombineForwardTable& t, const float* unique_values) {
-    if (unique_values == nullptr) {
+  // One table's combine forward, in its form (cc/combine.h); never
+  // unique_rows into out_rows (CombineForwardTables refuses it).
+  void CombineForward(const sok_ev::CombineForwardTable& t) {
+    if (t.unique_values == nullptr) {
       cpu::combine_forward_rows(context_, t.unique_rows, t.unique_index, t.weights, t.row_offsets,
                                 t.batch, t.dim, t.combiner, t.out);
     } else if (t.out != nullptr) {
-      cpu::combine_forward(context_, unique_values, t.unique_index, t.weights, t.row_offsets,
+      cpu::combine_forward(context_, t.unique_values, t.unique_index, t.weights, t.row_offsets,
                            t.batch, t.dim, t.combiner, t.out);
     } else {
-      cpu::combine_forward_into_rows(context_, unique_values, t.unique_index, t.weights,
+      cpu::combine_forward_into_rows(context_, t.unique_values, t.unique_index, t.weights,
                                      t.row_offsets, t.batch, t.dim, t.combiner, t.out_rows);
     }
   }
