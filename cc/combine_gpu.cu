@@ -108,7 +108,7 @@ void combine_forward(const GpuContext& context, const float* unique_values,
 
 // Tables whose rows come from a matrix and tables whose rows are read by
 // address take different kernels; each kind launches once a destination
-// and variant. A matrix's rows are aligned (TensorFlow's buffers are).
+// and variant.
 void combine_forward_tables(const GpuContext& context, const CombineForwardTable* tables,
                             int num_tables) {
   CombineLaunches<UniqueValuesSource> from_matrix;
@@ -121,10 +121,10 @@ void combine_forward_tables(const GpuContext& context, const CombineForwardTable
     }
     if (table.unique_values != nullptr) {
       from_matrix.add(table, UniqueValuesSource{table.unique_values, table.unique_index, table.dim},
-                      table.out != nullptr || table.rows_aligned);
+                      /*source_by_address=*/false);
     } else {
       from_rows.add(table, UniqueRowsSource{table.unique_rows, table.unique_index},
-                    table.rows_aligned);
+                    /*source_by_address=*/true);
     }
   }
   cudaStream_t stream = stream_of(context);

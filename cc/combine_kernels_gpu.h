@@ -270,8 +270,11 @@ struct CombineLaunches {
   std::vector<CombineRowsTable<Source, SampleRows>> into_rows;
 
   // table's samples (weights, offsets, combiner, destination, dim) with
-  // rows from source; rows_aligned as CombineRowsTable reads it.
-  void add(const CombineForwardTable& table, const Source& source, bool rows_aligned) {
+  // rows from source. A matrix's rows are aligned (TensorFlow's buffers and
+  // a table's arena are); rows read or written by address are as
+  // table.rows_aligned says.
+  void add(const CombineForwardTable& table, const Source& source, bool source_by_address) {
+    const bool rows_aligned = table.rows_aligned || (!source_by_address && table.out != nullptr);
     if (table.out != nullptr) {
       into_matrix.push_back({source, table.weights, table.row_offsets, table.batch, table.dim,
                              SampleMatrix{table.out, table.dim}, table.combiner, rows_aligned});

@@ -34,10 +34,9 @@ Status lookup_combine_tables(const GpuContext& context, const LookupCombineTable
     const TableView<Key> view = tables[t].table->view();
     CombineForwardTable combine = tables[t].combine;
     combine.dim = view.dim;
-    // The arena's rows are aligned; a row message's, as the caller says.
     launches.add(combine,
                  RowIdSource{view.rows, view.row_width, tables[t].row_ids, combine.unique_index},
-                 combine.out != nullptr || combine.rows_aligned);
+                 /*source_by_address=*/false);
   }
   return launches.launch(stream_of(context), "lookup_combine_rows");
 }
