@@ -9,12 +9,15 @@ Embedding Variables), EV_INIT_VAR_OPS (their initializers) and
 EV_INIT_SLOT_OPS (empty: slots live in the table); the module
 `tensorflow.core.framework.embedding.config_pb2` (StorageType, CacheType,
 SlotType) that DeepRec's storage examples import. It also installs what
-lets DeepRec's training code run on Embedding Variables: the dispatch of
-`tf.nn.embedding_lookup`, `tf.nn.embedding_lookup_sparse` and
-`tf.nn.safe_embedding_lookup_sparse` (`sok_ev.dispatch`) and the optimizer
-hooks (`sok_ev.optimizers`, `sok_ev.keras_optimizers`), as `sok_ev.init()`
-does. With several workers, `sok_ev.init()` is still needed (after
-`hvd.init()`).
+lets DeepRec's training code run on Embedding Variables, as `sok_ev.init()`
+does on one worker: the dispatch of `tf.nn.embedding_lookup`,
+`tf.nn.embedding_lookup_sparse` and `tf.nn.safe_embedding_lookup_sparse`
+(`sok_ev.dispatch`), the optimizer hooks (`sok_ev.optimizers`,
+`sok_ev.keras_optimizers`) and the saver hook
+(`sok_ev.checkpoint.install_saver_hook`), so `tf.compat.v1.train.Saver`
+saves and restores Embedding Variables. With several workers,
+`sok_ev.init()` is still needed (after `hvd.init()`): it reads the workers
+from Horovod and installs the multi-worker guards.
 """
 
 import importlib
@@ -23,6 +26,7 @@ import types
 
 import tensorflow as tf
 
+from sok_ev import checkpoint
 from sok_ev import dispatch
 from sok_ev import embedding_variable
 from sok_ev import keras_optimizers
@@ -84,7 +88,9 @@ def _install_config_pb2():
 
 def install_deeprec_api() -> None:
     """Adds DeepRec's Embedding Variable API to TensorFlow (see the module
-  docstring for the names), the tf.nn lookup dispatch and the optimizer hooks.
+  docstring for the names), the tf.nn lookup dispatch, the optimizer hooks
+  and the tf.compat.v1.train.Saver hook: all a DeepRec script needs on one
+  worker.
 
   Idempotent. Options sok-ev does not implement yet can be created, and
   get_embedding_variable refuses them with a ValueError naming the feature.
@@ -106,3 +112,6 @@ def install_deeprec_api() -> None:
     dispatch.install_lookup_dispatch()
     optimizers.install_optimizer_hook()
     keras_optimizers.install_keras_optimizer_hook()
+    # One worker needs no topology: the checkpoint kernels assume 0 of 1
+    # until sok_ev.init() records another.
+    checkpoint.install_saver_hook()

@@ -112,6 +112,19 @@ def _combine(table, sample_ids, keys, weights, combiner, num_samples, max_norm):
                                 [sp_weights])[0]
 
 
+def _in_order(ids, weights):
+    """`ids` and `weights` (None, or the same indices) in row-major order."""
+    position = tf.sparse.reorder(
+        tf.SparseTensor(ids.indices, tf.range(tf.size(ids.values, out_type=tf.int64)),
+                        ids.dense_shape))
+
+    def reordered(sp):
+        return tf.SparseTensor(position.indices, tf.gather(sp.values, position.values),
+                               sp.dense_shape)
+
+    return reordered(ids), None if weights is None else reordered(weights)
+
+
 # --- The three lookups, with TensorFlow 2's signatures ------------------------
 
 
@@ -121,12 +134,13 @@ def embedding_lookup(params, ids, max_norm=None, name=None):
 
   Args:
     params: an Embedding Variable, or a list holding one.
-    ids: int32/int64 keys of any shape `S`.
+    ids: int32/int64 keys of any shape `S`, or a tf.RaggedTensor of them.
     max_norm: None, or clip each row to this l2 norm.
     name: the name scope.
 
   Returns:
-    float32 `S + [embedding_dim]`: the row of each key (inserted if absent).
+    float32 `S + [embedding_dim]`: the row of each key (inserted if absent);
+    for ragged ids a RaggedTensor of their row splits, as TensorFlow.
 
   Raises:
     ValueError: params holds several variables.
@@ -135,6 +149,8 @@ def embedding_lookup(params, ids, max_norm=None, name=None):
   """
     api = "tf.nn.embedding_lookup"
     table = _single_table(params, api)
+    if isinstance(ids, tf.RaggedTensor):
+        return ids.with_flat_values(embedding_lookup(table, ids.flat_values, max_norm, name))
     with tf.name_scope(name or "embedding_lookup"):
         keys = _keys(table, ids, api, "ids")
         flat = tf.reshape(keys, [-1])
@@ -241,7 +257,10 @@ def safe_embedding_lookup_sparse(embedding_weights,
             flat_weights = tf.SparseTensor(flat_ids.indices, sparse_weights.values,
                                            flat_ids.dense_shape)
         flat_ids = tf.SparseTensor(flat_ids.indices, keys, flat_ids.dense_shape)
-        keep = keys >= 0
+        # TensorFlow accepts entries in any order here (its fill_empty_rows
+        # sorts them); the combine wants them in order.
+        flat_ids, flat_weights = _in_order(flat_ids, flat_weights)
+        keep = flat_ids.values >= 0
         if flat_weights is not None and combiner != "sum":
             keep = tf.logical_and(keep, flat_weights.values > 0)
         flat_ids = tf.sparse.retain(flat_ids, keep)

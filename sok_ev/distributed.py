@@ -278,7 +278,7 @@ def _find_or_insert_row_message_grad(op, grad_message, unused_grad_splits, *grad
         dims=op.get_attr("embedding_dims"),
         local_worker=local_worker)
     keys = op.inputs[n:2 * n]
-    return [embedding_gradients.keyed_gradient(g, k) for g, k in zip(grad_unique, keys)
+    return [embedding_gradients.keyed_gradient(g, k, after=op) for g, k in zip(grad_unique, keys)
            ] + [None] * (6 * n + 1)
 
 

@@ -76,12 +76,17 @@ def mark(tensor, variable):
     return tensor
 
 
-def keyed_gradient(rows, keys):
+def keyed_gradient(rows, keys, after):
     """The gradient of an Embedding Variable: `tf.IndexedSlices(rows, keys)`.
 
   Args:
     rows: float32 `[n, dim]`, the gradient of each looked-up key's row.
     keys: `[n]` the keys (int32/int64), as the lookup saw them.
+    after: the lookup op whose gradient this is. The gradient runs after
+      it, so a step that fetches only the update still runs the lookup,
+      which counts each key's occurrences (its frequency, which feature
+      filters admit keys by): a loss linear in the embeddings has a gradient
+      that reads none of the lookup's outputs, and a Session would prune it.
 
   Returns:
     tf.IndexedSlices whose values and indices are new tensors of the
@@ -90,7 +95,11 @@ def keyed_gradient(rows, keys):
     passed through from the forward one. Both carry the keys' mark.
   """
     variable = getattr(keys, _MARK, None)
-    rows, keys = tf.identity(rows), tf.identity(keys)
+    # Not inside a TF1 while loop or cond: a control input may not cross
+    # into its frame (there, the loop's own structure keeps the lookup).
+    inside_v1_control_flow = getattr(after, "_control_flow_context", None) is not None
+    with tf.control_dependencies([] if inside_v1_control_flow else [after]):
+        rows, keys = tf.identity(rows), tf.identity(keys)
     if variable is not None:
         mark(rows, variable)
         mark(keys, variable)

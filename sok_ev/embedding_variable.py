@@ -9,6 +9,7 @@ read it with `sok_ev.lookup_sparse` or the `tf.nn` embedding lookups
 """
 
 import numbers
+import re
 import weakref
 from typing import Any, Iterable, Optional
 
@@ -71,6 +72,13 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
                  target_gpu,
                  filter_attributes=None,
                  l2_weight_threshold=None):
+        """Use get_embedding_variable(); this makes the table and its ops.
+
+    `name` opens the name scope of the handle op: relative to the current
+    name scope (an eager variable, as tf.Variable), or, ending in "/",
+    absolute (get_embedding_variable in a graph passes the variable-scope
+    name so: the variable is named exactly that).
+    """
         # Variable.__init__ only documents arguments; state is set here.
         # pylint: disable=super-init-not-called
         self._embedding_dim = embedding_dim
@@ -238,7 +246,9 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
 
     @property
     def name(self):
-        """`<scope>/<name>:0`, as for tf.Variable."""
+        """`<variable scope>/<name>:0` in graph mode, as for
+    tf.compat.v1.get_variable; `<name scope>/<name>:0` eagerly, as for
+    tf.Variable."""
         return f"{self._handle_name}:0"
 
     @property
@@ -481,8 +491,9 @@ class EmbeddingVariableSaveable(saveable_object.SaveableObject):
 
     def _needs_hook_message(self):
         return (f"Embedding Variable '{self.variable.name}' is saved and restored by the "
-                "tf.compat.v1.train.Saver hook that sok_ev.init() installs: call sok_ev.init() "
-                "before building the Saver, and do not pass it a builder=.")
+                "tf.compat.v1.train.Saver hook that sok_ev.init() (or, on one worker, "
+                "sok_ev.install_deeprec_api()) installs: call it before building the Saver, and "
+                "do not pass the Saver a builder=.")
 
     def restore(self, restored_tensors, restored_shapes):
         del restored_tensors, restored_shapes
@@ -599,6 +610,43 @@ def _full_name(name):
     return f"{scope}/{name}" if scope else name
 
 
+# TensorFlow's rule for op names (the handle op is named after the variable).
+_VALID_NAME = re.compile(r"^[A-Za-z0-9.][A-Za-z0-9_.\\/>-]*$")
+_VARIABLE_OP_TYPES = ("VarHandleOp", "VariableV2", "Variable")
+
+
+def _check_graph_name(name, full_name):
+    """Refuses, in graph mode, a full name that is no valid op name, or that
+  another variable or op of the default graph already has: the handle op
+  must be named exactly `full_name` (the checkpoint key), where TensorFlow
+  would add a suffix."""
+    if not _VALID_NAME.match(full_name) or not all(full_name.split("/")):
+        raise ValueError(f"get_embedding_variable('{name}'): the variable's name {full_name!r} "
+                         f"is not a valid op name (pattern {_VALID_NAME.pattern}, no empty "
+                         "scope); choose another name.")
+    graph = framework_ops.get_default_graph()
+    try:
+        op_type = graph.get_operation_by_name(full_name).type
+    except KeyError:
+        op_type = None
+    # A partitioned tf1.get_variable has no op of its own name, only parts.
+    for variable in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES):
+        slice_info = getattr(variable, "_save_slice_info", None)
+        if slice_info is not None and slice_info.full_name == full_name:
+            op_type = "partitioned variable"
+    if op_type is None:
+        return
+    if op_type in _VARIABLE_OP_TYPES or op_type == "partitioned variable":
+        # tf1.get_variable's message; reuse cannot return it as an Embedding Variable.
+        raise ValueError(f"get_embedding_variable('{name}'): Variable {full_name} already "
+                         f"exists ({op_type}), disallowed. reuse=True or reuse=tf.AUTO_REUSE "
+                         "in VarScope returns only an Embedding Variable made by "
+                         "get_embedding_variable; give this one another name or "
+                         "variable_scope.")
+    raise ValueError(f"get_embedding_variable('{name}'): the name {full_name} is taken by an op "
+                     f"of type {op_type}; give the variable another name or variable_scope.")
+
+
 def _graph_registry():
     """Embedding Variables of the default graph by full name."""
     graph = framework_ops.get_default_graph()
@@ -626,13 +674,15 @@ def get_embedding_variable(name: str,
                            target_gpu: int = -1) -> "EmbeddingVariable":
     """Gets an existing Embedding Variable or creates a new one (DeepRec API).
 
-  In graph mode the variable scope applies: the name is prefixed with the
-  scope's, and `reuse` (True, False or tf.compat.v1.AUTO_REUSE) decides
-  whether an existing variable is returned. In eager mode every call creates
-  a new variable, as tf.Variable does.
+  In graph mode the variable scope applies, as for tf.compat.v1.get_variable:
+  the variable is named `<variable scope>/<name>:0` exactly (name scopes are
+  ignored), and `reuse` (True, False or tf.compat.v1.AUTO_REUSE) decides
+  whether an existing Embedding Variable is returned. In eager mode every
+  call creates a new variable, named as tf.Variable is (the current name
+  scope, which a variable_scope opens too, then `name`).
 
   Args:
-    name: the variable's name (without scope).
+    name: the variable's name (without scope), a non-empty string.
     embedding_dim: int in [1, MAX_EMBEDDING_DIM = 65536], the length of each
       row.
     key_dtype: tf.int64 (default) or tf.int32: the dtype of lookup keys.
@@ -642,7 +692,8 @@ def get_embedding_variable(name: str,
       Constant, uniform, normal and truncated-normal initializers draw per
       key when it is first seen.
     trainable: add to TRAINABLE_VARIABLES and let optimizers update it.
-    collections: graph collections to add to (default [GLOBAL_VARIABLES]).
+    collections: a list, tuple or set of the graph collections to add to
+      (default [GLOBAL_VARIABLES]).
     steps_to_live: evict keys not updated for this many global steps (done
       when the variable is saved, as in DeepRec). Same as
       `ev_option.evict_option = GlobalStepEvict(steps_to_live)`.
@@ -664,11 +715,24 @@ def get_embedding_variable(name: str,
     An EmbeddingVariable.
 
   Raises:
-    ValueError: bad embedding_dim, steps_to_live or target_gpu, an
-      unsupported argument or option, or a scope/reuse conflict.
-    TypeError: key_dtype or value_dtype not supported, or an initializer
-      that is not one.
+    ValueError: an empty name, collections that is not a list, tuple or set,
+      bad embedding_dim, steps_to_live or target_gpu, an unsupported
+      argument or option, a scope/reuse conflict, or (graph mode) a name
+      another variable or op of the graph already has.
+    TypeError: key_dtype or value_dtype not supported, target_gpu or
+      steps_to_live given as a bool, or an initializer that is not one.
+
+  Example:
+    with tf.compat.v1.variable_scope("user"):
+      ev = sok_ev.get_embedding_variable("emb", embedding_dim=16)  # user/emb:0
   """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"get_embedding_variable: name must be a non-empty string, got {name!r}")
+    # bool is an Integral: True would silently mean 1.
+    for argument, value in (("target_gpu", target_gpu), ("steps_to_live", steps_to_live)):
+        if isinstance(value, bool):
+            raise TypeError(f"get_embedding_variable('{name}'): {argument} must be an integer, "
+                            f"got {value!r}")
     unsupported = {
         "regularizer": regularizer,
         "caching_device": caching_device,
@@ -684,6 +748,10 @@ def get_embedding_variable(name: str,
                              "over workers is set with target_gpu instead of a "
                              "partitioner.)")
     del validate_shape
+    # A string is iterable: it would become one collection per letter.
+    if collections is not None and not isinstance(collections, (list, tuple, set, frozenset)):
+        raise ValueError(f"get_embedding_variable('{name}'): collections must be a list, tuple "
+                         f"or set of collection names, got {collections!r}")
     if (not isinstance(embedding_dim, numbers.Integral) or isinstance(embedding_dim, bool) or
             not 0 < embedding_dim <= MAX_EMBEDDING_DIM):
         raise ValueError(f"get_embedding_variable('{name}'): embedding_dim must be "
@@ -723,10 +791,16 @@ def get_embedding_variable(name: str,
                              f"{steps_to_live} disagrees with evict_option."
                              f"steps_to_live={ev_option.evict_option.steps_to_live}")
         steps_to_live = ev_option.evict_option.steps_to_live
+    if isinstance(steps_to_live, bool):  # from evict_option
+        raise TypeError(f"get_embedding_variable('{name}'): evict_option.steps_to_live must be "
+                        f"an integer, got {steps_to_live!r}")
     if steps_to_live is not None and (not isinstance(steps_to_live, numbers.Integral) or
                                       steps_to_live <= 0):
         raise ValueError(f"get_embedding_variable('{name}'): steps_to_live must be "
                          f"a positive integer or None, got {steps_to_live!r}")
+    # NumPy integers are accepted; the attributes and records want Python ints.
+    embedding_dim, target_gpu = int(embedding_dim), int(target_gpu)
+    steps_to_live = None if steps_to_live is None else int(steps_to_live)
     init_option = ev_option.init_option or options_lib.InitializerOption()
     if init_option.initializer is not None:
         initializer = init_option.initializer
@@ -760,7 +834,18 @@ def get_embedding_variable(name: str,
         raise ValueError(f"Embedding Variable {full_name} does not exist, or was "
                          "not created with get_embedding_variable(). Did you mean "
                          "to set reuse=tf.AUTO_REUSE in VarScope?")
-    variable = create(full_name)
+    _check_graph_name(name, full_name)
+    # From the root, with a trailing "/", the name scope is taken as is: the
+    # name is the variable scope's whatever name scope is open, as for
+    # tf.compat.v1.get_variable (so a checkpoint restores into the same model
+    # built under a name scope).
+    with framework_ops.name_scope(None, skip_on_eager=False):
+        variable = create(full_name + "/")
+    graph = framework_ops.get_default_graph()
+    # An absolute name scope does not reserve the name: without this a later
+    # op named full_name would collide with the handle op.
+    if graph.unique_name(full_name, mark_as_used=False) == full_name:
+        graph.unique_name(full_name)
     registry[full_name] = variable
     if collections is None:
         collections = [tf.compat.v1.GraphKeys.GLOBAL_VARIABLES]

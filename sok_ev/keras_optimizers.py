@@ -23,15 +23,32 @@ divides by sqrt(accumulator), so the table's `accumulator` slot holds
 Keras's accumulator plus epsilon (it starts at initial_accumulator_value +
 epsilon), which gives Keras's update exactly.
 
+Slots live in the Embedding Variable's table, in columns named
+`<prefix>/<slot>` (`adagrad/accumulator`, `adam/m`, ...), and are saved
+with the table. The prefix must be the same when a checkpoint is restored
+into freshly built objects, but Keras 3 names unnamed optimizers uniquely per
+process (`adagrad`, `adagrad_1`, ...), by creation order. So the prefix is
+the optimizer's name with Keras's `_<n>` suffix dropped when the rest is the
+name Keras gives the class (`sgd`, `adagrad`, `adam`, `ftrl`); any other
+name is kept as is. Two live optimizers that would use the same column of
+one Embedding Variable (two unnamed Adagrads on one table, say) raise a
+ValueError at the update: give one an explicit `name=`.
+
 Refused with a ValueError naming the setting (they have no fused form yet):
 clipnorm, clipvalue, global_clipnorm, weight_decay, use_ema,
 gradient_accumulation_steps and loss_scale_factor when an Embedding Variable
-is among the variables. Any other Keras optimizer (including subclasses such
-as AdamW) raises a TypeError listing the supported ones.
+is among the variables. `tf.keras.optimizers.LossScaleOptimizer` overrides
+`apply` (it unscales and checks gradients in Keras's dense path), so the
+hook also wraps its `apply`, to raise a ValueError when an Embedding
+Variable is among the variables; dense-only use is untouched. Any other Keras
+optimizer (including subclasses such as AdamW) raises a TypeError listing
+the supported ones.
 """
 
 import dataclasses
-from typing import Callable, List, Sequence, Tuple
+import re
+import weakref
+from typing import Callable, Dict, List, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -128,16 +145,103 @@ def _rule_for(optimizer, variable):
     return rule
 
 
+def _keras_default_name(cls) -> str:
+    """The name Keras 3 gives an unnamed optimizer of `cls` before making it
+  unique: the class name in snake case, which for the classes sok-ev updates
+  (SGD, Adagrad, Adam, Ftrl: one word each) is the class name lower-cased."""
+    return cls.__name__.lower()
+
+
+def slot_prefix(optimizer) -> str:
+    """The prefix of `optimizer`'s slot columns in an Embedding Variable's
+  table (`<prefix>/<slot>`): its name, without the `_<n>` suffix Keras adds
+  to the default name of its class (so `adagrad_3` -> `adagrad`, while
+  `item_adagrad` stays as it is)."""
+    default = _keras_default_name(type(optimizer))
+    if re.fullmatch(re.escape(default) + r"_\d+", optimizer.name):
+        return default
+    return optimizer.name
+
+
+# id(Embedding Variable) -> (weakref to it, {slot column: weakref to the
+# optimizer using it}): whose state each column holds. Weak both ways, so
+# neither tables nor optimizers are kept alive.
+_column_owners: Dict[int, Tuple[weakref.ref, Dict[str, weakref.ref]]] = {}
+
+
+def _owners_of(variable, create=False):
+    entry = _column_owners.get(id(variable))
+    if entry is not None and entry[0]() is variable:
+        return entry[1]
+    if not create:
+        return {}
+    owners = {}
+    _column_owners[id(variable)] = (weakref.ref(variable), owners)
+    weakref.finalize(variable, _column_owners.pop, id(variable), None)
+    return owners
+
+
+def _check_column_owners(optimizer, variables, columns):
+    """Raises ValueError if another live optimizer keeps its state in one of
+  `columns` of one of `variables`: they would silently share it."""
+    for variable in variables:
+        owners = _owners_of(variable)
+        for column in columns:
+            owner = owners[column]() if column in owners else None
+            if owner is not None and owner is not optimizer:
+                cls, prefix = type(optimizer).__name__, slot_prefix(optimizer)
+                why, taken = "", repr(prefix)
+                if prefix == _keras_default_name(type(optimizer)):
+                    why = (" (sok-ev drops the '_<n>' suffix of Keras's default optimizer "
+                           "names, so that checkpoints restore into freshly built optimizers)")
+                    taken += f" or '{prefix}_<n>'"
+                example = f"{variable.name.split(':')[0].replace('/', '_')}_{prefix}"
+                raise ValueError(
+                    f"{cls}(name={optimizer.name!r}) and {type(owner).__name__}"
+                    f"(name={owner.name!r}) would both keep state in column '{column}' of "
+                    f"Embedding Variable '{variable.name}'{why}. Give one of them an explicit "
+                    f"name=... other than {taken}, e.g. tf.keras.optimizers.{cls}(..., "
+                    f"name='{example}').")
+
+
+def _claim_columns(optimizer, variables, columns):
+    for variable in variables:
+        owners = _owners_of(variable, create=True)
+        for column in columns:
+            owners[column] = weakref.ref(optimizer)
+
+
 def _update(optimizer, rule, tables):
-    """The fused update of every `(grad, variable)` pair in `tables`."""
+    """The fused update of every `(grad, variable)` pair in `tables`.
+
+  Raises:
+    ValueError: another live optimizer uses the same slot columns of one of
+      the variables (before anything changes).
+  """
+    slots = [(f"{slot_prefix(optimizer)}/{name}", value) for name, value in rule.slots(optimizer)]
+    columns = [column for column, _ in slots]
+    variables = [v for _, v in tables]
+    _check_column_owners(optimizer, variables, columns)
     lr = tf.cast(tf.convert_to_tensor(optimizer.learning_rate), tf.float32)
     iterations = tf.convert_to_tensor(optimizer.iterations)
     step = tf.cast(iterations + 1, tf.float32)
     global_step = tf.compat.v1.train.get_global_step()
     version = iterations if global_step is None else global_step
-    return optimizers.fused_update(
-        tables, rule.op_name, rule.hyperparameters(optimizer, lr, step),
-        [(f"{optimizer.name}/{name}", value) for name, value in rule.slots(optimizer)], version)
+    updates = optimizers.fused_update(tables, rule.op_name,
+                                      rule.hyperparameters(optimizer, lr, step), slots, version)
+    _claim_columns(optimizer, variables, columns)
+    return updates
+
+
+def _refuse_loss_scaling(optimizer, variable):
+    """Raises ValueError: LossScaleOptimizer cannot update Embedding Variables."""
+    raise ValueError(
+        f"{type(optimizer).__name__}(name={optimizer.name!r}) cannot update Embedding Variable "
+        f"'{variable.name}': LossScaleOptimizer unscales and checks gradients in Keras's "
+        "dense path, and sok-ev's fused update has no loss scaling. Keep Embedding Variables "
+        "out of the LossScaleOptimizer: give it only the dense variables, and apply the "
+        "Embedding Variables' gradients (unscaled: divided by its dynamic_scale) with a "
+        f"separate optimizer ({', '.join(supported_optimizers())}).")
 
 
 @tf.autograph.experimental.do_not_convert
@@ -158,15 +262,18 @@ def apply_gradients(optimizer, grads_and_vars: Sequence, apply_dense=None):
   Raises:
     TypeError: an unsupported optimizer, or a dense gradient for an
       Embedding Variable.
-    ValueError: an unsupported setting, or no gradient at all.
+    ValueError: an unsupported setting, a LossScaleOptimizer, another live
+      optimizer using the same slot columns, or no gradient at all.
   """
-    apply_dense = apply_dense or _originals.get("apply", type(optimizer).apply)
+    apply_dense = apply_dense or _original(type(optimizer), "apply")
     pairs = list(grads_and_vars)
     tables = [(g, v) for g, v in pairs if isinstance(v, EmbeddingVariable)]
     dense = [(g, v) for g, v in pairs if not isinstance(v, EmbeddingVariable)]
     if not tables:
         apply_dense(optimizer, [g for g, _ in dense], [v for _, v in dense])
         return optimizer.iterations
+    if isinstance(optimizer, tf.keras.optimizers.LossScaleOptimizer):
+        _refuse_loss_scaling(optimizer, tables[0][1])
     rule = _rule_for(optimizer, tables[0][1])
     tables = [(g, v) for g, v in tables if g is not None]
     if not tables and all(g is None for g, _ in dense):
@@ -182,44 +289,80 @@ def apply_gradients(optimizer, grads_and_vars: Sequence, apply_dense=None):
     return optimizer.iterations
 
 
+# (class, attribute) -> (original function, whether the class defined it).
 _originals = {}
+
+
+def _original(cls, attribute):
+    """`cls.<attribute>` as Keras defines it, unhooked."""
+    for klass in cls.__mro__:
+        if (klass, attribute) in _originals:
+            return _originals[(klass, attribute)][0]
+        if attribute in vars(klass):
+            return vars(klass)[attribute]
+    raise AttributeError(f"{cls.__name__} has no {attribute}")
+
+
+def _patch(cls, attribute, wrapper):
+    original = getattr(cls, attribute)
+    _originals[(cls, attribute)] = (original, attribute in vars(cls))
+    wrapped = wrapper(original)
+    wrapped.__doc__ = original.__doc__
+    setattr(cls, attribute, wrapped)
+
+
+def _has_embedding_variable(variables):
+    return variables is not None and any(isinstance(v, EmbeddingVariable) for v in variables)
 
 
 def install_keras_optimizer_hook() -> None:
     """Lets `tf.keras.optimizers` update Embedding Variables (see the module
-  docstring). Wraps the public `tf.keras.optimizers.Optimizer.apply`;
-  variables that are not Embedding Variables go through Keras's original
-  code. Idempotent."""
+  docstring). Wraps the public `tf.keras.optimizers.Optimizer.apply`, and
+  `LossScaleOptimizer.apply` (which overrides it) to refuse Embedding
+  Variables; variables that are not Embedding Variables go through Keras's
+  original code. Idempotent."""
     if _originals:
         return
-    base = tf.keras.optimizers.Optimizer
-    original = base.apply
-    _originals["apply"] = original
-    _originals["own"] = "apply" in vars(base)
 
-    @tf.autograph.experimental.do_not_convert
-    def apply(self, grads, trainable_variables=None):
-        if trainable_variables is None:
-            return original(self, grads, trainable_variables)
-        trainable_variables = list(trainable_variables)
-        if not any(isinstance(v, EmbeddingVariable) for v in trainable_variables):
-            return original(self, grads, trainable_variables)
-        apply_gradients(self, zip(grads, trainable_variables), original)
-        return None
+    def hooked_apply(original):
 
-    apply.__doc__ = original.__doc__
-    base.apply = apply
+        @tf.autograph.experimental.do_not_convert
+        def apply(self, grads, trainable_variables=None):
+            if trainable_variables is None:
+                return original(self, grads, trainable_variables)
+            trainable_variables = list(trainable_variables)
+            if not _has_embedding_variable(trainable_variables):
+                return original(self, grads, trainable_variables)
+            apply_gradients(self, zip(grads, trainable_variables), original)
+            return None
+
+        return apply
+
+    def refusing_apply(original):
+
+        @tf.autograph.experimental.do_not_convert
+        def apply(self, grads, trainable_variables=None):
+            if trainable_variables is not None:
+                trainable_variables = list(trainable_variables)  # may be an iterator
+            # Raised before Keras builds or checks anything.
+            for variable in trainable_variables or ():
+                if isinstance(variable, EmbeddingVariable):
+                    _refuse_loss_scaling(self, variable)
+            return original(self, grads, trainable_variables)
+
+        return apply
+
+    _patch(tf.keras.optimizers.Optimizer, "apply", hooked_apply)
+    _patch(tf.keras.optimizers.LossScaleOptimizer, "apply", refusing_apply)
 
 
 def uninstall_keras_optimizer_hook() -> None:
-    """Restores Keras's original `Optimizer.apply`."""
-    if not _originals:
-        return
-    base = tf.keras.optimizers.Optimizer
-    if _originals["own"]:
-        base.apply = _originals["apply"]
-    else:
-        del base.apply  # back to the inherited one
+    """Restores every method install_keras_optimizer_hook() wrapped."""
+    for (cls, attribute), (original, own) in _originals.items():
+        if own:
+            setattr(cls, attribute, original)
+        else:
+            delattr(cls, attribute)  # back to the inherited one
     _originals.clear()
 
 

@@ -105,7 +105,7 @@ def _check_arguments(params, indices, combiners, sp_weights):
                             "Variable (sok_ev.get_embedding_variable), got "
                             f"{type(variable).__name__}")
     if combiners is None:
-        combiners = ["sum"] * len(params)
+        combiners = ["mean"] * len(params)
     elif isinstance(combiners, str):
         combiners = [combiners] * len(params)
     combiners = _as_list(combiners, "combiners")
@@ -160,13 +160,16 @@ def _check_placement(params):
 
 @tf.autograph.experimental.do_not_convert
 def lookup_sparse(
-    params: Sequence[EmbeddingVariable],
-    indices: Union[Sequence[Union[tf.SparseTensor, tf.RaggedTensor]], tf.RaggedTensor],
+    params: Union[EmbeddingVariable, Sequence[EmbeddingVariable]],
+    indices: Union[Sequence[Union[tf.SparseTensor, tf.RaggedTensor]], tf.SparseTensor,
+                   tf.RaggedTensor] = None,
     combiners: Optional[Union[str, Sequence[str]]] = None,
     sp_weights: Optional[Union[Sequence[Optional[Union[tf.SparseTensor, tf.RaggedTensor]]],
-                               tf.RaggedTensor]] = None,
+                               tf.SparseTensor, tf.RaggedTensor]] = None,
     exchange_dtype: Union[tf.DType, str] = tf.float32,
-) -> List[tf.Tensor]:
+    *,
+    sp_ids=None,
+) -> Union[List[tf.Tensor], tf.Tensor]:
     """Looks up and combines rows of many Embedding Variables in one call.
 
   Shapes: table t's ids are a `[batch_t, max_hotness]` batch whose values are
@@ -174,9 +177,15 @@ def lookup_sparse(
   empty row gives a zero vector. Absent keys are inserted with their initial
   values.
 
+  SOK's call forms run unchanged: `lookup_sparse(params, sp_ids, sp_weights,
+  combiners)` (NVIDIA SOK 2.x's order: the third argument is told apart by
+  its kind, weights or combiner names), `sp_ids=` for `indices=`, and one
+  Embedding Variable with one batch, which returns one tensor.
+
   Args:
-    params: list of N Embedding Variables.
-    indices: the ids, in one of two forms:
+    params: list of N Embedding Variables, or one (then `indices` is one
+      batch and the result one tensor).
+    indices: the ids (alias `sp_ids`), in one of two forms:
       - a list of N, each a `tf.SparseTensor` of rank 2 with rows in order
         (as tf.sparse.reorder leaves them) or a rank-2 `tf.RaggedTensor`;
       - packed: one `tf.RaggedTensor` of shape `[N, batch, None]`
@@ -184,8 +193,9 @@ def lookup_sparse(
         dtype every variable's key_dtype. Table t's batch is `indices[t]`.
         A tf.function receives it as 3 tensors whatever N is, where a list
         costs 2-3 tensors per table.
-    combiners: list of N of 'sum', 'mean', 'sqrtn' (default 'sum'), or one
-      string for all; the meaning of tf.nn.embedding_lookup_sparse.
+    combiners: list of N of 'sum', 'mean', 'sqrtn', or one string for all;
+      the meaning of tf.nn.embedding_lookup_sparse. Default 'mean' for every
+      table, as SOK and tf.nn.embedding_lookup_sparse default.
     sp_weights: None, or weights in the form of `indices`: a list of N
       entries each None or a float SparseTensor (RaggedTensor) with the same
       indices (row splits) as `indices[t]`; packed, one float RaggedTensor
@@ -205,7 +215,13 @@ def lookup_sparse(
       See sok_ev.row_exchange.
 
   Returns:
-    A list of N float32 tensors, `[batch_t, embedding_dim_t]`.
+    A list of N float32 tensors, `[batch_t, embedding_dim_t]` (one tensor
+    when params is one Embedding Variable). A table whose result the loss
+    does not use gets no gradient (None), as a dense variable would, in a
+    tf.function or a TF1 graph; executing eagerly, and with several
+    workers, it gets zeros for the keys it looked up (TensorFlow's eager
+    tape, and the owners of the keys, cannot tell an unused result from a
+    zero gradient), which lazy Adam and Momentum apply.
 
   Raises:
     TypeError: an argument of the wrong type or dtype (named in the message),
@@ -227,8 +243,55 @@ def lookup_sparse(
     >>> packed = tf.ragged.constant([[[7, 7], [42]], [[], [5]]], tf.int64)
     >>> a, b = sok_ev.lookup_sparse([var, var_1], packed)  # 2 tables, batch 2
   """
+    single, params, indices, combiners, sp_weights = _sok_call_forms(params, indices, combiners,
+                                                                     sp_weights, sp_ids)
     plan, batch = route_batch(params, indices, combiners, sp_weights, exchange_dtype)
-    return lookup_routed(plan, batch)
+    embeddings = lookup_routed(plan, batch)
+    return embeddings[0] if single else embeddings
+
+
+def _is_weights(value):
+    """Whether `value` is sp_weights: sparse or ragged weights, or a list of
+  them and Nones."""
+    if isinstance(value, (tf.SparseTensor, tf.RaggedTensor)):
+        return True
+    return (isinstance(value, (list, tuple)) and bool(value) and
+            all(v is None or isinstance(v, (tf.SparseTensor, tf.RaggedTensor)) for v in value))
+
+
+def _is_names(value):
+    """Whether `value` is combiners: a name, or a non-empty list of names."""
+    return isinstance(value, str) or (isinstance(value, (list, tuple)) and bool(value) and
+                                      all(isinstance(v, str) for v in value))
+
+
+def _sok_call_forms(params, indices, combiners, sp_weights, sp_ids):
+    """lookup_sparse's arguments in its own form, from any of SOK's: returns
+  (single, params, indices, combiners, sp_weights), single telling whether
+  one Embedding Variable was passed (its result is then one tensor)."""
+    if sp_ids is not None:
+        if indices is not None:
+            raise TypeError("lookup_sparse: pass the ids once, as indices or as sp_ids, "
+                            "not both")
+        indices = sp_ids
+    if indices is None:
+        raise TypeError("lookup_sparse: missing the ids (indices, or sp_ids as SOK names them)")
+    # SOK's order is (params, sp_ids, sp_weights, combiners): the two are
+    # swapped when what came as one is plainly the other.
+    if ((_is_names(sp_weights) and not _is_names(combiners)) or
+        (_is_weights(combiners) and not _is_weights(sp_weights))):
+        combiners, sp_weights = sp_weights, combiners
+    single = isinstance(params, EmbeddingVariable)
+    if single:
+        if not isinstance(indices, (tf.SparseTensor, tf.RaggedTensor)):
+            raise TypeError("lookup_sparse: with params one Embedding Variable, indices must be "
+                            f"one tf.SparseTensor or tf.RaggedTensor, got {type(indices).__name__}")
+        params, indices = [params], [indices]
+        if sp_weights is not None and not isinstance(sp_weights, (list, tuple)):
+            sp_weights = [sp_weights]
+        if combiners is not None and not isinstance(combiners, str):
+            combiners = _as_list(combiners, "combiners")
+    return single, params, indices, combiners, sp_weights
 
 
 class LookupPlan(NamedTuple):
@@ -386,14 +449,31 @@ def _combine_backward(op, grads, first):
 @tf.RegisterGradient("SokEv>FindOrInsertCombine")
 def _find_or_insert_combine_gradient(op, *grads):
     """Each table gets IndexedSlices keyed by its unique keys (input N + t),
-  which `sok_ev.optimizers` recognises as distinct."""
+  which `sok_ev.optimizers` recognises as distinct; a table whose result has
+  no gradient gets None, as a dense variable would (a zero gradient would
+  still move its rows under Adam or Momentum)."""
     n = op.get_attr("N")
     # inputs: resources, unique_keys, counts, unique_index, order, segments,
     # row_offsets, weights (N each)
     grad_unique = _combine_backward(op, grads, first=3 * n)
     keys = op.inputs[n:2 * n]
-    return [embedding_gradients.keyed_gradient(g, k) for g, k in zip(grad_unique, keys)
-           ] + [None] * (7 * n)
+    return [
+        None if _unused(g, out) else embedding_gradients.keyed_gradient(u, k, after=op)
+        for g, out, u, k in zip(grads, op.outputs, grad_unique, keys)
+    ] + [None] * (7 * n)
+
+
+def _unused(grad, output):
+    """Whether `grad`, the gradient reaching the lookup result `output`, says
+  the loss does not use it: None (tf.gradients, a TF1 optimizer), or the
+  zeros a GradientTape fills in for an unused result inside a tf.function
+  (ZerosLike of that very result). Eagerly the tape fills in a cached zero
+  tensor, which cannot be told from a zero gradient, so it counts as one."""
+    if grad is None:
+        return True
+    op = getattr(grad, "op", None)
+    return (not tf.executing_eagerly() and op is not None and op.type == "ZerosLike" and
+            op.inputs[0].name == output.name)
 
 
 @tf.RegisterGradient("SokEv>FindOrInsert")
@@ -402,7 +482,7 @@ def _find_or_insert_gradient(op, *grads):
     n = op.get_attr("N")
     keys = op.inputs[n:2 * n]
     table_grads = [
-        None if g is None else embedding_gradients.keyed_gradient(g, k)
+        None if g is None else embedding_gradients.keyed_gradient(g, k, after=op)
         for g, k in zip(grads, keys)
     ]
     return table_grads + [None] * (2 * n)

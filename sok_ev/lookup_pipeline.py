@@ -75,7 +75,7 @@ class LookupPipeline:
     def __init__(self, params, combiners=None, exchange_dtype=tf.float32, name=None):
         """Args:
       params: list of N Embedding Variables, as lookup_sparse's.
-      combiners: as lookup_sparse's (default "sum" for every table).
+      combiners: as lookup_sparse's (default "mean" for every table).
       exchange_dtype: as lookup_sparse's.
       name: the staging areas' name (default: one per pipeline of this
         process). Two pipelines must not share one.

@@ -275,7 +275,9 @@ def check_gradient(grad, variable):
     """Refuses what the fused update cannot apply.
 
   Raises:
-    TypeError: `grad` is not tf.IndexedSlices keyed by raw keys.
+    TypeError: `grad` is not tf.IndexedSlices keyed by raw keys: its indices
+      must have the variable's key_dtype (int32 into an int64 table is
+      widened; int64 into an int32 table would be cut, so it is refused).
     ValueError: with several workers, `grad` went through a Horovod reduction
       (sok_ev.embedding_gradients.check_before_apply).
   """
@@ -283,6 +285,12 @@ def check_gradient(grad, variable):
         raise TypeError(f"The gradient of Embedding Variable '{variable.name}' must be "
                         "tf.IndexedSlices keyed by raw keys (as sok_ev.lookup_sparse produces), "
                         f"got {type(grad).__name__}")
+    key_dtype = grad.indices.dtype
+    if key_dtype != variable.key_dtype and not (key_dtype == tf.int32 and
+                                                variable.key_dtype == tf.int64):
+        raise TypeError(f"The gradient of Embedding Variable '{variable.name}' has "
+                        f"{key_dtype.name} indices, but its keys are "
+                        f"{variable.key_dtype.name}: index it by the keys the lookup used")
     # With several workers the gradient must come from the lookup's own
     # exchange, never from a Horovod reduction (which would mix shards).
     embedding_gradients.check_before_apply(grad, variable)

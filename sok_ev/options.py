@@ -12,6 +12,7 @@ become the attributes of the table's initializer op (`filter_attributes`).
 import dataclasses
 import enum
 import math
+import numbers
 from typing import Any, List, Optional, Union
 
 import tensorflow as tf
@@ -71,17 +72,22 @@ class InitializerOption:
       refused, so it has no effect (as in DeepRec).
 
   Raises:
-    ValueError: default_value_dim is not a positive integer.
+    ValueError: default_value_dim is not a positive integer (Python's or
+      NumPy's; a bool is not taken for one).
   """
     initializer: Any = None
     default_value_dim: Optional[int] = None
     default_value_no_permission: float = 0.0
 
     def __post_init__(self):
-        if self.default_value_dim is not None and (not isinstance(self.default_value_dim, int) or
-                                                   self.default_value_dim <= 0):
+        dim = self.default_value_dim
+        # Any integer (NumPy's too, as embedding_dim), but not a bool.
+        if dim is not None and (not isinstance(dim, numbers.Integral) or isinstance(dim, bool) or
+                                dim <= 0):
             raise ValueError("InitializerOption: default_value_dim must be a positive "
-                             f"integer, got {self.default_value_dim!r}")
+                             f"integer, got {dim!r}")
+        if dim is not None:
+            self.default_value_dim = int(dim)
 
 
 @dataclasses.dataclass
@@ -274,10 +280,10 @@ def filter_attributes(ev_option: EmbeddingVariableOption, where: str) -> dict:
     if option is None:
         return attributes
     freq = option.filter_freq
-    if not isinstance(freq, int) or isinstance(freq, bool) or freq < 0:
+    if not isinstance(freq, numbers.Integral) or isinstance(freq, bool) or freq < 0:
         raise ValueError(f"{where}: ev_option.filter_option.filter_freq must be an integer >= 0, "
                          f"got {freq!r}")
-    attributes["filter_freq"] = freq
+    attributes["filter_freq"] = int(freq)
     if isinstance(option, CBFFilter):
         try:
             counter_type = tf.as_dtype(option.counter_type)

@@ -193,7 +193,8 @@ def test_bad_exchange_dtype_is_refused_naming_it_before_any_table_changes(value,
 def test_exchange_dtype_has_no_effect_with_one_worker():
     ids = tf.SparseTensor([[0, 0], [0, 1], [2, 0]], tf.constant([7, 9, 7], tf.int64), [3, 2])
     rows = [
-        sok_ev.lookup_sparse([_table(embedding_dim=4)], [ids], exchange_dtype=dtype)[0].numpy()
+        sok_ev.lookup_sparse([_table(embedding_dim=4)], [ids], "sum",
+                             exchange_dtype=dtype)[0].numpy()
         for dtype in (tf.float32, tf.bfloat16, "float16")
     ]
     # 0.1 has no exact bfloat16 or float16 value: a rounded exchange would show.

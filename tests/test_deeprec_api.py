@@ -10,6 +10,9 @@ Pinned down:
   before anything is created;
 * a DeepRec script's set-up (EV_INIT_VAR_OPS, EV_INIT_SLOT_OPS, then
   global_variables_initializer) runs;
+* install_deeprec_api() alone is all a one-worker DeepRec script needs: it
+  trains with a stock optimizer and saves and restores with
+  tf.compat.v1.train.Saver;
 * an initializer may be passed as a class, as DeepRec's tests do
   (`initializer=init_ops.ones_initializer`), directly or in InitializerOption.
 """
@@ -100,6 +103,14 @@ def test_option_classes_check_arguments_as_deeprec_does(deeprec, build, fragment
     with pytest.raises(ValueError) as error:
         build(deeprec)
     assert ref.error_names(error.value, *fragments)
+
+
+def test_initializer_option_takes_numpy_integers_as_get_embedding_variable_does(deeprec):
+    assert deeprec.InitializerOption(default_value_dim=np.int64(4)).default_value_dim == 4
+    # A bool is not taken for an integer.
+    with pytest.raises(ValueError) as error:
+        deeprec.InitializerOption(default_value_dim=True)
+    assert ref.error_names(error.value, "default_value_dim", "True")
 
 
 def test_an_option_of_the_wrong_class_is_refused(deeprec):
@@ -221,6 +232,44 @@ def test_install_deeprec_api_alone_lets_a_deeprec_script_train(deeprec):
     finally:
         optimizers.install_optimizer_hook()
         keras_optimizers.install_keras_optimizer_hook()
+
+
+def test_install_deeprec_api_alone_lets_a_deeprec_script_save_and_restore(deeprec, tmp_path):
+    """The one call a DeepRec script needs on one worker: it also installs the
+    tf.compat.v1.train.Saver hook sok_ev.init() installs."""
+    from sok_ev import checkpoint  # pylint: disable=import-outside-toplevel
+    import sok_ev  # pylint: disable=import-outside-toplevel
+    prefix = str(tmp_path / "model")
+
+    def model():
+        ev = deeprec.get_embedding_variable("emb",
+                                            embedding_dim=2,
+                                            initializer=deeprec.zeros_initializer())
+        loss = tf.reduce_sum(tf.nn.embedding_lookup(ev, tf.constant([3, 3, 5], tf.int64)))
+        return ev, deeprec.train.AdagradOptimizer(0.1).minimize(loss)
+
+    checkpoint.uninstall_saver_hook()
+    try:
+        sok_ev.install_deeprec_api()
+        assert checkpoint.saver_hook_installed()
+        with ref.graph_session() as sess:
+            ev, train = model()
+            saver = deeprec.train.Saver()
+            sess.run(deeprec.global_variables_initializer())
+            sess.run(train)
+            saved = ref.export_to_dict(*sess.run(ev.export()))
+            saver.save(sess, prefix)
+        with ref.graph_session() as sess:
+            ev, _ = model()
+            deeprec.train.Saver().restore(sess, prefix)
+            restored = ref.export_to_dict(*sess.run(ev.export()))
+    finally:
+        checkpoint.install_saver_hook()
+    # Adagrad from accumulator 0.1: key 3 (gradient 2) moves by -0.1 * 2 / sqrt(4.1).
+    np.testing.assert_allclose(saved[3], [-0.2 / np.sqrt(4.1)] * 2, rtol=1e-6)
+    assert restored.keys() == saved.keys() == {3, 5}
+    for key, row in saved.items():
+        np.testing.assert_array_equal(restored[key], row)
 
 
 # --------------------------------------------------------------------------- initializer classes

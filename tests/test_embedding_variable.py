@@ -2,10 +2,17 @@
 
 Pinned down:
 * attributes: name, embedding_dim, key_dtype, settable target_gpu (default -1);
+* names: in a graph, exactly the variable-scope name tf.compat.v1.get_variable
+  gives (name scopes ignored), so a checkpoint restores into the same model
+  built under a name scope; a name another variable or op has is refused
+  as get_variable refuses it; eagerly, the name tf.Variable gets;
 * tf.compat.v1 graph mode: variable_scope reuse returns the same variable,
   a second creation without reuse is an error, GLOBAL_VARIABLES /
   TRAINABLE_VARIABLES / `collections=` membership, and
   global_variables_initializer makes it usable;
+* argument checks: an empty name, `collections` given as a string, and
+  target_gpu / steps_to_live given as a bool are refused naming the argument
+  and value, before anything is created; NumPy integers are integers;
 * total_count() counts distinct keys; export() returns every stored key once
   with its row;
 * initial values: default_value_dim=N gives key k row M[k mod N] exactly;
@@ -16,6 +23,8 @@ Pinned down:
 * sok_ev.init() is idempotent; sok_ev.install_deeprec_api() provides
   tf.get_embedding_variable and friends.
 """
+import contextlib
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -83,8 +92,7 @@ def test_variable_scope_reuse_returns_the_same_variable(sok):
             again = sok.get_embedding_variable("emb", embedding_dim=DIM)
         with tf.compat.v1.variable_scope("tower", reuse=tf.compat.v1.AUTO_REUSE):
             auto = sok.get_embedding_variable("emb", embedding_dim=DIM)
-        assert again.name == first.name == auto.name
-        assert "tower/emb" in first.name
+        assert again.name == first.name == auto.name == "tower/emb:0"
         # One table behind all three handles: train through one, read through the others.
         loss = tf.reduce_sum(_rows(sok, first, [5]))
         train_op = tf.compat.v1.train.GradientDescentOptimizer(0.5).minimize(loss)
@@ -95,6 +103,135 @@ def test_variable_scope_reuse_returns_the_same_variable(sok):
         np.testing.assert_array_equal(sess.run(read_again), np.full((1, DIM), 0.5, np.float32))
         np.testing.assert_array_equal(sess.run(read_auto), np.full((1, DIM), 0.5, np.float32))
         assert len([v for v in tf.compat.v1.global_variables() if v.name == first.name]) == 1
+
+
+# How the scopes are opened, the name an op "c" gets there (the name scope),
+# and the name tf.compat.v1.get_variable gives "w" there (the variable scope).
+SCOPES = {
+    "variable_scope": (lambda: [tf.compat.v1.variable_scope("s")], "s/c:0", "s/w:0"),
+    # After a first entry (made by the test), "s" opens name scope "s_1".
+    "variable_scope_reentered":
+        (lambda: [tf.compat.v1.variable_scope("s", reuse=tf.compat.v1.AUTO_REUSE)], "s_1/c:0",
+         "s/w:0"),
+    "name_scope_only": (lambda: [tf.compat.v1.name_scope("tower")], "tower/c:0", "w:0"),
+    "name_scope_in_variable_scope":
+        (lambda: [tf.compat.v1.variable_scope("s"),
+                  tf.compat.v1.name_scope("tower")], "s/tower/c:0", "s/w:0"),
+    "nested_variable_scopes":
+        (lambda: [tf.compat.v1.variable_scope("a"),
+                  tf.compat.v1.variable_scope("b")], "a/b/c:0", "a/b/w:0"),
+}
+
+
+@pytest.mark.parametrize("scopes", sorted(SCOPES))
+def test_graph_name_is_the_variable_scope_name_as_for_get_variable(sok, scopes):
+    open_scopes, op_name, dense_name = SCOPES[scopes]
+    with ref.graph_session():
+        if scopes == "variable_scope_reentered":  # a first entry, as a model would
+            with tf.compat.v1.variable_scope("s"):
+                tf.compat.v1.get_variable("first", [1])
+        with contextlib.ExitStack() as stack:
+            for scope in open_scopes():
+                stack.enter_context(scope)
+            assert tf.constant(0.0, name="c").name == op_name
+            dense = tf.compat.v1.get_variable("w", [1])  # the reference
+            ev = sok.get_embedding_variable("emb", embedding_dim=DIM)
+        assert dense.name == dense_name
+        assert ev.name == dense_name.replace("w:0", "emb:0")
+        # The handle op and the table's shared name are the name: the
+        # checkpoint key and what sessions share.
+        assert ev.op.name == ev.name[:-len(":0")]
+        assert ev.op.get_attr("shared_name") == ev.op.name.encode()
+        assert ev.initializer.name.startswith(ev.op.name + "/")
+
+
+def test_checkpoint_restores_into_the_same_model_built_under_a_name_scope(sok, tmp_path):
+    """An evaluation graph is often built under a name scope: as for a dense
+  get_variable, the Embedding Variable keeps its name and restores."""
+
+    def model():
+        with tf.compat.v1.variable_scope("s"):
+            ev = sok.get_embedding_variable("emb",
+                                            embedding_dim=2,
+                                            initializer=tf.ones_initializer())
+            dense = tf.compat.v1.get_variable("w", [2], initializer=tf.ones_initializer())
+        return ev, dense
+
+    prefix = str(tmp_path / "model")
+    with ref.graph_session() as sess:
+        ev, dense = model()
+        loss = tf.reduce_sum(tf.nn.embedding_lookup(ev, tf.constant([7], tf.int64)))
+        train_op = tf.compat.v1.train.GradientDescentOptimizer(0.5).minimize(loss)
+        saver = tf.compat.v1.train.Saver()
+        sess.run(tf.compat.v1.global_variables_initializer())
+        sess.run(train_op)
+        saver.save(sess, prefix)
+        saved_names = (ev.name, dense.name)
+    with ref.graph_session() as sess:
+        with tf.compat.v1.name_scope("eval"):
+            ev, dense = model()
+        assert (ev.name, dense.name) == saved_names == ("s/emb:0", "s/w:0")
+        tf.compat.v1.train.Saver().restore(sess, prefix)
+        keys, rows = sess.run(ev.export())
+    # ones - 0.5 * 1: exact in float32.
+    assert ref.export_to_dict(keys, rows).keys() == {7}
+    np.testing.assert_array_equal(ref.export_to_dict(keys, rows)[7], [0.5, 0.5])
+
+
+TAKEN = {
+    "get_variable":
+        lambda: tf.compat.v1.get_variable("emb", [2]),
+    "tf_variable":
+        lambda: tf.Variable([1.0], name="emb"),
+    "partitioned_get_variable":
+        lambda: tf.compat.v1.get_variable("emb", [4, 2],
+                                          partitioner=tf.compat.v1.fixed_size_partitioner(2)),
+}
+
+
+@pytest.mark.parametrize("reuse", [None, tf.compat.v1.AUTO_REUSE], ids=["no_reuse", "auto_reuse"])
+@pytest.mark.parametrize("taken_by", sorted(TAKEN))
+def test_a_name_another_variable_has_is_refused_as_get_variable_does(sok, taken_by, reuse):
+    with ref.graph_session() as sess:
+        TAKEN[taken_by]()
+        if taken_by == "get_variable":  # the reference: stock TF refuses a second "emb"
+            with pytest.raises(ValueError, match="Variable emb already exists"):
+                tf.compat.v1.get_variable("emb", [3])
+        ops_before = len(sess.graph.get_operations())
+        with tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(), reuse=reuse):
+            with pytest.raises(ValueError) as error:
+                sok.get_embedding_variable("emb", embedding_dim=DIM)
+        assert len(sess.graph.get_operations()) == ops_before  # nothing was created
+        assert not tf.compat.v1.get_collection(sok.embedding_variable.EMBEDDING_VARIABLES)
+    assert ref.error_names(error.value, "Variable emb already exists", "reuse")
+
+
+def test_a_name_a_graph_op_has_is_refused_naming_it(sok):
+    with ref.graph_session():
+        tf.constant(1.0, name="emb")
+        with pytest.raises(ValueError) as error:
+            sok.get_embedding_variable("emb", embedding_dim=DIM)
+    assert ref.error_names(error.value, "emb", "Const")
+
+
+def test_a_later_op_of_the_same_name_gets_a_suffix(sok):
+    # The handle op keeps the name; stock TF renames what comes after.
+    with ref.graph_session():
+        ev = sok.get_embedding_variable("emb", embedding_dim=DIM)
+        assert tf.constant(1.0, name="emb").name == "emb_1:0"
+        assert ev.op.name == "emb"
+
+
+def test_eager_name_is_the_name_tf_variable_gets(sok, unique_name):
+    name = unique_name()
+    with tf.name_scope("tower"):
+        ev = sok.get_embedding_variable(name, embedding_dim=DIM)
+        dense = tf.Variable([1.0], name=name)  # the reference
+    assert ev.name == dense.name == f"tower/{name}:0"
+    with tf.compat.v1.variable_scope("s"):
+        ev = sok.get_embedding_variable(name, embedding_dim=DIM)
+        dense = tf.Variable([1.0], name=name)
+    assert ev.name == dense.name == f"s/{name}:0"
 
 
 def test_creating_the_same_name_twice_without_reuse_raises(sok):
@@ -139,6 +276,19 @@ def test_collections_argument_is_honoured(sok):
         assert ev in tf.compat.v1.get_collection("more_tables")
 
 
+def test_collections_given_as_a_string_is_refused_before_anything_is_created(sok):
+    with ref.graph_session():
+        # The reference: stock TF refuses it too.
+        with pytest.raises(ValueError, match="collections"):
+            tf.compat.v1.get_variable("dense", [2], collections="my_tables")
+        with pytest.raises(ValueError) as error:
+            sok.get_embedding_variable("emb", embedding_dim=DIM, collections="my_tables")
+        assert not tf.compat.v1.global_variables()
+        for collection in ("my_tables", "m", "y"):
+            assert not tf.compat.v1.get_collection(collection)
+    assert ref.error_names(error.value, "emb", "collections", "'my_tables'")
+
+
 def test_global_variables_initializer_initializes_the_ev(sok, rng):
     matrix = ref.random_matrix(rng, N_ROWS, DIM)
     keys = rng.integers(-50, 50, size=10)
@@ -158,6 +308,55 @@ def test_ev_reports_initialized_after_global_variables_initializer(sok):
         assert sess.run(report).size == 1  # the EV is the graph's only variable
         sess.run(tf.compat.v1.global_variables_initializer())
         assert sess.run(report).size == 0
+
+
+# --------------------------------------------------------------------------- argument checks
+
+
+def test_an_empty_name_is_refused_naming_the_argument(sok):
+    with ref.graph_session():
+        with pytest.raises(ValueError) as error:
+            sok.get_embedding_variable("", embedding_dim=DIM)
+        assert not tf.compat.v1.global_variables()
+    assert ref.error_names(error.value, "name", "''")
+
+
+@pytest.mark.parametrize("argument", ["target_gpu", "steps_to_live"])
+def test_a_bool_for_an_integer_argument_is_refused_with_type_error(sok, argument):
+    # bool is an int in Python: True would silently mean 1.
+    with ref.graph_session():
+        with pytest.raises(TypeError) as error:
+            sok.get_embedding_variable("emb", embedding_dim=DIM, **{argument: True})
+        assert not tf.compat.v1.global_variables()
+    assert ref.error_names(error.value, "emb", argument, "True")
+
+
+def test_a_bool_steps_to_live_in_global_step_evict_is_refused_with_type_error(sok):
+    option = sok.EmbeddingVariableOption(evict_option=sok.GlobalStepEvict(steps_to_live=True))
+    with ref.graph_session():
+        with pytest.raises(TypeError) as error:
+            sok.get_embedding_variable("emb", embedding_dim=DIM, ev_option=option)
+    assert ref.error_names(error.value, "evict_option.steps_to_live", "True")
+
+
+def test_numpy_integers_are_accepted_for_every_integer_argument(sok, rng):
+    matrix = ref.random_matrix(rng, N_ROWS, DIM)
+    keys = rng.integers(-100, 100, size=10)
+    option = sok.EmbeddingVariableOption(
+        init_option=sok.InitializerOption(default_value_dim=np.int64(N_ROWS)),
+        filter_option=sok.CounterFilter(filter_freq=np.int32(0)))
+    with ref.graph_session() as sess:
+        ev = sok.get_embedding_variable("emb",
+                                        embedding_dim=np.int64(DIM),
+                                        initializer=tf.constant_initializer(matrix),
+                                        steps_to_live=np.int64(5),
+                                        target_gpu=np.int32(0),
+                                        ev_option=option)
+        assert (ev.embedding_dim, ev.steps_to_live, ev.target_gpu) == (DIM, 5, 0)
+        assert option.init_option.default_value_dim == N_ROWS
+        rows = _rows(sok, ev, keys)
+        sess.run(tf.compat.v1.global_variables_initializer())
+        np.testing.assert_array_equal(sess.run(rows), ref.initial_rows(matrix, keys))
 
 
 # --------------------------------------------------------------------------- count and export

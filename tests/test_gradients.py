@@ -181,7 +181,7 @@ def test_explicit_tape_watch_of_an_ev_gives_its_gradient(sok, rng, unique_name):
     ids = tf.SparseTensor([[0, 0], [0, 1], [1, 0], [1, 1]], tf.constant(keys, tf.int64), [2, 2])
     with tf.GradientTape(watch_accessed_variables=False) as tape:
         tape.watch(ev)
-        emb, = sok.lookup_sparse([ev], [ids])
+        emb, = sok.lookup_sparse([ev], [ids], combiners="sum")
         loss = tf.reduce_sum(emb)
     grad = tape.gradient(loss, ev)
     # d(sum of sums)/d(row) is 1 per occurrence of the key.
@@ -190,6 +190,78 @@ def test_explicit_tape_watch_of_an_ev_gives_its_gradient(sok, rng, unique_name):
     assert sorted(actual) == sorted(expected)
     for k in expected:
         np.testing.assert_array_equal(actual[k], expected[k])
+
+
+def test_a_table_whose_result_the_loss_does_not_use_gets_no_gradient_as_a_dense_variable(
+        sok, rng, unique_name):
+    matrices = [ref.random_matrix(rng, N_ROWS, DIM) for _ in range(2)]
+    used, unused = [ref.matrix_ev(sok, unique_name(), m) for m in matrices]
+    dense_used, dense_unused = [tf.Variable(m) for m in matrices]
+    batch = ref.random_sparse_batch(rng, BATCH, MAX_HOTNESS,
+                                    ref.key_sampler(rng, "in_range", N_ROWS, np.int64), np.int64)
+    adam = tf.keras.optimizers.Adam(0.1)
+    before = unused.sparse_read(batch.unique_keys()).numpy()
+
+    @tf.function
+    def step():
+        with tf.GradientTape(persistent=True) as tape:
+            emb_used, _ = sok.lookup_sparse([used, unused], [batch.sp_ids()] * 2, "sum")
+            dense_emb = [
+                tf.nn.embedding_lookup_sparse(v, batch.sp_ids(), None, combiner="sum")
+                for v in (dense_used, dense_unused)
+            ]
+            loss = tf.reduce_sum(emb_used)
+            dense_loss = tf.reduce_sum(dense_emb[0])
+        grads = tape.gradient(loss, [used, unused])
+        dense_grads = tape.gradient(dense_loss, [dense_used, dense_unused])
+        assert dense_grads[1] is None  # TensorFlow's reference
+        assert isinstance(grads[0], tf.IndexedSlices) and grads[1] is None
+        # So Adam, which moves a row on a zero gradient, leaves the table
+        # alone (Keras skips a None gradient).
+        adam.apply_gradients(zip(grads, [used, unused]))
+
+    step()
+    np.testing.assert_array_equal(unused.sparse_read(batch.unique_keys()).numpy(), before)
+    assert not np.array_equal(
+        used.sparse_read(batch.unique_keys()).numpy(),
+        ref.initial_rows(matrices[0], batch.unique_keys()))
+
+
+def test_an_unused_result_gets_no_gradient_from_tf_gradients_either(sok, rng):
+    with tf.Graph().as_default():
+        tables = [sok.get_embedding_variable(f"t{i}", embedding_dim=2) for i in range(2)]
+        ids = tf.SparseTensor([[0, 0], [1, 0]], tf.constant([3, 4], tf.int64), [2, 1])
+        first, _ = sok.lookup_sparse(tables, [ids] * 2, "sum")
+        grads = tf.compat.v1.train.MomentumOptimizer(0.1, 0.9).compute_gradients(
+            tf.reduce_sum(first), tables)
+        assert isinstance(grads[0][0], tf.IndexedSlices) and grads[1][0] is None
+
+
+def test_a_session_step_that_fetches_only_the_update_still_counts_each_key(sok):
+    # A loss linear in the embeddings has a gradient that reads none of the
+    # lookup's outputs; the step must still run the lookup, which counts each
+    # key's occurrences (DeepRec's frequency) and admits filtered keys.
+    counted = []
+    for option in (None, sok.CounterFilter(filter_freq=2)):
+        with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+            ev_option = None if option is None else sok.EmbeddingVariableOption(
+                filter_option=option)
+            ev = sok.get_embedding_variable("linear",
+                                            embedding_dim=2,
+                                            initializer=tf.ones_initializer(),
+                                            ev_option=ev_option)
+            ids = tf.SparseTensor([[0, 0], [0, 1], [1, 0]], tf.constant([2, 2, 1], tf.int64),
+                                  [2, 2])
+            emb, = sok.lookup_sparse([ev], [ids], "sum")
+            train = tf.compat.v1.train.GradientDescentOptimizer(0.5).minimize(tf.reduce_sum(emb))
+            sess.run(tf.compat.v1.global_variables_initializer())
+            for _ in range(3):
+                sess.run(train)
+            keys, _, frequencies, _, _, _ = sess.run(ev.export_full())
+            counted.append(dict(zip(keys.tolist(), frequencies.tolist())))
+    # Key 2 twice a step and key 1 once, for 3 steps; with CounterFilter(2)
+    # both are admitted (key 1 at its second occurrence) and counted alike.
+    assert counted == [{2: 6, 1: 3}, {2: 6, 1: 3}]
 
 
 @pytest.mark.parametrize("batch_size", [12, 3000], ids=["small", "spread_over_threads"])

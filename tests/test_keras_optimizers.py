@@ -14,7 +14,19 @@ empty samples; rows start at M[k]):
   update for rows consistent with it; zero rows are).
 * Adam: DeepRec's lazy Adam in NumPy (Keras's dense Adam also moves rows
   outside the batch); and on the first step, Keras's dense Adam itself.
+* Checkpoints: the same dense tf.Variable and Keras optimizer, written with
+  tf.train.Checkpoint and read into freshly built objects (whose Keras
+  auto-names differ from the writers'), then trained on.
+
+Slots live in table columns `<prefix>/<slot>`, the prefix being the
+optimizer's name without Keras's auto-name suffix (`adagrad_3` -> `adagrad`),
+so they restore whatever order optimizers are created in; two live
+optimizers that would share a column raise. LossScaleOptimizer refuses
+Embedding Variables with a ValueError; dense-only use is Keras's.
 """
+import gc
+import re
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -57,6 +69,28 @@ def _upstreams(rng, batches):
     return [rng.normal(size=(b.batch_size, DIM)).astype(np.float32) for b in batches]
 
 
+def _ev_step(sok, ev, opt, mode):
+    """`step(batch, upstream)`: one training step of Embedding Variable `ev`."""
+
+    def step(indices, keys, shape, upstream):
+        with tf.GradientTape() as tape:
+            out = sok.lookup_sparse([ev], [tf.SparseTensor(indices, keys, shape)], "sum")[0]
+            loss = tf.reduce_sum(out * upstream)
+        opt.apply_gradients(zip(tape.gradient(loss, [ev]), [ev]))
+
+    step = tf.function(step) if mode == "tf_function" else step
+    return lambda b, u: step(b.indices, b.keys, np.array(b.dense_shape, np.int64), u)
+
+
+def _dense_step(table, opt, batch, upstream):
+    """The reference step: Keras on dense tf.Variable `table`, fed the dense
+    gradient (duplicates summed, as the Embedding Variable's are)."""
+    with tf.GradientTape() as tape:
+        out = ref.dense_lookup_sparse(table, batch, "sum", False)
+        loss = tf.reduce_sum(out * upstream)
+    opt.apply_gradients([(tf.convert_to_tensor(tape.gradient(loss, table)), table)])
+
+
 def _train_ev(sok, name, matrix, make_optimizer, batches, upstreams, mode):
     """Trains an Embedding Variable (key k starts at matrix[k]) with a Keras
     optimizer through apply_gradients; returns {key: row} after every step."""
@@ -65,7 +99,7 @@ def _train_ev(sok, name, matrix, make_optimizer, batches, upstreams, mode):
 
     def step(indices, keys, shape, upstream):
         with tf.GradientTape() as tape:
-            out = sok.lookup_sparse([ev], [tf.SparseTensor(indices, keys, shape)])[0]
+            out = sok.lookup_sparse([ev], [tf.SparseTensor(indices, keys, shape)], "sum")[0]
             loss = tf.reduce_sum(out * upstream)
         grads = tape.gradient(loss, [ev])
         opt.apply_gradients(zip(grads, [ev]))
@@ -86,11 +120,7 @@ def _train_dense(matrix, make_optimizer, batches, upstreams):
     opt = make_optimizer()
     history = []
     for batch, upstream in zip(batches, upstreams):
-        with tf.GradientTape() as tape:
-            out = ref.dense_lookup_sparse(table, batch, "sum", False)
-            loss = tf.reduce_sum(out * upstream)
-        grad = tf.convert_to_tensor(tape.gradient(loss, table))
-        opt.apply_gradients([(grad, table)])
+        _dense_step(table, opt, batch, upstream)
         history.append(table.numpy().copy())
     return history
 
@@ -171,7 +201,7 @@ def test_keras_optimizer_updates_evs_and_dense_variables_together(sok, rng, uniq
     opt, opt_ref = KERAS.Adagrad(0.1), KERAS.Adagrad(0.1)
     for batch, upstream in zip(batches, upstreams):
         with tf.GradientTape(persistent=True) as tape:
-            out = sok.lookup_sparse([ev], [batch.sp_ids()])[0] * scale
+            out = sok.lookup_sparse([ev], [batch.sp_ids()], "sum")[0] * scale
             out_ref = ref.dense_lookup_sparse(table_ref, batch, "sum", False) * scale_ref
             loss = tf.reduce_sum(out * upstream)
             loss_ref = tf.reduce_sum(out_ref * upstream)
@@ -221,7 +251,7 @@ def test_keras_apply_gradients_without_the_hook(sok, rng, unique_name):
     try:
         for batch, upstream in zip(batches, upstreams):
             with tf.GradientTape() as tape:
-                loss = tf.reduce_sum(sok.lookup_sparse([ev], [batch.sp_ids()])[0] * upstream)
+                loss = tf.reduce_sum(sok.lookup_sparse([ev], [batch.sp_ids()], "sum")[0] * upstream)
             keras_optimizers.apply_gradients(opt, zip(tape.gradient(loss, [ev]), [ev]))
     finally:
         keras_optimizers.install_keras_optimizer_hook()
@@ -236,7 +266,7 @@ def test_keras_apply_gradients_without_the_hook(sok, rng, unique_name):
 def _apply_once(sok, ev, opt):
     ids = tf.SparseTensor([[0, 0], [1, 0]], tf.constant([3, 4], tf.int64), [2, 1])
     with tf.GradientTape() as tape:
-        loss = tf.reduce_sum(sok.lookup_sparse([ev], [ids])[0])
+        loss = tf.reduce_sum(sok.lookup_sparse([ev], [ids], "sum")[0])
     opt.apply_gradients(zip(tape.gradient(loss, [ev]), [ev]))
 
 
@@ -270,3 +300,231 @@ def test_keras_setting_without_a_fused_form_raises_naming_it(sok, unique_name, s
     assert ref.error_names(error.value, setting, ev.name)
     keys, rows = ev.export()
     np.testing.assert_array_equal(rows.numpy(), np.zeros((2, DIM), np.float32))  # unchanged
+
+
+def test_loss_scale_optimizer_with_an_ev_raises_naming_it_before_anything_changes(sok, unique_name):
+    ev = sok.get_embedding_variable(unique_name(),
+                                    embedding_dim=DIM,
+                                    initializer=tf.zeros_initializer())
+    scale = tf.Variable(np.ones(DIM, np.float32))
+    opt = KERAS.LossScaleOptimizer(KERAS.SGD(0.1))
+    ids = tf.SparseTensor([[0, 0], [1, 0]], tf.constant([3, 4], tf.int64), [2, 1])
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(sok.lookup_sparse([ev], [ids], "sum")[0] * scale)
+    grads = tape.gradient(loss, [ev, scale])
+    with pytest.raises(ValueError) as error:
+        opt.apply_gradients(zip(grads, [ev, scale]))
+    assert ref.error_names(error.value, "LossScaleOptimizer", ev.name,
+                           "keep Embedding Variables out")
+    assert not opt.built and int(opt.iterations) == 0
+    np.testing.assert_array_equal(scale.numpy(), np.ones(DIM, np.float32))
+    np.testing.assert_array_equal(ev.export()[1].numpy(), np.zeros((2, DIM), np.float32))
+
+
+def test_loss_scale_optimizer_with_an_ev_raises_without_the_hook_too(sok, unique_name):
+    from sok_ev import keras_optimizers  # pylint: disable=import-outside-toplevel
+    ev = sok.get_embedding_variable(unique_name(), embedding_dim=DIM)
+    opt = KERAS.LossScaleOptimizer(KERAS.Adagrad(0.1))
+    grad = tf.IndexedSlices(tf.ones([1, DIM]), tf.constant([3], tf.int64))
+    with pytest.raises(ValueError) as error:
+        keras_optimizers.apply_gradients(opt, [(grad, ev)])
+    assert ref.error_names(error.value, "LossScaleOptimizer", ev.name)
+
+
+def test_loss_scale_optimizer_on_dense_variables_is_bit_identical_to_keras(sok):
+    from sok_ev import keras_optimizers  # pylint: disable=import-outside-toplevel
+
+    def train():
+        table = tf.Variable(ref.random_matrix(np.random.default_rng(3), N_ROWS, DIM))
+        opt = KERAS.LossScaleOptimizer(KERAS.Adam(0.01), initial_scale=2.0**10)
+        for t in range(3):
+            with tf.GradientTape() as tape:
+                loss = opt.scale_loss(tf.reduce_sum(tf.nn.embedding_lookup(table, [t, t + 1])**2))
+            opt.apply_gradients(zip(tape.gradient(loss, [table]), [table]))
+        return table.numpy(), float(opt.dynamic_scale)
+
+    hooked = train()
+    keras_optimizers.uninstall_keras_optimizer_hook()
+    try:
+        original = train()
+    finally:
+        keras_optimizers.install_keras_optimizer_hook()
+    np.testing.assert_array_equal(hooked[0], original[0])
+    assert hooked[1] == original[1]
+
+
+def test_uninstalling_the_keras_hook_restores_every_patched_method(sok):
+    from sok_ev import keras_optimizers  # pylint: disable=import-outside-toplevel
+    classes = [KERAS.Optimizer, KERAS.LossScaleOptimizer]
+    keras_optimizers.uninstall_keras_optimizer_hook()
+    try:
+        before = [dict(vars(cls)) for cls in classes]
+        keras_optimizers.install_keras_optimizer_hook()
+        assert [vars(cls).get("apply") for cls in classes] != [b.get("apply") for b in before]
+        keras_optimizers.uninstall_keras_optimizer_hook()
+        assert [dict(vars(cls)) for cls in classes] == before
+    finally:
+        keras_optimizers.install_keras_optimizer_hook()
+
+
+# --------------------------------------------------------------------------- slot names, checkpoints
+
+SLOTTED = {
+    "Adagrad": lambda **kw: KERAS.Adagrad(0.2, **kw),
+    "Adam": lambda **kw: KERAS.Adam(**ADAM, **kw),
+    "Ftrl": lambda **kw: KERAS.Ftrl(0.2, l1_regularization_strength=0.01, **kw),
+}
+
+
+def _columns(ev):
+    return sorted(n.decode() for n in ev.export_full()[4].numpy())
+
+
+@pytest.mark.parametrize("optimizer,default,slots", [
+    ("SGD", "sgd", []),
+    ("Adagrad", "adagrad", ["accumulator"]),
+    ("Adam", "adam", ["m", "v"]),
+    ("Ftrl", "ftrl", ["accum", "linear"]),
+])
+def test_keras_slot_columns_drop_the_auto_name_suffix(sok, unique_name, optimizer, default, slots):
+    from sok_ev import keras_optimizers  # pylint: disable=import-outside-toplevel
+    # Keras names unnamed optimizers <default>, <default>_1, ... in creation order.
+    created = [getattr(KERAS, optimizer)(0.1) for _ in range(3)]
+    assert all(re.fullmatch(default + r"(_\d+)?", o.name) for o in created)
+    assert len({o.name for o in created}) == 3
+    assert [keras_optimizers.slot_prefix(o) for o in created] == [default] * 3
+    ev = sok.get_embedding_variable(unique_name(), embedding_dim=DIM)
+    _apply_once(sok, ev, created[-1])
+    assert _columns(ev) == sorted(f"{default}/{slot}" for slot in slots)
+
+
+def test_explicit_keras_optimizer_names_are_kept_as_slot_prefixes(sok):
+    from sok_ev import keras_optimizers  # pylint: disable=import-outside-toplevel
+    assert keras_optimizers.slot_prefix(KERAS.Adagrad(0.1, name="item_adagrad")) == "item_adagrad"
+    assert keras_optimizers.slot_prefix(KERAS.Adagrad(0.1, name="adagrad_item")) == "adagrad_item"
+    assert keras_optimizers.slot_prefix(KERAS.Adam(0.1, name="adagrad_2")) == "adagrad_2"
+    # Indistinguishable from an auto-name, so it shares the default column.
+    assert keras_optimizers.slot_prefix(KERAS.Adagrad(0.1, name="adagrad_2")) == "adagrad"
+
+
+@pytest.mark.parametrize("mode", ["eager", "tf_function"])
+@pytest.mark.parametrize("optimizer", sorted(SLOTTED))
+def test_keras_checkpoint_restores_ev_slots_into_fresh_optimizers_like_a_dense_variable(
+        sok, rng, unique_name, tmp_path, mode, optimizer):
+    """Train 3 steps, write, read into freshly built objects (after other
+    optimizers of the class exist, so Keras auto-names them differently), train
+    3 more. Reference: the same with a dense tf.Variable (for Adam, DeepRec's
+    lazy Adam over all 6 steps, which the dense Adam is not)."""
+    make = SLOTTED[optimizer]
+    # Ftrl matches the dense variable from zero rows (see the module docstring).
+    matrix = (np.zeros(
+        (N_ROWS, DIM), np.float32) if optimizer == "Ftrl" else ref.random_matrix(rng, N_ROWS, DIM))
+    batches = _batches(rng, steps=6)
+    upstreams = _upstreams(rng, batches)
+    name = unique_name()
+
+    def build(dense):
+        table = tf.Variable(matrix) if dense else ref.matrix_ev(sok, name, matrix)
+        opt = make()
+        return table, opt, tf.train.Checkpoint(table=table, optimizer=opt)
+
+    def train(dense):
+        table, opt, ckpt = build(dense)
+        step = (lambda b, u: _dense_step(table, opt, b, u)) if dense else _ev_step(
+            sok, table, opt, mode)
+        for b, u in zip(batches[:3], upstreams[:3]):
+            step(b, u)
+        path = ckpt.write(str(tmp_path / ("dense" if dense else "ev")))
+        make()  # one more optimizer of the class: the next auto-name moves on
+        fresh, fresh_opt, fresh_ckpt = build(dense)
+        assert fresh_opt.name != opt.name
+        fresh_ckpt.read(path).assert_existing_objects_matched()
+        fresh_step = (lambda b, u: _dense_step(fresh, fresh_opt, b, u)) if dense else _ev_step(
+            sok, fresh, fresh_opt, mode)
+        for b, u in zip(batches[3:], upstreams[3:]):
+            fresh_step(b, u)
+        assert int(fresh_opt.iterations) == 6
+        return fresh
+
+    ev = train(dense=False)
+    assert _columns(ev) == sorted(f"{optimizer.lower()}/{slot}" for slot in {
+        "Adagrad": ["accumulator"],
+        "Adam": ["m", "v"],
+        "Ftrl": ["accum", "linear"]
+    }[optimizer])
+    if optimizer == "Adam":
+        expected = ref.numpy_lazy_adam_trajectory(matrix,
+                                                  batches,
+                                                  upstreams,
+                                                  learning_rate=ADAM["learning_rate"],
+                                                  beta1=ADAM["beta_1"],
+                                                  beta2=ADAM["beta_2"],
+                                                  epsilon=ADAM["epsilon"])[-1]
+    else:
+        expected = train(dense=True).numpy()
+    stored = ref.export_to_dict(*[t.numpy() for t in ev.export()])
+    ref.assert_rows_close(stored, {k: expected[k] for k in stored}, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["eager", "tf_function"])
+@pytest.mark.parametrize("name,column", [(None, "adagrad/accumulator"),
+                                         ("shared", "shared/accumulator")])
+def test_two_live_keras_optimizers_sharing_an_ev_column_raise_naming_both(
+        sok, unique_name, mode, name, column):
+    ev = sok.get_embedding_variable(unique_name(),
+                                    embedding_dim=DIM,
+                                    initializer=tf.zeros_initializer())
+    # Unnamed: Keras names them adagrad_<i> and adagrad_<i+1>.
+    first, second = KERAS.Adagrad(0.1, name=name), KERAS.Adagrad(0.1, name=name)
+    ids = tf.SparseTensor([[0, 0], [1, 0]], tf.constant([3, 4], tf.int64), [2, 1])
+
+    def step(opt):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(sok.lookup_sparse([ev], [ids], "sum")[0])
+        opt.apply_gradients(zip(tape.gradient(loss, [ev]), [ev]))
+
+    if mode == "tf_function":
+        step_first, step_second = tf.function(lambda: step(first)), tf.function(
+            lambda: step(second))
+    else:
+        step_first, step_second = lambda: step(first), lambda: step(second)
+    step_first()
+    before = ev.export_full()
+    with pytest.raises(ValueError) as error:
+        step_second()
+    assert ref.error_names(error.value, first.name, second.name, ev.name, column, "name=")
+    after = ev.export_full()
+    # Keys, rows with slots, versions and slot columns unchanged (frequencies
+    # count the failed step's lookup).
+    for i in (0, 1, 3, 4, 5):
+        np.testing.assert_array_equal(after[i].numpy(), before[i].numpy())
+    assert int(second.iterations) == 0
+    step_first()  # the first keeps training
+
+
+def test_explicitly_named_keras_optimizers_keep_separate_state_on_one_ev(sok, rng, unique_name):
+    """Two Adagrads, alternating on one table, each with its own accumulator:
+    as on a dense variable."""
+    matrix = ref.random_matrix(rng, N_ROWS, DIM)
+    batches = _batches(rng, steps=4)
+    upstreams = _upstreams(rng, batches)
+    ev = ref.matrix_ev(sok, unique_name(), matrix)
+    dense = tf.Variable(matrix)
+    opts = [KERAS.Adagrad(0.2, name="user_a"), KERAS.Adagrad(0.1, name="user_b")]
+    opts_ref = [KERAS.Adagrad(0.2), KERAS.Adagrad(0.1)]
+    for t, (b, u) in enumerate(zip(batches, upstreams)):
+        _ev_step(sok, ev, opts[t % 2], "eager")(b, u)
+        _dense_step(dense, opts_ref[t % 2], b, u)
+    assert _columns(ev) == ["user_a/accumulator", "user_b/accumulator"]
+    stored = ref.export_to_dict(*[t.numpy() for t in ev.export()])
+    ref.assert_rows_close(stored, {k: dense.numpy()[k] for k in stored}, rtol=2e-6, atol=2e-6)
+
+
+def test_a_garbage_collected_keras_optimizer_releases_its_slot_columns(sok, unique_name):
+    ev = sok.get_embedding_variable(unique_name(), embedding_dim=DIM)
+    first = KERAS.Adagrad(0.1)
+    _apply_once(sok, ev, first)
+    del first
+    gc.collect()
+    _apply_once(sok, ev, KERAS.Adagrad(0.1))  # the accumulator's owner is gone: no error
+    assert _columns(ev) == ["adagrad/accumulator"]

@@ -140,7 +140,7 @@ def test_prefetched_batches_come_out_first_in_first_out_with_their_extras(sok, r
     matrix = ref.random_matrix(rng, N_ROWS, DIM)
     batches = _batches(rng, np.int64)
     ev = ref.matrix_ev(sok, unique_name(), matrix)
-    pipeline = sok.LookupPipeline([ev])
+    pipeline = sok.LookupPipeline([ev], "sum")
     for s, batch in enumerate(batches):
         pipeline.prefetch([batch.sp_ids()], extras=(tf.constant(s), {"name": tf.constant(f"b{s}")}))
     for s, batch in enumerate(batches):

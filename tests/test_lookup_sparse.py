@@ -137,16 +137,70 @@ def test_tables_of_one_call_can_have_different_batch_sizes(sok, rng, unique_name
         np.testing.assert_allclose(out.numpy(), expected, rtol=RTOL, atol=ATOL)
 
 
-def test_combiners_default_to_sum(sok, rng, unique_name):
+def test_combiners_default_to_mean_as_sok_and_tf_nn_embedding_lookup_sparse(sok, rng, unique_name):
     matrix = ref.random_matrix(rng, N_ROWS, DIM)
     ev = ref.matrix_ev(sok, unique_name(), matrix)
     batch = ref.random_sparse_batch(rng, BATCH, MAX_HOTNESS,
                                     ref.key_sampler(rng, "in_range", N_ROWS, np.int64), np.int64)
+    uniq, ids = ref.remap_to_unique(batch.keys)
+    dense = tf.Variable(ref.initial_rows(matrix, uniq))
 
     out = sok.lookup_sparse([ev], [batch.sp_ids()])[0]
 
-    expected = ref.reference_lookup(matrix, batch, "sum", use_weights=False)
-    np.testing.assert_allclose(out.numpy(), expected, rtol=RTOL, atol=ATOL)
+    # tf.nn.embedding_lookup_sparse's own default (combiner=None) is "mean".
+    expected = tf.nn.embedding_lookup_sparse(dense,
+                                             tf.SparseTensor(batch.indices, ids, batch.dense_shape),
+                                             None)
+    rows = expected.shape[0]
+    np.testing.assert_allclose(out.numpy()[:rows], expected.numpy(), rtol=RTOL, atol=ATOL)
+    np.testing.assert_array_equal(out.numpy()[rows:], 0.0)
+
+
+def test_sok_call_forms_give_what_lookup_sparse_gives(sok, rng, unique_name):
+    # NVIDIA SOK 2.x: lookup_sparse(params, sp_ids, sp_weights=None,
+    # combiners=None), and one variable with one batch returns one tensor.
+    matrices = [ref.random_matrix(rng, N_ROWS, DIM), ref.random_matrix(rng, N_ROWS, 4)]
+    evs = [ref.matrix_ev(sok, unique_name(), m) for m in matrices]
+    batches = [
+        ref.random_sparse_batch(rng, BATCH, MAX_HOTNESS,
+                                ref.key_sampler(rng, "in_range", N_ROWS, np.int64), np.int64)
+        for _ in evs
+    ]
+    ids = [b.sp_ids() for b in batches]
+    weights = [b.sp_weights() for b in batches]
+    combiners = ["sqrtn", "sum"]
+    expected = [
+        ref.reference_lookup(m, b, c, use_weights=True)
+        for m, b, c in zip(matrices, batches, combiners)
+    ]
+
+    forms = {
+        "own order": sok.lookup_sparse(evs, ids, combiners, weights),
+        "SOK order": sok.lookup_sparse(evs, ids, weights, combiners),
+        "SOK keywords": sok.lookup_sparse(evs, sp_ids=ids, sp_weights=weights, combiners=combiners),
+    }
+    for form, outs in forms.items():
+        for out, want in zip(outs, expected):
+            np.testing.assert_allclose(out.numpy(), want, rtol=RTOL, atol=ATOL, err_msg=form)
+    unweighted = sok.lookup_sparse(evs, ids, None, combiners)
+    for out, m, b, c in zip(unweighted, matrices, batches, combiners):
+        np.testing.assert_allclose(out.numpy(),
+                                   ref.reference_lookup(m, b, c, False),
+                                   rtol=RTOL,
+                                   atol=ATOL)
+    single = sok.lookup_sparse(evs[0], ids[0], weights[0], "sqrtn")
+    assert isinstance(single, tf.Tensor)
+    np.testing.assert_allclose(single.numpy(), expected[0], rtol=RTOL, atol=ATOL)
+
+
+def test_ids_passed_both_as_indices_and_sp_ids_are_refused(sok, rng, unique_name):
+    ev = ref.matrix_ev(sok, unique_name(), ref.random_matrix(rng, N_ROWS, DIM))
+    ids = tf.SparseTensor([[0, 0]], tf.constant([1], tf.int64), [1, 1])
+    with pytest.raises(TypeError, match="as indices or as sp_ids"):
+        sok.lookup_sparse([ev], [ids], sp_ids=[ids])
+    with pytest.raises(TypeError, match="indices must be one tf.SparseTensor"):
+        sok.lookup_sparse(ev, [ids])
+    assert int(ev.total_count()) == 0
 
 
 def test_repeated_lookups_return_the_same_values(sok, rng, unique_name):

@@ -277,9 +277,10 @@ def test_a_table_looked_up_twice_has_its_duplicate_keys_summed(sok, rng, twice):
         ev = ref.matrix_ev(sok, "emb", matrix)
         ids = [b.sp_ids() for b in batches]
         if twice == "one_call":
-            outs = sok.lookup_sparse([ev, ev], ids)
+            outs = sok.lookup_sparse([ev, ev], ids, "sum")
         else:
-            outs = sok.lookup_sparse([ev], ids[:1]) + sok.lookup_sparse([ev], ids[1:])
+            outs = (sok.lookup_sparse([ev], ids[:1], "sum") +
+                    sok.lookup_sparse([ev], ids[1:], "sum"))
         loss = sum(tf.reduce_sum(out * up) for out, up in zip(outs, upstreams))
         train_op = tf.compat.v1.train.GradientDescentOptimizer(0.5).minimize(loss)
         [apply] = _apply_ops(sess.graph)
@@ -316,7 +317,7 @@ def test_an_update_after_its_keys_were_erased_and_their_rows_reused_lands_on_its
     upstream = rng.normal(size=(batch_size, DIM)).astype(np.float32)
     ev = ref.matrix_ev(sok, unique_name(), matrix, key_dtype=key_dtype)
     with tf.GradientTape() as tape:
-        loss = tf.reduce_sum(sok.lookup_sparse([ev], [batch.sp_ids()])[0] * upstream)
+        loss = tf.reduce_sum(sok.lookup_sparse([ev], [batch.sp_ids()], "sum")[0] * upstream)
     grad, = tape.gradient(loss, [ev])
     ops().sok_ev_embedding_variable_evict_by_l2_weight(ev.handle,
                                                        key_dtype=tf.as_dtype(key_dtype),
@@ -336,3 +337,18 @@ def test_an_update_after_its_keys_were_erased_and_their_rows_reused_lands_on_its
     expected = {int(k): dense.numpy()[k] for k in batch.unique_keys()}
     expected.update({int(k): matrix[k % n_rows] for k in newcomers})
     ref.assert_rows_close(rows, expected, RTOL, ATOL, "after the update")
+
+
+@pytest.mark.parametrize("indices_dtype", [tf.int64, tf.float32])
+def test_a_gradient_whose_indices_the_table_cannot_hold_is_refused_before_any_update(
+        sok, unique_name, indices_dtype):
+    # An int32 table: int64 keys would be cut to 32 bits (2**40 -> 0), and
+    # floats are not keys at all; the lookup refuses such ids the same way.
+    ev = sok.get_embedding_variable(unique_name(), embedding_dim=2, key_dtype=tf.int32)
+    grad = tf.IndexedSlices(tf.ones([1, 2]), tf.constant([2**40], indices_dtype))
+
+    with pytest.raises(TypeError) as error:
+        tf.compat.v1.train.GradientDescentOptimizer(0.5).apply_gradients([(grad, ev)])
+
+    assert ref.error_names(error.value, ev.name, indices_dtype.name, "int32")
+    assert int(ev.total_count()) == 0

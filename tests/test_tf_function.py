@@ -41,7 +41,7 @@ def test_ev_as_tf_function_argument_trains_like_a_dense_variable_argument(sok, r
     @tf.function
     def ev_step(table, indices, keys, shape, upstream):
         with tf.GradientTape() as tape:
-            out = sok.lookup_sparse([table], [tf.SparseTensor(indices, keys, shape)])[0]
+            out = sok.lookup_sparse([table], [tf.SparseTensor(indices, keys, shape)], "sum")[0]
             loss = tf.reduce_sum(out * upstream)
         ev_opt.apply_gradients(zip(tape.gradient(loss, [table]), [table]))
 

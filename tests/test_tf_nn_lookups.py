@@ -120,6 +120,20 @@ def test_tf_nn_embedding_lookup_reads_an_ev_like_a_dense_variable(sok, rng, uniq
     assert got["out_ev"].shape == (3, 4, DIM)
 
 
+def test_tf_nn_embedding_lookup_of_ragged_ids_gives_ragged_rows_as_tensorflow(
+        sok, rng, unique_name):
+    matrix = ref.random_matrix(rng, N_ROWS, DIM)
+    ids = tf.ragged.constant([[3, 3, 7], [], [1], [5, 2]], dtype=tf.int64)
+    ev = ref.matrix_ev(sok, unique_name(), matrix)
+
+    out = tf.nn.embedding_lookup(ev, ids)
+
+    expected = tf.nn.embedding_lookup(tf.Variable(matrix), ids)  # TensorFlow's own
+    assert isinstance(out, tf.RaggedTensor)
+    np.testing.assert_array_equal(out.row_splits.numpy(), expected.row_splits.numpy())
+    np.testing.assert_array_equal(out.flat_values.numpy(), expected.flat_values.numpy())
+
+
 def test_tf_nn_embedding_lookup_of_no_ids_gives_an_empty_result(sok, unique_name):
     ev = sok.get_embedding_variable(unique_name(), embedding_dim=DIM)
     out = tf.nn.embedding_lookup(ev, tf.zeros([0], tf.int64))
@@ -207,6 +221,27 @@ def test_tf_nn_safe_embedding_lookup_sparse_reads_an_ev_like_a_dense_variable(
 
     got = _compare(mode, sok, rng, unique_name, key_dtype, call, keys[valid])
     assert got["out_ev"].shape == (8, DIM)  # every sample, empty ones give zeros
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("use_weights", [False, True], ids=["unweighted", "weighted"])
+def test_tf_nn_safe_embedding_lookup_sparse_takes_entries_out_of_order_as_tensorflow(
+        sok, rng, unique_name, mode, use_weights):
+    # TensorFlow's safe lookup accepts any entry order (it sorts them); only
+    # the non-safe embedding_lookup_sparse requires canonical order.
+    indices, keys, weights, shape = _safe_batch(rng, np.int64, rank=2)
+    shuffle = rng.permutation(len(keys))
+    indices, keys, weights = indices[shuffle], keys[shuffle], weights[shuffle]
+
+    def call(params):
+        sp_weights = tf.SparseTensor(indices, weights, shape) if use_weights else None
+        return tf.nn.safe_embedding_lookup_sparse(params,
+                                                  tf.SparseTensor(indices, keys, shape),
+                                                  sp_weights,
+                                                  combiner="mean")
+
+    valid = (keys >= 0) & ((weights > 0) if use_weights else True)
+    _compare(mode, sok, rng, unique_name, np.int64, call, keys[valid])
 
 
 @pytest.mark.parametrize("default_id", [None, 4])
