@@ -58,6 +58,17 @@ FTRL = {
 ADAM = dict(learning_rate=0.05, beta_1=0.8, beta_2=0.9, epsilon=1e-6)
 
 
+def _lazy_adam(matrix, batches, upstreams):
+    """DeepRec's lazy Adam with ADAM's settings, in NumPy: the rows after each step."""
+    return ref.numpy_lazy_adam_trajectory(matrix,
+                                          batches,
+                                          upstreams,
+                                          learning_rate=ADAM["learning_rate"],
+                                          beta1=ADAM["beta_1"],
+                                          beta2=ADAM["beta_2"],
+                                          epsilon=ADAM["epsilon"])
+
+
 def _batches(rng, steps=STEPS, keys=N_ROWS):
     return [
         ref.random_sparse_batch(rng, 6, 3, lambda n: rng.integers(0, keys, size=n), np.int64)
@@ -167,13 +178,7 @@ def test_keras_adam_on_an_ev_is_deeprecs_lazy_adam(sok, rng, unique_name, mode):
     upstreams = _upstreams(rng, batches)
     got = _train_ev(sok, unique_name(), matrix, lambda: KERAS.Adam(**ADAM), batches, upstreams,
                     mode)
-    expected = ref.numpy_lazy_adam_trajectory(matrix,
-                                              batches,
-                                              upstreams,
-                                              learning_rate=ADAM["learning_rate"],
-                                              beta1=ADAM["beta_1"],
-                                              beta2=ADAM["beta_2"],
-                                              epsilon=ADAM["epsilon"])
+    expected = _lazy_adam(matrix, batches, upstreams)
     _assert_trajectories_equal(got, expected, batches, rtol=1e-5, atol=1e-6)
 
 
@@ -217,6 +222,19 @@ def test_keras_optimizer_updates_evs_and_dense_variables_together(sok, rng, uniq
     ref.assert_rows_close(stored, {k: dense[k] for k in stored}, rtol=2e-6, atol=2e-6)
 
 
+def _with_and_without_the_hook(train):
+    """`train()` with the Keras hook installed, then with Keras's own code
+    (the reference): (hooked result, original result)."""
+    from sok_ev import keras_optimizers  # pylint: disable=import-outside-toplevel
+    hooked = train()
+    keras_optimizers.uninstall_keras_optimizer_hook()
+    try:
+        original = train()
+    finally:
+        keras_optimizers.install_keras_optimizer_hook()
+    return hooked, original
+
+
 def test_keras_hook_leaves_dense_training_bit_identical(sok, rng):
     from sok_ev import keras_optimizers  # pylint: disable=import-outside-toplevel
 
@@ -230,12 +248,7 @@ def test_keras_hook_leaves_dense_training_bit_identical(sok, rng):
         return table.numpy()
 
     assert keras_optimizers.keras_optimizer_hook_installed()
-    hooked = train()
-    keras_optimizers.uninstall_keras_optimizer_hook()
-    try:
-        original = train()
-    finally:
-        keras_optimizers.install_keras_optimizer_hook()
+    hooked, original = _with_and_without_the_hook(train)
     np.testing.assert_array_equal(hooked, original)
 
 
@@ -343,12 +356,7 @@ def test_loss_scale_optimizer_on_dense_variables_is_bit_identical_to_keras(sok):
             opt.apply_gradients(zip(tape.gradient(loss, [table]), [table]))
         return table.numpy(), float(opt.dynamic_scale)
 
-    hooked = train()
-    keras_optimizers.uninstall_keras_optimizer_hook()
-    try:
-        original = train()
-    finally:
-        keras_optimizers.install_keras_optimizer_hook()
+    hooked, original = _with_and_without_the_hook(train)
     np.testing.assert_array_equal(hooked[0], original[0])
     assert hooked[1] == original[1]
 
@@ -453,13 +461,7 @@ def test_keras_checkpoint_restores_ev_slots_into_fresh_optimizers_like_a_dense_v
         "Ftrl": ["accum", "linear"]
     }[optimizer])
     if optimizer == "Adam":
-        expected = ref.numpy_lazy_adam_trajectory(matrix,
-                                                  batches,
-                                                  upstreams,
-                                                  learning_rate=ADAM["learning_rate"],
-                                                  beta1=ADAM["beta_1"],
-                                                  beta2=ADAM["beta_2"],
-                                                  epsilon=ADAM["epsilon"])[-1]
+        expected = _lazy_adam(matrix, batches, upstreams)[-1]
     else:
         expected = train(dense=True).numpy()
     stored = ref.export_to_dict(*[t.numpy() for t in ev.export()])
