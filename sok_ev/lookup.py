@@ -289,8 +289,6 @@ def _sok_call_forms(params, indices, combiners, sp_weights, sp_ids):
         params, indices = [params], [indices]
         if sp_weights is not None and not isinstance(sp_weights, (list, tuple)):
             sp_weights = [sp_weights]
-        if combiners is not None and not isinstance(combiners, str):
-            combiners = _as_list(combiners, "combiners")
     return single, params, indices, combiners, sp_weights
 
 
