@@ -38,15 +38,18 @@ def python_parse(line):
     return float(fields[0]), dense, fields[14:]
 
 
-def read_all(dataset):
-    """Concatenates a dataset's batches: (label, dense, categorical, malformed)."""
-    labels, dense, categorical, malformed = [], [], [], 0
+def read_all(dataset, with_keys=False):
+    """Concatenates a dataset's batches: (label, dense, categorical, malformed),
+  and the keys after them if with_keys."""
+    labels, dense, categorical, keys, malformed = [], [], [], [], 0
     for batch in dataset:
         labels.append(batch["label"].numpy())
         dense.append(batch["dense"].numpy())
         categorical.append(batch["categorical"].numpy())
+        keys.append(batch["keys"].numpy())
         malformed += int(batch["malformed"])
-    return (np.concatenate(labels), np.concatenate(dense), np.concatenate(categorical), malformed)
+    out = (np.concatenate(labels), np.concatenate(dense), np.concatenate(categorical), malformed)
+    return out + (np.concatenate(keys),) if with_keys else out
 
 
 def write(path, lines):
@@ -65,7 +68,8 @@ def test_reader_parses_generated_files_like_python(generated):
     path = generated["files"]["train"]
     with open(path) as f:
         expected = [python_parse(line.rstrip("\n")) for line in f]
-    labels, dense, categorical, malformed = read_all(reader.criteo_dataset([path], 700))
+    labels, dense, categorical, malformed, keys = read_all(reader.criteo_dataset([path], 700),
+                                                           with_keys=True)
     assert malformed == 0
     assert len(labels) == len(expected) == 2500
     np.testing.assert_array_equal(labels, [e[0] for e in expected])
@@ -73,6 +77,11 @@ def test_reader_parses_generated_files_like_python(generated):
     assert categorical.astype(str).tolist() == [e[2] for e in expected]
     # The generator writes empty fields too: the reader must have seen some.
     assert (categorical == b"").any() and (dense == 0).any()
+    # The keys are TensorFlow's 64-bit string hash of the Python-parsed values.
+    assert keys.dtype == np.int64 and keys.shape == (2500, 26)
+    np.testing.assert_array_equal(
+        keys,
+        tf.strings.to_hash_bucket_fast([e[2] for e in expected], 2**63 - 1).numpy())
 
 
 def test_empty_fields_give_zero_and_empty_string(tmp_path):

@@ -87,6 +87,17 @@ def test_both_implementations_train_and_report_their_memory(sok, data):
     assert baseline.embeddings.memory_bytes(training.ADAGRAD_SLOTS) == sum(buckets) * DIM * 4 * 2
 
 
+def test_baseline_row_is_key_mod_buckets_of_its_feature():
+    rng = np.random.default_rng(5)
+    buckets = list(rng.integers(1, 50, reader.NUM_CATEGORICAL))
+    table = embeddings.HashBucketEmbeddings(DIM, buckets, 0.05, seed=2)
+    keys = rng.integers(0, 2**63 - 1, (7, reader.NUM_CATEGORICAL), dtype=np.int64)
+    keys[0] = 0
+    rows = table(keys)
+    for f, (variable, b) in enumerate(zip(table.variables, buckets)):
+        np.testing.assert_array_equal(rows[f].numpy(), variable.numpy()[keys[:, f] % b])
+
+
 @pytest.mark.timeout(300)
 def test_run_py_in_session_style_writes_numbers_and_plots(tmp_path):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")

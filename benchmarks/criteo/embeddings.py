@@ -1,16 +1,18 @@
 """The 26 categorical features of the Criteo models, two ways.
 
   SokEvEmbeddings         26 sok-ev Embedding Variables (DeepRec's
-                          get_embedding_variable), keyed by
-                          to_hash_bucket_fast(C, 2^63 - 1), looked up in ONE
-                          sok_ev.lookup_sparse call; sharded over the workers.
+                          get_embedding_variable), keyed by the keys
+                          themselves, looked up in ONE sok_ev.lookup_sparse
+                          call; sharded over the workers.
   HashBucketEmbeddings    the baseline users have today: 26 dense tf.Variables
                           of 2 x V_f rows (V_f the feature's true
-                          cardinality), keyed by to_hash_bucket_fast(C, 2 V_f),
+                          cardinality), row = key mod 2 V_f (hash buckets),
                           26 tf.nn.embedding_lookup_sparse calls; replicated.
 
-Both map a [n, 26] string batch to 26 [n, dim] float32 tensors, start from
-the same truncated-normal distribution, and report their memory.
+Both map a [n, 26] int64 batch of keys (the reader's `keys`:
+to_hash_bucket_fast(C, 2^63 - 1), hashed in the input pipeline for both) to
+26 [n, dim] float32 tensors, start from the same truncated-normal
+distribution, and report their memory.
 """
 from typing import List, Sequence
 
@@ -18,9 +20,6 @@ import tensorflow as tf
 
 from benchmarks.criteo import reader
 
-# to_hash_bucket_fast(s, 2^63 - 1): a collision-free id in practice, as
-# DeepRec's SOK example feeds its Embedding Variables.
-EV_KEY_SPACE = 2**63 - 1
 _FLOAT_BYTES = 4
 
 
@@ -70,8 +69,8 @@ class SokEvEmbeddings:
             variable.target_gpu = target_gpu
             self.variables.append(variable)
 
-    def __call__(self, categorical: tf.Tensor) -> List[tf.Tensor]:
-        keys = tf.strings.to_hash_bucket_fast(categorical, EV_KEY_SPACE)
+    def __call__(self, keys: tf.Tensor) -> List[tf.Tensor]:
+        """keys: [n, 26] int64 -> 26 [n, dim] float32."""
         return self._sok.lookup_sparse(self.variables,
                                        _one_hot(keys),
                                        combiners="sum",
@@ -104,12 +103,10 @@ class HashBucketEmbeddings:
                         name=f"baseline_C{f + 1}") for f, b in enumerate(self.buckets)
         ]
 
-    def __call__(self, categorical: tf.Tensor) -> List[tf.Tensor]:
-        ids = tf.stack([
-            tf.strings.to_hash_bucket_fast(categorical[:, f], buckets)
-            for f, buckets in enumerate(self.buckets)
-        ],
-                       axis=1)
+    def __call__(self, keys: tf.Tensor) -> List[tf.Tensor]:
+        """keys: [n, 26] int64, >= 0 -> 26 [n, dim] float32."""
+        # keys are uniform hashes, so key mod buckets is a hash bucket.
+        ids = tf.math.floormod(keys, tf.constant(self.buckets, tf.int64))
         return [
             tf.nn.embedding_lookup_sparse(table, sparse, None, combiner="sum")
             for table, sparse in zip(self.variables, _one_hot(ids))

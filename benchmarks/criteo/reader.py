@@ -10,7 +10,8 @@ hexadecimal hashes (8 digits in Criteo's files). Any I or C may be empty.
 
 The pipeline: `TextLineDataset(files)` -> batches of `batch_size` lines (the
 global batch) -> this worker's contiguous slice of each batch -> parsing, in
-parallel -> prefetch. Every worker reads every line but parses only its own
+parallel (hashing the C fields there too, so the training step gets integer
+keys and no string work) -> prefetch. Every worker reads every line but parses only its own
 slice, so W workers train on exactly the global batches one worker sees, and
 all take the same number of steps (the collectives in a step need that).
 
@@ -18,6 +19,9 @@ Parsed batch (a dict; n = the rows of this worker's slice that are well formed):
   label        [n] float32, 0 or 1
   dense        [n, 13] float32, log(1 + max(I, 0)); an empty I gives 0
   categorical  [n, 26] string, the C fields as written ('' when empty)
+  keys         [n, 26] int64, to_hash_bucket_fast(categorical, KEY_SPACE): one
+               id per C value (Fingerprint64 mod 2^63 - 1, '' included), what
+               both of the benchmark's embeddings look up
   malformed    int64 scalar, lines of the slice that were not well formed
 
 A line is malformed when it does not have exactly 40 fields, its label is
@@ -38,6 +42,10 @@ NUM_DENSE = 13
 NUM_CATEGORICAL = 26
 NUM_FIELDS = 1 + NUM_DENSE + NUM_CATEGORICAL
 ON_MALFORMED = ("skip", "raise")
+
+# to_hash_bucket_fast(s, 2^63 - 1): a collision-free id in practice, as
+# DeepRec's SOK example feeds its Embedding Variables.
+KEY_SPACE = 2**63 - 1
 
 _INTEGER = r"-?[0-9]{1,18}"
 _HEX = r"[0-9a-fA-F]*"
@@ -88,10 +96,12 @@ def parse_lines(lines: tf.Tensor, first_index: tf.Tensor, on_malformed: str = "s
     fields = tf.strings.split(lines, "\t").to_tensor(shape=[None, NUM_FIELDS])
     integers = fields[:, 1:1 + NUM_DENSE]
     integers = tf.strings.to_number(tf.where(tf.equal(integers, ""), "0", integers), tf.float32)
+    categorical = fields[:, 1 + NUM_DENSE:]
     return {
         "label": tf.strings.to_number(fields[:, 0], tf.float32),
         "dense": tf.math.log1p(tf.maximum(integers, 0.0)),
-        "categorical": fields[:, 1 + NUM_DENSE:],
+        "categorical": categorical,
+        "keys": tf.strings.to_hash_bucket_fast(categorical, KEY_SPACE),
         "malformed": malformed,
     }
 

@@ -36,7 +36,7 @@ ADAGRAD_SLOTS = 1
 BATCH_SPEC = {
     "label": tf.TensorSpec([None], tf.float32),
     "dense": tf.TensorSpec([None, reader.NUM_DENSE], tf.float32),
-    "categorical": tf.TensorSpec([None, reader.NUM_CATEGORICAL], tf.string),
+    "keys": tf.TensorSpec([None, reader.NUM_CATEGORICAL], tf.int64),
 }
 
 
@@ -70,7 +70,7 @@ class Implementation:
 
     def logits(self, batch: Dict[str, tf.Tensor]) -> tf.Tensor:
         """[n] logits of a parsed batch."""
-        return self.tower(batch["dense"], self.embeddings(batch["categorical"]))
+        return self.tower(batch["dense"], self.embeddings(batch["keys"]))
 
     def train(self, batch: Dict[str, tf.Tensor], use_tape: bool):
         """(train op, the global batch's mean loss). use_tape: gradients from a

@@ -4,16 +4,17 @@ benchmarks/criteo/run.py --device gpu, taken apart on one GPU.
 Times, each a median of 10 tf.function calls after 2 warm-up calls
 (batch 65536, 26 one-hot features, dim 128, DLRM bottom [512, 256, 128],
 top [1024, 512, 256, 1], tf.compat.v1 Adagrad, as run.py's GPU preset):
-  hash    tf.strings.to_hash_bucket_fast of a [65536, 26] string batch, the
-          op run.py's embeddings apply inside the step (a CPU-only op);
+  hash    tf.strings.to_hash_bucket_fast of a [65536, 26] string batch (a
+          CPU-only op), which run.py's input pipeline does per batch, in
+          parallel with the steps;
   dense   the DLRM tower's forward, backward and Adagrad update, with the 26
           embeddings given as constants;
-  step    hashing + sok_ev.lookup_sparse + the tower + Adagrad on every
-          variable: run.py's sok-ev step;
-  keyed   the same step fed the hashed keys (no hashing in the step), from
-          host memory and from GPU memory.
-The step is serial: step ~ hash + keyed. Run on a GPU machine with sok-ev
-installed, from the repository root:
+  keyed   sok_ev.lookup_sparse + the tower + Adagrad on every variable, fed
+          the hashed keys from host memory (run.py's sok-ev step) and from
+          GPU memory;
+  step hashing inside   hashing + the keyed step in one tf.function, as
+          run.py's step was until 2026-11-25: serial, ~ hash + keyed.
+Run on a GPU machine with sok-ev installed, from the repository root:
   python3 benchmarks/gpu/criteo_step_split.py
 """
 import os
@@ -88,7 +89,7 @@ def main():
     results = {
         "hash": median_ms(lambda: hash_keys(strings)),
         "dense": median_ms(dense_step),
-        "step": median_ms(lambda: step(strings)),
+        "step hashing inside": median_ms(lambda: step(strings)),
         "keyed (keys in host memory)": median_ms(lambda: keyed_step(keys)),
         "keyed (keys in GPU memory)": median_ms(lambda: keyed_step(keys_on_gpu)),
     }
