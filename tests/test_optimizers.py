@@ -352,3 +352,26 @@ def test_a_gradient_whose_indices_the_table_cannot_hold_is_refused_before_any_up
 
     assert ref.error_names(error.value, ev.name, indices_dtype.name, "int32")
     assert int(ev.total_count()) == 0
+
+
+@pytest.mark.parametrize("argument, value", [("learning_rate", 0.0), ("learning_rate", -0.1),
+                                             ("learning_rate_power", 0.5)])
+def test_ftrl_refuses_what_tfs_dense_ftrl_kernel_refuses_before_any_update(
+        sok, unique_name, argument, value):
+    # TF's ResourceSparseApplyFtrl refuses a non-positive learning rate (FTRL
+    # divides by it) and a positive learning_rate_power, at run time.
+    def apply(variable):
+        optimizer = tf.compat.v1.train.FtrlOptimizer(0.1)
+        setattr(optimizer, f"_{argument}", value)  # past the constructor's own checks
+        grad = tf.IndexedSlices(tf.ones([2, 4]), tf.constant([1, 2], tf.int64),
+                                tf.constant([4, 4], tf.int64))
+        optimizer.apply_gradients([(grad, variable)])
+
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        apply(tf.Variable(tf.zeros([4, 4])))
+    ev = sok.get_embedding_variable(unique_name(), embedding_dim=4)
+    with pytest.raises(tf.errors.InvalidArgumentError) as error:
+        apply(ev)
+
+    assert ref.error_names(error.value, argument, str(value).rstrip("0").rstrip("."))
+    assert int(ev.total_count()) == 0

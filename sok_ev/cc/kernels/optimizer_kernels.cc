@@ -84,6 +84,29 @@ void SetHyperparameters(const float* h, OptimizerSpec* spec) {
   }
 }
 
+// The hyperparameter ranges TF's own kernels refuse (ApplyFtrl's checks:
+// FTRL divides by the learning rate), checked before any row changes.
+absl::Status CheckHyperparameters(const OptimizerSpec& spec) {
+  if (spec.kind != OptimizerKind::kFtrl) return absl::OkStatus();
+  if (!(spec.learning_rate > 0.0f)) {
+    return errors::InvalidArgument("Ftrl learning_rate must be positive, got ", spec.learning_rate);
+  }
+  if (!(spec.learning_rate_power <= 0.0f)) {
+    return errors::InvalidArgument("Ftrl learning_rate_power must be <= 0, got ",
+                                   spec.learning_rate_power);
+  }
+  const std::pair<const char*, float> non_negative[] = {
+      {"l1_regularization_strength", spec.l1},
+      {"l2_regularization_strength", spec.l2},
+      {"l2_shrinkage_regularization_strength", spec.l2_shrinkage}};
+  for (const auto& [name, value] : non_negative) {
+    if (!(value >= 0.0f)) {
+      return errors::InvalidArgument("Ftrl ", name, " must be >= 0, got ", value);
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 template <typename Device>
@@ -131,6 +154,7 @@ class SparseApplyOptimizerOp : public OpKernel {
                                         global_step.shape().DebugString()));
     OptimizerSpec spec = spec_;
     SetHyperparameters(hyperparameters.flat<float>().data(), &spec);
+    OP_REQUIRES_OK(context, CheckHyperparameters(spec));
     const int64_t step = global_step.flat<int64_t>()(0);
     // Every table is checked before any changes.
     const int num_tables = keys.size();
