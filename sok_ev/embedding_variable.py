@@ -98,8 +98,9 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
                 if self._in_graph_mode:
                     shared_name = self._handle_name
                 else:
-                    # Eager variables are private to their Python object.
-                    shared_name = f"{self._handle_name}_{framework_ops.uid()}"
+                    # Eager variables are private to their Python object; errors
+                    # name the table without the "#<n>" (DisplayName in C++).
+                    shared_name = f"{self._handle_name}#{framework_ops.uid()}"
                 # An op name ending in "/" is taken as is: the handle op is named
                 # exactly `var.name` without ":0", as a meta graph import needs.
                 self._handle = ops().sok_ev_embedding_variable_handle(shared_name=shared_name,

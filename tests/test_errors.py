@@ -140,3 +140,17 @@ def test_unsupported_optimizer_on_an_ev_raises_listing_supported_ones(sok, rng, 
         with pytest.raises(TypeError) as error:
             UNSUPPORTED_OPTIMIZERS[optimizer]().minimize(loss)
     assert ref.error_names(error.value, optimizer.replace("Optimizer", ""), *SUPPORTED_NAMES)
+
+
+def test_a_kernel_error_names_the_eager_variable_as_the_user_did(sok):
+    # Several eager variables may share a name, as tf.Variables do; each has
+    # its own table, and a kernel's error gives the name the user chose.
+    tables = [sok.get_embedding_variable("same_name_emb", embedding_dim=4) for _ in range(3)]
+    grad = tf.IndexedSlices(tf.ones([2, 5]), tf.constant([1, 2], tf.int64))
+
+    with pytest.raises(tf.errors.InvalidArgumentError) as error:
+        tf.compat.v1.train.AdagradOptimizer(0.1).apply_gradients([(grad, tables[-1])])
+
+    assert "Embedding Variable 'same_name_emb'" in str(error.value)
+    assert all(t.name == "same_name_emb:0" for t in tables)
+    assert len({t._unique_id for t in tables}) == 3  # pylint: disable=protected-access

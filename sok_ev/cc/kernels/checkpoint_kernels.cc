@@ -520,9 +520,9 @@ class RestoreEmbeddingVariablesOp : public OpKernel {
       if (!serving_modes_.empty()) s.mode = static_cast<TableMode>(serving_modes_[t]);
       // A table loaded for serving keeps values only and filters nothing.
       if (s.mode != TableMode::kTraining) s.filter_spec = FeatureFilterSpec();
-      OP_REQUIRES_OK(context, CopyDefaultValues<Device>(context, handle.name(), dims_[t],
-                                                        context->input(1 + n + t), &s.spec,
-                                                        &s.default_values));
+      OP_REQUIRES_OK(context, CopyDefaultValues<Device>(context, DisplayName(handle.name()),
+                                                        dims_[t], context->input(1 + n + t),
+                                                        &s.spec, &s.default_values));
       OP_REQUIRES_OK(context, LookupOrCreateVariable<Device>(context, handle, key_dtypes_[t],
                                                              dims_[t], &s.variable));
       OP_REQUIRES_OK(context, DispatchKeyType(key_dtypes_[t], "key_dtype", [&](auto key) {

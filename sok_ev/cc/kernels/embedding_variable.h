@@ -43,6 +43,13 @@ enum class TableMode : int32_t {
   kServingZeros = 2,
 };
 
+// The name errors give: the shared name without the "#<n>" that makes an
+// eager variable's table private to its Python object (sok_ev's
+// embedding_variable.py), so an error names the variable as the user did.
+inline std::string DisplayName(const std::string& shared_name) {
+  return shared_name.substr(0, shared_name.rfind('#'));
+}
+
 template <typename Device>
 class EmbeddingVariable : public tensorflow::ResourceBase {
  public:
@@ -50,7 +57,7 @@ class EmbeddingVariable : public tensorflow::ResourceBase {
   using Table = typename Core<Device>::template Table<Key>;
 
   EmbeddingVariable(std::string name, tensorflow::DataType key_dtype, int64_t embedding_dim)
-      : name_(std::move(name)), key_dtype_(key_dtype), embedding_dim_(embedding_dim) {}
+      : name_(DisplayName(name)), key_dtype_(key_dtype), embedding_dim_(embedding_dim) {}
 
   const std::string& name() const { return name_; }
   tensorflow::DataType key_dtype() const { return key_dtype_; }

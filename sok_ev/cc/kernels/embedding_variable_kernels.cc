@@ -60,8 +60,9 @@ class InitializeEmbeddingVariableOp : public EmbeddingVariableOpKernel<Device> {
     const tensorflow::ResourceHandle& handle = tensorflow::HandleFromInput(context, 0);
     InitializerSpec spec = spec_;
     Tensor matrix;
-    OP_REQUIRES_OK(context, CopyDefaultValues<Device>(context, handle.name(), embedding_dim_,
-                                                      context->input(1), &spec, &matrix));
+    OP_REQUIRES_OK(context,
+                   CopyDefaultValues<Device>(context, DisplayName(handle.name()), embedding_dim_,
+                                             context->input(1), &spec, &matrix));
     RefCountPtr<EmbeddingVariable<Device>> variable;
     OP_REQUIRES_OK(context, LookupOrCreateVariable<Device>(context, handle, this->key_dtype_,
                                                            embedding_dim_, &variable));

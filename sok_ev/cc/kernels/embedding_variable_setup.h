@@ -81,7 +81,7 @@ absl::Status LookupOrCreateVariable(tensorflow::OpKernelContext* context,
                                     tensorflow::core::RefCountPtr<EmbeddingVariable<Device>>* out) {
   if (dim > kMaxEmbeddingDim) {
     return tensorflow::errors::InvalidArgument("embedding_dim of Embedding Variable '",
-                                               handle.name(), "' must be at most ",
+                                               DisplayName(handle.name()), "' must be at most ",
                                                kMaxEmbeddingDim, ", got ", dim);
   }
   TF_RETURN_IF_ERROR(tensorflow::LookupOrCreateResource<EmbeddingVariable<Device>>(
@@ -91,7 +91,7 @@ absl::Status LookupOrCreateVariable(tensorflow::OpKernelContext* context,
       }));
   if ((*out)->key_dtype() != key_dtype || (*out)->embedding_dim() != dim) {
     return tensorflow::errors::InvalidArgument(
-        "Embedding Variable '", handle.name(), "' already exists with key_dtype ",
+        "Embedding Variable '", DisplayName(handle.name()), "' already exists with key_dtype ",
         tensorflow::DataTypeString((*out)->key_dtype()), " and embedding_dim ",
         (*out)->embedding_dim(), "; cannot make it one with key_dtype ",
         tensorflow::DataTypeString(key_dtype), " and embedding_dim ", dim);

@@ -62,7 +62,7 @@ absl::Status LookupInitializedVariable(
   absl::Status status = tensorflow::LookupResource(context, handle, variable);
   if (!status.ok()) {
     return tensorflow::errors::FailedPrecondition(
-        "Embedding Variable '", handle.name(),
+        "Embedding Variable '", DisplayName(handle.name()),
         "' is not initialized; run its initializer (for example "
         "tf.compat.v1.global_variables_initializer()) first. (",
         status.message(), ")");
