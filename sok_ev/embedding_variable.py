@@ -18,6 +18,7 @@ from tensorflow.core.framework import attr_value_pb2
 from tensorflow.python.eager import context
 from tensorflow.python.framework import ops as framework_ops
 from tensorflow.python.ops import resource_variable_ops
+from tensorflow.python.ops import variable_scope
 from tensorflow.python.ops import variables
 from tensorflow.python.saved_model.registration import registration
 from tensorflow.python.training.saving import saveable_object
@@ -848,6 +849,10 @@ def get_embedding_variable(name: str,
     if graph.unique_name(full_name, mark_as_used=False) == full_name:
         graph.unique_name(full_name)
     registry[full_name] = variable
+    # In tf1.get_variable's store too, as DeepRec's are: a later
+    # get_variable of this name then fails ("already exists") or, reusing,
+    # returns this variable, instead of silently making `<name>_1`.
+    variable_scope._get_default_variable_store()._vars[full_name] = variable  # pylint: disable=protected-access
     if collections is None:
         collections = [tf.compat.v1.GraphKeys.GLOBAL_VARIABLES]
     collections = list(collections)

@@ -206,6 +206,25 @@ def test_a_name_another_variable_has_is_refused_as_get_variable_does(sok, taken_
     assert ref.error_names(error.value, "Variable emb already exists", "reuse")
 
 
+def test_get_variable_of_an_embedding_variables_name_is_refused_as_for_a_variable(sok):
+    # The reference: stock TF refuses a second get_variable("tower/emb").
+    with ref.graph_session():
+        with tf.compat.v1.variable_scope("tower"):
+            tf.compat.v1.get_variable("emb", [3])
+            with pytest.raises(ValueError) as dense_error:
+                tf.compat.v1.get_variable("emb", [3])
+    with ref.graph_session():
+        with tf.compat.v1.variable_scope("tower"):
+            ev = sok.get_embedding_variable("emb", embedding_dim=DIM)
+            with pytest.raises(ValueError) as error:
+                tf.compat.v1.get_variable("emb", [3])
+        with tf.compat.v1.variable_scope("tower", reuse=True):
+            assert tf.compat.v1.get_variable("emb") is ev
+        assert tf.compat.v1.global_variables() == [ev]
+    assert ref.error_names(dense_error.value, "Variable tower/emb already exists")
+    assert ref.error_names(error.value, "Variable tower/emb already exists")
+
+
 def test_a_name_a_graph_op_has_is_refused_naming_it(sok):
     with ref.graph_session():
         tf.constant(1.0, name="emb")
