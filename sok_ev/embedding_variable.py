@@ -104,10 +104,12 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
                     shared_name = f"{self._handle_name}#{framework_ops.uid()}"
                 # An op name ending in "/" is taken as is: the handle op is named
                 # exactly `var.name` without ":0", as a meta graph import needs.
-                self._handle = ops().sok_ev_embedding_variable_handle(shared_name=shared_name,
-                                                                      key_dtype=self._key_dtype,
-                                                                      embedding_dim=embedding_dim,
-                                                                      name=scope_name)
+                self._handle = ops().sok_ev_embedding_variable_handle(
+                    shared_name=shared_name,
+                    key_dtype=self._key_dtype,
+                    embedding_dim=embedding_dim,
+                    shape=[None, embedding_dim],
+                    name=scope_name)
                 spec = initializers.spec_for(initializer, default_value_dim)
                 with framework_ops.name_scope("Initializer"):
                     matrix = initializers.default_values(initializer, spec, embedding_dim)
@@ -403,7 +405,8 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
         copy._handle = ops().sok_ev_embedding_variable_handle(  # pylint: disable=protected-access
             shared_name=self._handle_name,
             key_dtype=self._key_dtype,
-            embedding_dim=self._embedding_dim)
+            embedding_dim=self._embedding_dim,
+            shape=[None, self._embedding_dim])
         copy._default_values = tf.constant(  # pylint: disable=protected-access
             tf.get_static_value(self._default_values), tf.float32)
         object_map[self] = copy

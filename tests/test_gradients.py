@@ -174,6 +174,39 @@ def test_compute_gradients_in_graph_mode_gives_key_indexed_slices(sok, rng, comb
                           "graph-mode gradient")
 
 
+def test_lookups_inside_a_v1_while_loop_train_as_a_dense_variable_does(sok, rng, monkeypatch):
+    # DeepRec scripts call tf.disable_v2_behavior(), which also turns TF1
+    # control flow back on; the gradient leaves the loop through TF's
+    # IndexedSlices accumulator, which reads the handle op's `shape` attr.
+    from tensorflow.python.ops import control_flow_util  # pylint: disable=import-outside-toplevel
+    monkeypatch.setattr(control_flow_util, "ENABLE_CONTROL_FLOW_V2", False)
+    matrix = ref.random_matrix(rng, N_ROWS, DIM)
+    batch = ref.random_sparse_batch(rng, BATCH, MAX_HOTNESS,
+                                    lambda n: rng.integers(0, N_ROWS, size=n), np.int64)
+
+    with ref.graph_session() as sess:
+        ev = ref.matrix_ev(sok, "table", matrix)
+        dense = tf.Variable(matrix)  # the reference
+
+        def body(i, loss):
+            out = sok.lookup_sparse([ev], [batch.sp_ids()], combiners=["mean"])[0]
+            expected = tf.nn.embedding_lookup_sparse(dense, batch.sp_ids(), None, combiner="mean")
+            scale = tf.cast(i + 1, tf.float32)  # each iteration its own gradient
+            return i + 1, loss + tf.reduce_sum(tf.square(out * scale)) + tf.reduce_sum(
+                tf.square(expected * scale))
+
+        _, loss = tf.compat.v1.while_loop(lambda i, _: i < 3, body, [0, 0.0])
+        train = tf.compat.v1.train.GradientDescentOptimizer(0.01).minimize(loss,
+                                                                           var_list=[ev, dense])
+        sess.run(tf.compat.v1.global_variables_initializer())
+        sess.run(train)
+        rows = ref.export_to_dict(*sess.run(ev.export()))
+        dense_rows = sess.run(dense)
+
+    assert sorted(rows) == batch.unique_keys().astype(np.int64).tolist()
+    ref.assert_rows_close(rows, {k: dense_rows[k] for k in rows}, RTOL, ATOL, "rows after a step")
+
+
 def test_explicit_tape_watch_of_an_ev_gives_its_gradient(sok, rng, unique_name):
     # Users who turn automatic watching off watch the EV themselves.
     ev = sok.get_embedding_variable(unique_name(), 3)

@@ -15,6 +15,10 @@ REGISTER_OP("SokEv>EmbeddingVariableHandle")
     .Attr("shared_name: string = ''")
     .Attr("key_dtype: {int32, int64}")
     .Attr("embedding_dim: int >= 1")
+    // [?, embedding_dim]: what TF reads of a resource's producer, as of a
+    // VarHandleOp, to accumulate its IndexedSlices gradient out of a v1
+    // tf.while_loop (control_flow_ops._resource_safe_shape).
+    .Attr("shape: shape = { unknown_rank: true }")
     .SetIsStateful()
     .SetShapeFn(tensorflow::shape_inference::ScalarShape)
     .Doc("A handle to the Embedding Variable named `shared_name`.");
