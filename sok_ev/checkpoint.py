@@ -114,11 +114,21 @@ def _mark_saved(prefix, tables):
     return marks
 
 
+# SokEv>RestoreEmbeddingVariables' serving_modes.
+_MODE_OF_CHECKPOINT, _TRAINING = -1, 0
+
+
 def _restore_tables(prefix, tables, record_changes=False):
     """Restores `tables` ([(name, variable)], one device) from the checkpoint
   at `prefix` (a full or an incremental one, with the chain it builds on);
   all of them or, on an error, none. record_changes: the checkpoint is the
-  base of the tables' next incremental save."""
+  base of the tables' next incremental save.
+
+  A table built for training keeps training whatever it restores (an
+  export for serving gives it values only: a warm start); a SavedModel's
+  own tables, and those of a restore built inside serving_export(), serve
+  when the checkpoint is an export for serving."""
+    as_saved = serving.save_kind() != "full"
     specs = [v.initializer_spec for _, v in tables]
     filters = [v.filter_attributes for _, v in tables]
     return ops().sok_ev_restore_embedding_variables(
@@ -137,6 +147,9 @@ def _restore_tables(prefix, tables, record_changes=False):
             for name in ("filter_freq", "filter_counters", "filter_hashes", "filter_counter_bytes")
         ],
         no_permission_values=[float(f["no_permission_value"]) for f in filters],
+        serving_modes=[
+            _MODE_OF_CHECKPOINT if as_saved or v.restores_as_saved else _TRAINING for _, v in tables
+        ],
         record_changes=record_changes)
 
 

@@ -90,6 +90,7 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
         self.target_gpu = target_gpu
         self._in_graph_mode = not context.executing_eagerly()
         self._save_slice_info = None
+        self._restores_as_saved = False
         self._initializer_object = initializer
         self._slots = {}
         with framework_ops.init_scope():
@@ -104,12 +105,11 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
                     shared_name = f"{self._handle_name}#{framework_ops.uid()}"
                 # An op name ending in "/" is taken as is: the handle op is named
                 # exactly `var.name` without ":0", as a meta graph import needs.
-                self._handle = ops().sok_ev_embedding_variable_handle(
-                    shared_name=shared_name,
-                    key_dtype=self._key_dtype,
-                    embedding_dim=embedding_dim,
-                    shape=[None, embedding_dim],
-                    name=scope_name)
+                self._handle = ops().sok_ev_embedding_variable_handle(shared_name=shared_name,
+                                                                      key_dtype=self._key_dtype,
+                                                                      embedding_dim=embedding_dim,
+                                                                      shape=[None, embedding_dim],
+                                                                      name=scope_name)
                 spec = initializers.spec_for(initializer, default_value_dim)
                 with framework_ops.name_scope("Initializer"):
                     matrix = initializers.default_values(initializer, spec, embedding_dim)
@@ -159,6 +159,7 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
         variable.target_gpu = target_gpu
         variable._in_graph_mode = True
         variable._save_slice_info = None
+        variable._restores_as_saved = False
         variable._initializer_object = None
         variable._slots = {}
         variable._handle = handle
@@ -386,6 +387,13 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
     unless the initializer draws a matrix)."""
         return self._default_values
 
+    @property
+    def restores_as_saved(self):
+        """True for a SavedModel's own tables (loaded, or traced for export):
+    restoring an export for serving makes them serve. A table built to train
+    keeps training, and takes an export's values only."""
+        return self._restores_as_saved
+
     # --- SavedModel: tf.saved_model.save and tf.saved_model.load -----------
     #
     # The variable is a registered serializable: its record (what
@@ -402,6 +410,7 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
         copy = EmbeddingVariable.__new__(EmbeddingVariable)
         copy.__dict__.update(self.__dict__)
         copy.__dict__.pop("_handle_deleter", None)  # the copy owns no table
+        copy._restores_as_saved = True  # pylint: disable=protected-access
         copy._handle = ops().sok_ev_embedding_variable_handle(  # pylint: disable=protected-access
             shared_name=self._handle_name,
             key_dtype=self._key_dtype,
@@ -461,11 +470,13 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
             name: (attr[name].f if name == "no_permission_value" else attr[name].i)
             for name in options_lib.FILTER_ATTRIBUTE_NAMES
         }
-        return cls(record.name, attr["embedding_dim"].i, tf.as_dtype(attr["key_dtype"].type),
-                   initializers.Drawn(spec, tf.make_ndarray(attr["default_values"].tensor)),
-                   spec.default_value_dim or None, attr["trainable"].b, attr["steps_to_live"].i or
-                   None, attr["target_gpu"].i, filter_attributes,
-                   attr["l2_weight_threshold"].f if "l2_weight_threshold" in attr else None)
+        variable = cls(record.name, attr["embedding_dim"].i, tf.as_dtype(attr["key_dtype"].type),
+                       initializers.Drawn(spec, tf.make_ndarray(attr["default_values"].tensor)),
+                       spec.default_value_dim or None, attr["trainable"].b,
+                       attr["steps_to_live"].i or None, attr["target_gpu"].i, filter_attributes,
+                       attr["l2_weight_threshold"].f if "l2_weight_threshold" in attr else None)
+        variable._restores_as_saved = True  # pylint: disable=protected-access
+        return variable
 
     def _gather_saveables_for_checkpoint(self):
         # What tf.compat.v1.train.Saver asks for; named after the variable.

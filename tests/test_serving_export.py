@@ -184,3 +184,52 @@ def test_serving_export_refuses_an_unknown_unseen_keys_option(sok):
         with sok.serving_export(unseen_keys="random"):
             pass
     assert ref.error_names(error.value, "unseen_keys", "random")
+
+
+@pytest.mark.parametrize("filter_name", ["CounterFilter", "CBFFilter"])
+def test_a_filtered_table_serves_what_training_read_for_keys_it_never_admitted(
+        sok, unique_name, tmp_path, filter_name):
+    # DeepRec: a key not admitted reads default_value_no_permission; served
+    # with unseen_keys="initializer" ("what training would have given it"),
+    # a key the export lacks was never admitted, so it reads that too.
+    filter_option = (sok.CounterFilter(
+        filter_freq=3) if filter_name == "CounterFilter" else sok.CBFFilter(
+            filter_freq=3, max_element_size=1000, false_positive_probability=0.01))
+    ev = sok.get_embedding_variable(
+        unique_name(),
+        embedding_dim=DIM,
+        ev_option=sok.EmbeddingVariableOption(
+            filter_option=filter_option,
+            init_option=sok.InitializerOption(default_value_no_permission=-0.5)))
+    model = _Model(ev)
+    model.serve(tf.constant([3, 3, 3, 42], tf.int64))  # 42 seen once
+    model.serve(tf.constant([3], tf.int64))  # 3 admitted (seen 3 times before)
+    ids = tf.constant([3, 42, 1000], tf.int64)
+    in_training = ev.sparse_read(ids).numpy()  # the reference; inserts nothing
+    assert (in_training[1:] == -0.5).all() and (in_training[0] != -0.5).any()
+    export_dir = str(tmp_path / "export")
+    with sok.serving_export(unseen_keys="initializer"):
+        tf.saved_model.save(model, export_dir)
+
+    loaded = tf.saved_model.load(export_dir)
+    np.testing.assert_array_equal(loaded.serve(ids).numpy(), in_training)
+
+
+def test_an_export_restored_into_a_table_built_to_train_warm_starts_it(sok, unique_name, tmp_path):
+    # Warm start from a deployed model: its values, and the table trains on.
+    ev, model = _trained_eager_model(sok, unique_name)
+    trained = model.serve(tf.constant(TRAINED)).numpy()
+    export_dir = str(tmp_path / "export")
+    with sok.serving_export():
+        tf.saved_model.save(model, export_dir)
+    fresh = sok.get_embedding_variable(unique_name(), embedding_dim=DIM)
+
+    tf.train.Checkpoint(ev=fresh).restore(f"{export_dir}/variables/variables")
+
+    np.testing.assert_array_equal(
+        tf.nn.embedding_lookup(fresh, tf.constant(TRAINED)).numpy(), trained)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(tf.nn.embedding_lookup(fresh, tf.constant(UNSEEN)))
+    tf.compat.v1.train.GradientDescentOptimizer(0.5).apply_gradients(
+        zip(tape.gradient(loss, [fresh]), [fresh]))
+    assert int(fresh.total_count()) == len(np.unique(TRAINED)) + len(UNSEEN)

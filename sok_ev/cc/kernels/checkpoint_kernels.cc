@@ -415,6 +415,10 @@ class MarkEmbeddingVariablesSavedOp : public OpKernel {
 
 // One table of a restore: what it is restored into, built before any
 // variable changes.
+// serving_modes' "as the checkpoint says" (the default, and a SavedModel's
+// own tables); a table built for training passes 0 and keeps training.
+constexpr int64_t kModeOfCheckpoint = -1;
+
 template <typename Device>
 struct StagedTable {
   RefCountPtr<EmbeddingVariable<Device>> variable;
@@ -422,6 +426,8 @@ struct StagedTable {
   Tensor default_values;
   FeatureFilterSpec filter_spec;
   TableMode mode = TableMode::kTraining;
+  // The mode is the checkpoint's: training, or serving for an export.
+  bool mode_of_checkpoint = true;
   std::shared_ptr<typename Core<Device>::template Table<int32_t>> table32;
   std::shared_ptr<typename Core<Device>::template Table<int64_t>> table64;
   std::shared_ptr<FeatureFilter<int32_t>> filter32;
@@ -442,6 +448,19 @@ struct StagedTable {
     } else {
       return filter64;
     }
+  }
+
+  // Call once the mode is known, before the table is made. A table loaded
+  // for serving keeps values only and filters nothing; a key a filtered
+  // table lacks was never admitted in training, where it read the filter's
+  // no_permission_value, so served "as training would" it reads that too.
+  void drop_filter_if_serving() {
+    if (mode == TableMode::kTraining) return;
+    if (mode == TableMode::kServingInitializer && filter_spec.enabled()) {
+      spec = InitializerSpec();  // kConstant
+      spec.param_a = filter_spec.no_permission_value;
+    }
+    filter_spec = FeatureFilterSpec();
   }
 };
 
@@ -490,8 +509,8 @@ class RestoreEmbeddingVariablesOp : public OpKernel {
                 errors::InvalidArgument("filter_specs needs 4 entries per table, "
                                         "no_permission_values and serving_modes one"));
     for (int64_t mode : serving_modes_) {
-      OP_REQUIRES(context, mode >= 0 && mode <= 2,
-                  errors::InvalidArgument("serving_modes must be 0, 1 or 2, got ", mode));
+      OP_REQUIRES(context, mode >= kModeOfCheckpoint && mode <= 2,
+                  errors::InvalidArgument("serving_modes must be -1, 0, 1 or 2, got ", mode));
     }
   }
 
@@ -517,9 +536,10 @@ class RestoreEmbeddingVariablesOp : public OpKernel {
                                     no_permission_values_.empty() ? 0.0f : no_permission_values_[t],
                                     &s.filter_spec));
       }
-      if (!serving_modes_.empty()) s.mode = static_cast<TableMode>(serving_modes_[t]);
-      // A table loaded for serving keeps values only and filters nothing.
-      if (s.mode != TableMode::kTraining) s.filter_spec = FeatureFilterSpec();
+      const int64_t asked = serving_modes_.empty() ? kModeOfCheckpoint : serving_modes_[t];
+      s.mode_of_checkpoint = asked == kModeOfCheckpoint;
+      if (!s.mode_of_checkpoint) s.mode = static_cast<TableMode>(asked);
+      s.drop_filter_if_serving();
       OP_REQUIRES_OK(context, CopyDefaultValues<Device>(context, DisplayName(handle.name()),
                                                         dims_[t], context->input(1 + n + t),
                                                         &s.spec, &s.default_values));
@@ -600,11 +620,11 @@ class RestoreEmbeddingVariablesOp : public OpKernel {
                                        "checkpoint builds on one");
       }
       // An export for serving loads for serving unless the op says otherwise.
-      if (serving_modes_.empty()) {
+      if (s.mode_of_checkpoint) {
         s.mode = kind == checkpoint::kServingZeros ? TableMode::kServingZeros
                                                    : TableMode::kServingInitializer;
       }
-      if (s.mode != TableMode::kTraining) s.filter_spec = FeatureFilterSpec();
+      s.drop_filter_if_serving();
     }
     Core<Device> core(context);
     auto& table = s.template table<Key>();
