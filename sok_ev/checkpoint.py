@@ -69,8 +69,8 @@ def _by_device(tables):
 
 def _evictions(tables):
     """DeepRec evicts keys older than steps_to_live, and keys of an L2 weight
-  below l2_weight_threshold, when saving."""
-    step = tf.compat.v1.train.get_global_step()
+  below l2_weight_threshold, when saving. A key's age is counted by the clock
+  its version was written with (EmbeddingVariable.version_clock)."""
     evictions = []
     for _, variable in tables:
         if variable.l2_weight_threshold is not None:
@@ -78,6 +78,8 @@ def _evictions(tables):
                 variable.handle,
                 key_dtype=variable.key_dtype,
                 l2_weight_threshold=variable.l2_weight_threshold))
+        clock = variable.version_clock
+        step = clock() if clock is not None else tf.compat.v1.train.get_global_step()
         if variable.steps_to_live and step is not None:
             evictions.append(ops().sok_ev_embedding_variable_evict(
                 variable.handle,

@@ -91,6 +91,7 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
         self._in_graph_mode = not context.executing_eagerly()
         self._save_slice_info = None
         self._restores_as_saved = False
+        self._version_clock = None
         self._initializer_object = initializer
         self._slots = {}
         with framework_ops.init_scope():
@@ -160,6 +161,7 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
         variable._in_graph_mode = True
         variable._save_slice_info = None
         variable._restores_as_saved = False
+        variable._version_clock = None
         variable._initializer_object = None
         variable._slots = {}
         variable._handle = handle
@@ -200,8 +202,22 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
 
     @property
     def steps_to_live(self):
-        """Keys not updated for this many global steps are evicted at save."""
+        """Keys not updated for this many steps of the version clock are
+    evicted at save."""
         return self._steps_to_live
+
+    @property
+    def version_clock(self):
+        """What the versions of updated keys count: a callable returning an
+    int64 scalar step, set by the optimizer that last built an update of
+    this table (the global step for tf.compat.v1 optimizers, `iterations` for
+    Keras ones); None before any (then the global step). steps_to_live
+    evicts by it."""
+        return self._version_clock
+
+    @version_clock.setter
+    def version_clock(self, clock):
+        self._version_clock = clock
 
     @property
     def l2_weight_threshold(self):

@@ -211,6 +211,21 @@ def _claim_columns(optimizer, variables, columns):
             owners[column] = weakref.ref(optimizer)
 
 
+def _iterations_clock(optimizer):
+    """The step a Keras optimizer's updates are versioned in: its
+  `iterations` (Keras advances no global step), read when called; the
+  global step once the optimizer is gone."""
+    optimizer = weakref.ref(optimizer)
+
+    def clock():
+        live = optimizer()
+        if live is None:
+            return optimizers.global_step()
+        return tf.cast(tf.convert_to_tensor(live.iterations), tf.int64)
+
+    return clock
+
+
 def _update(optimizer, rule, tables):
     """The fused update of every `(grad, variable)` pair in `tables`.
 
@@ -223,12 +238,10 @@ def _update(optimizer, rule, tables):
     variables = [v for _, v in tables]
     _check_column_owners(optimizer, variables, columns)
     lr = tf.cast(tf.convert_to_tensor(optimizer.learning_rate), tf.float32)
-    iterations = tf.convert_to_tensor(optimizer.iterations)
-    step = tf.cast(iterations + 1, tf.float32)
-    global_step = tf.compat.v1.train.get_global_step()
-    version = iterations if global_step is None else global_step
+    step = tf.cast(tf.convert_to_tensor(optimizer.iterations) + 1, tf.float32)
     updates = optimizers.fused_update(tables, rule.op_name,
-                                      rule.hyperparameters(optimizer, lr, step), slots, version)
+                                      rule.hyperparameters(optimizer, lr, step), slots,
+                                      _iterations_clock(optimizer))
     _claim_columns(optimizer, variables, columns)
     return updates
 

@@ -226,7 +226,9 @@ def _keys_are_distinct(indices):
             tensor.value_index < op.get_attr("N"))
 
 
-def _global_step():
+def global_step():
+    """The global step as int64 (0 without one): what tf.compat.v1
+  optimizers version updated keys with."""
     step = _train.get_global_step()
     return tf.constant(0, tf.int64) if step is None else tf.cast(step, tf.int64)
 
@@ -266,7 +268,7 @@ def apply_to_embedding_variables(optimizer, grads_and_variables):
                         rule.op_name,
                         rule.hyperparameters(optimizer),
                         [(f"{optimizer.get_name()}/{name}", value) for name, value in slots],
-                        _global_step(),
+                        global_step,
                         use_nesterov=bool(getattr(optimizer, "_use_nesterov", False)),
                         centered=bool(getattr(optimizer, "_centered", False)))
 
@@ -300,7 +302,7 @@ def fused_update(grads_and_variables,
                  op_name,
                  hyperparameters,
                  slots,
-                 step,
+                 clock,
                  use_nesterov=False,
                  centered=False):
     """`SokEv>SparseApplyOptimizer` updates of Embedding Variables, one op
@@ -315,7 +317,10 @@ def fused_update(grads_and_variables,
     op_name: 'sgd', 'adagrad', 'adam', 'ftrl', 'momentum' or 'rmsprop'.
     hyperparameters: scalars in the op's order (sok_ev/cc/ops/optimizer_ops.cc).
     slots: `(table slot name, initial value)` pairs in the op's slot order.
-    step: int64 scalar, the version written to each updated key.
+    clock: callable returning the int64 scalar step written as each updated
+      key's version (the global step, or a Keras optimizer's iterations);
+      each variable keeps it as its version_clock, which steps_to_live
+      evicts by.
 
   Returns:
     The update ops, one per device, in order of first appearance.
@@ -328,6 +333,9 @@ def fused_update(grads_and_variables,
         check_gradient(grad, variable)
     if not pairs:
         return []
+    for _, variable in pairs:
+        variable.version_clock = clock
+    step = clock()
     hyperparameters = host_memory_input(tf.stack([tf.cast(h, tf.float32) for h in hyperparameters]),
                                         tf.float32)
     step = host_memory_input(step, tf.int64)

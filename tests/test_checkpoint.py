@@ -516,6 +516,30 @@ def test_steps_to_live_evicts_keys_not_updated_recently_when_saving(sok, unique_
     assert keys == [1, 2]
 
 
+@pytest.mark.parametrize("global_step", [None, 1000], ids=["no_global_step", "idle_global_step"])
+def test_steps_to_live_counts_a_keras_optimizers_iterations(sok, unique_name, tmp_path, request,
+                                                            global_step):
+    # Keras advances no global step: its updates are versioned by, and age
+    # in, its own iterations, whatever a v1 global step says.
+    if global_step is not None:
+        tf.compat.v1.train.get_or_create_global_step().assign(global_step)
+        # The eager global step lives in a process-wide collection.
+        request.addfinalizer(lambda: tf.compat.v1.get_default_graph().clear_collection(
+            tf.compat.v1.GraphKeys.GLOBAL_STEP))
+    ev = sok.get_embedding_variable(unique_name(), 2, steps_to_live=2)
+    optimizer = tf.keras.optimizers.SGD(0.1)
+    for key in range(5):  # key k updated at iteration k
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.nn.embedding_lookup(ev, tf.constant([key], tf.int64)))
+        optimizer.apply_gradients(zip(tape.gradient(loss, [ev]), [ev]))
+    assert int(optimizer.iterations) == 5
+
+    tf.train.Checkpoint(table=ev).write(str(tmp_path / "ckpt"))
+
+    # DeepRec's rule: evicted when step - version > steps_to_live (5 - k > 2).
+    assert sorted(ev.export()[0].numpy().tolist()) == [3, 4]
+
+
 def test_saved_checkpoint_names_each_tables_tensors_after_the_table(sok, unique_name, tmp_path):
     with graph_session() as sess:
         tables = [sok.get_embedding_variable(unique_name(), 2) for _ in range(2)]
