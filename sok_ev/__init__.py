@@ -17,6 +17,7 @@ from sok_ev import dispatch
 from sok_ev import embedding_gradients
 from sok_ev import keras_optimizers
 from sok_ev import optimizers
+from sok_ev import warm_start
 from sok_ev.deeprec_api import install_deeprec_api
 from sok_ev.embedding_variable import EmbeddingVariable
 from sok_ev.embedding_variable import get_embedding_variable
@@ -64,8 +65,9 @@ def init() -> None:
     tf.compat.v1 forms) read Embedding Variables;
   * the saver hook (`sok_ev.checkpoint.install_saver_hook`), so
     tf.compat.v1.train.Saver saves and restores them on any number of
-    workers; and makes hvd.broadcast_variables check Embedding Variables
-    instead of copying them (`sok_ev.broadcast`).
+    workers, and tf.compat.v1.train.init_from_checkpoint warm-starts them
+    (`sok_ev.warm_start`); and makes hvd.broadcast_variables check Embedding
+    Variables instead of copying them (`sok_ev.broadcast`).
   Each leaves everything that is not an Embedding Variable to TensorFlow's
   own code. Idempotent.
 
@@ -78,6 +80,7 @@ def init() -> None:
         embedding_gradients.install_allreduce_guards()
     checkpoint.record_worker_topology()
     checkpoint.install_saver_hook()
+    warm_start.install_hook()
     broadcast.install_broadcast_guard()
     optimizers.install_optimizer_hook()
     keras_optimizers.install_keras_optimizer_hook()

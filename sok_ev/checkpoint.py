@@ -120,7 +120,7 @@ def _mark_saved(prefix, tables):
 _MODE_OF_CHECKPOINT, _TRAINING = -1, 0
 
 
-def _restore_tables(prefix, tables, record_changes=False):
+def restore_tables(prefix, tables, record_changes=False):
     """Restores `tables` ([(name, variable)], one device) from the checkpoint
   at `prefix` (a full or an incremental one, with the chain it builds on);
   all of them or, on an error, none. record_changes: the checkpoint is the
@@ -353,7 +353,7 @@ class SaverBuilder(saver_module.BulkSaverBuilder):
                                                    reshape, preferred_shard, "restore_dense"))
         for group in _by_device(tables):
             with tf.device(group[0][1].device):
-                restores.append(_restore_tables(filename_tensor, group, self._record_changes))
+                restores.append(restore_tables(filename_tensor, group, self._record_changes))
         return tf.group(*restores, name=name)
 
     def _AddShardedRestoreOps(  # pylint: disable=invalid-name
@@ -368,7 +368,7 @@ class SaverBuilder(saver_module.BulkSaverBuilder):
                                                           restore_sequentially, reshape))
         for group in _by_device(tables):
             with tf.device(group[0][1].device):
-                restores.append(_restore_tables(filename_tensor, group, self._record_changes))
+                restores.append(restore_tables(filename_tensor, group, self._record_changes))
         return tf.group(*restores, name="restore_all")
 
 
@@ -486,7 +486,7 @@ def _registered_restore(trackables, merged_prefix):
     restores = []
     for group in _by_device(_sorted_tables(trackables)):
         with tf.device(group[0][1].device):
-            restores.append(_restore_tables(merged_prefix, group))
+            restores.append(restore_tables(merged_prefix, group))
     # In a tf.function (a SavedModel's restore function) the stateful restore
     # ops run by automatic control dependencies; it must return no op.
     return None

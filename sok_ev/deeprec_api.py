@@ -32,6 +32,7 @@ from sok_ev import embedding_variable
 from sok_ev import keras_optimizers
 from sok_ev import optimizers
 from sok_ev import options
+from sok_ev import warm_start
 
 # Name on tf / tf.compat.v1 -> sok_ev object.
 _DEEPREC_NAMES = {
@@ -115,3 +116,4 @@ def install_deeprec_api() -> None:
     # One worker needs no topology: the checkpoint kernels assume 0 of 1
     # until sok_ev.init() records another.
     checkpoint.install_saver_hook()
+    warm_start.install_hook()
