@@ -720,7 +720,7 @@ def get_embedding_variable(name: str,
     key_dtype: tf.int64 (default) or tf.int32: the dtype of lookup keys.
     value_dtype: tf.float32 (default; the only value dtype).
     initializer: initializer of new rows, an instance or (as in DeepRec) its
-      class; default truncated normal (mean 0, stddev 1/sqrt(embedding_dim)).
+      class; default truncated normal (mean 0, stddev 1), DeepRec's.
       Constant, uniform, normal and truncated-normal initializers draw per
       key when it is first seen.
     trainable: add to TRAINABLE_VARIABLES and let optimizers update it.
@@ -837,7 +837,9 @@ def get_embedding_variable(name: str,
     if init_option.initializer is not None:
         initializer = init_option.initializer
     if initializer is None:
-        initializer = tf.compat.v1.truncated_normal_initializer(stddev=1.0 / embedding_dim**0.5)
+        # DeepRec's default (get_embedding_variable_internal): TF1's
+        # truncated_normal_initializer(), mean 0, stddev 1.
+        initializer = tf.compat.v1.truncated_normal_initializer()
     initializer = initializers.as_instance(initializer, f"get_embedding_variable('{name}')")
 
     def create(full_name):

@@ -446,15 +446,17 @@ def test_default_value_dim_gives_key_row_key_mod_n_exactly(sok, rng, unique_name
     np.testing.assert_array_equal(rows, matrix[np.mod(keys.astype(np.int64), N_ROWS)])
 
 
-def test_default_initializer_looks_truncated_normal(sok, rng, unique_name):
+def test_default_initializer_is_deeprecs_truncated_normal_of_stddev_1(sok, rng, unique_name):
+    # DeepRec's get_embedding_variable defaults to TF1's
+    # truncated_normal_initializer(): mean 0, stddev 1, cut at 2 sigma.
     ev = sok.get_embedding_variable(unique_name(), embedding_dim=16)
     keys = rng.choice(10**9, size=4000, replace=False)
     values = _rows(sok, ev, keys).numpy().reshape(-1).astype(np.float64)
 
     # A normal truncated at 2 sigma has std 0.8796 sigma and puts 28.47% of its
-    # mass beyond 1 sigma. sigma is not pinned by the spec, so estimate it.
+    # mass beyond 1 sigma.
     sigma = values.std() / 0.8796
-    assert sigma > 0
+    assert abs(sigma - 1.0) < 0.03
     assert np.abs(values).max() <= 2 * sigma * 1.02  # nothing beyond 2 sigma
     assert np.abs(values).max() >= 1.9 * sigma  # but the tails reach it
     assert abs(values.mean()) <= 5 * values.std() / np.sqrt(values.size)  # mean 0
