@@ -679,6 +679,21 @@ def _check_graph_name(name, full_name):
                      f"of type {op_type}; give the variable another name or variable_scope.")
 
 
+def _warn_of_scope_settings_it_ignores(name):
+    """A variable scope's partitioner and regularizer apply to the dense
+  variables made in it; an Embedding Variable is sharded by target_gpu and
+  takes no regularizer, so it says so instead of dropping them silently
+  (refusing would stop scripts whose scope sets them for dense layers)."""
+    scope = tf.compat.v1.get_variable_scope()
+    for setting, why in (("partitioner", "it is sharded over the workers by target_gpu"),
+                         ("regularizer", "no regularization loss is added for it")):
+        value = getattr(scope, setting)
+        if value is not None:
+            tf.get_logger().warning(
+                "get_embedding_variable('%s'): the variable scope %r's %s=%r does not apply to "
+                "Embedding Variables: %s.", name, scope.name, setting, value, why)
+
+
 def _graph_registry():
     """Embedding Variables of the default graph by full name."""
     graph = framework_ops.get_default_graph()
@@ -780,6 +795,7 @@ def get_embedding_variable(name: str,
                              "over workers is set with target_gpu instead of a "
                              "partitioner.)")
     del validate_shape
+    _warn_of_scope_settings_it_ignores(name)
     # A string is iterable: it would become one collection per letter.
     if collections is not None and not isinstance(collections, (list, tuple, set, frozenset)):
         raise ValueError(f"get_embedding_variable('{name}'): collections must be a list, tuple "

@@ -575,3 +575,20 @@ def test_install_deeprec_api_provides_tf_get_embedding_variable(sok, rng):
         rows = _rows(sok, ev, keys)
         sess.run(tf.compat.v1.global_variables_initializer())
         np.testing.assert_array_equal(sess.run(rows), ref.initial_rows(matrix, keys))
+
+
+@pytest.mark.parametrize("setting", ["partitioner", "regularizer"])
+def test_a_scope_partitioner_or_regularizer_it_ignores_is_named_in_a_warning(sok, caplog, setting):
+    # Scopes set these for their dense layers too: the script runs, and the
+    # user is told what does not apply to the Embedding Variable.
+    value = {
+        "partitioner": tf.compat.v1.fixed_size_partitioner(2),
+        "regularizer": tf.keras.regularizers.l2(0.1)
+    }[setting]
+    with ref.graph_session():
+        with tf.compat.v1.variable_scope("tower", **{setting: value}):
+            ev = sok.get_embedding_variable("emb", embedding_dim=DIM)
+    assert isinstance(ev, sok.EmbeddingVariable)
+    assert any(
+        setting in r.getMessage() and "'tower'" in r.getMessage() and "'emb'" in r.getMessage()
+        for r in caplog.records)
