@@ -280,8 +280,9 @@ def check_gradient(grad, variable):
     TypeError: `grad` is not tf.IndexedSlices keyed by raw keys: its indices
       must have the variable's key_dtype (int32 into an int64 table is
       widened; int64 into an int32 table would be cut, so it is refused).
-    ValueError: with several workers, `grad` went through a Horovod reduction
-      (sok_ev.embedding_gradients.check_before_apply).
+    ValueError: its values are not [n, embedding_dim] (where known when the
+      update is built), or, with several workers, `grad` went through a
+      Horovod reduction (sok_ev.embedding_gradients.check_before_apply).
   """
     if not isinstance(grad, tf.IndexedSlices):
         raise TypeError(f"The gradient of Embedding Variable '{variable.name}' must be "
@@ -293,6 +294,11 @@ def check_gradient(grad, variable):
         raise TypeError(f"The gradient of Embedding Variable '{variable.name}' has "
                         f"{key_dtype.name} indices, but its keys are "
                         f"{variable.key_dtype.name}: index it by the keys the lookup used")
+    values = grad.values.shape  # checked by the kernel too, when it runs
+    if values.rank is not None and (values.rank != 2 or
+                                    values[1] not in (None, variable.embedding_dim)):
+        raise ValueError(f"The gradient of Embedding Variable '{variable.name}' must have values "
+                         f"of shape [n, {variable.embedding_dim}], got {values}")
     # With several workers the gradient must come from the lookup's own
     # exchange, never from a Horovod reduction (which would mix shards).
     embedding_gradients.check_before_apply(grad, variable)
@@ -404,6 +410,12 @@ def _grouping_apply_gradients(original):
 
     def apply_gradients(self, grads_and_vars, global_step=None, name=None, **kwargs):
         grads_and_vars = tuple(grads_and_vars)
+        # Before anything applies (eagerly, dense variables update as their
+        # ops are made): a bad Embedding Variable gradient changes nothing.
+        for g, v in grads_and_vars:
+            if g is not None and isinstance(v, EmbeddingVariable):
+                _rule_for(self, v)
+                check_gradient(g, v)
         expected = sum(
             1 for g, v in grads_and_vars if g is not None and isinstance(v, EmbeddingVariable))
         # Strategies call the processors per replica, maybe on other threads:

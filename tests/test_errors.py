@@ -146,10 +146,15 @@ def test_a_kernel_error_names_the_eager_variable_as_the_user_did(sok):
     # Several eager variables may share a name, as tf.Variables do; each has
     # its own table, and a kernel's error gives the name the user chose.
     tables = [sok.get_embedding_variable("same_name_emb", embedding_dim=4) for _ in range(3)]
-    grad = tf.IndexedSlices(tf.ones([2, 5]), tf.constant([1, 2], tf.int64))
+    optimizer = tf.compat.v1.train.AdagradOptimizer(0.1)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.float32)])
+    def apply(values):  # a width only the kernel sees
+        grad = tf.IndexedSlices(values, tf.constant([1, 2], tf.int64))
+        optimizer.apply_gradients([(grad, tables[-1])])
 
     with pytest.raises(tf.errors.InvalidArgumentError) as error:
-        tf.compat.v1.train.AdagradOptimizer(0.1).apply_gradients([(grad, tables[-1])])
+        apply(tf.ones([2, 5]))
 
     assert "Embedding Variable 'same_name_emb'" in str(error.value)
     assert all(t.name == "same_name_emb:0" for t in tables)

@@ -375,3 +375,21 @@ def test_ftrl_refuses_what_tfs_dense_ftrl_kernel_refuses_before_any_update(
 
     assert ref.error_names(error.value, argument, str(value).rstrip("0").rstrip("."))
     assert int(ev.total_count()) == 0
+
+
+def test_a_bad_embedding_variable_gradient_stops_the_step_before_a_dense_variable_moves(
+        sok, unique_name):
+    # Eagerly a v1 optimizer updates each variable as its op is made; the
+    # Embedding Variable's gradient is checked before any of them.
+    dense = tf.Variable(tf.ones([3, 2]))
+    ev = sok.get_embedding_variable(unique_name(), embedding_dim=2)
+    dense_grad = tf.IndexedSlices(tf.ones([1, 2]), tf.constant([0]), tf.constant([3, 2]))
+    wrong_width = tf.IndexedSlices(tf.ones([1, 3]), tf.constant([5], tf.int64))
+
+    with pytest.raises(ValueError) as error:
+        tf.compat.v1.train.AdagradOptimizer(0.5).apply_gradients([(dense_grad, dense),
+                                                                  (wrong_width, ev)])
+
+    assert ref.error_names(error.value, ev.name, "[n, 2]", "(1, 3)")
+    np.testing.assert_array_equal(dense.numpy(), np.ones([3, 2]))
+    assert int(ev.total_count()) == 0
