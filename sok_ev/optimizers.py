@@ -277,7 +277,7 @@ def check_gradient(grad, variable):
     """Refuses what the fused update cannot apply.
 
   Raises:
-    TypeError: `grad` is not tf.IndexedSlices keyed by raw keys: its indices
+    TypeError: `grad` is not float32 tf.IndexedSlices keyed by raw keys: its indices
       must have the variable's key_dtype (int32 into an int64 table is
       widened; int64 into an int32 table would be cut, so it is refused).
     ValueError: its values are not [n, embedding_dim] (where known when the
@@ -294,6 +294,9 @@ def check_gradient(grad, variable):
         raise TypeError(f"The gradient of Embedding Variable '{variable.name}' has "
                         f"{key_dtype.name} indices, but its keys are "
                         f"{variable.key_dtype.name}: index it by the keys the lookup used")
+    if grad.values.dtype != tf.float32:
+        raise TypeError(f"The gradient of Embedding Variable '{variable.name}' must be float32 "
+                        f"(as its rows), got {grad.values.dtype.name}")
     values = grad.values.shape  # checked by the kernel too, when it runs
     if values.rank is not None and (values.rank != 2 or
                                     values[1] not in (None, variable.embedding_dim)):

@@ -73,7 +73,8 @@ class InitializerOption:
 
   Raises:
     ValueError: default_value_dim is not a positive integer (Python's or
-      NumPy's; a bool is not taken for one).
+      NumPy's; a bool is not taken for one), or default_value_no_permission
+      is not a number.
   """
     initializer: Any = None
     default_value_dim: Optional[int] = None
@@ -88,6 +89,10 @@ class InitializerOption:
                              f"integer, got {dim!r}")
         if dim is not None:
             self.default_value_dim = int(dim)
+        value = self.default_value_no_permission
+        if not isinstance(value, numbers.Real) or isinstance(value, bool):
+            raise ValueError("InitializerOption: default_value_no_permission must be a number, "
+                             f"got {value!r}")
 
 
 @dataclasses.dataclass

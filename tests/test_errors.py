@@ -159,3 +159,19 @@ def test_a_kernel_error_names_the_eager_variable_as_the_user_did(sok):
     assert "Embedding Variable 'same_name_emb'" in str(error.value)
     assert all(t.name == "same_name_emb:0" for t in tables)
     assert len({t._unique_id for t in tables}) == 3  # pylint: disable=protected-access
+
+
+def test_a_float64_gradient_is_refused_naming_the_table(sok, unique_name):
+    ev = sok.get_embedding_variable(unique_name(), embedding_dim=2)
+    grad = tf.IndexedSlices(tf.ones([1, 2], tf.float64), tf.constant([1], tf.int64))
+    with pytest.raises(TypeError) as error:
+        tf.compat.v1.train.GradientDescentOptimizer(0.1).apply_gradients([(grad, ev)])
+    assert ref.error_names(error.value, ev.name, "float64")
+    assert int(ev.total_count()) == 0
+
+
+@pytest.mark.parametrize("value", ["a", None, True])
+def test_a_no_permission_value_that_is_no_number_is_refused_naming_the_argument(sok, value):
+    with pytest.raises(ValueError) as error:
+        sok.InitializerOption(default_value_no_permission=value)
+    assert ref.error_names(error.value, "default_value_no_permission", repr(value))
