@@ -15,13 +15,12 @@ assignment map's forms are TensorFlow's: `{'ckpt_name': 'var_name'}`,
 `{'/': 'new/'}`).
 """
 
+import tensorflow as tf
 from tensorflow.python.ops import variable_scope
 from tensorflow.python.training import checkpoint_utils
 
 from sok_ev import checkpoint
 from sok_ev.embedding_variable import EV_INIT_VAR_OPS, EmbeddingVariable
-
-import tensorflow as tf
 
 _original = {}
 
