@@ -602,3 +602,21 @@ def test_a_saver_without_embedding_variables_builds_what_tensorflow_builds(sok, 
     finally:
         sok.init()
     assert hooked == original
+
+
+def test_a_table_on_a_worker_this_run_lacks_is_refused_at_restore_and_nothing_changes(
+        sok, unique_name, tmp_path):
+    # A lookup refuses target_gpu >= the worker count; a restore must too,
+    # or the table would come back empty on every worker.
+    tables = [sok.get_embedding_variable(unique_name(), 2) for _ in range(2)]
+    sok.lookup_sparse(tables, [_sparse_ids([1, 2])] * 2)
+    path = tf.train.Checkpoint(tables=tables).save(str(tmp_path / "ckpt"))
+    fresh = sok.get_embedding_variable(unique_name(), 2)
+    sok.lookup_sparse([fresh], [_sparse_ids([7])])
+    moved = sok.get_embedding_variable(unique_name(), 2, target_gpu=2)  # from a 3-worker job
+
+    with pytest.raises(tf.errors.InvalidArgumentError) as error:
+        tf.train.Checkpoint(tables=[fresh, moved]).restore(path)
+
+    assert ref.error_names(error.value, "target_gpu is 2", "1 worker")
+    assert sorted(fresh.export()[0].numpy().tolist()) == [7]  # unchanged

@@ -579,6 +579,15 @@ class RestoreEmbeddingVariablesOp : public OpKernel {
                          int t, WorkerTopology topology, StagedTable<Device>& s, int depth) {
     const std::string& name = table_names_[t];
     const std::string where = "Embedding Variable '" + name + "' in checkpoint '" + prefix + "'";
+    // A table on a worker this run does not have would restore on none of
+    // them: refused, as a lookup of it is, before any table changes.
+    const int64_t target = target_workers_[t];
+    if (target < -1 || target >= topology.num_workers) {
+      return errors::InvalidArgument(
+          "cannot restore ", where, " into a variable whose target_gpu is ", target,
+          ": this run has ", topology.num_workers,
+          " worker(s), so target_gpu must be -1 or in [0, ", topology.num_workers, ")");
+    }
     if (!reader->Contains(checkpoint::HeaderKey(name))) {
       return errors::NotFound("Embedding Variable '", name, "' is not in checkpoint '", prefix,
                               "' (saved under another name or variable scope?)");
@@ -651,7 +660,6 @@ class RestoreEmbeddingVariablesOp : public OpKernel {
           EmbeddingVariable<Device>::template NewFilter<Key>(s.filter_spec, &filter));
     }
     const bool values_only = s.mode != TableMode::kTraining;
-    const int64_t target = target_workers_[t];
     // Sharded the same way on as many workers: shard w holds exactly the
     // keys worker w owns, so the other shards need not be read.
     const bool same_sharding =
