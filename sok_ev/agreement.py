@@ -93,7 +93,9 @@ def fingerprint(params, exchange_dtype="float32"):
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 2
 
 
-def _timeout():
+def check_timeout():
+    """Seconds a worker waits for the others at a build-time check
+  (SOK_EV_LOOKUP_CHECK_TIMEOUT, default 30)."""
     return communication.seconds_setting(TIMEOUT_VARIABLE, DEFAULT_TIMEOUT_SECONDS)
 
 
@@ -165,18 +167,28 @@ def check_lookup(params, exchange_dtype="float32", row_transport="horovod"):
                              f"workers, got {signature['target_gpu']}")
     site, where = _call_site(), _context()
     key = (where, site, json.dumps(signatures, sort_keys=True), exchange_dtype, row_transport)
+    if not tf.executing_eagerly():
+        # The n-th such lookup of this graph or function trace: one built
+        # again at the same place (a helper called twice) is checked again,
+        # as the other workers may not build it.
+        graph = framework_ops.get_default_graph()
+        if not hasattr(graph, "_sok_ev_lookups_built"):
+            graph._sok_ev_lookups_built = {}  # pylint: disable=protected-access
+        built = graph._sok_ev_lookups_built  # pylint: disable=protected-access
+        built[key] = built.get(key, 0) + 1
+        key += (built[key],)
     if key in _checked:
         return _checked[key]
     description = {
         "tables": signatures,
         "site": site,
-        "where": where,
+        "where": where if len(key) == 5 else f"{where}, #{key[-1]} there",
         "exchange_dtype": exchange_dtype,
         "row_transport": row_transport,
     }
     if row_transport == "nccl" and communication.rank() == 0:
         description["nccl_id"] = communication.new_nccl_id()
-    timeout = _timeout()
+    timeout = check_timeout()
     try:
         everyone = communication.allgather_object(description,
                                                   name="sok_ev_lookup_check",
@@ -184,7 +196,7 @@ def check_lookup(params, exchange_dtype="float32", row_transport="horovod"):
     except communication.CollectiveTimeoutError:
         names = [s["name"] for s in signatures]
         message = (f"lookup_sparse: worker {communication.rank()} built a lookup of {names} "
-                   f"({site}, {where}) that the other workers did not build within "
+                   f"({site}, {description['where']}) that the other workers did not build within "
                    f"{timeout:g} s: every worker must build and run the same sok-ev lookups in "
                    "the same order (an evaluation or a table looked up on some workers only "
                    f"is a rank-dependent lookup). {TIMEOUT_VARIABLE} sets the time limit.")

@@ -39,6 +39,7 @@ from tensorflow.python.ops import gen_io_ops
 from tensorflow.python.saved_model.registration import registration
 from tensorflow.python.training import saver as saver_module
 
+from sok_ev import agreement
 from sok_ev import communication
 from sok_ev import serving
 from sok_ev._ops import ops
@@ -453,14 +454,34 @@ def _registered_save(trackables, file_prefix):
     return [tf.constant(part) for part in parts] if worker == 0 else []
 
 
+def _gather_at_start(obj, name, what):
+    """Every worker's `obj`, gathered as an eager save or restore starts.
+
+  Raises:
+    ValueError: the other workers did not start it within the build-time
+      check's timeout (a save or restore run on some workers only); they are
+      stopped too (agreement.stop_everyone).
+  """
+    timeout = agreement.check_timeout()
+    try:
+        return communication.allgather_object(obj, name=name, timeout=timeout)
+    except communication.CollectiveTimeoutError:
+        message = (f"tf.train.Checkpoint: worker {communication.rank()} started {what} that the "
+                   f"other workers did not start within {timeout:g} s. Embedding Variables are "
+                   "sharded: every worker saves and restores them, at the same step (not "
+                   "worker 0 alone; hvd.broadcast_variables does not copy them). "
+                   f"{agreement.TIMEOUT_VARIABLE} sets the time limit.")
+        agreement.stop_everyone(message)
+        raise ValueError(message) from None
+
+
 def _prefix_of_worker_zero(prefix, names):
     """Where worker 0 saves; checks that the workers save the same tables,
   and that the others save elsewhere (their dense variables would collide)."""
-    everyone = communication.allgather_object({
+    everyone = _gather_at_start({
         "prefix": prefix,
         "tables": names
-    },
-                                              name="sok_ev_checkpoint_prefixes")
+    }, "sok_ev_checkpoint_prefixes", "a save")
     for other, theirs in enumerate(everyone):
         if theirs["tables"] != everyone[0]["tables"]:
             raise ValueError(f"tf.train.Checkpoint: worker {other} saves Embedding Variables "
@@ -483,6 +504,8 @@ def _registered_restore(trackables, merged_prefix):
         raise ValueError("tf.train.Checkpoint restores Embedding Variables eagerly or in "
                          "tf.function only; in a tf.compat.v1 graph use "
                          "tf.compat.v1.train.Saver")
+    if communication.world_size() > 1 and tf.executing_eagerly():
+        _same_checkpoint_restored(merged_prefix.numpy().decode(), trackables)
     restores = []
     for group in _by_device(_sorted_tables(trackables)):
         with tf.device(group[0][1].device):
@@ -490,6 +513,23 @@ def _registered_restore(trackables, merged_prefix):
     # In a tf.function (a SavedModel's restore function) the stateful restore
     # ops run by automatic control dependencies; it must return no op.
     return None
+
+
+def _same_checkpoint_restored(prefix, trackables):
+    """Checks that every worker restores the same tables from the same
+  checkpoint: each keeps the keys it owns, so workers restoring different
+  checkpoints would make a model no checkpoint held."""
+    names = [name for name, _ in _sorted_tables(trackables)]
+    everyone = _gather_at_start({
+        "prefix": prefix,
+        "tables": names
+    }, "sok_ev_checkpoint_restore", "a restore")
+    for other, theirs in enumerate(everyone):
+        if theirs != everyone[0]:
+            raise ValueError(f"tf.train.Checkpoint.restore: worker {other} restores Embedding "
+                             f"Variables {theirs['tables']} from {theirs['prefix']!r} but worker 0 "
+                             f"restores {everyone[0]['tables']} from {everyone[0]['prefix']!r}; "
+                             "every worker must restore the same checkpoint")
 
 
 registration.register_checkpoint_saver(package=_REGISTERED_PACKAGE,

@@ -256,6 +256,10 @@ def allreduce(tensor, name=None):
     return hvd.allreduce(tensor, op=hvd.Sum, name=name)
 
 
+class CollectiveMismatchError(ValueError):
+    """Workers met in a collective while at different sok-ev steps."""
+
+
 class CollectiveTimeoutError(RuntimeError):
     """A collective run by `allgather_object` was not joined by every worker
   in time. Horovod still waits for it: call `shutdown()` before going on."""
@@ -302,6 +306,9 @@ def allgather_object(obj, name="sok_ev_allgather_object", timeout=None):
   private graph and session, leaving the user's graph untouched.
 
   Args:
+    name: what the gather is for. Eager Horovod pairs collectives by kind,
+      not name, so each worker's object travels with it: workers at
+      different gathers fail instead of reading each other's objects.
     timeout: None (wait for every worker), or seconds.
 
   Returns:
@@ -309,9 +316,14 @@ def allgather_object(obj, name="sok_ev_allgather_object", timeout=None):
 
   Raises:
     CollectiveTimeoutError: some worker did not join within `timeout`.
+    CollectiveMismatchError: some worker joined another gather.
   """
     hvd = _backend()
-    data = np.frombuffer(json.dumps(obj, sort_keys=True).encode(), np.uint8)
+    data = np.frombuffer(
+        json.dumps({
+            "for": name,
+            "object": obj
+        }, sort_keys=True).encode(), np.uint8)
 
     def gather():
         sizes = hvd.allgather(tf.constant([data.size], tf.int64), name=f"{name}_sizes")
@@ -319,11 +331,19 @@ def allgather_object(obj, name="sok_ev_allgather_object", timeout=None):
         return sizes, payload
 
     sizes, payload = _run_now(lambda: _eager_or_private_graph(gather), timeout)
-    objects, start = [], 0
+    tagged, start = [], 0
     for size in sizes:
-        objects.append(json.loads(payload[start:start + size].tobytes().decode()))
+        tagged.append(json.loads(payload[start:start + size].tobytes().decode()))
         start += size
-    return objects
+    for worker, theirs in enumerate(tagged):
+        purpose = theirs.get("for") if isinstance(theirs, dict) else None
+        if purpose != name:
+            raise CollectiveMismatchError(
+                f"sok-ev: worker {rank()} was at {name!r} when worker {worker} was at "
+                f"{purpose!r}: the workers ran different sok-ev steps here (a save, restore "
+                "or lookup that only some workers ran?); every worker must run the same ones, "
+                "in the same order")
+    return [t["object"] for t in tagged]
 
 
 def alltoall_now(rows, splits, name=None, timeout=None, device=None):

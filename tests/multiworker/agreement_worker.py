@@ -122,6 +122,37 @@ def scenario_eval_on_rank0_tf2(results):
         train_step(*batch(step))
 
 
+def embed(table, ids):
+    """The model's one call site of lookup_sparse."""
+    return sok_ev.lookup_sparse([table], [ids])[0]
+
+
+def scenario_same_site_twice_on_rank0(results):
+    # Rank 0 builds a second lookup through the same helper (an auxiliary
+    # loss): the same file and line as the training lookup, built again.
+    sok_ev.init()
+    with tf.Graph().as_default():
+        table = sok_ev.get_embedding_variable("t0", embedding_dim=DIM)
+        ids = tf.compat.v1.sparse_placeholder(tf.int64)
+        train = tf.compat.v1.train.AdagradOptimizer(0.1).minimize(
+            tf.reduce_sum(embed(table, ids)**2))
+
+        def feed_of(step):
+            indices, keys = batch(step)
+            return {ids: tf.compat.v1.SparseTensorValue(indices, keys, [4, 2])}
+
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            for step in range(2):
+                session.run(train, feed_of(step))
+            results["diverged_at"] = np.array(time.monotonic())
+            auxiliary = embed(table, ids) if RANK == 0 else None
+            for step in range(2, 10):
+                if auxiliary is not None:
+                    session.run(auxiliary, feed_of(step))
+                session.run(train, feed_of(step))
+
+
 def scenario_second_lookup(results):
     sok_ev.init()
 
@@ -173,6 +204,7 @@ SCENARIOS = {
     "eval_on_rank0": scenario_eval_on_rank0,
     "eval_on_rank0_tf2": scenario_eval_on_rank0_tf2,
     "second_lookup": scenario_second_lookup,
+    "same_site_twice_on_rank0": scenario_same_site_twice_on_rank0,
     "constant_keys": scenario_constant_keys,
 }
 

@@ -22,7 +22,7 @@ shares), one directory per API; each worker does what README.md's
               tf.train.latest_checkpoint(ROOT/checkpoint) on every worker.
 
 --restore latest restores the Saver's latest checkpoint. --mistakes also
-records the errors of three mistakes; --interrupt only saves once, then makes
+records the errors of four mistakes; --interrupt only saves once, then makes
 worker 1 die in the middle of its next save.
 Results: "<api>/<when>/t<i>/<field>" with when in {restored, saved} and field
 in {keys, rows, frequencies, versions, slots}, plus "<api>/<when>/bias".
@@ -269,6 +269,12 @@ def record_mistakes(args, results):
     checkpoint = tf.train.Checkpoint(tables=model.tables)
     results["mistake/checkpoint_same_path"] = message_of(
         lambda: checkpoint.write(os.path.join(directory, "tf2")))
+    # tf.train.Checkpoint restored from different checkpoints (each worker
+    # would keep its own keys from its own step).
+    for name in ("tf2_a", "tf2_b"):
+        checkpoint.write(os.path.join(directory, name if RANK == 0 else f"{name}-{RANK}"))
+    theirs = os.path.join(directory, "tf2_a" if RANK == 0 else "tf2_b")
+    results["mistake/checkpoint_restore_paths"] = message_of(lambda: checkpoint.restore(theirs))
 
 
 def interrupt(args, results):

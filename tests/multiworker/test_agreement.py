@@ -3,8 +3,9 @@
 Pinned down (sok_ev/agreement.py, sok_ev/communication.py), on 2 workers:
 * hvd.init() without sok_ev.init(): the first lookup raises on every worker,
   naming sok_ev.init() (instead of training unsharded);
-* a table looked up by one worker only, or an evaluation lookup run by
-  worker 0 only (graph mode, and eagerly next to tf.function training):
+* a table looked up by one worker only, an evaluation lookup run by
+  worker 0 only (graph mode, and eagerly next to tf.function training), or
+  a lookup built again at the same place in the code on worker 0 only:
   every worker ends in an error naming the cause, within seconds of the
   time limit (SOK_EV_LOOKUP_CHECK_TIMEOUT, 5 s here), never a hang;
 * a second lookup of the same table built after training started (an
@@ -50,7 +51,8 @@ def test_hvd_init_without_sok_ev_init_fails_at_the_first_lookup_naming_it():
         assert "sok_ev.init()" in message and "2 workers" in message, message
 
 
-@pytest.mark.parametrize("scenario", ["extra_table", "eval_on_rank0", "eval_on_rank0_tf2"])
+@pytest.mark.parametrize(
+    "scenario", ["extra_table", "eval_on_rank0", "eval_on_rank0_tf2", "same_site_twice_on_rank0"])
 def test_a_lookup_on_some_workers_only_fails_on_every_worker_within_seconds(scenario):
     results = _run(scenario)
     # Worker 0 built the lookup the others did not: its error names it.

@@ -13,9 +13,10 @@ optimizer slots), frequency and version bit for bit, on the worker that owns
 it for the new count (`owner_of`, re-implemented in harness.py), or on the
 table's target_gpu worker; the dense variables equal worker 0's. A save
 interrupted by a worker's death leaves the previous checkpoint the latest,
-and restorable. Three mistakes end in an error on every worker: Saver.save
+and restorable. Four mistakes end in an error on every worker: Saver.save
 to a path of each worker's own, tf.train.Checkpoint saved by every worker to
-the same path, and a restore on worker 0 only followed by a broadcast.
+the same path or restored from a different checkpoint on each, and a
+restore on worker 0 only followed by a broadcast.
 """
 import os
 import tempfile
@@ -130,6 +131,9 @@ def test_mistakes_end_in_an_error_on_every_worker(chain):
         assert "t0:0" in message and "t2:0" in message, message
         message = str(data["mistake/checkpoint_same_path"])
         assert "saves to the same path as worker 0" in message, message
+        message = str(data["mistake/checkpoint_restore_paths"])
+        assert "every worker must restore the same checkpoint" in message, message
+        assert "tf2_a" in message and "tf2_b" in message, message
 
 
 def test_an_interrupted_save_leaves_the_previous_checkpoint_restorable():
