@@ -358,8 +358,8 @@ def test_a_gradient_whose_indices_the_table_cannot_hold_is_refused_before_any_up
                                              ("learning_rate_power", 0.5)])
 def test_ftrl_refuses_what_tfs_dense_ftrl_kernel_refuses_before_any_update(
         sok, unique_name, argument, value):
-    # TF's ResourceSparseApplyFtrl refuses a non-positive learning rate (FTRL
-    # divides by it) and a positive learning_rate_power, at run time.
+    # TF's ResourceSparseApplyFtrl (its CPU kernel) refuses a non-positive
+    # learning rate (FTRL divides by it) and a positive learning_rate_power.
     def apply(variable):
         optimizer = tf.compat.v1.train.FtrlOptimizer(0.1)
         setattr(optimizer, f"_{argument}", value)  # past the constructor's own checks
@@ -367,8 +367,8 @@ def test_ftrl_refuses_what_tfs_dense_ftrl_kernel_refuses_before_any_update(
                                 tf.constant([4, 4], tf.int64))
         optimizer.apply_gradients([(grad, variable)])
 
-    with pytest.raises(tf.errors.InvalidArgumentError):
-        apply(tf.Variable(tf.zeros([4, 4])))
+    with tf.device("/CPU:0"), pytest.raises(tf.errors.InvalidArgumentError):
+        apply(tf.Variable(tf.zeros([4, 4])))  # TF's GPU kernel does not check
     ev = sok.get_embedding_variable(unique_name(), embedding_dim=4)
     with pytest.raises(tf.errors.InvalidArgumentError) as error:
         apply(ev)
