@@ -167,6 +167,7 @@ def check_lookup(params, exchange_dtype="float32", row_transport="horovod"):
                              f"workers, got {signature['target_gpu']}")
     site, where = _call_site(), _context()
     key = (where, site, json.dumps(signatures, sort_keys=True), exchange_dtype, row_transport)
+    occurrence = None
     if not tf.executing_eagerly():
         # The n-th such lookup of this graph or function trace: one built
         # again at the same place (a helper called twice) is checked again,
@@ -175,14 +176,14 @@ def check_lookup(params, exchange_dtype="float32", row_transport="horovod"):
         if not hasattr(graph, "_sok_ev_lookups_built"):
             graph._sok_ev_lookups_built = {}  # pylint: disable=protected-access
         built = graph._sok_ev_lookups_built  # pylint: disable=protected-access
-        built[key] = built.get(key, 0) + 1
-        key += (built[key],)
+        occurrence = built[key] = built.get(key, 0) + 1
+        key += (occurrence,)
     if key in _checked:
         return _checked[key]
     description = {
         "tables": signatures,
         "site": site,
-        "where": where if len(key) == 5 else f"{where}, #{key[-1]} there",
+        "where": where if occurrence is None else f"{where}, #{occurrence} there",
         "exchange_dtype": exchange_dtype,
         "row_transport": row_transport,
     }

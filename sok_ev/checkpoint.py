@@ -79,9 +79,11 @@ def _evictions(tables):
                 variable.handle,
                 key_dtype=variable.key_dtype,
                 l2_weight_threshold=variable.l2_weight_threshold))
+        if not variable.steps_to_live:
+            continue
         clock = variable.version_clock
         step = clock() if clock is not None else tf.compat.v1.train.get_global_step()
-        if variable.steps_to_live and step is not None:
+        if step is not None:
             evictions.append(ops().sok_ev_embedding_variable_evict(
                 variable.handle,
                 tf.cast(step, tf.int64),

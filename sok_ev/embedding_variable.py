@@ -46,6 +46,17 @@ MAX_EMBEDDING_DIM = 1 << 16
 
 # core.Tensor as for tf.Variable's resource variables: tapes check it to decide
 # that a watched variable is trainable.
+def _handle_op(shared_name, key_dtype, embedding_dim, name=None):
+    """The handle of the table `shared_name` (a scalar resource tensor). Its
+  `shape` attr, [?, embedding_dim], is what TensorFlow reads of a
+  VarHandleOp to carry an IndexedSlices gradient out of a v1 while loop."""
+    return ops().sok_ev_embedding_variable_handle(shared_name=shared_name,
+                                                  key_dtype=key_dtype,
+                                                  embedding_dim=embedding_dim,
+                                                  shape=[None, embedding_dim],
+                                                  name=name)
+
+
 class EmbeddingVariable(variables.Variable, core.Tensor):
     """A hash-based embedding table whose keys are raw ids.
 
@@ -106,11 +117,7 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
                     shared_name = f"{self._handle_name}#{framework_ops.uid()}"
                 # An op name ending in "/" is taken as is: the handle op is named
                 # exactly `var.name` without ":0", as a meta graph import needs.
-                self._handle = ops().sok_ev_embedding_variable_handle(shared_name=shared_name,
-                                                                      key_dtype=self._key_dtype,
-                                                                      embedding_dim=embedding_dim,
-                                                                      shape=[None, embedding_dim],
-                                                                      name=scope_name)
+                self._handle = _handle_op(shared_name, self._key_dtype, embedding_dim, scope_name)
                 spec = initializers.spec_for(initializer, default_value_dim)
                 with framework_ops.name_scope("Initializer"):
                     matrix = initializers.default_values(initializer, spec, embedding_dim)
@@ -427,11 +434,7 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
         copy.__dict__.update(self.__dict__)
         copy.__dict__.pop("_handle_deleter", None)  # the copy owns no table
         copy._restores_as_saved = True  # pylint: disable=protected-access
-        copy._handle = ops().sok_ev_embedding_variable_handle(  # pylint: disable=protected-access
-            shared_name=self._handle_name,
-            key_dtype=self._key_dtype,
-            embedding_dim=self._embedding_dim,
-            shape=[None, self._embedding_dim])
+        copy._handle = _handle_op(self._handle_name, self._key_dtype, self._embedding_dim)  # pylint: disable=protected-access
         copy._default_values = tf.constant(  # pylint: disable=protected-access
             tf.get_static_value(self._default_values), tf.float32)
         object_map[self] = copy

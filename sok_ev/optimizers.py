@@ -401,9 +401,7 @@ class _EmbeddingVariableProcessor(optimizer_module._OptimizableVariable):  # pyl
         pending = _pending_updates(optimizer)
         if pending is None:  # an apply_gradients that does not group
             return tf.group(apply_to_embedding_variables(optimizer, [(g, self._v)]))
-        _rule_for(optimizer, self._v)  # errors name the variable they concern
-        check_gradient(g, self._v)
-        pending.pairs.append((g, self._v))
+        pending.pairs.append((g, self._v))  # checked by the apply_gradients wrapper
         if len(pending.pairs) < pending.expected:
             return tf.no_op()  # this variable's update is the last one's op
         return tf.group(apply_to_embedding_variables(optimizer, pending.pairs))

@@ -413,12 +413,12 @@ class MarkEmbeddingVariablesSavedOp : public OpKernel {
   }
 };
 
-// One table of a restore: what it is restored into, built before any
-// variable changes.
 // serving_modes' "as the checkpoint says" (the default, and a SavedModel's
 // own tables); a table built for training passes 0 and keeps training.
 constexpr int64_t kModeOfCheckpoint = -1;
 
+// One table of a restore: what it is restored into, built before any
+// variable changes.
 template <typename Device>
 struct StagedTable {
   RefCountPtr<EmbeddingVariable<Device>> variable;
