@@ -36,7 +36,9 @@ APT_PACKAGES=(bazel-bootstrap bazel-rules-java build-essential cmake clang-forma
 PY_PACKAGES=("$TF_PACKAGE" numpy pytest pytest-timeout wheel setuptools yapf==0.43.0
     scikit-learn matplotlib tqdm)
 # TensorFlow's INFO/WARNING start-up chatter would drown the step output.
-export TF_CPP_MIN_LOG_LEVEL=2 PIP_DISABLE_PIP_VERSION_CHECK=1
+# No pip cache: the two TensorFlow wheels (CPU here, CUDA for the GPU build)
+# would stay in it as another gigabyte on a disk two venvs already fill.
+export TF_CPP_MIN_LOG_LEVEL=2 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 
 STEP="start"
 trap 'echo "request.sh: FAILED in step [$STEP] (line $LINENO: $BASH_COMMAND)" >&2' ERR
@@ -219,7 +221,7 @@ EOF
     fi
     echo "building horovod (about 3 minutes)"
     # TensorFlow must be importable while horovod builds: no build isolation.
-    env "${HVD_ENV[@]}" "$PY" -m pip install -q --no-build-isolation --no-cache-dir "$HVD_SRC"
+    env "${HVD_ENV[@]}" "$PY" -m pip install -q --no-build-isolation "$HVD_SRC"
     rm -rf "$HVD_TMP"
     trap - EXIT
     py_quiet -c 'import sys, horovod.tensorflow as hvd; sys.exit(0 if hvd.gloo_built() else 1)'
