@@ -10,10 +10,11 @@ turns that into an error on every worker:
 1. At build (graph construction, tf.function trace, the first eager call
    from a place in the user's code), `check_lookup` runs one small allgather
    of the lookup's description: its tables (name, embedding_dim, key dtype,
-   target_gpu). Workers that built different lookups at the same point get
-   a ValueError naming the table, the field and both values. Only a lookup
-   new to this worker is checked (new tables, a new place in the code, a new
-   tf.function or tf.Graph), so retracing and eager steps cost nothing.
+   target_gpu), and how each is combined (combiner, weighted or not).
+   Workers that built different lookups at the same point get a ValueError
+   naming the table, the field and both values. Only a lookup new to this
+   worker is checked (new tables, a new place in the code, a new tf.function
+   or tf.Graph), so retracing and eager steps cost nothing.
 2. If the other workers do not join the check within
    SOK_EV_LOOKUP_CHECK_TIMEOUT seconds (default 30) -- because they did not
    build this lookup and went on training -- this worker sends every
@@ -137,7 +138,11 @@ def _context():
     return "/".join([where] + functions[::-1])
 
 
-def check_lookup(params, exchange_dtype="float32", row_transport="horovod"):
+def check_lookup(params,
+                 exchange_dtype="float32",
+                 row_transport="horovod",
+                 combiners=None,
+                 weighted=None):
     """Checks that every worker builds this lookup (see the module docstring).
 
   Args:
@@ -147,6 +152,10 @@ def check_lookup(params, exchange_dtype="float32", row_transport="horovod"):
     row_transport: what carries its rows (sok_ev.communication.row_transport);
       every worker must use the same. With "nccl", worker 0 makes the NCCL id
       of the lookup's communicator and the check hands it to every worker.
+    combiners: None, or N names ('sum', 'mean', 'sqrtn'): how each worker
+      combines its own samples; every worker must use the same.
+    weighted: None, or N bools: whether each table's samples are weighted
+      (sp_weights); every worker must agree.
 
   Returns:
     The hex NCCL id of the lookup's row exchange (the same on every worker,
@@ -154,9 +163,9 @@ def check_lookup(params, exchange_dtype="float32", row_transport="horovod"):
 
   Raises:
     ValueError: a target_gpu out of range; workers disagreeing on the tables
-      (the message names the table, the field and both values), on
-      exchange_dtype or on row_transport; or workers not building this
-      lookup within the timeout.
+      (the message names the table, the field and both values), on their
+      combiners or weights, on exchange_dtype or on row_transport; or workers
+      not building this lookup within the timeout.
   """
     size = communication.world_size()
     signatures = [table_signature(v) for v in params]
@@ -165,8 +174,13 @@ def check_lookup(params, exchange_dtype="float32", row_transport="horovod"):
             raise ValueError(f"lookup_sparse: target_gpu of Embedding Variable "
                              f"'{signature['name']}' must be -1 or in [0, {size}) for {size} "
                              f"workers, got {signature['target_gpu']}")
+    combining = [{
+        "combiner": c,
+        "weighted": bool(w)
+    } for c, w in zip(combiners or [None] * len(params), weighted or [False] * len(params))]
     site, where = _call_site(), _context()
-    key = (where, site, json.dumps(signatures, sort_keys=True), exchange_dtype, row_transport)
+    key = (where, site, json.dumps([signatures, combining],
+                                   sort_keys=True), exchange_dtype, row_transport)
     occurrence = None
     if not tf.executing_eagerly():
         # The n-th such lookup of this graph or function trace: one built
@@ -182,6 +196,7 @@ def check_lookup(params, exchange_dtype="float32", row_transport="horovod"):
         return _checked[key]
     description = {
         "tables": signatures,
+        "combining": combining,
         "site": site,
         "where": where if occurrence is None else f"{where}, #{occurrence} there",
         "exchange_dtype": exchange_dtype,
@@ -205,6 +220,17 @@ def check_lookup(params, exchange_dtype="float32", row_transport="horovod"):
         raise ValueError(message) from None
     _compare(signatures, [e["tables"] for e in everyone], everyone)
     me = communication.rank()
+    for other, theirs in enumerate(everyone):
+        for t, (mine, its) in enumerate(zip(combining, theirs["combining"])):
+            for field in ("combiner", "weighted"):
+                if mine[field] != its[field]:
+                    what = "combiners" if field == "combiner" else "sp_weights (given or None)"
+                    raise ValueError(f"lookup_sparse: the lookup of Embedding Variable "
+                                     f"'{signatures[t]['name']}' (table {t} of the call) differs "
+                                     f"across workers: {field} is {mine[field]!r} on worker {me} "
+                                     f"({site}) but {its[field]!r} on worker {other} "
+                                     f"({theirs['site']}); every worker must pass the same "
+                                     f"{what}")
     for other, theirs in enumerate(everyone):
         for field, mine, how in (("exchange_dtype", exchange_dtype, "pass"),
                                  ("row_transport", row_transport, "set")):

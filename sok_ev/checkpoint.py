@@ -32,6 +32,8 @@ topology when they run, so a graph exported on N workers restores on M.
 """
 
 import collections
+import functools
+import os
 
 import tensorflow as tf
 from tensorflow.python.framework import ops as framework_ops
@@ -264,13 +266,14 @@ class SaverBuilder(saver_module.BulkSaverBuilder):
         tables, others = _split(saveables)
         if not tables:
             return super()._AddSaveOps(filename_tensor, saveables)
-        return self._save_with_tables(filename_tensor, [("", others)] if others else [], tables)
+        return _mark_table_save(
+            self._save_with_tables(filename_tensor, [("", others)] if others else [], tables))
 
     def _AddShardedSaveOps(self, filename_tensor, per_device):  # pylint: disable=invalid-name
         tables, dense = _split_groups(per_device)
         if not tables:
             return super()._AddShardedSaveOps(filename_tensor, per_device)
-        return self._save_with_tables(filename_tensor, dense, tables)
+        return _mark_table_save(self._save_with_tables(filename_tensor, dense, tables))
 
     def _save_with_tables(self, prefix, dense, tables):
         """The save graph, identical on every worker (which worker runs it is
@@ -390,28 +393,77 @@ def _same_prefix_on_every_worker(prefix):
         return _after(prefix, everyone)
 
 
-_original_builder = {}
+def _mark_table_save(save_tensor):
+    """Records in its graph that `save_tensor` (what a Saver's save runs)
+  saves Embedding Variables; returns it."""
+    graph = save_tensor.graph
+    if not hasattr(graph, "_sok_ev_table_saves"):
+        graph._sok_ev_table_saves = set()  # pylint: disable=protected-access
+    graph._sok_ev_table_saves.add(save_tensor.name)  # pylint: disable=protected-access
+    return save_tensor
+
+
+def _saves_tables(saver, session):
+    """Whether `saver`'s save runs the save graph of SaverBuilder (with
+  Embedding Variables) built in this process."""
+    graph = getattr(session, "graph", None)
+    saver_def = getattr(saver, "saver_def", None)
+    return (graph is not None and saver_def is not None and
+            saver_def.save_tensor_name in getattr(graph, "_sok_ev_table_saves", ()))
+
+
+def _started_on_every_worker(save):
+    """tf.compat.v1.train.Saver.save, starting with a timed gather when it
+  saves Embedding Variables on several workers: a save run on some workers
+  only fails on every worker within SOK_EV_LOOKUP_CHECK_TIMEOUT (the save
+  graph's own collectives would wait without limit), and workers given
+  different paths fail before anything is written."""
+
+    @functools.wraps(save)
+    def checked_save(self, sess, save_path, *args, **kwargs):
+        if communication.world_size() > 1 and _saves_tables(self, sess):
+            path = os.fsdecode(save_path)
+            everyone = _gather_at_start(path, "sok_ev_saver_save", "a Saver save")
+            for other, theirs in enumerate(everyone):
+                if theirs != everyone[0]:
+                    raise ValueError(
+                        "tf.compat.v1.train.Saver.save was given different paths on different "
+                        f"workers: {everyone[0]!r} on worker 0, {theirs!r} on worker {other}. "
+                        "With Embedding Variables every worker must save the same checkpoint "
+                        "path, on a file system they share (each writes its shards, worker 0 "
+                        "the rest)")
+        return save(self, sess, save_path, *args, **kwargs)
+
+    return checked_save
+
+
+_originals = {}
 
 
 def install_saver_hook():
     """Makes tf.compat.v1.train.Saver save and restore Embedding Variables
   (see the module docstring). Affects Savers built afterwards without an
   explicit builder=; anything that is not an Embedding Variable goes through
-  TensorFlow's code. Idempotent."""
-    if not _original_builder:
-        _original_builder["BulkSaverBuilder"] = saver_module.BulkSaverBuilder
+  TensorFlow's code. With several workers a Saver's save of Embedding
+  Variables first checks that every worker saves, to the same path
+  (`_started_on_every_worker`). Idempotent."""
+    if not _originals:
+        _originals["BulkSaverBuilder"] = saver_module.BulkSaverBuilder
+        _originals["save"] = saver_module.Saver.save
         saver_module.BulkSaverBuilder = SaverBuilder
+        saver_module.Saver.save = _started_on_every_worker(saver_module.Saver.save)
 
 
 def uninstall_saver_hook():
-    """Restores TensorFlow's Saver builder."""
-    if _original_builder:
-        saver_module.BulkSaverBuilder = _original_builder.pop("BulkSaverBuilder")
+    """Restores TensorFlow's Saver builder and Saver.save."""
+    if _originals:
+        saver_module.BulkSaverBuilder = _originals.pop("BulkSaverBuilder")
+        saver_module.Saver.save = _originals.pop("save")
 
 
 def saver_hook_installed():
     """Whether install_saver_hook() is in effect."""
-    return bool(_original_builder)
+    return bool(_originals)
 
 
 # --- tf.train.Checkpoint (a saver registered with TensorFlow) ----------------
@@ -457,7 +509,8 @@ def _registered_save(trackables, file_prefix):
 
 
 def _gather_at_start(obj, name, what):
-    """Every worker's `obj`, gathered as an eager save or restore starts.
+    """Every worker's `obj`, gathered as a save or restore starts (`what`
+  names it: "a Saver save").
 
   Raises:
     ValueError: the other workers did not start it within the build-time
@@ -468,7 +521,7 @@ def _gather_at_start(obj, name, what):
     try:
         return communication.allgather_object(obj, name=name, timeout=timeout)
     except communication.CollectiveTimeoutError:
-        message = (f"tf.train.Checkpoint: worker {communication.rank()} started {what} that the "
+        message = (f"sok-ev: worker {communication.rank()} started {what} that the "
                    f"other workers did not start within {timeout:g} s. Embedding Variables are "
                    "sharded: every worker saves and restores them, at the same step (not "
                    "worker 0 alone; hvd.broadcast_variables does not copy them). "
@@ -483,7 +536,7 @@ def _prefix_of_worker_zero(prefix, names):
     everyone = _gather_at_start({
         "prefix": prefix,
         "tables": names
-    }, "sok_ev_checkpoint_prefixes", "a save")
+    }, "sok_ev_checkpoint_prefixes", "a tf.train.Checkpoint save")
     for other, theirs in enumerate(everyone):
         if theirs["tables"] != everyone[0]["tables"]:
             raise ValueError(f"tf.train.Checkpoint: worker {other} saves Embedding Variables "
@@ -525,7 +578,7 @@ def _same_checkpoint_restored(prefix, trackables):
     everyone = _gather_at_start({
         "prefix": prefix,
         "tables": names
-    }, "sok_ev_checkpoint_restore", "a restore")
+    }, "sok_ev_checkpoint_restore", "a tf.train.Checkpoint restore")
     for other, theirs in enumerate(everyone):
         if theirs != everyone[0]:
             raise ValueError(f"tf.train.Checkpoint.restore: worker {other} restores Embedding "

@@ -95,7 +95,12 @@ class KeyRouting(NamedTuple):
 HOST_FIELDS = ("owner_counts", "sender_counts")
 
 
-def route_keys(params, unique_keys, counts, exchange_dtype=tf.float32):
+def route_keys(params,
+               unique_keys,
+               counts,
+               exchange_dtype=tf.float32,
+               combiners=None,
+               weighted=None):
     """Sends each unique key to the worker that owns it (the key exchange), and
   deduplicates what every owner received.
 
@@ -111,6 +116,8 @@ def route_keys(params, unique_keys, counts, exchange_dtype=tf.float32):
       (added to the owner's key frequencies when it looks them up).
     exchange_dtype: what the rows will travel as (sok_ev.row_exchange); part
       of the lookup's fingerprint.
+    combiners, weighted: N each (or None), how each worker will combine its
+      samples' rows; checked to be the same on every worker.
 
   Returns:
     (KeyRouting, communicator): communicator is None (rows over Horovod) or
@@ -131,7 +138,11 @@ def route_keys(params, unique_keys, counts, exchange_dtype=tf.float32):
         raise ValueError(f"lookup_sparse: {communication.ROW_TRANSPORT_VARIABLE}=nccl carries "
                          f"rows between GPUs, but the lookup of {[v.name for v in params]} "
                          f"exchanges on {device}; unset it for tables on the CPU")
-    communicator = agreement.check_lookup(params, exchange_dtype_name, transport)
+    communicator = agreement.check_lookup(params,
+                                          exchange_dtype_name,
+                                          transport,
+                                          combiners=combiners,
+                                          weighted=weighted)
     size = communication.world_size()
     fingerprint = agreement.fingerprint(params, exchange_dtype_name)
     with tf.name_scope("sok_ev_route_keys"):

@@ -362,7 +362,12 @@ def route_batch(params, indices, combiners=None, sp_weights=None, exchange_dtype
             return (LookupPlan(params, combiners, weighted, exchange_dtype, False,
                                None), RoutedBatch(list(unique_keys), list(counts), *combine, None))
         from sok_ev import distributed  # pylint: disable=import-outside-toplevel
-        routing, communicator = distributed.route_keys(params, unique_keys, counts, exchange_dtype)
+        routing, communicator = distributed.route_keys(params,
+                                                       unique_keys,
+                                                       counts,
+                                                       exchange_dtype,
+                                                       combiners=combiners,
+                                                       weighted=weighted)
         return (LookupPlan(params, combiners, weighted, exchange_dtype, True,
                            communicator), RoutedBatch([], [], *combine, routing))
 

@@ -15,12 +15,23 @@ Scenarios (rank 0 is the odd one out where there is one):
                     then in a new graph), runs it, and goes on training.
   constant_keys     graph mode: a lookup of constant keys, and the same keys
                     fed through a placeholder.
+  saver_save_on_rank0
+                    graph mode: every rank trains; after two steps rank 0
+                    saves with tf.compat.v1.train.Saver, alone.
+  checkpoint_save_on_rank0
+                    tf.function training; after two steps rank 0 writes a
+                    tf.train.Checkpoint, alone.
+  different_combiners
+                    graph mode: rank 0 looks t0 up with combiner "sum", the
+                    others with "mean".
 
 Each rank records "error" (the message of the first exception, "" if none),
 "error_type" and "seconds" (from the point where the ranks diverge to the
 error), plus the scenario's values.
 """
 import argparse
+import os
+import tempfile
 import time
 
 import numpy as np
@@ -198,6 +209,51 @@ def scenario_constant_keys(results):
                 fed, {ids: tf.compat.v1.SparseTensorValue(indices, keys, [4, 2])})
 
 
+def scenario_saver_save_on_rank0(results):
+    sok_ev.init()
+
+    def after(session, feed_of, table, ids, emb, train):
+        del table, ids, emb
+        saver = tf.compat.v1.train.Saver()  # built by every rank, as the same graph
+        results["diverged_at"] = np.array(time.monotonic())
+        for step in range(2, 10):
+            if RANK == 0:
+                saver.save(session, os.path.join(tempfile.mkdtemp(), "model"))
+            session.run(train, feed_of(step))
+
+    graph_training(2, after)
+
+
+def scenario_checkpoint_save_on_rank0(results):
+    sok_ev.init()
+    table = sok_ev.get_embedding_variable("t0", embedding_dim=DIM)
+    optimizer = tf.keras.optimizers.Adagrad(0.1)
+
+    @tf.function
+    def train_step(indices, keys):
+        with tf.GradientTape() as tape:
+            emb = sok_ev.lookup_sparse([table], [tf.SparseTensor(indices, keys, [4, 2])])[0]
+            loss = tf.reduce_sum(emb**2)
+        optimizer.apply_gradients(zip(tape.gradient(loss, [table]), [table]))
+
+    for step in range(2):
+        train_step(*batch(step))
+    results["diverged_at"] = np.array(time.monotonic())
+    for step in range(2, 10):
+        if RANK == 0:
+            tf.train.Checkpoint(table=table).write(os.path.join(tempfile.mkdtemp(), "model"))
+        train_step(*batch(step))
+
+
+def scenario_different_combiners(results):
+    sok_ev.init()
+    with tf.Graph().as_default():
+        table = sok_ev.get_embedding_variable("t0", embedding_dim=DIM)
+        ids = tf.compat.v1.sparse_placeholder(tf.int64)
+        results["diverged_at"] = np.array(time.monotonic())
+        sok_ev.lookup_sparse([table], [ids], combiners=["sum" if RANK == 0 else "mean"])
+
+
 SCENARIOS = {
     "forgot_init": scenario_forgot_init,
     "extra_table": scenario_extra_table,
@@ -206,6 +262,9 @@ SCENARIOS = {
     "second_lookup": scenario_second_lookup,
     "same_site_twice_on_rank0": scenario_same_site_twice_on_rank0,
     "constant_keys": scenario_constant_keys,
+    "saver_save_on_rank0": scenario_saver_save_on_rank0,
+    "checkpoint_save_on_rank0": scenario_checkpoint_save_on_rank0,
+    "different_combiners": scenario_different_combiners,
 }
 
 

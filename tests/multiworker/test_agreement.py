@@ -8,6 +8,11 @@ Pinned down (sok_ev/agreement.py, sok_ev/communication.py), on 2 workers:
   a lookup built again at the same place in the code on worker 0 only:
   every worker ends in an error naming the cause, within seconds of the
   time limit (SOK_EV_LOOKUP_CHECK_TIMEOUT, 5 s here), never a hang;
+* a save of Embedding Variables run by worker 0 alone (a Saver in a
+  Session, a tf.train.Checkpoint eagerly): every worker ends in an error
+  within seconds of the time limit, never a hang;
+* workers passing different combiners to one lookup: an error on every
+  worker naming the table and both combiners;
 * a second lookup of the same table built after training started (an
   evaluation or export graph added later), in the training graph or a new
   one: works, and reads the rows training left;
@@ -67,6 +72,31 @@ def test_a_lookup_on_some_workers_only_fails_on_every_worker_within_seconds(scen
     assert "different lookups" in message, message
     for rank in range(2):
         assert float(results[rank]["seconds"]) < CHECK_TIMEOUT + SLACK, results[rank]
+
+
+@pytest.mark.parametrize("scenario", ["saver_save_on_rank0", "checkpoint_save_on_rank0"])
+def test_a_save_on_some_workers_only_fails_on_every_worker_within_seconds(scenario):
+    results = _run(scenario)
+    message = str(results[0]["error"])
+    assert results[0]["error_type"] == "ValueError", _described(results[0])
+    assert "worker 0 started a" in message and "save that the other workers did not" in message
+    assert "every worker saves and restores them" in message, message
+    # Worker 1 was waiting in the training exchange: stopped with the cause.
+    message = str(results[1]["error"])
+    assert results[1]["error_type"] == "InvalidArgumentError", _described(results[1])
+    assert "another worker stopped this exchange" in message, message
+    for rank in range(2):
+        assert float(results[rank]["seconds"]) < CHECK_TIMEOUT + SLACK, results[rank]
+
+
+def test_workers_passing_different_combiners_fail_naming_table_and_combiners():
+    for rank, got in _run("different_combiners").items():
+        assert got["error_type"] == "ValueError", _described(got)
+        message = str(got["error"])
+        mine, theirs = ("'sum'", "'mean'") if rank == 0 else ("'mean'", "'sum'")
+        assert f"combiner is {mine} on worker {rank}" in message, message
+        assert f"but {theirs} on worker {1 - rank}" in message, message
+        assert "Embedding Variable 't0" in message and "same combiners" in message, message
 
 
 def test_a_second_lookup_built_after_training_started_works():
