@@ -111,7 +111,9 @@ def scenario_eval_on_rank0(results):
     graph_training(2, after)
 
 
-def scenario_eval_on_rank0_tf2(results):
+def tf_function_training(results, on_rank0):
+    """Trains t0 with a tf.function for two steps; then, for 8 more steps,
+    rank 0 calls on_rank0(table, step) before each."""
     sok_ev.init()
     table = sok_ev.get_embedding_variable("t0", embedding_dim=DIM)
     optimizer = tf.keras.optimizers.Adagrad(0.1)
@@ -128,9 +130,17 @@ def scenario_eval_on_rank0_tf2(results):
     results["diverged_at"] = np.array(time.monotonic())
     for step in range(2, 10):
         if RANK == 0:
-            indices, keys = batch(step)
-            tf.nn.embedding_lookup_sparse(table, tf.SparseTensor(indices, keys, [4, 2]), None)
+            on_rank0(table, step)
         train_step(*batch(step))
+
+
+def scenario_eval_on_rank0_tf2(results):
+
+    def evaluate(table, step):
+        indices, keys = batch(step)
+        tf.nn.embedding_lookup_sparse(table, tf.SparseTensor(indices, keys, [4, 2]), None)
+
+    tf_function_training(results, evaluate)
 
 
 def embed(table, ids):
@@ -225,24 +235,12 @@ def scenario_saver_save_on_rank0(results):
 
 
 def scenario_checkpoint_save_on_rank0(results):
-    sok_ev.init()
-    table = sok_ev.get_embedding_variable("t0", embedding_dim=DIM)
-    optimizer = tf.keras.optimizers.Adagrad(0.1)
 
-    @tf.function
-    def train_step(indices, keys):
-        with tf.GradientTape() as tape:
-            emb = sok_ev.lookup_sparse([table], [tf.SparseTensor(indices, keys, [4, 2])])[0]
-            loss = tf.reduce_sum(emb**2)
-        optimizer.apply_gradients(zip(tape.gradient(loss, [table]), [table]))
+    def save(table, step):
+        del step
+        tf.train.Checkpoint(table=table).write(os.path.join(tempfile.mkdtemp(), "model"))
 
-    for step in range(2):
-        train_step(*batch(step))
-    results["diverged_at"] = np.array(time.monotonic())
-    for step in range(2, 10):
-        if RANK == 0:
-            tf.train.Checkpoint(table=table).write(os.path.join(tempfile.mkdtemp(), "model"))
-        train_step(*batch(step))
+    tf_function_training(results, save)
 
 
 def scenario_different_combiners(results):
