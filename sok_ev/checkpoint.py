@@ -20,9 +20,11 @@ every worker saves at the same step; each writes its shard as a part next to
 the checkpoint (a file system all workers share), then, once every part is
 written, worker 0 merges the parts with the dense variables into the
 checkpoint. Until that merge nothing at the checkpoint's path has changed,
-so an interrupted save leaves the previous checkpoint as it was. With a
-Saver every worker passes the same path (worker 0 writes the dense
-variables, the others only their shards); with tf.train.Checkpoint the
+so an interrupted save leaves the previous checkpoint as it was. A save
+run on some workers only, or failing on some, fails on every worker, never
+waits (`_started_on_every_worker`, `_registered_save`). With a Saver every
+worker passes the same path (worker 0 writes the dense variables, the
+others only their shards); with tf.train.Checkpoint the
 workers other than 0 save to a path of their own (TensorFlow's
 multi-worker convention: their copy of the dense variables is not needed).
 Restoring: every worker restores the same checkpoint, on any number of
@@ -36,6 +38,7 @@ import functools
 import os
 
 import tensorflow as tf
+from tensorflow.python.framework import errors_impl
 from tensorflow.python.framework import ops as framework_ops
 from tensorflow.python.ops import gen_io_ops
 from tensorflow.python.saved_model.registration import registration
@@ -413,28 +416,61 @@ def _saves_tables(saver, session):
 
 
 def _started_on_every_worker(save):
-    """tf.compat.v1.train.Saver.save, starting with a timed gather when it
-  saves Embedding Variables on several workers: a save run on some workers
-  only fails on every worker within SOK_EV_LOOKUP_CHECK_TIMEOUT (the save
-  graph's own collectives would wait without limit), and workers given
-  different paths fail before anything is written."""
+    """tf.compat.v1.train.Saver.save, which with Embedding Variables on
+  several workers neither waits without limit nor lets one worker fail
+  alone (the save graph's collectives would wait for it without limit):
+
+  * it starts with a timed gather: a save run on some workers only fails on
+    every worker within SOK_EV_LOOKUP_CHECK_TIMEOUT, and workers given
+    different paths fail before anything is written;
+  * a save that fails on some workers (a part that cannot be written) fails
+    on every worker (`_end_failed_save`).
+  """
 
     @functools.wraps(save)
     def checked_save(self, sess, save_path, *args, **kwargs):
-        if communication.world_size() > 1 and _saves_tables(self, sess):
-            path = os.fsdecode(save_path)
-            everyone = _gather_at_start(path, "sok_ev_saver_save", "a Saver save")
-            for other, theirs in enumerate(everyone):
-                if theirs != everyone[0]:
-                    raise ValueError(
-                        "tf.compat.v1.train.Saver.save was given different paths on different "
-                        f"workers: {everyone[0]!r} on worker 0, {theirs!r} on worker {other}. "
-                        "With Embedding Variables every worker must save the same checkpoint "
-                        "path, on a file system they share (each writes its shards, worker 0 "
-                        "the rest)")
-        return save(self, sess, save_path, *args, **kwargs)
+        if communication.world_size() == 1 or not _saves_tables(self, sess):
+            return save(self, sess, save_path, *args, **kwargs)
+        path = os.fsdecode(save_path)
+        everyone = _gather_at_start(path, "sok_ev_saver_save", "a Saver save")
+        for other, theirs in enumerate(everyone):
+            if theirs != everyone[0]:
+                raise ValueError(
+                    "tf.compat.v1.train.Saver.save was given different paths on different "
+                    f"workers: {everyone[0]!r} on worker 0, {theirs!r} on worker {other}. "
+                    "With Embedding Variables every worker must save the same checkpoint "
+                    "path, on a file system they share (each writes its shards, worker 0 "
+                    "the rest)")
+        try:
+            return save(self, sess, save_path, *args, **kwargs)
+        except Exception as error:  # pylint: disable=broad-except
+            _end_failed_save(error)
+            raise
 
     return checked_save
+
+
+def _end_failed_save(error):
+    """Called on a worker whose Saver save failed with `error`: makes sure
+  no other worker waits for it. When every worker's save failed (a cause
+  they share), they meet in a timed gather and each raises its own error.
+  When the others do not come, they are waiting in the save graph's
+  collectives for this worker: it stops the job (agreement.stop_everyone)
+  so that they fail too. A worker whose save failed because another worker
+  stopped the job raises an error saying so."""
+    me = communication.rank()
+    failure = f"{type(error).__name__}: {error}"
+    try:
+        communication.allgather_object(failure,
+                                       name="sok_ev_saver_save_failed",
+                                       timeout=agreement.check_timeout())
+    except communication.CollectiveTimeoutError:
+        agreement.stop_everyone(f"tf.compat.v1.train.Saver.save failed on worker {me}, and the "
+                                f"other workers wait in it; stopping them. {failure}")
+    except Exception:  # pylint: disable=broad-except
+        raise RuntimeError(f"tf.compat.v1.train.Saver.save failed on worker {me} ({failure}): "
+                           "another worker's save failed and stopped the job; its log names "
+                           "the cause") from error
 
 
 _originals = {}
@@ -497,14 +533,30 @@ def _registered_save(trackables, file_prefix):
     prefix = file_prefix.numpy().decode()
     if workers > 1:
         prefix = _prefix_of_worker_zero(prefix, [name for name, _ in tables])
-    _evictions(tables)  # run now, eagerly
-    parts = []
-    for index, group in enumerate(_by_device(tables)):
-        _save_tables(f"{prefix}_{index}", group, workers, serving.save_kind())
-        parts.extend(part_prefix(f"{prefix}_{index}", w, workers) for w in range(workers))
+    parts, failure = [], None
+    try:
+        _evictions(tables)  # run now, eagerly
+        for index, group in enumerate(_by_device(tables)):
+            _save_tables(f"{prefix}_{index}", group, workers, serving.save_kind())
+            parts.extend(part_prefix(f"{prefix}_{index}", w, workers) for w in range(workers))
+    except tf.errors.OpError as error:
+        if workers == 1:
+            raise
+        failure = error
     if workers > 1:
-        # Every part is written before worker 0 merges them.
-        communication.allgather_object("written", name="sok_ev_checkpoint_parts_written")
+        # Every part is written before worker 0 merges them; a part that
+        # could not be written fails the save on every worker.
+        written = communication.allgather_object(
+            None if failure is None else [failure.error_code, failure.message],
+            name="sok_ev_checkpoint_parts_written")
+        if failure is not None:
+            raise failure
+        for other, theirs in enumerate(written):
+            if theirs is not None:
+                code, message = theirs
+                raise errors_impl.exception_type_from_error_code(code)(
+                    None, None, f"tf.train.Checkpoint: worker {other} could not write its part "
+                    f"of the checkpoint at {prefix!r}, so nothing was saved: {message}")
     return [tf.constant(part) for part in parts] if worker == 0 else []
 
 

@@ -21,13 +21,25 @@ Scenarios (rank 0 is the odd one out where there is one):
   checkpoint_save_on_rank0
                     tf.function training; after two steps rank 0 writes a
                     tf.train.Checkpoint, alone.
+  saver_write_fails_on_rank1
+                    graph mode: every rank trains and saves with a Saver;
+                    rank 1 cannot write its part (a path under /proc);
+                    each rank records the save's error, then trains on.
+  saver_directory_missing
+                    graph mode: every rank saves with a Saver into a
+                    directory that does not exist, records the error, and
+                    trains on.
+  checkpoint_write_fails_on_rank1
+                    the same with tf.function training and an eager
+                    tf.train.Checkpoint.
   different_combiners
                     graph mode: rank 0 looks t0 up with combiner "sum", the
                     others with "mean".
 
 Each rank records "error" (the message of the first exception, "" if none),
 "error_type" and "seconds" (from the point where the ranks diverge to the
-error), plus the scenario's values.
+error), plus the scenario's values ("save_error", "save_error_type" and
+"save_seconds" where a save fails and training goes on).
 """
 import argparse
 import os
@@ -42,6 +54,7 @@ import harness
 
 hvd.init()
 import sok_ev  # pylint: disable=wrong-import-position
+from sok_ev import checkpoint  # pylint: disable=wrong-import-position
 
 RANK, WORKERS = hvd.rank(), hvd.size()
 DIM = 4
@@ -111,9 +124,10 @@ def scenario_eval_on_rank0(results):
     graph_training(2, after)
 
 
-def tf_function_training(results, on_rank0):
+def tf_function_training(results, on_rank0, every_rank=False):
     """Trains t0 with a tf.function for two steps; then, for 8 more steps,
-    rank 0 calls on_rank0(table, step) before each."""
+    rank 0 (every rank with every_rank) calls on_rank0(table, step) before
+    each."""
     sok_ev.init()
     table = sok_ev.get_embedding_variable("t0", embedding_dim=DIM)
     optimizer = tf.keras.optimizers.Adagrad(0.1)
@@ -129,7 +143,7 @@ def tf_function_training(results, on_rank0):
         train_step(*batch(step))
     results["diverged_at"] = np.array(time.monotonic())
     for step in range(2, 10):
-        if RANK == 0:
+        if RANK == 0 or every_rank:
             on_rank0(table, step)
         train_step(*batch(step))
 
@@ -243,6 +257,74 @@ def scenario_checkpoint_save_on_rank0(results):
     tf_function_training(results, save)
 
 
+def unwritable_on_rank1():
+    """Makes this rank's Embedding Variable parts go under /proc, where
+    nothing can be written, if it is rank 1."""
+    if RANK != 1:
+        return
+    write = checkpoint._save_tables  # pylint: disable=protected-access
+
+    def write_under_proc(prefix, *args, **kwargs):
+        return write(tf.strings.join(["/proc/sok-ev-test/", prefix]), *args, **kwargs)
+
+    checkpoint._save_tables = write_under_proc  # pylint: disable=protected-access
+
+
+def record_save(results, save):
+    """Runs save(), recording its error; training goes on after it."""
+    start = time.monotonic()
+    try:
+        save()
+    except Exception as error:  # pylint: disable=broad-except
+        results["save_error"] = str(error)
+        results["save_error_type"] = type(error).__name__
+    results["save_seconds"] = np.array(time.monotonic() - start)
+
+
+def saver_training_with_a_failing_save(results, directory):
+    """Graph training; after two steps every rank saves with a Saver into
+    `directory`, records the save's error, and trains on."""
+
+    def after(session, feed_of, table, ids, emb, train):
+        del table, ids, emb
+        saver = tf.compat.v1.train.Saver()
+        record_save(results, lambda: saver.save(session, os.path.join(directory, "model")))
+        results["diverged_at"] = np.array(time.monotonic())
+        for step in range(2, 5):
+            session.run(train, feed_of(step))
+
+    graph_training(2, after)
+
+
+def scenario_saver_write_fails_on_rank1(results):
+    sok_ev.init()
+    unwritable_on_rank1()
+    directory = os.path.join(os.environ["SOK_EV_TEST_SHARED_DIR"], "saver")
+    os.makedirs(directory, exist_ok=True)
+    saver_training_with_a_failing_save(results, directory)
+
+
+def scenario_saver_directory_missing(results):
+    sok_ev.init()
+    saver_training_with_a_failing_save(
+        results, os.path.join(os.environ["SOK_EV_TEST_SHARED_DIR"], "missing"))
+
+
+def scenario_checkpoint_write_fails_on_rank1(results):
+    unwritable_on_rank1()
+    directory = os.path.join(os.environ["SOK_EV_TEST_SHARED_DIR"], f"checkpoint-{RANK}")
+    saved = []
+
+    def save_once(table, step):
+        del step
+        if not saved:
+            saved.append(True)
+            checkpoint_of_table = tf.train.Checkpoint(table=table)
+            record_save(results, lambda: checkpoint_of_table.write(os.path.join(directory, "m")))
+
+    tf_function_training(results, save_once, every_rank=True)
+
+
 def scenario_different_combiners(results):
     sok_ev.init()
     with tf.Graph().as_default():
@@ -263,6 +345,9 @@ SCENARIOS = {
     "saver_save_on_rank0": scenario_saver_save_on_rank0,
     "checkpoint_save_on_rank0": scenario_checkpoint_save_on_rank0,
     "different_combiners": scenario_different_combiners,
+    "saver_write_fails_on_rank1": scenario_saver_write_fails_on_rank1,
+    "checkpoint_write_fails_on_rank1": scenario_checkpoint_write_fails_on_rank1,
+    "saver_directory_missing": scenario_saver_directory_missing,
 }
 
 

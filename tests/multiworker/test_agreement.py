@@ -11,6 +11,11 @@ Pinned down (sok_ev/agreement.py, sok_ev/communication.py), on 2 workers:
 * a save of Embedding Variables run by worker 0 alone (a Saver in a
   Session, a tf.train.Checkpoint eagerly): every worker ends in an error
   within seconds of the time limit, never a hang;
+* a save whose part cannot be written on one worker: an error on every
+  worker (a Saver: within seconds of the time limit, the job stopped; a
+  tf.train.Checkpoint: at once, naming the worker and its error, and
+  training goes on); a Saver save failing on every worker (a missing
+  directory): at once, and training goes on;
 * workers passing different combiners to one lookup: an error on every
   worker naming the table and both combiners;
 * a second lookup of the same table built after training started (an
@@ -19,6 +24,7 @@ Pinned down (sok_ev/agreement.py, sok_ev/communication.py), on 2 workers:
 * a graph lookup of constant keys runs (Grappler must not fold the exchange).
 """
 import os
+import tempfile
 
 import numpy as np
 import pytest
@@ -36,7 +42,10 @@ def _run(scenario):
     result = harness.launch(os.path.join(HERE, "agreement_worker.py"),
                             2, ["--scenario", scenario],
                             timeout=150,
-                            env={"SOK_EV_LOOKUP_CHECK_TIMEOUT": str(CHECK_TIMEOUT)})
+                            env={
+                                "SOK_EV_LOOKUP_CHECK_TIMEOUT": str(CHECK_TIMEOUT),
+                                "SOK_EV_TEST_SHARED_DIR": tempfile.mkdtemp(prefix="sok_ev_agree_")
+                            })
     assert not result.timed_out, f"{scenario} hung:\n{result.tail()}"
     assert result.returncode == 0 and len(result.results) == 2, result.tail()
     for got in result.results.values():
@@ -87,6 +96,42 @@ def test_a_save_on_some_workers_only_fails_on_every_worker_within_seconds(scenar
     assert "another worker stopped this exchange" in message, message
     for rank in range(2):
         assert float(results[rank]["seconds"]) < CHECK_TIMEOUT + SLACK, results[rank]
+
+
+def test_a_saver_save_that_fails_on_one_worker_fails_on_every_worker_within_seconds():
+    results = _run("saver_write_fails_on_rank1")
+    # Worker 1 raises its own error; the others waited in the save graph's
+    # collectives for it, and are stopped.
+    assert results[1]["save_error_type"] == "NotFoundError", results[1]
+    assert "/proc/sok-ev-test/" in str(results[1]["save_error"]), results[1]
+    assert results[0]["save_error_type"] == "RuntimeError", results[0]
+    assert "another worker's save failed and stopped the job" in str(results[0]["save_error"])
+    for rank in range(2):
+        assert float(results[rank]["save_seconds"]) < CHECK_TIMEOUT + SLACK, results[rank]
+
+
+def test_a_saver_save_that_fails_on_every_worker_fails_at_once_and_training_goes_on():
+    # A cause every worker shares (the directory is missing): no worker waits
+    # for another, so the job is not stopped.
+    for rank, got in _run("saver_directory_missing").items():
+        assert got["save_error_type"] == "ValueError", got
+        assert "Parent directory of" in str(got["save_error"]), got
+        assert float(got["save_seconds"]) < SLACK, got
+        assert str(got["error"]) == "", _described(got)
+
+
+def test_a_checkpoint_write_that_fails_on_one_worker_fails_on_every_worker_and_training_goes_on():
+    results = _run("checkpoint_write_fails_on_rank1")
+    assert results[1]["save_error_type"] == "NotFoundError", results[1]
+    assert "/proc/sok-ev-test/" in str(results[1]["save_error"]), results[1]
+    # Worker 0 wrote its part, and fails naming worker 1 and its error.
+    assert results[0]["save_error_type"] == "NotFoundError", results[0]
+    message = str(results[0]["save_error"])
+    assert "worker 1 could not write its part of the checkpoint" in message, message
+    assert "/proc/sok-ev-test/" in message and "nothing was saved" in message, message
+    for rank in range(2):
+        assert float(results[rank]["save_seconds"]) < SLACK, results[rank]
+        assert str(results[rank]["error"]) == "", _described(results[rank])  # trained on
 
 
 def test_workers_passing_different_combiners_fail_naming_table_and_combiners():
