@@ -454,9 +454,9 @@ def _end_failed_save(error):
     """Called on a worker whose Saver save failed with `error`: makes sure
   no other worker waits for it. When every worker's save failed (a cause
   they share), they meet in a timed gather and each raises its own error.
-  When the others do not come, they are waiting in the save graph's
-  collectives for this worker: it stops the job (agreement.stop_everyone)
-  so that they fail too. A worker whose save failed because another worker
+  When the others do not come within the check's time limit, they may be
+  waiting in the save graph's collectives for this worker: it stops the
+  job (agreement.stop_everyone) so that they fail too. A worker whose save failed because another worker
   stopped the job raises an error saying so."""
     me = communication.rank()
     failure = f"{type(error).__name__}: {error}"
@@ -465,8 +465,9 @@ def _end_failed_save(error):
                                        name="sok_ev_saver_save_failed",
                                        timeout=agreement.check_timeout())
     except communication.CollectiveTimeoutError:
-        agreement.stop_everyone(f"tf.compat.v1.train.Saver.save failed on worker {me}, and the "
-                                f"other workers wait in it; stopping them. {failure}")
+        agreement.stop_everyone(f"tf.compat.v1.train.Saver.save failed on worker {me} only; "
+                                "stopping the job, as the other workers may wait for this one "
+                                f"in the save's collectives. {failure}")
     except Exception:  # pylint: disable=broad-except
         raise RuntimeError(f"tf.compat.v1.train.Saver.save failed on worker {me} ({failure}): "
                            "another worker's save failed and stopped the job; its log names "
