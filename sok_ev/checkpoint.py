@@ -456,8 +456,9 @@ def _end_failed_save(error):
   they share), they meet in a timed gather and each raises its own error.
   When the others do not come within the check's time limit, they may be
   waiting in the save graph's collectives for this worker: it stops the
-  job (agreement.stop_everyone) so that they fail too. A worker whose save failed because another worker
-  stopped the job raises an error saying so."""
+  job (agreement.stop_everyone) so that they fail too. A worker whose save
+  failed because another worker stopped the job raises an error saying
+  so."""
     me = communication.rank()
     failure = f"{type(error).__name__}: {error}"
     try:
