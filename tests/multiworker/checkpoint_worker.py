@@ -273,6 +273,9 @@ def record_mistakes(args, results):
     # would keep its own keys from its own step).
     for name in ("tf2_a", "tf2_b"):
         checkpoint.write(os.path.join(directory, name if RANK == 0 else f"{name}-{RANK}"))
+    # Worker 0 merges the parts after the others' write returned: they read
+    # its checkpoints only after a collective it joins once it is done.
+    hvd.allreduce(tf.constant(0.0), name="checkpoints_written")
     theirs = os.path.join(directory, "tf2_a" if RANK == 0 else "tf2_b")
     results["mistake/checkpoint_restore_paths"] = message_of(lambda: checkpoint.restore(theirs))
 

@@ -132,7 +132,8 @@ def test_mistakes_end_in_an_error_on_every_worker(chain):
         message = str(data["mistake/checkpoint_same_path"])
         assert "saves to the same path as worker 0" in message, message
         message = str(data["mistake/checkpoint_restore_paths"])
-        assert "every worker must restore the same checkpoint" in message, message
+        assert "every worker must restore the same checkpoint" in message, (
+            f"worker {rank}: {message}\n--- the launch's output ---\n{result.tail(20000)}")
         assert "tf2_a" in message and "tf2_b" in message, message
 
 
