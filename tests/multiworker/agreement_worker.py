@@ -124,10 +124,10 @@ def scenario_eval_on_rank0(results):
     graph_training(2, after)
 
 
-def tf_function_training(results, on_rank0, every_rank=False):
+def tf_function_training(results, between_steps, every_rank=False):
     """Trains t0 with a tf.function for two steps; then, for 8 more steps,
-    rank 0 (every rank with every_rank) calls on_rank0(table, step) before
-    each."""
+    rank 0 (every rank with every_rank) calls between_steps(table, step)
+    before each."""
     sok_ev.init()
     table = sok_ev.get_embedding_variable("t0", embedding_dim=DIM)
     optimizer = tf.keras.optimizers.Adagrad(0.1)
@@ -144,7 +144,7 @@ def tf_function_training(results, on_rank0, every_rank=False):
     results["diverged_at"] = np.array(time.monotonic())
     for step in range(2, 10):
         if RANK == 0 or every_rank:
-            on_rank0(table, step)
+            between_steps(table, step)
         train_step(*batch(step))
 
 
