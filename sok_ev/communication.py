@@ -8,12 +8,13 @@ calls the functions of this module -- `rank()`, `world_size()`, `alltoall()`,
 or MPI backend can replace Horovod here without touching `sok_ev.distributed`.
 
 One native backend exists, for the GPU all-to-alls whose receiving sizes
-both ends know (the row messages): with SOK_EV_ROW_TRANSPORT=nccl,
-`alltoall(..., received_splits=..., communicator=...)` runs sok-ev's own
-NcclAlltoall op (cc/nccl_exchange.h) on a communicator made from
-`new_nccl_id()`, with no negotiation by Horovod's background thread. Horovod
-still starts the job, carries everything else, and carries the rows by
-default (SOK_EV_ROW_TRANSPORT=horovod).
+both ends know (the row messages): `alltoall(..., received_splits=...,
+communicator=...)` runs sok-ev's own NcclAlltoall op (cc/nccl_exchange.h)
+on a communicator made from `new_nccl_id()`, with no negotiation by
+Horovod's background thread. It carries the rows of every lookup that
+exchanges on a GPU (`row_transport`); SOK_EV_ROW_TRANSPORT=horovod sends
+them through Horovod instead. Horovod starts the job and carries everything
+else: the keys, and the rows of lookups on the CPU.
 
 Every collective is a TensorFlow op with a gradient where one makes sense
 (alltoall), usable in graph mode (`tf.compat.v1.Session`), eagerly, and
@@ -134,14 +135,22 @@ def _backend():
     return hvd
 
 
-def row_transport():
-    """What carries GPU lookups' row messages: SOK_EV_ROW_TRANSPORT, "horovod"
-  (the default) or "nccl" (sok-ev's own NCCL communicator per lookup).
+def row_transport(device):
+    """What carries the row messages of a lookup that exchanges on `device`:
+  SOK_EV_ROW_TRANSPORT when it is set, "horovod" or "nccl" (sok-ev's own
+  NCCL communicator per lookup); unset, "nccl" on a GPU (measured faster
+  than Horovod's all-to-all, and exact: benchmarks/gpu/NOTES.md) and
+  "horovod" on the CPU.
+
+  Args:
+    device: the device string of the lookup's exchanges ("/GPU:0", "/CPU:0").
 
   Raises:
     ValueError: the variable names another transport.
   """
-    value = os.environ.get(ROW_TRANSPORT_VARIABLE, "") or "horovod"
+    value = os.environ.get(ROW_TRANSPORT_VARIABLE, "")
+    if not value:
+        return "nccl" if "GPU" in device.upper() else "horovod"
     if value not in ROW_TRANSPORTS:
         raise ValueError(f"{ROW_TRANSPORT_VARIABLE} must be one of {', '.join(ROW_TRANSPORTS)}, "
                          f"got {value!r}")

@@ -16,9 +16,9 @@ runs for this one. For the N tables of one call, with W workers:
     every key received written where the message back to its sender wants it
     --alltoall #2 (float32, all tables together, rows flattened; or bfloat16 /
     float16 with lookup_sparse's exchange_dtype: sok_ev.row_exchange; the
-    rows an owner looked up for itself go beside it, not through it; over
-    Horovod, or with SOK_EV_ROW_TRANSPORT=nccl sok-ev's own NCCL
-    communicator, one per lookup, made at its build-time check)-->
+    rows an owner looked up for itself go beside it, not through it; on
+    GPUs over sok-ev's own NCCL communicator, one per lookup, made at its
+    build-time check, on CPUs over Horovod: communication.row_transport)-->
   each requester combines its samples' rows where they arrived
   (CombineRowMessage).
 
@@ -130,10 +130,10 @@ def route_keys(params,
       lookup or stopped the job (the header check of UnpackKeyMessage).
   """
     exchange_dtype_name = tf.as_dtype(exchange_dtype).name
-    transport = communication.row_transport()
     # Pinned to the device a stop message will use (sok_ev.agreement):
     # Horovod pairs a GPU alltoall only with GPU alltoalls.
     device = agreement.exchange_device(params)
+    transport = communication.row_transport(device)
     if transport == "nccl" and "GPU" not in device:
         raise ValueError(f"lookup_sparse: {communication.ROW_TRANSPORT_VARIABLE}=nccl carries "
                          f"rows between GPUs, but the lookup of {[v.name for v in params]} "

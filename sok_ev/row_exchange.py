@@ -9,9 +9,10 @@ wants it -> alltoall -> CombineRowMessage, which combines each sample's rows
 where they arrived; compressed: FindOrInsertCombine -> PackRowMessage ->
 alltoall -> UnpackRowMessage -> CombineForward; sok_ev/cc/ops/), and their
 gradients the same way reversed.
-The messages travel over Horovod, or, with SOK_EV_ROW_TRANSPORT=nccl, over
-the lookup's own NCCL communicator (sok_ev.communication.alltoall), told
-what arrives from whom by the counts (RowMessageSplits).
+The messages travel over the lookup's own NCCL communicator on GPUs
+(sok_ev.communication.alltoall), told what arrives from whom by the counts
+(RowMessageSplits), and over Horovod on CPUs or with
+SOK_EV_ROW_TRANSPORT=horovod (sok_ev.communication.row_transport).
 The rows a worker owns for its own keys (about 1/W of them, sharded) stay
 out of the message: PackRowMessage hands them to the receiving op beside it,
 as float32, so they are neither copied into the message nor exchanged, nor

@@ -1,11 +1,14 @@
-"""The native GPU transport of the row messages (SOK_EV_ROW_TRANSPORT=nccl):
-sok-ev's own NCCL all-to-all (sok_ev/cc/ops/nccl_ops.cc) in one process.
+"""The native GPU transport of the row messages (the default on GPUs,
+SOK_EV_ROW_TRANSPORT=nccl): sok-ev's own NCCL all-to-all
+(sok_ev/cc/ops/nccl_ops.cc) in one process.
 
 Pinned down here, on one worker:
 * the receiving end of a row message knows its splits from its counts alone
   (RowMessageSplits equals PackRowMessage's splits, NumPy's sums, the local
   worker's block left out), on any device;
-* the transport's settings are checked, naming the variable and the value;
+* the rows of lookups on GPUs take it unless SOK_EV_ROW_TRANSPORT says
+  otherwise, those on CPUs take Horovod; the transport's settings are
+  checked, naming the variable and the value;
 * on a GPU, NcclAlltoall over a one-worker communicator returns the rows it
   sent to itself, bit for bit, for every dtype the row messages use, rows of
   any width and none; its gradient is the reverse exchange; splits that do
@@ -52,16 +55,23 @@ def test_row_message_splits_refuse_counts_of_other_tables():
         ops().sok_ev_row_message_splits(np.zeros((1, 2), np.int64), dims=[4], local_worker=2)
 
 
-def test_row_transport_defaults_to_horovod_and_names_a_wrong_value(monkeypatch):
+def test_row_transport_is_nccl_on_gpus_and_horovod_on_cpus_unless_set(monkeypatch):
     monkeypatch.delenv(communication.ROW_TRANSPORT_VARIABLE, raising=False)
-    assert communication.row_transport() == "horovod"
+    assert communication.row_transport("/GPU:0") == "nccl"
+    assert communication.row_transport("/job:localhost/replica:0/task:0/device:GPU:0") == "nccl"
+    assert communication.row_transport("/CPU:0") == "horovod"
+    monkeypatch.setenv(communication.ROW_TRANSPORT_VARIABLE, "horovod")
+    assert communication.row_transport("/GPU:0") == "horovod"
     monkeypatch.setenv(communication.ROW_TRANSPORT_VARIABLE, "nccl")
-    assert communication.row_transport() == "nccl"
+    assert communication.row_transport("/CPU:0") == "nccl"  # refused by the lookup, naming it
+
+
+def test_row_transport_names_a_wrong_value(monkeypatch):
     monkeypatch.setenv(communication.ROW_TRANSPORT_VARIABLE, "mpi")
     with pytest.raises(ValueError,
                        match=r"SOK_EV_ROW_TRANSPORT must be one of horovod, nccl, "
                        r"got 'mpi'"):
-        communication.row_transport()
+        communication.row_transport("/GPU:0")
 
 
 @pytest.mark.parametrize("value", ["0", "-3", "soon"])

@@ -16,30 +16,27 @@ The driver (no arguments) launches, one after the other, each under
             the baseline of the pipelined 2-GPU runs), then -np 2: ms per
             step, steps/s, samples/s, the
             collectives the step's graph holds, and, on 2 GPUs, one
-            exchange's all-to-all alone (the rows of one step, `hvd.alltoall`
-            on the GPU, or sok-ev's NCCL exchange when the run sets
-            SOK_EV_ROW_TRANSPORT=nccl);
+            exchange's all-to-all alone (the rows of one step over the
+            transport the step's rows take: sok-ev's NCCL exchange, or
+            `hvd.alltoall` when the run sets SOK_EV_ROW_TRANSPORT=horovod);
   check     -np 1 on the global batch of 2 workers (both streams, one after the
             other), then -np 2 on their halves, --check-steps steps at a small
             shape: the losses and the final lookup must agree (rtol 1e-5);
 then, as far as --budget-s allows (what is skipped is listed in the report):
-  time      -np 2 again per --variants, first (SOK_EV_ROW_TRANSPORT=nccl: the
-            rows over sok-ev's own NCCL exchange, alone, pipelined (also over
-            Horovod), with the tables in two lookups (--lookup-groups: one
-            group's exchange beside the other's lookup) and compressed;
-            lookup_sparse's exchange_dtype=bfloat16; Horovod's
-            HOROVOD_ENABLE_ASYNC_COMPLETION; run the whole command with
-            HOROVOD_CYCLE_TIME=0.1 for the key exchange's sake);
-  check     -np 2 with SOK_EV_ROW_TRANSPORT=nccl, against the same 1-GPU run
-            (--no-check-native skips it);
+  time      -np 2 again per --variants (the rows over Horovod's all-to-all,
+            SOK_EV_ROW_TRANSPORT=horovod; pipelined; the tables in two
+            lookups, --lookup-groups: one group's exchange beside the other's
+            lookup; lookup_sparse's exchange_dtype=bfloat16; run the whole
+            command with HOROVOD_CYCLE_TIME=0.1 for the key exchange's sake);
+  check     -np 2 with SOK_EV_ROW_TRANSPORT=horovod, against the same 1-GPU
+            run (--no-check-horovod skips it);
   time      -np 1 again running the multi-worker pipeline over a one-rank
             exchange (time1_loopback; sok_ev.lookup.exchange_on_one_worker:
             the partition, the messages, the owner's deduplication, the
             combines and Horovod's collectives, with nothing to transfer),
             which splits what 2 GPUs add into the pipeline's own work and the
             rest (transfers, waiting for the peer), and again per
-            --loopback-variants (SOK_EV_ROW_TRANSPORT=nccl: the rows over
-            sok-ev's own NCCL exchange; pipelined=1);
+            --loopback-variants (SOK_EV_ROW_TRANSPORT=horovod; pipelined=1);
   check     -np 2 with exchange_dtype=bfloat16 (--check-compressed), whose
             first lookup must be within the bfloat16 bound of the 1-GPU one:
             2^-8 * hotness * 0.05 (rows start in [-0.05, 0.05]).
@@ -103,29 +100,25 @@ def parse_args(argv=None):
                         help="the scaled run's world size; 1: the one-rank runs only")
     parser.add_argument(
         "--variants",
-        # Horovod's async completion: its GPU ops finish once
-        # their NCCL work is queued, with no host wait on it.
-        default="SOK_EV_ROW_TRANSPORT=nccl,SOK_EV_ROW_TRANSPORT=nccl;pipelined=1,pipelined=1,"
-        "SOK_EV_ROW_TRANSPORT=nccl;lookup_groups=2,"
-        "SOK_EV_ROW_TRANSPORT=nccl;exchange_dtype=bfloat16,exchange_dtype=bfloat16,"
-        "HOROVOD_ENABLE_ASYNC_COMPLETION=1",
+        default="SOK_EV_ROW_TRANSPORT=horovod,pipelined=1,lookup_groups=2,"
+        "exchange_dtype=bfloat16",
         help="extra 2-GPU runs, each KEY=VALUE[;KEY=VALUE], comma-separated: "
         "exchange_dtype=float32|bfloat16|float16 is lookup_sparse's, lookup_groups=G "
         "--lookup-groups, pipelined=1 --pipelined, any other key an environment variable")
     parser.add_argument(
         "--loopback-variants",
-        default="SOK_EV_ROW_TRANSPORT=nccl,SOK_EV_ROW_TRANSPORT=nccl;pipelined=1",
+        default="SOK_EV_ROW_TRANSPORT=horovod,pipelined=1",
         help="extra one-rank pipeline runs (time1_loopback_variantN), KEY=VALUE[;KEY=VALUE], "
         "comma-separated, as --variants")
     parser.add_argument("--one-gpu-variants",
                         default="pipelined=1",
                         help="extra runs of the fused one-GPU step (time1_variantN), as "
                         "--variants: the baseline of the 2-GPU runs with the same options")
-    parser.add_argument("--check-native",
+    parser.add_argument("--check-horovod",
                         action="store_true",
                         default=True,
-                        help="also run the 2-GPU check with SOK_EV_ROW_TRANSPORT=nccl")
-    parser.add_argument("--no-check-native", dest="check_native", action="store_false")
+                        help="also run the 2-GPU check with SOK_EV_ROW_TRANSPORT=horovod")
+    parser.add_argument("--no-check-horovod", dest="check_horovod", action="store_false")
     parser.add_argument("--check-compressed",
                         default="bfloat16",
                         help="exchange_dtype of a second 2-GPU check against its error bound "
@@ -164,7 +157,7 @@ def parse_args(argv=None):
                         type=int,
                         default=1,
                         help="the rank's step looks its tables up in this many lookup_sparse "
-                        "calls (consecutive tables each): with SOK_EV_ROW_TRANSPORT=nccl each "
+                        "calls (consecutive tables each): with the native row exchange each "
                         "has its own communicator, so one group's exchange can run beside "
                         "another's lookup")
     parser.add_argument("--pipelined",
@@ -281,7 +274,7 @@ def run_step(tf, hvd, sok, ops, args, hot, values, batch, rank, size):
             if args.pipelined:
                 train = tf.group(train, *prefetches)
             kinds = collections.Counter(op.type for op in graph.get_operations()[first_op:])
-            # Horovod's, and sok-ev's own NCCL exchanges (SOK_EV_ROW_TRANSPORT=nccl).
+            # Horovod's, and sok-ev's own NCCL exchanges (the rows' default on GPUs).
             out["collectives_per_step"] = sum(
                 v for k, v in kinds.items() if k.startswith("Horovod") or k == "SokEv>NcclAlltoall")
             out["native_exchanges_per_step"] = kinds.get("SokEv>NcclAlltoall", 0)
@@ -364,8 +357,8 @@ def run_step(tf, hvd, sok, ops, args, hot, values, batch, rank, size):
 def alltoall_alone(tf, hvd, ops, sess, batch_values, size, exchange_dtype):
     """One step's row exchange alone: this rank's unique keys per owner (the
   lookup's own routing, PartitionByOwner), as rows of dim 128 sent with
-  hvd.alltoall on this rank's device (or sok-ev's NCCL exchange with
-  SOK_EV_ROW_TRANSPORT=nccl): float32, or float16 for a compressed
+  sok-ev's NCCL exchange on a GPU (or hvd.alltoall on the CPU or with
+  SOK_EV_ROW_TRANSPORT=horovod): float32, or float16 for a compressed
   exchange (what its 16-bit messages travel as). Like the lookup's row
   message, it leaves out the rows this rank owns itself.
 
@@ -385,7 +378,7 @@ def alltoall_alone(tf, hvd, ops, sess, batch_values, size, exchange_dtype):
     rows = tf.Variable(tf.zeros([int(sent_to.sum()), DIM], wire), trainable=False, name="ws_rows")
     sess.run(rows.initializer)
     from sok_ev import communication  # pylint: disable=import-outside-toplevel
-    if communication.row_transport() == "nccl":
+    if communication.row_transport(rows.device) == "nccl":
         # The transport the step's rows take: sok-ev's own NCCL exchange,
         # which is told what arrives from whom, and worker 0's communicator.
         everyone = communication.allgather_object({
@@ -562,7 +555,7 @@ def compare_compressed(args, gpus, dtype):
     return verdict
 
 
-def report(args, runs, verdict, compressed=None, skipped=(), native_verdict=None):
+def report(args, runs, verdict, compressed=None, skipped=(), horovod_verdict=None):
     gpus = args.gpus
     base = load(args, "time1", 0)
     # Horovod's settings from the environment are part of the command.
@@ -664,8 +657,8 @@ def report(args, runs, verdict, compressed=None, skipped=(), native_verdict=None
                      f"{gpus * args.check_batch} vs 1 GPU on all of it, {args.check_steps} "
                      f"steps: largest relative difference {worst:.2e} "
                      f"({'agree' if agreed else 'DISAGREE'} within {CHECK_RTOL})")
-    for hot, (worst, agreed) in sorted((native_verdict or {}).items()):
-        lines.append(f"- check, {hot}-hot, SOK_EV_ROW_TRANSPORT=nccl: the same comparison, "
+    for hot, (worst, agreed) in sorted((horovod_verdict or {}).items()):
+        lines.append(f"- check, {hot}-hot, SOK_EV_ROW_TRANSPORT=horovod: the same comparison, "
                      f"largest relative difference {worst:.2e} "
                      f"({'agree' if agreed else 'DISAGREE'} within {CHECK_RTOL})")
     if gpus == 1:
@@ -766,13 +759,13 @@ def main():
         tag = f"variant{number}"
         if ok and run(tag, args.gpus, "time", optional=True, env=env, **options):
             runs.append((tag, variant))
-    native_verdict = {}
-    if verdict and args.check_native and run(f"check{args.gpus}_nccl",
-                                             args.gpus,
-                                             "check",
-                                             optional=True,
-                                             env={"SOK_EV_ROW_TRANSPORT": "nccl"}):
-        native_verdict = compare_check(args, args.gpus, "_nccl")
+    horovod_verdict = {}
+    if verdict and args.check_horovod and run(f"check{args.gpus}_horovod",
+                                              args.gpus,
+                                              "check",
+                                              optional=True,
+                                              env={"SOK_EV_ROW_TRANSPORT": "horovod"}):
+        horovod_verdict = compare_check(args, args.gpus, "_horovod")
     if ok and run(loopback[0], 1, "time", optional=True, loopback=True):
         runs.append(loopback)
         run_loopback_variants(optional=True)
@@ -783,9 +776,9 @@ def main():
     if not ok:
         print("the timed launches failed: nothing to report", flush=True)
         return 1
-    report(args, runs, verdict, compressed, skipped, native_verdict)
+    report(args, runs, verdict, compressed, skipped, horovod_verdict)
     within = all(worst <= bound for worst, bound, _ in compressed.values())
-    agreed = all(agreed for _, agreed in list(verdict.values()) + list(native_verdict.values()))
+    agreed = all(agreed for _, agreed in list(verdict.values()) + list(horovod_verdict.values()))
     return 0 if verdict and within and agreed else 1
 
 

@@ -27,7 +27,8 @@
 #   multi     tests/multiworker/ under horovodrun over NCCL, one GPU per rank
 #             (harness.py's GPU mode; launches of more ranks than GPUs skip, so
 #             one GPU runs the one-worker cases: the multi-worker pipeline over
-#             a one-rank exchange, against the dense reference)
+#             a one-rank exchange, against the dense reference), 4 launches
+#             at a time (SOK_EV_MULTI_PROCESSES, pytest-xdist)
 #   harness   tests/gpu/: PyTorch + the ctypes harness, without the kit's paths
 #   memcheck  compute-sanitizer memcheck of tests/gpu/tf_memcheck_workload.py
 #             with TF_GPU_ALLOCATOR=cuda_malloc_async (one tensor, one allocation)
@@ -199,11 +200,15 @@ part_memcheck() {
     echo "memcheck: $(grep -E 'ERROR SUMMARY|workload done' "$OUT/memcheck.log" | tr '\n' ' ')"
 }
 part_multi() {
-    # A stuck launch fails its own test (with its traceback) instead of
-    # eating the part's time: no launch is given more than 240 s.
+    # A stuck launch fails its own test, every rank printing its stacks at
+    # its deadline (harness.arm_rank_deadline), instead of eating the part's
+    # time. The tests run SOK_EV_MULTI_PROCESSES at a time (pytest-xdist);
+    # each rank has its own GPU within its launch, and launches share the GPUs.
     # SOK_EV_MULTI_K narrows it to pytest's -k expression (a re-run of failures).
-    SOK_EV_MULTIWORKER_GPUS=$gpus pytest_part multi 480 --timeout 300 "$root/tests/multiworker" \
-        ${SOK_EV_MULTI_K:+-k "$SOK_EV_MULTI_K"}
+    local processes=${SOK_EV_MULTI_PROCESSES:-4} parallel=()
+    ((processes > 1)) && "$PY" -c "import xdist" 2>/dev/null && parallel=(-n "$processes")
+    SOK_EV_MULTIWORKER_GPUS=$gpus pytest_part multi 540 --timeout 300 --durations 0 \
+        "${parallel[@]}" "$root/tests/multiworker" ${SOK_EV_MULTI_K:+-k "$SOK_EV_MULTI_K"}
 }
 torch_env() { # torch_env COMMAND...: PyTorch's process, without the kit's paths
     PYTHONPATH=$plain_pythonpath LD_LIBRARY_PATH=$plain_ld_library_path \

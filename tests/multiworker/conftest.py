@@ -4,8 +4,13 @@
 size (1, 2 and 3 workers) for every case of `harness.CASES[workers]` and the guard
 checks, and caches the result for the session, so the tests of
 test_model_parallel.py and test_guards.py share a few launches.
-`lookup_run(workers, "nccl")` is the same launch with the rows carried by
-sok-ev's own NCCL exchange (SOK_EV_ROW_TRANSPORT=nccl; GPUs only).
+Its rows take the default transport (sok-ev's own NCCL exchange on GPUs,
+Horovod on CPUs); `lookup_run(workers, "horovod")` is the same launch with
+SOK_EV_ROW_TRANSPORT=horovod.
+
+Launches may run side by side (pytest-xdist, as tests/gpu/run_on_device.sh
+runs this folder on the GPUs: `-n N`); each xdist worker then makes the
+launches of the fixtures its tests read.
 """
 import os
 import sys
@@ -23,16 +28,15 @@ import harness  # noqa: E402  pylint: disable=wrong-import-position
 def lookup_run():
     launches = {}
 
-    def run(workers, row_transport="horovod"):
+    def run(workers, row_transport=None):
         harness.require_horovodrun()
         if (workers, row_transport) not in launches:
-            launches[workers,
-                     row_transport] = harness.launch(os.path.join(HERE, "lookup_worker.py"),
-                                                     workers,
-                                                     ["--cases", ",".join(harness.CASES[workers])] +
-                                                     (["--guards"] if workers == 2 else []),
-                                                     timeout=harness.LAUNCH_TIMEOUT,
-                                                     env={"SOK_EV_ROW_TRANSPORT": row_transport})
+            launches[workers, row_transport] = harness.launch(
+                os.path.join(HERE, "lookup_worker.py"),
+                workers, ["--cases", ",".join(harness.CASES[workers])] +
+                (["--guards"] if workers == 2 else []),
+                timeout=harness.LAUNCH_TIMEOUT,
+                env={"SOK_EV_ROW_TRANSPORT": row_transport or ""})
         result = launches[workers, row_transport]
         assert not result.timed_out, (
             f"{workers}-worker launch exceeded {harness.LAUNCH_TIMEOUT}s:\n"

@@ -13,7 +13,17 @@ starts each rank through one_gpu_per_rank.sh, which shows it only the GPU of
 its local rank (two ranks on one GPU fail in ncclCommInitRank), so Horovod's
 collectives on the ranks' GPU tensors run over NCCL. NCCL_DEBUG=INFO makes
 NCCL announce itself in each rank's output (Launch.nccl_ranks). A launch of
-more ranks than N is skipped, naming both numbers.
+more ranks than N is skipped, naming both numbers; tests whose chain of
+launches crosses worker counts size it by `max_workers()` instead.
+
+No launch hangs silently: each rank gets a deadline (SOK_EV_RANK_DEADLINE_S,
+the launch's limit less STACK_GRACE_S) and, on importing this module, arms
+it. At the deadline every rank still running prints the Python stack of
+each of its threads to stderr (faulthandler; no GIL needed, so a rank stuck
+in a collective prints too) and dies RANK_EXIT_AFTER_STACK_S later, which
+ends the job before the harness's own kill; `Launch.stuck_ranks()` names
+the ranks that printed. The ranks' deadlines are armed within a second of
+each other, so every stuck rank prints before horovodrun stops the others.
 
 The data shared by worker scripts and the single-process references in the
 tests (batches, initial rows, targets) is generated here from fixed seeds,
@@ -22,7 +32,9 @@ placement function of cc/partition.h in NumPy, so tests check that contract.
 """
 
 import dataclasses
+import faulthandler
 import importlib.util
+import math
 import os
 import re
 import shutil
@@ -45,6 +57,19 @@ if not os.path.exists(HOROVODRUN) and shutil.which("horovodrun"):
 # GPUs of GPU mode; 0: CPU ranks (Gloo).
 GPUS = int(os.environ.get("SOK_EV_MULTIWORKER_GPUS", "0"))
 ONE_GPU_PER_RANK = os.path.join(HERE, "one_gpu_per_rank.sh")
+# The ranks' deadline: the launch's limit less the time to print every
+# rank's stack and end the job.
+RANK_DEADLINE_VARIABLE = "SOK_EV_RANK_DEADLINE_S"
+STACK_GRACE_S = 30  # horovodrun's start (seconds on a busy machine) included
+RANK_EXIT_AFTER_STACK_S = 3
+# faulthandler's first line of a deadline's stack dump.
+STACK_DUMP_HEADER = re.compile(r"^\[(\d+)\]<stderr>:Timeout \(\d+:\d\d:\d\d(?:\.\d+)?\)!", re.M)
+
+
+def max_workers(wanted=3):
+    """The most ranks a launch can have here: `wanted` on CPU workers, at most
+  one per GPU in GPU mode."""
+    return min(wanted, GPUS) if GPUS else wanted
 
 
 @dataclasses.dataclass
@@ -57,6 +82,10 @@ class Launch:
 
     def tail(self, chars=6000):
         return self.output[-chars:]
+
+    def stuck_ranks(self):
+        """Ranks that reached their deadline and printed their stacks."""
+        return {int(rank) for rank in STACK_DUMP_HEADER.findall(self.output)}
 
     def nccl_ranks(self):
         """Ranks whose output shows NCCL at work (GPU mode sets NCCL_DEBUG)."""
@@ -101,6 +130,7 @@ def launch(script, workers, args=(), timeout=240, out_dir=None, pass_out=True, e
     env["PYTHONPATH"] = os.pathsep.join([_sok_ev_import_root(), HERE] +
                                         [p for p in [env.get("PYTHONPATH")] if p])
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env.setdefault(RANK_DEADLINE_VARIABLE, str(max(timeout - STACK_GRACE_S, timeout / 2)))
     env["PYTHONUNBUFFERED"] = "1"
     rank = [sys.executable]
     if GPUS:
@@ -196,6 +226,22 @@ def require_horovodrun():
 
 
 # --- Worker side -------------------------------------------------------------
+
+
+def arm_rank_deadline():
+    """In a rank of `launch` (HOROVOD_RANK set): at SOK_EV_RANK_DEADLINE_S
+  seconds, prints every thread's Python stack to stderr, then ends the
+  process RANK_EXIT_AFTER_STACK_S later (SIGALRM's default action, which
+  needs no Python code to run). Elsewhere it does nothing."""
+    seconds = os.environ.get(RANK_DEADLINE_VARIABLE)
+    if "HOROVOD_RANK" not in os.environ or not seconds:
+        return
+    seconds = float(seconds)
+    faulthandler.dump_traceback_later(seconds, exit=False)
+    signal.alarm(math.ceil(seconds) + RANK_EXIT_AFTER_STACK_S)
+
+
+arm_rank_deadline()
 
 
 def save_rank_results(out_dir, rank, results):

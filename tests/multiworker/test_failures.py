@@ -5,7 +5,9 @@
   every one of them, with a ValueError naming the table, the field and both
   values -- before any exchange that could hang.
 * Time limit: when a rank dies, horovodrun stops the others; when a rank
-  hangs, the harness kills the whole process group at its time limit.
+  hangs, every rank prints its stacks at its deadline and the job ends
+  (harness.arm_rank_deadline); should that fail, the harness kills the
+  whole process group at its time limit.
 * On GPUs with SOK_EV_ROW_TRANSPORT=nccl, a worker that stops between a
   lookup's key exchange and its row exchange fails the others' row exchange
   after SOK_EV_EXCHANGE_TIMEOUT seconds, naming the setting.
@@ -43,8 +45,9 @@ def test_mismatched_tables_fail_clearly_on_every_worker():
         if harness.GPUS:  # CPU workers refuse the native transport before the check
             mine, theirs = ("horovod", "nccl") if rank == 0 else ("nccl", "horovod")
             message = str(result.results[rank]["row_transport"])
-            assert (f"row_transport of the lookup of ['t4:0'] is '{mine}' on worker {rank} "
-                    f"but '{theirs}' on worker {other}") in message, message
+            assert (f"row_transport of the lookup of ['t4:0'] is '{mine}' on worker {rank}"
+                    in message), message
+            assert f"but '{theirs}' on worker {other}" in message, message
             assert "every worker must set the same SOK_EV_ROW_TRANSPORT" in message, message
 
 
@@ -57,13 +60,34 @@ def test_a_dying_worker_stops_the_job():
     assert result.returncode != 0
 
 
+def test_a_hanging_worker_prints_every_ranks_stack_and_ends_the_job_at_its_deadline():
+    harness.require_horovodrun()
+    limit = 60
+    # Rank 0 waits for rank 1 in the lookup's build-time check; its own time
+    # limit is set past the ranks' deadline, so the deadline ends the job.
+    result = harness.launch(os.path.join(HERE, "stuck_worker.py"),
+                            2, ["--fault", "hang"],
+                            timeout=limit,
+                            env={"SOK_EV_LOOKUP_CHECK_TIMEOUT": "600"})
+    # The job ended itself, before the harness's kill at `limit`.
+    assert not result.timed_out, result.tail()
+    assert result.returncode != 0, result.tail()
+    assert result.stuck_ranks() == {0, 1}, result.tail(20000)
+    # Each rank's stack shows where it waited: rank 1 in its sleep.
+    rank1_stderr = "\n".join(
+        line for line in result.output.splitlines() if line.startswith("[1]<stderr>:"))
+    assert 'stuck_worker.py", line' in rank1_stderr and "in main" in rank1_stderr, rank1_stderr
+
+
 def test_a_hanging_worker_is_killed_at_the_time_limit():
+    """The harness's own kill, for a rank whose deadline did not end it."""
     harness.require_horovodrun()
     limit = 15
     start = time.monotonic()
     result = harness.launch(os.path.join(HERE, "stuck_worker.py"),
                             2, ["--fault", "hang"],
-                            timeout=limit)
+                            timeout=limit,
+                            env={harness.RANK_DEADLINE_VARIABLE: "3600"})
     assert result.timed_out
     assert time.monotonic() - start < limit + 15
     for _ in range(20):  # killed ranks may take a moment to be reaped

@@ -7,7 +7,8 @@ and a full save by a plain Saver at the last increment's moment. On 2 and
 then on 3 workers, restoring the last increment (its chain of parts written
 by every worker) gives every worker exactly the shard the full save gives
 it, bit for bit, and one more training step on each stays equal (the
-filter's counts came back too).
+filter's counts came back too). On two GPUs (one rank each) the second
+restore runs on 1 worker instead of 3.
 """
 import tempfile
 
@@ -34,10 +35,11 @@ def _assert_restores_equal(result, workers):
         assert len(arrays["ref/restored/t0/keys"]) > 0
 
 
-def test_incremental_chain_restores_every_workers_shard_bit_for_bit_on_2_then_3_workers():
+def test_incremental_chain_restores_every_workers_shard_bit_for_bit_on_2_then_another_count():
     harness.require_horovodrun()
     root = tempfile.mkdtemp(prefix="sok_ev_incremental_")
     saved = harness.launch(WORKER, 2, ["--root", root, "--save"], timeout=harness.LAUNCH_TIMEOUT)
     _assert_restores_equal(saved, 2)
-    restored = harness.launch(WORKER, 3, ["--root", root], timeout=harness.LAUNCH_TIMEOUT)
-    _assert_restores_equal(restored, 3)
+    workers = 3 if harness.max_workers() >= 3 else 1
+    restored = harness.launch(WORKER, workers, ["--root", root], timeout=harness.LAUNCH_TIMEOUT)
+    _assert_restores_equal(restored, workers)

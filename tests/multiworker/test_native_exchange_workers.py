@@ -1,14 +1,14 @@
-"""The row messages over sok-ev's own NCCL exchange (SOK_EV_ROW_TRANSPORT=nccl)
-instead of Horovod's all-to-all, on real workers.
+"""The row messages over sok-ev's own NCCL exchange (the default on GPUs)
+or Horovod's all-to-all (SOK_EV_ROW_TRANSPORT=horovod), on real workers.
 
 * On GPUs (one per rank), every case of lookup_worker.py -- sharded, whole
   and mixed tables, graph, tf.function and packed lookups (several lookups a
   step: one communicator each), empty and duplicated batches, 1 to 3
-  workers -- gives what the same launch over Horovod gives (that launch is
-  checked against the dense reference by test_model_parallel.py), and its
-  graph steps carry the rows both ways through NcclAlltoall.
-* On CPU workers the transport is refused on every worker at build time,
-  naming the variable, before any exchange.
+  workers -- gives by default, its graph steps carrying the rows both ways
+  through NcclAlltoall, what the same launch over Horovod gives (both are
+  checked against the dense reference by test_model_parallel.py).
+* On CPU workers SOK_EV_ROW_TRANSPORT=nccl is refused on every worker at
+  build time, naming the variable, before any exchange.
 """
 import os
 import re
@@ -38,12 +38,12 @@ def _compare(got, expected, what):
 
 
 @pytest.mark.parametrize("workers", sorted(harness.CASES))
-def test_nccl_row_transport_gives_what_horovods_gives(lookup_run, workers):
+def test_gpu_lookups_carry_rows_over_nccl_by_default_giving_what_horovod_gives(lookup_run, workers):
     if not harness.GPUS:
         pytest.skip("NCCL carries rows between GPUs; on CPU workers the transport is refused "
                     "(test_nccl_row_transport_refuses_tables_on_the_cpu)")
-    native = lookup_run(workers, "nccl")
-    reference = lookup_run(workers)
+    native = lookup_run(workers)
+    reference = lookup_run(workers, "horovod")
     for r in range(workers):
         assert sorted(native.results[r]) == sorted(reference.results[r])
         for name, expected in reference.results[r].items():
