@@ -56,7 +56,8 @@ const NcclLibrary& Nccl() {
     if (handle == nullptr) {
       const char* why = dlerror();
       nccl->load_error = std::string("cannot load NCCL (") + name + "): " + (why ? why : "?") +
-                         "; install NCCL 2.7 or later, or set SOK_EV_NCCL_LIBRARY to its path";
+                         "; install NCCL 2.7 or later, or set SOK_EV_NCCL_LIBRARY to its path, "
+                         "or SOK_EV_ROW_TRANSPORT=horovod to send the rows through Horovod";
       return nccl;
     }
     auto bind = [&](auto* pointer, const char* symbol) {

@@ -102,14 +102,18 @@ status=$(mktemp -d) site="" run=""
 trap 'rm -rf "$status" "$site" "$run"' EXIT
 
 # --- the artifact --------------------------------------------------------------
+# SOK_EV_DEVICE_ARTIFACT: another artifact folder (an earlier tree's, carried
+# beside .device, for a before/after benchmark in one call).
+artifact=${SOK_EV_DEVICE_ARTIFACT:-$root/.device}
+[[ $artifact == /* ]] || artifact=$root/$artifact
 shopt -s nullglob
-wheels=("$root"/.device/wheel/*.whl)
-if ((${#wheels[@]} != 1)) || [[ ! -f $root/.device/MANIFEST ]]; then
-    echo "no .device/ artifact: run tests/gpu/build_device_artifact.sh here and carry .device" >&2
+wheels=("$artifact"/wheel/*.whl)
+if ((${#wheels[@]} != 1)) || [[ ! -f $artifact/MANIFEST ]]; then
+    echo "no $artifact artifact: run tests/gpu/build_device_artifact.sh here and carry .device" >&2
     exit 2
 fi
-cat "$root/.device/MANIFEST" >>"$OUT/env.log"
-(cd "$root/.device" && grep -E '^[0-9a-f]{64}  (wheel|harness)/' MANIFEST | sha256sum -c --quiet) || {
+cat "$artifact/MANIFEST" >>"$OUT/env.log"
+(cd "$artifact" && grep -E '^[0-9a-f]{64}  (wheel|harness)/' MANIFEST | sha256sum -c --quiet) || {
     log "artifact does not match its MANIFEST"
     exit 2
 }
@@ -179,7 +183,7 @@ part_tf() {
 part_harness() {
     # PyTorch's process gets none of the kit's TensorFlow paths.
     PYTHONPATH=$plain_pythonpath LD_LIBRARY_PATH=$plain_ld_library_path CUDA_VISIBLE_DEVICES=$1 \
-        SOKEV_GPU_LIB=$root/.device/harness/libsokev_gpu.so pytest_part harness 150 "$root/tests/gpu"
+        SOKEV_GPU_LIB=$artifact/harness/libsokev_gpu.so pytest_part harness 150 "$root/tests/gpu"
 }
 part_memcheck() {
     local seconds workload=("$PY" "$root/tests/gpu/tf_memcheck_workload.py")
@@ -212,7 +216,7 @@ part_multi() {
 }
 torch_env() { # torch_env COMMAND...: PyTorch's process, without the kit's paths
     PYTHONPATH=$plain_pythonpath LD_LIBRARY_PATH=$plain_ld_library_path \
-        SOKEV_GPU_LIB=$root/.device/harness/libsokev_gpu.so "$@"
+        SOKEV_GPU_LIB=$artifact/harness/libsokev_gpu.so "$@"
 }
 part_harness_sanitizer() {
     local tool rc=0 subset="duplicates or default_value or update_rows or row_offsets or (test_unique and 1000-zipf) or (partition and 2-int64) or (combine_forward and sum-37) or (optimizers and 8-adam) or (fused and mean-7-int64) or (unique_segmented and 1000-int64) or (unique_of_sorted and 2-int64) or unique_of_runs_flags or (lookup_combine_rows and sum-7) or (backward_apply and sum-37-adagrad) or (backward_apply and sum-128-adagrad) or (backward_apply and mean-8-ftrl)"
@@ -345,7 +349,7 @@ has multi && part_multi
 has harness-sanitizer && part_harness_sanitizer
 has bench && part_bench
 if has tf-bench; then
-    (cd "$run" && CUDA_VISIBLE_DEVICES=0 SOKEV_GPU_LIB=$root/.device/harness/libsokev_gpu.so \
+    (cd "$run" && CUDA_VISIBLE_DEVICES=0 SOKEV_GPU_LIB=$artifact/harness/libsokev_gpu.so \
         timeout -k 10 "$(limit 560)" "$PY" "$root/benchmarks/gpu/tf_sparse_step.py" \
             ${SOK_EV_TF_BENCH_ARGS:-}) \
         >"$OUT/tf-bench.log" 2>&1
