@@ -244,6 +244,32 @@ def categorical_column_with_embedding(key: str,
     return EmbeddingCategoricalColumn(key, dtype, partition_num, ev_option)
 
 
+def _ev_source(column) -> Optional[EmbeddingCategoricalColumn]:
+    """The categorical_column_with_embedding column `column` reads keys from:
+  itself, or the one a weighted_categorical_column wraps; None if `column`
+  does not read one.
+
+  Raises:
+    ValueError: another column built on one (indicator, crossed, sequence
+      ...), which TensorFlow's code would read as a one-bucket column.
+  """
+    if isinstance(column, EmbeddingCategoricalColumn):
+        return column
+    if isinstance(column, _fc_v2.WeightedCategoricalColumn):
+        return _ev_source(column.categorical_column)
+    pending = list(getattr(column, "parents", []))
+    while pending:
+        parent = pending.pop()
+        if isinstance(parent, EmbeddingCategoricalColumn):
+            raise ValueError(f"{type(column).__name__} '{column.name}' is built on "
+                             f"categorical_column_with_embedding('{parent.key}'); sok-ev reads "
+                             "such a column only through embedding_column or "
+                             "shared_embedding_columns (optionally over "
+                             "weighted_categorical_column).")
+        pending.extend(getattr(parent, "parents", []))
+    return None
+
+
 # --------------------------------------------------------------------------- grouping
 
 _groups = threading.local()
@@ -292,9 +318,15 @@ class EmbeddingVariableColumn(
         collections.namedtuple("EmbeddingVariableColumn",
                                ("categorical_column", "dimension", "combiner", "initializer",
                                 "max_norm", "trainable", "shared_name", "group"))):
-    """An embedding column over an EmbeddingCategoricalColumn (see
-  `embedding_column`, and `shared_embedding_columns` when `shared_name` is
-  set). For the v1 `input_layer`; output `[batch, dimension]` float32."""
+    """An embedding column over an EmbeddingCategoricalColumn, or over a
+  weighted_categorical_column of one (see `embedding_column`, and
+  `shared_embedding_columns` when `shared_name` is set). For the v1
+  `input_layer`; output `[batch, dimension]` float32."""
+
+    @property
+    def source(self) -> EmbeddingCategoricalColumn:
+        """The categorical_column_with_embedding column giving the keys."""
+        return _ev_source(self.categorical_column)
 
     @property
     def name(self):
@@ -332,14 +364,14 @@ class EmbeddingVariableColumn(
         collections_ = list(weight_collections or [])
         if collections_ and tf.compat.v1.GraphKeys.GLOBAL_VARIABLES not in collections_:
             collections_.append(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
-        variable = embedding_variable.get_embedding_variable(
-            "embedding_weights",
-            embedding_dim=self.dimension,
-            key_dtype=self.categorical_column.key_dtype,
-            initializer=self.initializer,
-            trainable=self.trainable and trainable is not False,
-            collections=collections_ or None,
-            ev_option=self.categorical_column.ev_option)
+        variable = embedding_variable.get_embedding_variable("embedding_weights",
+                                                             embedding_dim=self.dimension,
+                                                             key_dtype=self.source.key_dtype,
+                                                             initializer=self.initializer,
+                                                             trainable=self.trainable and
+                                                             trainable is not False,
+                                                             collections=collections_ or None,
+                                                             ev_option=self.source.ev_option)
         if self.shared_name:
             tf.compat.v1.add_to_collection(self.shared_name, variable)
         return variable
@@ -357,9 +389,9 @@ class EmbeddingVariableColumn(
             raise ValueError(f"shared embedding column '{self.name}': dimension {self.dimension} "
                              f"differs from the shared Embedding Variable {variable.name}'s "
                              f"{variable.embedding_dim} (collection '{self.shared_name}').")
-        if variable.key_dtype != self.categorical_column.key_dtype:
+        if variable.key_dtype != self.source.key_dtype:
             raise ValueError(f"shared embedding column '{self.name}': its keys are "
-                             f"{self.categorical_column.key_dtype.name} but the shared Embedding "
+                             f"{self.source.key_dtype.name} but the shared Embedding "
                              f"Variable {variable.name} has {variable.key_dtype.name} keys.")
         return variable
 
@@ -431,7 +463,8 @@ def embedding_column(categorical_column,
                      **flags):
     """DeepRec's `tf.feature_column.embedding_column`.
 
-  Over a `categorical_column_with_embedding` column: an
+  Over a `categorical_column_with_embedding` column (or a
+  weighted_categorical_column of one: its weights weigh the combination): an
   EmbeddingVariableColumn (see the module docstring), in the current
   `group_embedding_column_scope` if any. Over any other categorical column:
   TensorFlow's own embedding_column, unchanged.
@@ -454,10 +487,11 @@ def embedding_column(categorical_column,
 
   Raises:
     ValueError: a bad dimension, combiner or initializer, ckpt_to_load_from
-      on an Embedding Variable column, or an unknown argument (each names
+      on an Embedding Variable column, an unknown argument, or another
+      column built on a categorical_column_with_embedding one (each names
       the column and the value).
   """
-    if not isinstance(categorical_column, EmbeddingCategoricalColumn):
+    if _ev_source(categorical_column) is None:
         # Only TensorFlow's own arguments reach TensorFlow's function.
         stock_flags = {k: v for k, v in flags.items() if k == "use_safe_embedding_lookup"}
         _check_flags("embedding_column", flags)
@@ -502,7 +536,7 @@ def shared_embedding_columns(categorical_columns,
       created.
   """
     categorical_columns = list(categorical_columns)
-    ev_columns = [c for c in categorical_columns if isinstance(c, EmbeddingCategoricalColumn)]
+    ev_columns = [c for c in categorical_columns if _ev_source(c) is not None]
     if not ev_columns:
         _check_flags("shared_embedding_columns", flags)
         return STOCK["shared_embedding_columns"](
@@ -524,7 +558,7 @@ def shared_embedding_columns(categorical_columns,
         other = [c.name for c in categorical_columns if c not in ev_columns]
         raise ValueError(f"{where}: {other} are not categorical_column_with_embedding columns; "
                          "an Embedding Variable can only be shared by such columns.")
-    key_dtypes = sorted({c.key_dtype.name for c in ev_columns})
+    key_dtypes = sorted({_ev_source(c).key_dtype.name for c in ev_columns})
     if len(key_dtypes) > 1:
         raise ValueError(f"{where}: the columns' keys differ in dtype ({key_dtypes}); one "
                          "Embedding Variable has one key dtype.")
@@ -583,14 +617,18 @@ def input_layer(features,
     `[batch, sum of widths]` float32, the columns in name order.
 
   Raises:
-    ValueError: a column that is not a _DenseColumn, a grouped column with
-      max_norm (grouped lookups do not clip), or the errors of the columns.
+    ValueError: a column that is not a _DenseColumn, one built on a
+      categorical_column_with_embedding column other than by embedding_column
+      (e.g. indicator_column), a grouped column with max_norm (grouped
+      lookups do not clip), or the errors of the columns.
   """
     columns = _fc_v1._normalize_feature_columns(feature_columns)  # pylint: disable=protected-access
     for column in columns:
         if not isinstance(column, _fc_v1._DenseColumn):  # pylint: disable=protected-access
             raise ValueError("Items of feature_columns must be a _DenseColumn (wrap a categorical "
                              f"column with embedding_column). Given: {column}")
+        if not isinstance(column, EmbeddingVariableColumn):
+            _ev_source(column)  # raises for e.g. an indicator_column over one
         if isinstance(column, EmbeddingVariableColumn) and column.group and column.max_norm:
             raise ValueError(f"input_layer: column '{column.name}' in group_embedding_column_scope "
                              f"'{column.group}' has max_norm={column.max_norm!r}: grouped lookups "

@@ -15,12 +15,17 @@ Pinned down:
   random batches with duplicates and empty rows (the last one too);
 * the Embedding Variable is named as DeepRec names it,
   input_layer/<key>_embedding/embedding_weights, and cols_to_output_tensors
-  and cols_to_vars are filled;
+  and cols_to_vars are filled; the references run TensorFlow's own
+  input_layer;
 * shared_embedding_columns share one Embedding Variable; a second use of the
   same shared name with another dimension raises naming the column and both
   dimensions before anything is created;
 * group_embedding_column_scope: every Embedding Variable column of a group
   is looked up in one sok_ev.lookup_sparse call, with the ungrouped result;
+  grouped shared columns train their one variable;
+* weighted_categorical_column over an Embedding Variable column weighs the
+  combination as the stock lookup with weights; an indicator_column over one
+  is refused (TensorFlow would read it as a one-bucket column);
 * tf.nn.group_embedding_lookup_sparse equals tf.nn.embedding_lookup_sparse
   on dense tables holding the same rows;
 * refusals name the feature or the column and the value: DeepRec columns not
@@ -28,6 +33,8 @@ Pinned down:
   wrong kind, mixed shared columns, max_norm in a group, is_sequence; the
   optimisation flag do_fusion is accepted.
 """
+import collections
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -39,6 +46,9 @@ TF1 = tf.compat.v1
 ID_DTYPES = ("string", "int32", "int64")
 # Fingerprint64("") in FarmHash is its constant k2 (farmhash.h).
 FINGERPRINT64_OF_EMPTY_STRING = 0x9ae16a3b2f90404f
+
+# TensorFlow's own input_layer, for the references.
+STOCK_INPUT_LAYER = TF1.feature_column.input_layer
 
 
 @pytest.fixture(scope="module")
@@ -135,10 +145,10 @@ def _stock_model(deeprec, batches, keys, matrices, combiner, max_norm):
     return features, columns, uniques
 
 
-def _train_one_step(deeprec, features, columns, upstream, use_monitored_session):
+def _train_one_step(deeprec, features, columns, upstream, use_monitored_session, input_layer):
     """input_layer output before, then one Adagrad step on sum(out * upstream);
     returns (output, {variable name: value or (keys, rows)})."""
-    out = deeprec.feature_column.input_layer(features, columns)
+    out = input_layer(features, columns)
     loss = tf.reduce_sum(out * upstream)
     train = deeprec.train.AdagradOptimizer(0.3).minimize(
         loss, global_step=deeprec.train.get_or_create_global_step())
@@ -177,10 +187,12 @@ def test_input_layer_equals_stock_columns_before_and_after_a_training_step(
             for name in batches
         ]
         features = {name: _sparse(b, ids) for name, (b, ids) in batches.items()}
-        got, got_tables = _train_one_step(deeprec, features, columns, upstream, True)
+        got, got_tables = _train_one_step(deeprec, features, columns, upstream, True,
+                                          deeprec.feature_column.input_layer)
     with tf.Graph().as_default():
         features, columns, uniques = _stock_model(deeprec, batches, keys, matrices, combiner, None)
-        expected, expected_tables = _train_one_step(deeprec, features, columns, upstream, False)
+        expected, expected_tables = _train_one_step(deeprec, features, columns, upstream, False,
+                                                    STOCK_INPUT_LAYER)
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
     for name, uniq in zip(batches, uniques):
         keys, rows = got_tables[f"input_layer/{name}_embedding/embedding_weights:0"]
@@ -204,10 +216,46 @@ def test_max_norm_clips_rows_as_stock_columns_do(deeprec, rng):
     with ref.graph_session() as sess:
         features, columns, _ = _stock_model(deeprec, batches, {"a": batches["a"][0].keys}, matrices,
                                             "mean", 1.5)
-        out = deeprec.feature_column.input_layer(features, columns)
+        out = STOCK_INPUT_LAYER(features, columns)
         sess.run(deeprec.global_variables_initializer())
         expected = sess.run(out)
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
+def test_weighted_ev_column_equals_stock_weighted_column(deeprec, rng, combiner):
+    batch, ids = _batch(rng, "int64")
+    matrix = ref.random_matrix(rng, N_ROWS, DIM)
+    with ref.graph_session() as sess:
+        weights = _sparse(batch, batch.weights)
+        column = deeprec.feature_column.categorical_column_with_embedding(
+            "a",
+            dtype=tf.int64,
+            ev_option=deeprec.EmbeddingVariableOption(init_option=deeprec.InitializerOption(
+                default_value_dim=N_ROWS)))
+        weighted = deeprec.feature_column.weighted_categorical_column(column, "w")
+        embedded = deeprec.feature_column.embedding_column(
+            weighted, DIM, combiner=combiner, initializer=tf.constant_initializer(matrix))
+        out = deeprec.feature_column.input_layer({
+            "a": _sparse(batch, ids),
+            "w": weights
+        }, [embedded])
+        sess.run(deeprec.global_variables_initializer())
+        got = sess.run(out)
+    np.testing.assert_allclose(got,
+                               ref.reference_lookup(matrix, batch, combiner, True),
+                               rtol=1e-5,
+                               atol=1e-6)
+
+
+def test_indicator_column_over_an_ev_column_is_refused_naming_it(deeprec, rng):
+    batch, ids = _batch(rng, "int64")
+    with ref.graph_session():
+        column = deeprec.feature_column.categorical_column_with_embedding("C9", dtype=tf.int64)
+        indicator = deeprec.feature_column.indicator_column(column)
+        with pytest.raises(ValueError) as error:
+            deeprec.feature_column.input_layer({"C9": _sparse(batch, ids)}, [indicator])
+        assert ref.error_names(error.value, "IndicatorColumn", "C9")
 
 
 def test_embedding_variable_is_named_as_deeprec_and_outputs_are_reported(deeprec, rng):
@@ -316,6 +364,35 @@ def test_group_scope_looks_every_column_up_in_one_lookup_sparse_call(deeprec, rn
             results.append(sess.run(out))
     assert calls == [[f"input_layer/{n}_embedding/embedding_weights:0" for n in "abc"]]
     np.testing.assert_allclose(results[0], results[1], rtol=1e-6, atol=1e-6)
+
+
+def test_grouped_shared_columns_train_their_one_variable_in_one_call(deeprec, rng):
+    (batch_a, ids_a), (batch_b, ids_b) = _batch(rng, "int64"), _batch(rng, "int64")
+    with ref.graph_session():
+        a, b = (deeprec.feature_column.categorical_column_with_embedding(k, dtype=tf.int64)
+                for k in ("a", "b"))
+        with deeprec.feature_column.group_embedding_column_scope("g"):
+            shared = deeprec.feature_column.shared_embedding_columns(
+                [a, b], DIM, combiner="sum", initializer=tf.constant_initializer(1.0))
+        net = deeprec.feature_column.input_layer(
+            {
+                "a": _sparse(batch_a, ids_a),
+                "b": _sparse(batch_b, ids_b)
+            }, shared)
+        train = deeprec.train.GradientDescentOptimizer(0.1).minimize(tf.reduce_sum(net))
+        ev, = deeprec.get_collection(deeprec.GraphKeys.EMBEDDING_VARIABLES)
+        export = ev.export()
+        with deeprec.train.MonitoredTrainingSession() as sess:
+            sess.run(train)
+            keys, rows = sess.run(export)
+    # SGD on the sum of all outputs: each row moves by 0.1 per occurrence of
+    # its key in either column.
+    occurrences = collections.Counter(ids_a.tolist() + ids_b.tolist())
+    ref.assert_rows_close(ref.export_to_dict(keys, rows), {
+        k: np.full(DIM, 1.0 - 0.1 * n, np.float32) for k, n in occurrences.items()
+    },
+                          rtol=1e-6,
+                          atol=1e-6)
 
 
 def test_group_embedding_lookup_sparse_equals_dense_lookups(deeprec, rng, sok, unique_name):
