@@ -15,7 +15,10 @@ group_embedding_column_scope (sok_ev.feature_column; TensorFlow's own
 embedding_column, shared_embedding_columns and input_layer still serve
 every other column), and DeepRec's feature-column names sok-ev does not
 build, which raise ValueError naming the feature; to `tf.nn` and
-`tf.compat.v1.nn`: group_embedding_lookup_sparse. It also installs what
+`tf.compat.v1.nn`: group_embedding_lookup_sparse; and it makes
+`tf.compat.v1.train.Saver` take DeepRec's `incremental_save_restore=True`
+(sok_ev.incremental_saver.StockNameSaver, a subclass of TensorFlow's
+Saver). It also installs what
 lets DeepRec's training code run on Embedding Variables, as `sok_ev.init()`
 does on one worker: the dispatch of `tf.nn.embedding_lookup`,
 `tf.nn.embedding_lookup_sparse` and `tf.nn.safe_embedding_lookup_sparse`
@@ -32,11 +35,13 @@ import sys
 import types
 
 import tensorflow as tf
+from tensorflow.python.training import saver as saver_module
 
 from sok_ev import checkpoint
 from sok_ev import dispatch
 from sok_ev import embedding_variable
 from sok_ev import feature_column
+from sok_ev import incremental_saver
 from sok_ev import keras_optimizers
 from sok_ev import optimizers
 from sok_ev import options
@@ -64,6 +69,9 @@ _GRAPH_KEYS = {
     "EV_INIT_SLOT_OPS": "ev_init_slot_ops",
 }
 
+# TensorFlow's objects install_deeprec_api() may replace: name -> object.
+_REPLACEABLE = dict(feature_column.STOCK, Saver=saver_module.Saver)
+
 # DeepRec's proto module of storage enums, as scripts import it.
 _CONFIG_PB2 = "tensorflow.core.framework.embedding.config_pb2"
 
@@ -71,8 +79,9 @@ _CONFIG_PB2 = "tensorflow.core.framework.embedding.config_pb2"
 def _refuse_conflict(owner, name, value, where):
     existing = getattr(owner, name, None)
     # TensorFlow's own embedding_column, shared_embedding_columns and
-    # input_layer are replaced: sok-ev's hand them every other column.
-    if existing is not None and existing is feature_column.STOCK.get(name):
+    # input_layer are replaced: sok-ev's hand them every other column; so is
+    # its Saver class, by a subclass that also takes DeepRec's argument.
+    if existing is not None and existing is _REPLACEABLE.get(name):
         return
     if existing is not None and existing != value:
         raise RuntimeError(f"install_deeprec_api: {where}.{name} already exists "
@@ -125,6 +134,8 @@ def install_deeprec_api() -> None:
     names += [(module, name, value, where)
               for module, where in ((tf.nn, "tf.nn"), (tf.compat.v1.nn, "tf.compat.v1.nn"))
               for name, value in feature_column.NN_NAMES.items()]
+    names.append(
+        (tf.compat.v1.train, "Saver", incremental_saver.StockNameSaver, "tf.compat.v1.train"))
     for owner, name, value, where in names:  # all checked before any is set
         _refuse_conflict(owner, name, value, where)
     for owner, name, value, _ in names:

@@ -196,3 +196,47 @@ def test_incremental_save_needs_incremental_save_restore(sok, unique_name, tmp_p
         with pytest.raises(ValueError) as error:
             saver.incremental_save(sess, str(tmp_path / "model"))
         assert ref.error_names(error.value, "incremental_save_restore=True")
+
+
+def test_stock_saver_name_takes_incremental_save_restore_after_install_deeprec_api(
+        sok, rng, unique_name, tmp_path):
+    """DeepRec scripts call tf.train.Saver(incremental_save_restore=True)."""
+    from tensorflow.python.training import saver as saver_module  # pylint: disable=import-outside-toplevel
+    sok.install_deeprec_api()
+    names = [unique_name(tag) for tag in ("a", "b", "c", "dense")]
+    with graph_session() as sess:
+        tables, ids, train = _build(sok, names, OPTIMIZERS["adagrad"])
+        feeds = _feeds(rng, 4, ids)
+        saver = tf.compat.v1.train.Saver(incremental_save_restore=True)
+        assert isinstance(saver, sok.Saver) and isinstance(saver, saver_module.Saver)
+        sess.run(tf.compat.v1.global_variables_initializer())
+        sess.run(train, feeds[0])
+        (tmp_path / "full").mkdir()
+        saver.save(sess, str(tmp_path / "full" / "model"), global_step=1)
+        for step, feed in enumerate(feeds[1:3], start=2):
+            sess.run(train, feed)
+            path = saver.incremental_save(sess, str(tmp_path / "incr" / "model"), step)
+        expected = _state(sess, tables)
+    with graph_session() as sess:
+        tables, ids, train = _build(sok, names, OPTIMIZERS["adagrad"])
+        tf.compat.v1.train.Saver(incremental_save_restore=True).restore(sess, path)
+        _assert_states_equal(_state(sess, tables), expected, f"restored from {path}")
+
+
+def test_stock_saver_name_without_the_flag_is_tensorflows_saver(sok, unique_name, tmp_path):
+    from tensorflow.python.training import saver as saver_module  # pylint: disable=import-outside-toplevel
+    sok.install_deeprec_api()
+    with graph_session() as sess:
+        ev = sok.get_embedding_variable(unique_name("ev"), embedding_dim=2)
+        dense = tf.compat.v1.get_variable(unique_name("dense"), initializer=[1.0, 2.0])
+        sess.run(tf.compat.v1.global_variables_initializer())
+        saver = tf.compat.v1.train.Saver()
+        assert not saver.incremental_save_restore
+        with pytest.raises(ValueError) as error:
+            saver.incremental_save(sess, str(tmp_path / "model"))
+        assert ref.error_names(error.value, "incremental_save_restore=True")
+        # An explicit builder is TensorFlow's to use, as without sok-ev.
+        plain = tf.compat.v1.train.Saver([dense], builder=saver_module.BaseSaverBuilder())
+        path = plain.save(sess, str(tmp_path / "plain"))
+        np.testing.assert_array_equal(tf.train.load_variable(path, dense.name[:-2]), [1.0, 2.0])
+        assert ev.name  # the Embedding Variable is left to the hooked Savers
