@@ -18,7 +18,9 @@ build, which raise ValueError naming the feature; to `tf.nn` and
 `tf.compat.v1.nn`: group_embedding_lookup_sparse; and it makes
 `tf.compat.v1.train.Saver` take DeepRec's `incremental_save_restore=True`
 (sok_ev.incremental_saver.StockNameSaver, a subclass of TensorFlow's
-Saver). It also installs what
+Saver) and `tf.compat.v1.train.MonitoredTrainingSession` take DeepRec's
+`save_incremental_checkpoint_secs` (sok_ev.deeprec_session). It also
+installs what
 lets DeepRec's training code run on Embedding Variables, as `sok_ev.init()`
 does on one worker: the dispatch of `tf.nn.embedding_lookup`,
 `tf.nn.embedding_lookup_sparse` and `tf.nn.safe_embedding_lookup_sparse`
@@ -39,6 +41,7 @@ from tensorflow.python.training import saver as saver_module
 
 from sok_ev import checkpoint
 from sok_ev import dispatch
+from sok_ev import deeprec_session
 from sok_ev import embedding_variable
 from sok_ev import feature_column
 from sok_ev import incremental_saver
@@ -70,7 +73,9 @@ _GRAPH_KEYS = {
 }
 
 # TensorFlow's objects install_deeprec_api() may replace: name -> object.
-_REPLACEABLE = dict(feature_column.STOCK, Saver=saver_module.Saver)
+_REPLACEABLE = dict(feature_column.STOCK,
+                    Saver=saver_module.Saver,
+                    MonitoredTrainingSession=deeprec_session.STOCK_MONITORED_TRAINING_SESSION)
 
 # DeepRec's proto module of storage enums, as scripts import it.
 _CONFIG_PB2 = "tensorflow.core.framework.embedding.config_pb2"
@@ -136,6 +141,8 @@ def install_deeprec_api() -> None:
               for name, value in feature_column.NN_NAMES.items()]
     names.append(
         (tf.compat.v1.train, "Saver", incremental_saver.StockNameSaver, "tf.compat.v1.train"))
+    names.append((tf.compat.v1.train, "MonitoredTrainingSession",
+                  deeprec_session.MonitoredTrainingSession, "tf.compat.v1.train"))
     for owner, name, value, where in names:  # all checked before any is set
         _refuse_conflict(owner, name, value, where)
     for owner, name, value, _ in names:
