@@ -10,6 +10,14 @@ slot, frequency and version, the dense variable, the filter's counts (a
 further training step on both restores matches too). An incremental
 checkpoint holds only the changed keys. Run by tests/gpu/run_on_device.sh,
 the same tests exercise the GPU tables.
+
+After sok_ev.install_deeprec_api(), DeepRec's stock names:
+tf.compat.v1.train.Saver(incremental_save_restore=True) is sok_ev's
+incremental Saver (without the flag, TensorFlow's, an explicit builder=
+included); MonitoredTrainingSession(save_incremental_checkpoint_secs=...)
+writes increments and, after a stop that lost the last full save, resumes
+from the full checkpoint before it plus the increments: bit for bit the
+state at the last increment.
 """
 import os
 import time
