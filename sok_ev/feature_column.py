@@ -397,11 +397,14 @@ class EmbeddingVariableColumn(
 
     def sparse_keys(self, inputs):
         """The keys of this column's feature in `inputs` (a v1 _LazyBuilder),
-    ids < 0 dropped as tf.nn.safe_embedding_lookup_sparse drops them, rows in
-    order: (SparseTensor of keys, SparseTensor of weights or None)."""
+    ids < 0 and weights <= 0 dropped as tf.nn.safe_embedding_lookup_sparse
+    drops them, rows in order: (SparseTensor of keys, SparseTensor of
+    weights or None)."""
         pair = self.categorical_column._get_sparse_tensors(inputs)  # pylint: disable=protected-access
         ids, weights = pair.id_tensor, pair.weight_tensor
         keep = tf.greater_equal(ids.values, 0)
+        if weights is not None:
+            keep = tf.logical_and(keep, tf.greater(weights.values, 0))
         ids = tf.sparse.reorder(tf.sparse.retain(ids, keep))
         if weights is not None:
             weights = tf.sparse.reorder(tf.sparse.retain(weights, keep))

@@ -24,7 +24,8 @@ Pinned down:
   is looked up in one sok_ev.lookup_sparse call, with the ungrouped result;
   grouped shared columns train their one variable;
 * weighted_categorical_column over an Embedding Variable column weighs the
-  combination as the stock lookup with weights; an indicator_column over one
+  combination as the stock lookup with weights, and a grouped one drops
+  negative ids and weights <= 0 as the safe lookup does; an indicator_column over one
   is refused (TensorFlow would read it as a one-bucket column);
 * tf.nn.group_embedding_lookup_sparse equals tf.nn.embedding_lookup_sparse
   on dense tables holding the same rows;
@@ -34,6 +35,7 @@ Pinned down:
   optimisation flag do_fusion is accepted.
 """
 import collections
+import contextlib
 
 import numpy as np
 import pytest
@@ -246,6 +248,38 @@ def test_weighted_ev_column_equals_stock_weighted_column(deeprec, rng, combiner)
                                ref.reference_lookup(matrix, batch, combiner, True),
                                rtol=1e-5,
                                atol=1e-6)
+
+
+def test_grouped_weighted_column_drops_what_the_safe_lookup_drops(deeprec, rng):
+    """Negative ids and weights <= 0 are left out, grouped or not."""
+    batch, ids = _batch(rng, "int64")
+    ids[::3] = -ids[::3] - 1
+    weights = batch.weights.copy()
+    weights[1::4] = 0.0
+    weights[2::5] = -1.0
+    matrix = ref.random_matrix(rng, N_ROWS, DIM)
+    results = []
+    for grouped in (True, False):
+        with ref.graph_session() as sess:
+            column = deeprec.feature_column.weighted_categorical_column(
+                deeprec.feature_column.categorical_column_with_embedding(
+                    "a",
+                    dtype=tf.int64,
+                    ev_option=deeprec.EmbeddingVariableOption(init_option=deeprec.InitializerOption(
+                        default_value_dim=N_ROWS))), "w")
+            scope = (deeprec.feature_column.group_embedding_column_scope("g")
+                     if grouped else contextlib.nullcontext())
+            with scope:
+                embedded = deeprec.feature_column.embedding_column(
+                    column, DIM, combiner="mean", initializer=tf.constant_initializer(matrix))
+            out = deeprec.feature_column.input_layer(
+                {
+                    "a": _sparse(batch, ids),
+                    "w": _sparse(batch, weights)
+                }, [embedded])
+            sess.run(deeprec.global_variables_initializer())
+            results.append(sess.run(out))
+    np.testing.assert_allclose(results[0], results[1], rtol=1e-5, atol=1e-6)
 
 
 def test_indicator_column_over_an_ev_column_is_refused_naming_it(deeprec, rng):
