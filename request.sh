@@ -35,6 +35,11 @@ APT_PACKAGES=(bazel-bootstrap bazel-rules-java build-essential cmake clang-forma
 # matplotlib and tqdm: the Criteo benchmark's AUC, plots and progress bar.
 PY_PACKAGES=("$TF_PACKAGE" numpy pytest pytest-timeout wheel setuptools yapf==0.43.0
     scikit-learn matplotlib tqdm)
+# Installed without their dependencies. tf_keras: legacy Keras
+# (TF_USE_LEGACY_KERAS=1), the release matching TensorFlow 2.21, which
+# tests/test_legacy_keras.py runs sok-ev under; it requires the package named
+# `tensorflow`, which would pull the CUDA wheel in beside tensorflow-cpu.
+PY_PACKAGES_NO_DEPS=(tf_keras==2.21.0)
 # TensorFlow's INFO/WARNING start-up chatter would drown the step output.
 # No pip cache: the two TensorFlow wheels (CPU here, CUDA for the GPU build)
 # would stay in it as another gigabyte on a disk two venvs already fill.
@@ -132,6 +137,9 @@ if py_requirements_met "${PY_PACKAGES[@]}"; then
 else
     "$PY" -m pip install -q "${PY_PACKAGES[@]}"
     TF_CHANGED=1
+fi
+if ! py_requirements_met "${PY_PACKAGES_NO_DEPS[@]}"; then
+    "$PY" -m pip install -q --no-deps "${PY_PACKAGES_NO_DEPS[@]}"
 fi
 # Which TensorFlow is installed ("<version> <dir>"), read from metadata:
 # importing TensorFlow takes seconds.

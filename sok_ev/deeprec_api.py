@@ -8,7 +8,19 @@ to `tf.compat.v1.GraphKeys`: EMBEDDING_VARIABLES (the collection of sok-ev's
 Embedding Variables), EV_INIT_VAR_OPS (their initializers) and
 EV_INIT_SLOT_OPS (empty: slots live in the table); the module
 `tensorflow.core.framework.embedding.config_pb2` (StorageType, CacheType,
-SlotType) that DeepRec's storage examples import. It also installs what
+SlotType) that DeepRec's storage examples import; to `tf.feature_column`
+and `tf.compat.v1.feature_column`: categorical_column_with_embedding,
+embedding_column, shared_embedding_columns, input_layer and
+group_embedding_column_scope (sok_ev.feature_column; TensorFlow's own
+embedding_column, shared_embedding_columns and input_layer still serve
+every other column), and DeepRec's feature-column names sok-ev does not
+build, which raise ValueError naming the feature; to `tf.nn` and
+`tf.compat.v1.nn`: group_embedding_lookup_sparse; and it makes
+`tf.compat.v1.train.Saver` take DeepRec's `incremental_save_restore=True`
+(sok_ev.incremental_saver.StockNameSaver, a subclass of TensorFlow's
+Saver) and `tf.compat.v1.train.MonitoredTrainingSession` take DeepRec's
+`save_incremental_checkpoint_secs` (sok_ev.deeprec_session). It also
+installs what
 lets DeepRec's training code run on Embedding Variables, as `sok_ev.init()`
 does on one worker: the dispatch of `tf.nn.embedding_lookup`,
 `tf.nn.embedding_lookup_sparse` and `tf.nn.safe_embedding_lookup_sparse`
@@ -25,10 +37,14 @@ import sys
 import types
 
 import tensorflow as tf
+from tensorflow.python.training import saver as saver_module
 
 from sok_ev import checkpoint
 from sok_ev import dispatch
+from sok_ev import deeprec_session
 from sok_ev import embedding_variable
+from sok_ev import feature_column
+from sok_ev import incremental_saver
 from sok_ev import keras_optimizers
 from sok_ev import optimizers
 from sok_ev import options
@@ -56,12 +72,22 @@ _GRAPH_KEYS = {
     "EV_INIT_SLOT_OPS": "ev_init_slot_ops",
 }
 
+# TensorFlow's objects install_deeprec_api() may replace: name -> object.
+_REPLACEABLE = dict(feature_column.STOCK,
+                    Saver=saver_module.Saver,
+                    MonitoredTrainingSession=deeprec_session.STOCK_MONITORED_TRAINING_SESSION)
+
 # DeepRec's proto module of storage enums, as scripts import it.
 _CONFIG_PB2 = "tensorflow.core.framework.embedding.config_pb2"
 
 
 def _refuse_conflict(owner, name, value, where):
     existing = getattr(owner, name, None)
+    # TensorFlow's own embedding_column, shared_embedding_columns and
+    # input_layer are replaced: sok-ev's hand them every other column; so is
+    # its Saver class, by a subclass that also takes DeepRec's argument.
+    if existing is not None and existing is _REPLACEABLE.get(name):
+        return
     if existing is not None and existing != value:
         raise RuntimeError(f"install_deeprec_api: {where}.{name} already exists "
                            f"({existing!r}); sok-ev will not replace it.")
@@ -88,8 +114,9 @@ def _install_config_pb2():
 
 
 def install_deeprec_api() -> None:
-    """Adds DeepRec's Embedding Variable API to TensorFlow (see the module
-  docstring for the names), the tf.nn lookup dispatch, the optimizer hooks
+    """Adds DeepRec's Embedding Variable API and feature columns to
+  TensorFlow (see the module docstring for the names), the tf.nn lookup
+  dispatch, the optimizer hooks
   and the tf.compat.v1.train.Saver hook: all a DeepRec script needs on one
   worker.
 
@@ -105,6 +132,17 @@ def install_deeprec_api() -> None:
              for name, value in _DEEPREC_NAMES.items()]
     names += [(tf.compat.v1.GraphKeys, name, value, "tf.compat.v1.GraphKeys")
               for name, value in _GRAPH_KEYS.items()]
+    names += [(module, name, value, where)
+              for module, where in ((tf.feature_column, "tf.feature_column"),
+                                    (tf.compat.v1.feature_column, "tf.compat.v1.feature_column"))
+              for name, value in feature_column.FEATURE_COLUMN_NAMES.items()]
+    names += [(module, name, value, where)
+              for module, where in ((tf.nn, "tf.nn"), (tf.compat.v1.nn, "tf.compat.v1.nn"))
+              for name, value in feature_column.NN_NAMES.items()]
+    names.append(
+        (tf.compat.v1.train, "Saver", incremental_saver.StockNameSaver, "tf.compat.v1.train"))
+    names.append((tf.compat.v1.train, "MonitoredTrainingSession",
+                  deeprec_session.MonitoredTrainingSession, "tf.compat.v1.train"))
     for owner, name, value, where in names:  # all checked before any is set
         _refuse_conflict(owner, name, value, where)
     for owner, name, value, _ in names:

@@ -105,6 +105,30 @@ class Saver(saver_module.Saver):
         self.restore(sess, incr_save_path)
 
 
+class StockNameSaver(Saver):
+    """`tf.compat.v1.train.Saver` once `sok_ev.install_deeprec_api()` ran, as
+  DeepRec scripts call it: `Saver(..., incremental_save_restore=True)` is
+  `sok_ev.Saver`'s incremental Saver; without it, TensorFlow's Saver as the
+  saver hook leaves it, a `builder=` included.
+
+  Args:
+    var_list, **kwargs: as for tf.compat.v1.train.Saver.
+    incremental_save_restore: DeepRec's switch (see `Saver`).
+
+  Raises:
+    ValueError: builder= together with incremental_save_restore=True.
+  """
+
+    def __init__(self, var_list=None, *, incremental_save_restore=False, **kwargs):
+        if not incremental_save_restore and kwargs.get("builder") is not None:
+            # The caller's builder: TensorFlow's Saver, not sok-ev's.
+            saver_module.Saver.__init__(self, var_list, **kwargs)  # pylint: disable=non-parent-init-called
+            self._incremental_save_restore = False
+            self._incremental_saver = None
+            return
+        super().__init__(var_list, incremental_save_restore=incremental_save_restore, **kwargs)
+
+
 def checkpoint_chain(path):
     """The checkpoints an incremental checkpoint at `path` builds on: [path,
   its base, ..., the full checkpoint] (just [path] for a full one)."""

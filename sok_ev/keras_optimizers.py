@@ -1,12 +1,22 @@
-"""Keras 3 optimizers (`tf.keras.optimizers.*`) updating Embedding Variables.
+"""Keras optimizers (`tf.keras.optimizers.*`) updating Embedding Variables.
 
-`install_keras_optimizer_hook()` (run by `sok_ev.init()`) wraps the public
-`tf.keras.optimizers.Optimizer.apply` (which `apply_gradients` calls): the
-Embedding Variables among the variables are updated by the fused native op
-(`SokEv>SparseApplyOptimizer`, through `sok_ev.optimizers.fused_update`),
-then the other variables go through Keras unchanged, and Keras counts the
-step once (`optimizer.iterations`). Without the hook,
-`apply_gradients(optimizer, grads_and_vars)` does the same for one call.
+Both Keras flavours TensorFlow 2.21 can put under `tf.keras` are hooked:
+* Keras 3 (the default): `install_keras_optimizer_hook()` (run by
+  `sok_ev.init()`) wraps the public `tf.keras.optimizers.Optimizer.apply`
+  (which `apply_gradients` calls);
+* legacy Keras 2 (`TF_USE_LEGACY_KERAS=1` with the `tf_keras` package),
+  whose optimizers have no `apply`: it wraps
+  `tf.keras.optimizers.Optimizer.apply_gradients` instead. (tf_keras's
+  `tf.keras.optimizers.legacy.*` optimizers are not hooked. In a TF1
+  graph, tf_keras's own apply_gradients leaves dense variables unchanged,
+  hooked or not; TF1 scripts use tf.compat.v1.train optimizers, which
+  `sok_ev.optimizers` hooks.)
+Either way the Embedding Variables among the variables are updated by the
+fused native op (`SokEv>SparseApplyOptimizer`, through
+`sok_ev.optimizers.fused_update`), then the other variables go through
+Keras unchanged, and Keras counts the step once (`optimizer.iterations`).
+Without the hook, `apply_gradients(optimizer, grads_and_vars)` does the
+same for one call.
 
 Supported, with the arithmetic of the same Keras optimizer applied to each
 looked-up row (duplicate keys summed first):
@@ -21,7 +31,8 @@ equal Keras on a dense variable row for row.
 Keras's Adagrad divides by sqrt(accumulator + epsilon); the fused kernel
 divides by sqrt(accumulator), so the table's `accumulator` slot holds
 Keras's accumulator plus epsilon (it starts at initial_accumulator_value +
-epsilon), which gives Keras's update exactly.
+epsilon), which gives Keras's update exactly. tf_keras's SGD, Adagrad, Adam and Ftrl have the
+same formulas; its Adam's `adaptive_epsilon` must stay False.
 
 Slots live in the Embedding Variable's table, in columns named
 `<prefix>/<slot>` (`adagrad/accumulator`, `adam/m`, ...), and are saved
@@ -37,16 +48,19 @@ ValueError at the update: give one an explicit `name=`.
 Refused with a ValueError naming the setting (they have no fused form yet):
 clipnorm, clipvalue, global_clipnorm, weight_decay, use_ema,
 gradient_accumulation_steps and loss_scale_factor when an Embedding Variable
-is among the variables. `tf.keras.optimizers.LossScaleOptimizer` overrides
-`apply` (it unscales and checks gradients in Keras's dense path), so the
-hook also wraps its `apply`, to raise a ValueError when an Embedding
-Variable is among the variables; dense-only use is untouched. Any other Keras
+is among the variables. The loss-scale optimizer
+(`tf.keras.optimizers.LossScaleOptimizer`; tf_keras's
+`tf.keras.mixed_precision.LossScaleOptimizer`) overrides `apply` (or
+`apply_gradients`): it unscales and checks gradients in Keras's dense path,
+so the hook also wraps it, to raise a ValueError when an Embedding Variable
+is among the variables; dense-only use is untouched. Any other Keras
 optimizer (including subclasses such as AdamW) raises a TypeError listing
 the supported ones.
 """
 
 import dataclasses
 import re
+import sys
 import weakref
 from typing import Callable, Dict, List, Sequence, Tuple
 
@@ -117,6 +131,8 @@ _UNSUPPORTED_SETTINGS = {
     "use_ema": (False,),
     "gradient_accumulation_steps": (None, 1),
     "loss_scale_factor": (None, 1),
+    # tf_keras's Adam only (Keras 3 has no such attribute: None).
+    "adaptive_epsilon": (False, None),
 }
 
 
@@ -226,6 +242,17 @@ def _iterations_clock(optimizer):
     return clock
 
 
+def _current_learning_rate(optimizer) -> tf.Tensor:
+    """This step's learning rate. tf_keras's `learning_rate` of a schedule is
+  the value its own apply_gradients last computed, which has not run yet
+  for this step: the schedule is evaluated at `iterations` here, as Keras 3
+  and tf_keras's dense path do."""
+    schedule = getattr(optimizer, "_learning_rate", None)
+    if isinstance(schedule, tf.keras.optimizers.schedules.LearningRateSchedule):
+        return tf.convert_to_tensor(schedule(optimizer.iterations))
+    return tf.convert_to_tensor(optimizer.learning_rate)
+
+
 def _update(optimizer, rule, tables):
     """The fused update of every `(grad, variable)` pair in `tables`.
 
@@ -237,7 +264,7 @@ def _update(optimizer, rule, tables):
     columns = [column for column, _ in slots]
     variables = [v for _, v in tables]
     _check_column_owners(optimizer, variables, columns)
-    lr = tf.cast(tf.convert_to_tensor(optimizer.learning_rate), tf.float32)
+    lr = tf.cast(_current_learning_rate(optimizer), tf.float32)
     step = tf.cast(tf.convert_to_tensor(optimizer.iterations) + 1, tf.float32)
     updates = optimizers.fused_update(tables, rule.op_name,
                                       rule.hyperparameters(optimizer, lr, step), slots,
@@ -248,44 +275,61 @@ def _update(optimizer, rule, tables):
 
 def _refuse_loss_scaling(optimizer, variable):
     """Raises ValueError: LossScaleOptimizer cannot update Embedding Variables."""
+    # tf_keras's loss-scale optimizer has no name of its own.
+    name = getattr(optimizer, "name", None)
+    described = type(optimizer).__name__ + (f"(name={name!r})" if name is not None else "")
     raise ValueError(
-        f"{type(optimizer).__name__}(name={optimizer.name!r}) cannot update Embedding Variable "
-        f"'{variable.name}': LossScaleOptimizer unscales and checks gradients in Keras's "
-        "dense path, and sok-ev's fused update has no loss scaling. Keep Embedding Variables "
+        f"{described} cannot update Embedding Variable '{variable.name}': LossScaleOptimizer "
+        "unscales and checks gradients in Keras's dense path, and sok-ev's fused update has no loss scaling. Keep Embedding Variables "
         "out of the LossScaleOptimizer: give it only the dense variables, and apply the "
         "Embedding Variables' gradients (unscaled: divided by its dynamic_scale) with a "
         f"separate optimizer ({', '.join(supported_optimizers())}).")
 
 
-@tf.autograph.experimental.do_not_convert
-def apply_gradients(optimizer, grads_and_vars: Sequence, apply_dense=None):
-    """`optimizer.apply_gradients(grads_and_vars)` for a Keras optimizer,
-  with Embedding Variables among the variables.
+def legacy_keras() -> bool:
+    """Whether `tf.keras` is legacy Keras 2 (tf_keras, under
+  TF_USE_LEGACY_KERAS=1), whose optimizers have `apply_gradients` but no
+  Keras 3 `apply`."""
+    return not hasattr(tf.keras.optimizers.Optimizer, "apply")
 
-  Args:
-    optimizer: a supported tf.keras optimizer.
-    grads_and_vars: (gradient, variable) pairs; an Embedding Variable's
-      gradient is tf.IndexedSlices keyed by raw keys (None skips it).
-    apply_dense: how the other pairs are applied: `apply_dense(optimizer,
-      grads, variables)` (default: Keras's own `apply`, unhooked).
 
-  Returns:
-    `optimizer.iterations`, as Keras's apply_gradients.
+def _loss_scale_optimizer_classes() -> Tuple[type, ...]:
+    """The loss-scale optimizer classes of this `tf.keras` whose update
+  method overrides the base optimizer's (Keras 3: LossScaleOptimizer.apply;
+  tf_keras: LossScaleOptimizerV3.apply_gradients, behind the public
+  tf.keras.mixed_precision.LossScaleOptimizer)."""
+    if not legacy_keras():
+        return (tf.keras.optimizers.LossScaleOptimizer,)
+    public = tf.keras.mixed_precision.LossScaleOptimizer
+    # tf_keras makes the public class a factory; the class wrapping the
+    # optimizers sok-ev hooks sits beside it.
+    wrapping = getattr(sys.modules.get(public.__module__), "LossScaleOptimizerV3", None)
+    return (wrapping,) if isinstance(wrapping, type) else ()
 
-  Raises:
-    TypeError: an unsupported optimizer, or a dense gradient for an
-      Embedding Variable.
-    ValueError: an unsupported setting, a LossScaleOptimizer, another live
-      optimizer using the same slot columns, or no gradient at all.
-  """
-    apply_dense = apply_dense or _original(type(optimizer), "apply")
-    pairs = list(grads_and_vars)
+
+def _is_loss_scale_optimizer(optimizer) -> bool:
+    if legacy_keras():
+        return isinstance(optimizer, tf.keras.mixed_precision.LossScaleOptimizer)
+    return isinstance(optimizer, tf.keras.optimizers.LossScaleOptimizer)
+
+
+def _default_apply_dense(optimizer_class):
+    """Keras's own (unhooked) update of dense variables, as
+  `apply_dense(optimizer, grads, variables)`."""
+    if legacy_keras():
+        original = _original(optimizer_class, "apply_gradients")
+        return lambda optimizer, grads, variables: original(optimizer, list(zip(grads, variables)))
+    return _original(optimizer_class, "apply")
+
+
+def _apply(optimizer, pairs, apply_dense):
+    """The step of `apply_gradients` below: the ops it ran or built, the
+  fused updates first, then Keras's own step (dense update or count)."""
     tables = [(g, v) for g, v in pairs if isinstance(v, EmbeddingVariable)]
     dense = [(g, v) for g, v in pairs if not isinstance(v, EmbeddingVariable)]
     if not tables:
-        apply_dense(optimizer, [g for g, _ in dense], [v for _, v in dense])
-        return optimizer.iterations
-    if isinstance(optimizer, tf.keras.optimizers.LossScaleOptimizer):
+        return [apply_dense(optimizer, [g for g, _ in dense], [v for _, v in dense])]
+    if _is_loss_scale_optimizer(optimizer):
         _refuse_loss_scaling(optimizer, tables[0][1])
     rule = _rule_for(optimizer, tables[0][1])
     tables = [(g, v) for g, v in tables if g is not None]
@@ -296,9 +340,35 @@ def apply_gradients(optimizer, grads_and_vars: Sequence, apply_dense=None):
     # The updates read `iterations` before Keras increments it once per step.
     with tf.control_dependencies(updates):
         if any(g is not None for g, _ in dense):
-            apply_dense(optimizer, [g for g, _ in dense], [v for _, v in dense])
+            step = apply_dense(optimizer, [g for g, _ in dense], [v for _, v in dense])
         else:
-            optimizer.iterations.assign_add(1)
+            step = optimizer.iterations.assign_add(1)
+    return list(updates) + [step]
+
+
+@tf.autograph.experimental.do_not_convert
+def apply_gradients(optimizer, grads_and_vars: Sequence, apply_dense=None):
+    """`optimizer.apply_gradients(grads_and_vars)` for a Keras optimizer,
+  with Embedding Variables among the variables.
+
+  Args:
+    optimizer: a supported tf.keras optimizer (Keras 3 or tf_keras).
+    grads_and_vars: (gradient, variable) pairs; an Embedding Variable's
+      gradient is tf.IndexedSlices keyed by raw keys (None skips it).
+    apply_dense: how the other pairs are applied: `apply_dense(optimizer,
+      grads, variables)` (default: Keras's own `apply`, or tf_keras's own
+      `apply_gradients`, unhooked).
+
+  Returns:
+    `optimizer.iterations`, as Keras's apply_gradients.
+
+  Raises:
+    TypeError: an unsupported optimizer, or a dense gradient for an
+      Embedding Variable.
+    ValueError: an unsupported setting, a LossScaleOptimizer, another live
+      optimizer using the same slot columns, or no gradient at all.
+  """
+    _apply(optimizer, list(grads_and_vars), apply_dense or _default_apply_dense(type(optimizer)))
     return optimizer.iterations
 
 
@@ -328,45 +398,103 @@ def _has_embedding_variable(variables):
     return variables is not None and any(isinstance(v, EmbeddingVariable) for v in variables)
 
 
+def _hooked_apply(original):
+    """Keras 3's `Optimizer.apply(grads, trainable_variables)`, hooked."""
+
+    @tf.autograph.experimental.do_not_convert
+    def apply(self, grads, trainable_variables=None):
+        if trainable_variables is None:
+            return original(self, grads, trainable_variables)
+        trainable_variables = list(trainable_variables)
+        if not _has_embedding_variable(trainable_variables):
+            return original(self, grads, trainable_variables)
+        apply_gradients(self, zip(grads, trainable_variables), original)
+        return None
+
+    return apply
+
+
+def _hooked_apply_gradients(original):
+    """tf_keras's `Optimizer.apply_gradients(grads_and_vars, ...)`, hooked.
+  Returns what tf_keras returns eagerly (`iterations`); in a graph, a
+  tensor (`iterations` after the step) that runs the Embedding Variables'
+  updates and tf_keras's own step when fetched."""
+
+    @tf.autograph.experimental.do_not_convert
+    def apply_gradients_(self, grads_and_vars, *args, **kwargs):
+        pairs = list(grads_and_vars)  # may be an iterator
+        if not _has_embedding_variable([v for _, v in pairs]):
+            return original(self, pairs, *args, **kwargs)
+
+        def apply_dense(optimizer, grads, variables):
+            return original(optimizer, list(zip(grads, variables)), *args, **kwargs)
+
+        ops = _apply(self, pairs, apply_dense)
+        if tf.executing_eagerly():
+            return self.iterations
+        with tf.control_dependencies([op for op in ops if op is not None]):
+            return tf.identity(self.iterations)
+
+    return apply_gradients_
+
+
+def _refusing(original, update_argument):
+    """A loss-scale optimizer's update method that raises ValueError before
+  Keras builds or checks anything when an Embedding Variable is among the
+  variables. `update_argument(args, kwargs)` returns the call's arguments
+  (iterators made lists) and the variables among them."""
+
+    @tf.autograph.experimental.do_not_convert
+    def refuse(self, *args, **kwargs):
+        args, kwargs, variables = update_argument(args, kwargs)
+        for variable in variables:
+            if isinstance(variable, EmbeddingVariable):
+                _refuse_loss_scaling(self, variable)
+        return original(self, *args, **kwargs)
+
+    return refuse
+
+
+def _apply_arguments(args, kwargs):
+    """Keras 3 `apply(grads, trainable_variables=None)`."""
+    if len(args) >= 2:
+        args = (args[0], None if args[1] is None else list(args[1])) + tuple(args[2:])
+        return args, kwargs, args[1] or []
+    if kwargs.get("trainable_variables") is not None:
+        kwargs = dict(kwargs, trainable_variables=list(kwargs["trainable_variables"]))
+        return args, kwargs, kwargs["trainable_variables"]
+    return args, kwargs, []
+
+
+def _apply_gradients_arguments(args, kwargs):
+    """tf_keras `apply_gradients(grads_and_vars, ...)`."""
+    if args:
+        args = (list(args[0]),) + tuple(args[1:])
+        pairs = args[0]
+    else:
+        kwargs = dict(kwargs, grads_and_vars=list(kwargs["grads_and_vars"]))
+        pairs = kwargs["grads_and_vars"]
+    return args, kwargs, [v for _, v in pairs]
+
+
 def install_keras_optimizer_hook() -> None:
     """Lets `tf.keras.optimizers` update Embedding Variables (see the module
-  docstring). Wraps the public `tf.keras.optimizers.Optimizer.apply`, and
-  `LossScaleOptimizer.apply` (which overrides it) to refuse Embedding
-  Variables; variables that are not Embedding Variables go through Keras's
-  original code. Idempotent."""
+  docstring): wraps Keras 3's `Optimizer.apply`, or tf_keras's
+  `Optimizer.apply_gradients` under TF_USE_LEGACY_KERAS=1, and the
+  loss-scale optimizer's override of it, to refuse Embedding Variables;
+  variables that are not Embedding Variables go through Keras's original
+  code. Idempotent."""
     if _originals:
         return
-
-    def hooked_apply(original):
-
-        @tf.autograph.experimental.do_not_convert
-        def apply(self, grads, trainable_variables=None):
-            if trainable_variables is None:
-                return original(self, grads, trainable_variables)
-            trainable_variables = list(trainable_variables)
-            if not _has_embedding_variable(trainable_variables):
-                return original(self, grads, trainable_variables)
-            apply_gradients(self, zip(grads, trainable_variables), original)
-            return None
-
-        return apply
-
-    def refusing_apply(original):
-
-        @tf.autograph.experimental.do_not_convert
-        def apply(self, grads, trainable_variables=None):
-            if trainable_variables is not None:
-                trainable_variables = list(trainable_variables)  # may be an iterator
-            # Raised before Keras builds or checks anything.
-            for variable in trainable_variables or ():
-                if isinstance(variable, EmbeddingVariable):
-                    _refuse_loss_scaling(self, variable)
-            return original(self, grads, trainable_variables)
-
-        return apply
-
-    _patch(tf.keras.optimizers.Optimizer, "apply", hooked_apply)
-    _patch(tf.keras.optimizers.LossScaleOptimizer, "apply", refusing_apply)
+    if legacy_keras():
+        _patch(tf.keras.optimizers.Optimizer, "apply_gradients", _hooked_apply_gradients)
+        for cls in _loss_scale_optimizer_classes():
+            _patch(cls, "apply_gradients",
+                   lambda original: _refusing(original, _apply_gradients_arguments))
+        return
+    _patch(tf.keras.optimizers.Optimizer, "apply", _hooked_apply)
+    for cls in _loss_scale_optimizer_classes():
+        _patch(cls, "apply", lambda original: _refusing(original, _apply_arguments))
 
 
 def uninstall_keras_optimizer_hook() -> None:

@@ -44,6 +44,24 @@ def test_deeprec_names_exist_on_tf_and_tf_compat_v1(deeprec, name):
     assert getattr(tf, name) is getattr(deeprec, name)
 
 
+@pytest.mark.parametrize("name", [
+    "categorical_column_with_embedding", "embedding_column", "shared_embedding_columns",
+    "input_layer", "group_embedding_column_scope", "categorical_column_with_adaptive_embedding"
+])
+def test_deeprec_feature_column_names_exist_on_both_feature_column_modules(deeprec, name):
+    from sok_ev import feature_column  # pylint: disable=import-outside-toplevel
+    assert getattr(tf.feature_column, name) is feature_column.FEATURE_COLUMN_NAMES[name]
+    assert getattr(tf.compat.v1.feature_column, name) is feature_column.FEATURE_COLUMN_NAMES[name]
+
+
+def test_deeprec_group_lookup_and_stock_training_names_are_installed(deeprec):
+    from sok_ev import deeprec_session, feature_column, incremental_saver  # pylint: disable=import-outside-toplevel
+    for nn in (tf.nn, tf.compat.v1.nn):
+        assert nn.group_embedding_lookup_sparse is feature_column.group_embedding_lookup_sparse
+    assert tf.compat.v1.train.Saver is incremental_saver.StockNameSaver
+    assert tf.compat.v1.train.MonitoredTrainingSession is deeprec_session.MonitoredTrainingSession
+
+
 def test_deeprec_graph_keys_exist(deeprec):
     keys = deeprec.GraphKeys
     assert keys.EV_INIT_VAR_OPS == "ev_init_var_ops"

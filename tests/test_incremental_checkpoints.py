@@ -10,8 +10,17 @@ slot, frequency and version, the dense variable, the filter's counts (a
 further training step on both restores matches too). An incremental
 checkpoint holds only the changed keys. Run by tests/gpu/run_on_device.sh,
 the same tests exercise the GPU tables.
+
+After sok_ev.install_deeprec_api(), DeepRec's stock names:
+tf.compat.v1.train.Saver(incremental_save_restore=True) is sok_ev's
+incremental Saver (without the flag, TensorFlow's, an explicit builder=
+included); MonitoredTrainingSession(save_incremental_checkpoint_secs=...)
+writes increments and, after a stop that lost the last full save, resumes
+from the full checkpoint before it plus the increments: bit for bit the
+state at the last increment.
 """
 import os
+import time
 
 import numpy as np
 import pytest
@@ -75,6 +84,22 @@ def _state(sess, tables):
     state = {}
     for table in tables:
         keys, rows, frequencies, versions, slot_names, _ = sess.run(table.export_full())
+        order = np.argsort(keys)
+        state[table.name] = (keys[order], rows[order], frequencies[order], versions[order],
+                             sorted(slot_names.tolist()))
+    for variable in tf.compat.v1.global_variables():
+        if not isinstance(variable, tf.compat.v1.Variable) or hasattr(variable, "key_dtype"):
+            continue
+        state[variable.name] = sess.run(variable)
+    return state
+
+
+def _state_of(sess, tables, exports):
+    """_state, read through a MonitoredSession (whose graph is finalized:
+  the tables' exports are built beforehand)."""
+    state = {}
+    for table, export in zip(tables, exports):
+        keys, rows, frequencies, versions, slot_names, _ = sess.run(export)
         order = np.argsort(keys)
         state[table.name] = (keys[order], rows[order], frequencies[order], versions[order],
                              sorted(slot_names.tolist()))
@@ -196,3 +221,101 @@ def test_incremental_save_needs_incremental_save_restore(sok, unique_name, tmp_p
         with pytest.raises(ValueError) as error:
             saver.incremental_save(sess, str(tmp_path / "model"))
         assert ref.error_names(error.value, "incremental_save_restore=True")
+
+
+def test_stock_saver_name_takes_incremental_save_restore_after_install_deeprec_api(
+        sok, rng, unique_name, tmp_path):
+    """DeepRec scripts call tf.train.Saver(incremental_save_restore=True)."""
+    from tensorflow.python.training import saver as saver_module  # pylint: disable=import-outside-toplevel
+    sok.install_deeprec_api()
+    names = [unique_name(tag) for tag in ("a", "b", "c", "dense")]
+    with graph_session() as sess:
+        tables, ids, train = _build(sok, names, OPTIMIZERS["adagrad"])
+        feeds = _feeds(rng, 4, ids)
+        saver = tf.compat.v1.train.Saver(incremental_save_restore=True)
+        assert isinstance(saver, sok.Saver) and isinstance(saver, saver_module.Saver)
+        sess.run(tf.compat.v1.global_variables_initializer())
+        sess.run(train, feeds[0])
+        (tmp_path / "full").mkdir()
+        saver.save(sess, str(tmp_path / "full" / "model"), global_step=1)
+        for step, feed in enumerate(feeds[1:3], start=2):
+            sess.run(train, feed)
+            path = saver.incremental_save(sess, str(tmp_path / "incr" / "model"), step)
+        expected = _state(sess, tables)
+    with graph_session() as sess:
+        tables, ids, train = _build(sok, names, OPTIMIZERS["adagrad"])
+        tf.compat.v1.train.Saver(incremental_save_restore=True).restore(sess, path)
+        _assert_states_equal(_state(sess, tables), expected, f"restored from {path}")
+
+
+def test_stock_saver_name_without_the_flag_is_tensorflows_saver(sok, unique_name, tmp_path):
+    from tensorflow.python.training import saver as saver_module  # pylint: disable=import-outside-toplevel
+    sok.install_deeprec_api()
+    with graph_session() as sess:
+        ev = sok.get_embedding_variable(unique_name("ev"), embedding_dim=2)
+        dense = tf.compat.v1.get_variable(unique_name("dense"), initializer=[1.0, 2.0])
+        sess.run(tf.compat.v1.global_variables_initializer())
+        saver = tf.compat.v1.train.Saver()
+        assert not saver.incremental_save_restore
+        with pytest.raises(ValueError) as error:
+            saver.incremental_save(sess, str(tmp_path / "model"))
+        assert ref.error_names(error.value, "incremental_save_restore=True")
+        # An explicit builder is TensorFlow's to use, as without sok-ev.
+        plain = tf.compat.v1.train.Saver([dense], builder=saver_module.BaseSaverBuilder())
+        path = plain.save(sess, str(tmp_path / "plain"))
+        np.testing.assert_array_equal(tf.train.load_variable(path, dense.name[:-2]), [1.0, 2.0])
+        assert ev.name  # the Embedding Variable is left to the hooked Savers
+
+
+def test_monitored_training_session_writes_increments_and_resumes_from_them(
+        sok, rng, unique_name, tmp_path):
+    """DeepRec's MonitoredTrainingSession(save_incremental_checkpoint_secs=...):
+    incremental checkpoints between full saves; after a stop that lost the
+    last full save, the session restores the full checkpoint before it plus
+    the increments after it: the state at the last increment, bit for bit."""
+    sok.install_deeprec_api()
+    names = [unique_name(tag) for tag in ("a", "b", "c", "dense")]
+    checkpoint_dir = str(tmp_path / "ckpt")
+    secs = 0.05
+    with tf.Graph().as_default():
+        tables, ids, train = _build(sok, names, OPTIMIZERS["adagrad"])
+        feeds = _feeds(rng, 4, ids)
+        exports = [t.export_full() for t in tables]  # built before the graph is finalized
+        with tf.compat.v1.train.MonitoredTrainingSession(
+                checkpoint_dir=checkpoint_dir,
+                save_checkpoint_steps=1000,
+                save_summaries_steps=None,
+                save_incremental_checkpoint_secs=secs) as sess:
+            for feed in feeds:
+                time.sleep(2 * secs)  # so every step's increment is due
+                sess.run(train, feed)
+            expected = _state_of(sess, tables, exports)
+    increments = os.path.join(checkpoint_dir, ".incremental_checkpoint")
+    last = tf.train.latest_checkpoint(increments)
+    assert last == os.path.join(increments, "model.ckpt-4")
+    assert sok.incremental_saver.checkpoint_chain(last)[-1] == os.path.join(
+        checkpoint_dir, "model.ckpt-0")
+    # The stop lost the full save at the end: back to model.ckpt-0.
+    for path in tf.io.gfile.glob(os.path.join(checkpoint_dir, "model.ckpt-4*")):
+        tf.io.gfile.remove(path)
+    tf.compat.v1.train.update_checkpoint_state(checkpoint_dir,
+                                               os.path.join(checkpoint_dir, "model.ckpt-0"))
+    with tf.Graph().as_default():
+        tables, ids, train = _build(sok, names, OPTIMIZERS["adagrad"])
+        exports = [t.export_full() for t in tables]
+        with tf.compat.v1.train.MonitoredTrainingSession(
+                checkpoint_dir=checkpoint_dir,
+                save_checkpoint_steps=1000,
+                save_summaries_steps=None,
+                save_incremental_checkpoint_secs=secs) as sess:
+            _assert_states_equal(_state_of(sess, tables, exports), expected,
+                                 "resumed from the increments")
+
+
+def test_monitored_training_session_increments_need_a_checkpoint_dir(sok):
+    sok.install_deeprec_api()
+    with tf.Graph().as_default():
+        tf.compat.v1.train.get_or_create_global_step()
+        with pytest.raises(ValueError) as error:
+            tf.compat.v1.train.MonitoredTrainingSession(save_incremental_checkpoint_secs=10)
+        assert ref.error_names(error.value, "save_incremental_checkpoint_secs=10", "checkpoint_dir")

@@ -1,0 +1,143 @@
+"""sok-ev under legacy Keras: TF_USE_LEGACY_KERAS=1 with the tf_keras package.
+
+On TensorFlow 2.21 DeepRec's TF1 scripts need legacy Keras (their
+`tf.layers.dense` exists only there). There `tf.keras.optimizers.Optimizer`
+is tf_keras's, which has `apply_gradients` but no Keras 3 `apply`. The
+environment variable must be set before TensorFlow is imported, so
+everything runs in a subprocess (tests/legacy_keras_worker.py), with this
+suite's sok_ev first on its path; this module checks what it wrote.
+
+Pinned down:
+* `sok_ev.init()` and `sok_ev.install_deeprec_api()` work, and hook tf_keras's
+  `Optimizer.apply_gradients`;
+* tf_keras's SGD and Adagrad (3 steps) and Adam (first step) update an
+  Embedding Variable and a dense kernel exactly as the same tf_keras
+  optimizer updates a dense tf.Variable holding the same rows (the
+  reference), eagerly and in tf.function; the step is counted once;
+* a DeepRec TF1 script (tf.compat.v1 Session, kernel from
+  `tf.compat.v1.layers.dense`, tf.compat.v1.train SGD and Adagrad) trains
+  an Embedding Variable exactly as the same graph trains a dense variable
+  holding the same rows (tf_keras's own optimizers do not update dense
+  variables in a TF1 graph, so they are not the tool there);
+* random ragged batches with duplicate keys and empty samples throughout;
+* tf_keras's LossScaleOptimizer, Adam(adaptive_epsilon=True) and clipnorm
+  are refused with a ValueError naming them, before the table changes; the
+  loss-scale optimizer still updates dense variables alone.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import sok_ev_reference as ref
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "legacy_keras_worker.py")
+# (optimizer, mode) -> steps compared.
+TRAINED = {
+    **{
+        (name, mode): steps for name, steps in (("sgd", 3), ("adagrad", 3), ("adam", 1)) for mode in ("eager", "tf_function")
+    },
+    ("v1_sgd", "graph"): 3,
+    ("v1_adagrad", "graph"): 3,
+}
+
+
+@pytest.fixture(scope="module")
+def legacy(tmp_path_factory, seed):
+    """What the worker wrote, run once under TF_USE_LEGACY_KERAS=1."""
+    path = str(tmp_path_factory.mktemp("legacy_keras") / "out.npz")
+    tests = os.path.dirname(WORKER)
+    env = dict(os.environ,
+               TF_USE_LEGACY_KERAS="1",
+               TF_CPP_MIN_LOG_LEVEL="2",
+               PYTHONPATH=os.pathsep.join(
+                   [ref.sok_ev_import_root(), tests] +
+                   [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    result = subprocess.run([sys.executable, WORKER, path, str(seed)],
+                            env=env,
+                            capture_output=True,
+                            text=True,
+                            timeout=600,
+                            check=False)
+    assert result.returncode == 0, (
+        "the legacy Keras worker failed (request.sh installs tf_keras; is it importable?):\n" +
+        result.stderr[-6000:])
+    with np.load(path) as data:
+        return {key: data[key] for key in data.files}
+
+
+@pytest.fixture(scope="module")
+def seed():
+    # Module-scoped: one subprocess run serves every test here.
+    return int(os.environ.get("SOK_EV_TEST_SEED", "0")) + 55
+
+
+def _facts(legacy):
+    return json.loads(str(legacy["facts"]))
+
+
+def test_tf_keras_is_the_keras_under_test(legacy):
+    facts = _facts(legacy)
+    assert facts["keras_optimizer_module"].startswith("tf_keras.")
+    assert facts["legacy_keras"] is True
+    assert facts["tf_layers_dense"] is True
+
+
+def test_init_and_install_deeprec_api_hook_tf_keras_apply_gradients(legacy):
+    facts = _facts(legacy)
+    assert facts["hook_installed"] is True
+    assert facts["apply_gradients_hooked"] is True
+    assert facts["tf_has_get_embedding_variable"] is True
+
+
+@pytest.mark.parametrize("optimizer, mode", sorted(TRAINED))
+def test_optimizer_updates_an_ev_like_a_dense_variable(legacy, optimizer, mode):
+    seen = set()
+    for t in range(TRAINED[(optimizer, mode)]):
+        seen |= set(int(k) for k in legacy[f"batch_keys/{t}"])
+        keys = legacy[f"{optimizer}/{mode}/keys/{t}"]
+        assert set(int(k) for k in keys) == seen, f"step {t + 1}: keys stored"
+        table = legacy[f"{optimizer}/reference/table/{t}"]
+        np.testing.assert_allclose(legacy[f"{optimizer}/{mode}/ev/{t}"],
+                                   table[keys],
+                                   rtol=2e-6,
+                                   atol=2e-6,
+                                   err_msg=f"step {t + 1}: Embedding Variable rows")
+        np.testing.assert_allclose(legacy[f"{optimizer}/{mode}/kernel/{t}"],
+                                   legacy[f"{optimizer}/reference/kernel/{t}"],
+                                   rtol=2e-6,
+                                   atol=2e-6,
+                                   err_msg=f"step {t + 1}: dense kernel")
+    if mode != "graph":
+        assert int(legacy[f"{optimizer}/{mode}/iterations"]) == TRAINED[(optimizer, mode)]
+
+
+def test_every_step_moved_the_rows(legacy):
+    """The comparison above is not of untouched rows: training changed them."""
+    for optimizer, mode in TRAINED:
+        keys = legacy[f"{optimizer}/{mode}/keys/0"]
+        moved = np.abs(legacy[f"{optimizer}/{mode}/ev/0"] - legacy["matrix"][keys])
+        assert np.all(moved.max(axis=1) > 1e-4), (optimizer, mode)
+
+
+@pytest.mark.parametrize("refusal, names", [
+    ("loss_scale", ("LossScaleOptimizer", "refused")),
+    ("adaptive_epsilon", ("Adam", "adaptive_epsilon=True", "refused")),
+    ("clipnorm", ("SGD", "clipnorm=1.0", "refused")),
+])
+def test_tf_keras_settings_without_a_fused_form_are_refused_naming_them(legacy, refusal, names):
+    message = _facts(legacy)[refusal]
+    assert message.startswith("ValueError: "), message
+    assert ref.error_names(message, *names), message
+
+
+def test_refusals_leave_the_table_empty(legacy):
+    assert _facts(legacy)["rows_after_refusals"] == []
+
+
+def test_tf_keras_loss_scale_optimizer_still_updates_dense_variables(legacy):
+    # SGD(0.1) on ones with gradient ones: 1 - 0.1.
+    assert _facts(legacy)["loss_scale_dense_value"] == pytest.approx(0.9, rel=1e-6)
