@@ -379,6 +379,29 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
                 f"{self._embedding_dim} key_dtype={self._key_dtype.name} "
                 f"target_gpu={self.target_gpu}>")
 
+    @property
+    def target_gpu(self):
+        """-1: the table is sharded over every worker; k: it lives whole on
+    worker k. Checked against the number of workers at the first lookup."""
+        return self._target_gpu
+
+    @target_gpu.setter
+    def target_gpu(self, value):
+        """Raises:
+      TypeError: `value` is not an integer (bool included: True would mean 1).
+      ValueError: `value` < -1.
+    Both name target_gpu, the variable and the value; the setting is unchanged.
+    """
+        where = f"Embedding Variable '{self._handle_name}'" if hasattr(
+            self, "_handle_name") else "Embedding Variable"
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"{where}: target_gpu must be an integer, -1 (sharded over every "
+                            f"worker) or a worker index >= 0, got {value!r}")
+        if value < -1:
+            raise ValueError(f"{where}: target_gpu must be -1 (sharded over every worker) or a "
+                             f"worker index >= 0, got {value!r}")
+        self._target_gpu = int(value)
+
     def _record_access(self):
         """Lets GradientTapes see that a lookup read this variable: the active
     ones, and, inside a tf.function being traced, the tapes active at each

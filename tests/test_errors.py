@@ -112,11 +112,21 @@ def test_dense_variable_in_params_is_rejected(sok, rng):
 def test_target_gpu_out_of_range_is_rejected_at_lookup(sok, rng, unique_name, target_gpu):
     # One worker without Horovod: world size 1, so only -1 (local) and 0 are valid.
     ev = sok.get_embedding_variable(unique_name(), embedding_dim=4)
-    ev.target_gpu = target_gpu
     with pytest.raises((ValueError, tf.errors.InvalidArgumentError)) as error:
+        ev.target_gpu = target_gpu  # below -1: refused at once
         out = sok.lookup_sparse([ev], [_batch(rng).sp_ids()], combiners=["sum"])
         out[0].numpy()
     assert ref.error_names(error.value, "target_gpu", target_gpu)
+
+
+@pytest.mark.parametrize("value", ["x", 1.5, None, True, "0"])
+def test_a_target_gpu_that_is_no_integer_is_refused_at_once_naming_it_and_the_value(
+        sok, unique_name, value):
+    ev = sok.get_embedding_variable(unique_name(), embedding_dim=4)
+    with pytest.raises(TypeError) as error:
+        ev.target_gpu = value
+    assert ref.error_names(error.value, "target_gpu", repr(value), ev.name.split(":")[0])
+    assert ev.target_gpu == -1  # unchanged
 
 
 # --------------------------------------------------------------------------- optimizers
