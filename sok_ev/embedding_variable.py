@@ -57,6 +57,24 @@ def _handle_op(shared_name, key_dtype, embedding_dim, name=None):
                                                   name=name)
 
 
+def _install_training_hooks():
+    """Without sok_ev.init() (one worker), the optimizer hooks it would have
+  installed: a stock tf.compat.v1.train or tf.keras optimizer would otherwise
+  hand the table to TensorFlow's dense sparse-apply ops, which fail with
+  "Invalid variable reference". After init() nothing is done, so hooks a
+  script uninstalled on purpose stay uninstalled. Several workers without
+  init() are refused at the first lookup (communication._check_initialized).
+  """
+    # pylint: disable=import-outside-toplevel,cyclic-import
+    from sok_ev import communication
+    if communication.initialized():
+        return
+    from sok_ev import keras_optimizers
+    from sok_ev import optimizers
+    optimizers.install_optimizer_hook()
+    keras_optimizers.install_keras_optimizer_hook()
+
+
 class EmbeddingVariable(variables.Variable, core.Tensor):
     """A hash-based embedding table whose keys are raw ids.
 
@@ -93,6 +111,7 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
     """
         # Variable.__init__ only documents arguments; state is set here.
         # pylint: disable=super-init-not-called
+        _install_training_hooks()
         self._embedding_dim = embedding_dim
         self._key_dtype = tf.as_dtype(key_dtype)
         self._trainable = trainable
@@ -157,6 +176,7 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
                     l2_weight_threshold=None):
         """The variable whose handle and initializer ops are already in the
     graph (an imported meta graph)."""
+        _install_training_hooks()
         variable = cls.__new__(cls)
         op = handle.op
         variable._embedding_dim = op.get_attr("embedding_dim")
