@@ -26,6 +26,7 @@ keys, deduplicated and summed; the optimizer applies them with one fused op.
 
 from typing import List, NamedTuple, Optional, Sequence, Union
 
+import numpy as np
 import tensorflow as tf
 
 from sok_ev import communication
@@ -88,6 +89,16 @@ def _check_packed(params, indices, sp_weights):
     if not sp_weights.dtype.is_floating:
         raise TypeError(f"lookup_sparse: sp_weights must have float values, got "
                         f"{sp_weights.dtype.name}")
+    # Where known now (eagerly, constants): the same row splits at both levels.
+    for level, (mine,
+                theirs) in enumerate(zip(sp_weights.nested_row_splits, indices.nested_row_splits)):
+        mine, theirs = _known(mine), _known(theirs)
+        if mine is not None and theirs is not None and (mine.shape != theirs.shape or
+                                                        not np.array_equal(mine, theirs)):
+            raise ValueError("lookup_sparse: sp_weights must have the row splits of indices "
+                             f"(each weight belongs to the id at its place), but its "
+                             f"{('table', 'sample')[level]} row splits are {mine.tolist()[:8]} "
+                             f"and the ids' {theirs.tolist()[:8]}")
     return sp_weights
 
 
@@ -145,7 +156,72 @@ def _check_arguments(params, indices, combiners, sp_weights):
             if not weights.values.dtype.is_floating:
                 raise TypeError(f"lookup_sparse: sp_weights[{t}] must have float "
                                 f"values, got {weights.values.dtype.name}")
+            _check_same_indices(t, ids, weights)
     return params, indices, combiners, sp_weights
+
+
+def _known(tensor):
+    """`tensor`'s value as a NumPy array when it is known without running
+  anything (an eager tensor, a constant), else None."""
+    try:
+        return tf.get_static_value(tensor)
+    except (TypeError, ValueError):
+        return None
+
+
+def _check_same_indices(t, ids, weights):
+    """Refuses sp_weights[t] whose indices or dense shape differ from
+  indices[t]'s where that is known now: eagerly, and for constants while a
+  graph is built (the run-time check of the dense shapes and of the number
+  of entries is _matching_weights').
+
+  Raises:
+    ValueError: naming sp_weights[t] and both values.
+  """
+    if weights.indices is ids.indices and weights.dense_shape is ids.dense_shape:
+        return
+    for field in ("dense_shape", "indices"):
+        mine, theirs = getattr(weights, field), getattr(ids, field)
+        if mine is theirs:
+            continue
+        if field == "indices" and not (mine.shape.is_compatible_with(theirs.shape)):
+            raise ValueError(f"lookup_sparse: sp_weights[{t}] must have the indices of "
+                             f"indices[{t}] (one weight per id), but its indices have shape "
+                             f"{mine.shape} and the ids' {theirs.shape}")
+        mine, theirs = _known(mine), _known(theirs)
+        if mine is None or theirs is None:
+            continue
+        if mine.shape != theirs.shape or not np.array_equal(mine, theirs):
+            if field == "dense_shape":
+                detail = f"dense_shape {mine.tolist()}, but indices[{t}] has {theirs.tolist()}"
+            else:
+                differ = np.nonzero(np.any(mine != theirs,
+                                           axis=-1))[0] if (mine.shape == theirs.shape) else [0]
+                j = int(differ[0])
+                detail = (f"indices {mine.shape[0]} x {mine.shape[-1]}, indices[{t}] "
+                          f"{theirs.shape[0]} x {theirs.shape[-1]}" if mine.shape != theirs.shape
+                          else f"at entry {j} index {mine[j].tolist()}, but indices[{t}] "
+                          f"has {theirs[j].tolist()}")
+            raise ValueError(f"lookup_sparse: sp_weights[{t}] must have the same indices and "
+                             f"dense_shape as indices[{t}] (each weight belongs to the id at "
+                             f"its index), got {detail}")
+
+
+def _matching_weights(t, ids, weights):
+    """sp_weights[t]'s values as float32, checked at run time against
+  indices[t]: the same dense shape (UniqueKeys checks one weight per id).
+  Cheap: two host vectors of rank 2."""
+    values = tf.cast(weights.values, tf.float32)
+    if weights.dense_shape is ids.dense_shape or tf.executing_eagerly():
+        return values  # the same tensor, or compared by _check_same_indices
+    with tf.device("/CPU:0"):
+        check = tf.debugging.assert_equal(
+            tf.cast(weights.dense_shape, tf.int64),
+            tf.cast(ids.dense_shape, tf.int64),
+            message=f"lookup_sparse: sp_weights[{t}] must have the dense_shape of indices[{t}] "
+            "(each weight belongs to the id at its index)")
+    with tf.control_dependencies([check]):
+        return tf.identity(values)
 
 
 def _check_placement(params):
@@ -349,8 +425,8 @@ def route_batch(params, indices, combiners=None, sp_weights=None, exchange_dtype
         else:
             weighted = [w is not None for w in sp_weights]
             weights = [
-                tf.zeros([0], tf.float32) if w is None else tf.cast(w.values, tf.float32)
-                for w in sp_weights
+                tf.zeros([0], tf.float32) if w is None else _matching_weights(t, ids, w)
+                for t, (ids, w) in enumerate(zip(indices, sp_weights))
             ]
             (unique_keys, counts, unique_index, order, segments,
              row_offsets) = ops().sok_ev_unique_keys(

@@ -129,6 +129,75 @@ def test_a_target_gpu_that_is_no_integer_is_refused_at_once_naming_it_and_the_va
     assert ev.target_gpu == -1  # unchanged
 
 
+def test_a_rank_3_sparse_tensor_fed_where_the_rank_was_unknown_is_refused_inserting_nothing(sok):
+    with ref.graph_session() as sess:
+        ev = sok.get_embedding_variable("emb", embedding_dim=4)
+        ids = tf.compat.v1.sparse_placeholder(tf.int64)  # no shape: rank unknown when built
+        out = sok.lookup_sparse([ev], [ids], combiners=["sum"])[0]
+        keys, _ = ev.export()
+        sess.run(tf.compat.v1.global_variables_initializer())
+        rank_3 = tf.compat.v1.SparseTensorValue([[0, 0, 0], [0, 1, 0], [1, 0, 1]], [1, 2, 3],
+                                                [2, 2, 2])
+        with pytest.raises(tf.errors.InvalidArgumentError) as error:
+            sess.run(out, {ids: rank_3})
+        assert ref.error_names(error.value, "indices[0]", "rank 2", "got rank 3")
+        assert sess.run(keys).size == 0
+        # The same lookup still takes a rank-2 batch.
+        rank_2 = tf.compat.v1.SparseTensorValue([[0, 0], [1, 0]], [1, 2], [2, 1])
+        assert sess.run(out, {ids: rank_2}).shape == (2, 4)
+
+
+def _shifted_weights(batch):
+    """Weights with batch's shape and number of entries, but the last entry
+    at another index (the next position of the first sample)."""
+    indices = batch.indices.copy()
+    indices[-1] = [0, batch.max_hotness - 1]
+    order = np.lexsort((indices[:, 1], indices[:, 0]))
+    return tf.SparseTensor(indices[order], batch.weights[order], batch.dense_shape)
+
+
+def test_eager_sp_weights_with_other_indices_are_refused_inserting_nothing(sok, rng, unique_name):
+    batch = _batch(rng)
+    ev = sok.get_embedding_variable(unique_name(), embedding_dim=4)
+    with pytest.raises(ValueError) as error:
+        sok.lookup_sparse([ev], [batch.sp_ids()],
+                          combiners=["sum"],
+                          sp_weights=[_shifted_weights(batch)])
+    assert ref.error_names(error.value, "sp_weights[0]", "indices[0]", "indices")
+    assert ev.export()[0].numpy().size == 0
+
+
+def test_graph_sp_weights_of_known_other_indices_are_refused_while_building(sok, rng):
+    batch = _batch(rng)
+    with ref.graph_session():
+        ev = sok.get_embedding_variable("emb", embedding_dim=4)
+        with pytest.raises(ValueError) as error:
+            sok.lookup_sparse([ev], [batch.sp_ids()],
+                              combiners=["sum"],
+                              sp_weights=[_shifted_weights(batch)])
+    assert ref.error_names(error.value, "sp_weights[0]", "indices[0]")
+
+
+def test_fed_sp_weights_of_another_dense_shape_are_refused_at_run_time_inserting_nothing(sok, rng):
+    batch = _batch(rng)
+    with ref.graph_session() as sess:
+        ev = sok.get_embedding_variable("emb", embedding_dim=4)
+        ids = tf.compat.v1.sparse_placeholder(tf.int64)
+        weights = tf.compat.v1.sparse_placeholder(tf.float32)
+        out = sok.lookup_sparse([ev], [ids], combiners=["sum"], sp_weights=[weights])[0]
+        keys, _ = ev.export()
+        sess.run(tf.compat.v1.global_variables_initializer())
+        wider = [batch.batch_size, batch.max_hotness + 1]
+        with pytest.raises(tf.errors.InvalidArgumentError) as error:
+            sess.run(
+                out, {
+                    ids: batch.ids_value(),
+                    weights: tf.compat.v1.SparseTensorValue(batch.indices, batch.weights, wider)
+                })
+        assert ref.error_names(error.value, "sp_weights[0]", "dense_shape")
+        assert sess.run(keys).size == 0
+
+
 # --------------------------------------------------------------------------- optimizers
 
 UNSUPPORTED_OPTIMIZERS = {
