@@ -305,12 +305,15 @@ def lookup_sparse(
     ValueError: lists of different lengths, an unknown combiner, a
       SparseTensor or list RaggedTensor not of rank 2, a packed RaggedTensor
       not of shape [N, batch, None], a target_gpu outside [-1, world size),
-      or an exchange_dtype other than float32, bfloat16 and float16. Raised
-      before any table changes.
+      an exchange_dtype other than float32, bfloat16 and float16, or
+      sp_weights whose indices, dense_shape or row splits differ from the
+      ids' (compared in full eagerly, and where both are known while a graph
+      is built). Raised before any table changes.
     tf.errors.InvalidArgumentError: at run time, before any table changes:
+      a SparseTensor of rank other than 2 (fed where its rank was unknown),
       rows out of order or outside the batch, a packed batch whose first
       dimension is not N or whose row splits are malformed, weights that do
-      not match the ids.
+      not match the ids (their number, or their dense_shape).
 
   Example:
     >>> var = sok_ev.get_embedding_variable("var_0", embedding_dim=3)
