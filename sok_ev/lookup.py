@@ -90,6 +90,9 @@ def _check_packed(params, indices, sp_weights):
         raise TypeError(f"lookup_sparse: sp_weights must have float values, got "
                         f"{sp_weights.dtype.name}")
     # Where known now (eagerly, constants): the same row splits at both levels.
+    # Weights of another number fail in UniquePackedKeys, which names both.
+    if sp_weights.flat_values.shape[:1] != indices.flat_values.shape[:1]:
+        return sp_weights
     for level, (mine,
                 theirs) in enumerate(zip(sp_weights.nested_row_splits, indices.nested_row_splits)):
         mine, theirs = _known(mine), _known(theirs)
@@ -184,6 +187,10 @@ def _check_same_indices(t, ids, weights):
         mine, theirs = getattr(weights, field), getattr(ids, field)
         if mine is theirs:
             continue
+        if field == "dense_shape":
+            # The batch: the last dimension (a RaggedTensor's longest row, or
+            # max_hotness) does not change what is combined.
+            mine, theirs = mine[:1], theirs[:1]
         if field == "indices" and not (mine.shape.is_compatible_with(theirs.shape)):
             raise ValueError(f"lookup_sparse: sp_weights[{t}] must have the indices of "
                              f"indices[{t}] (one weight per id), but its indices have shape "
@@ -193,7 +200,8 @@ def _check_same_indices(t, ids, weights):
             continue
         if mine.shape != theirs.shape or not np.array_equal(mine, theirs):
             if field == "dense_shape":
-                detail = f"dense_shape {mine.tolist()}, but indices[{t}] has {theirs.tolist()}"
+                detail = (f"a batch (dense_shape[0]) of {mine.tolist()}, but indices[{t}] has "
+                          f"{theirs.tolist()}")
             else:
                 differ = np.nonzero(np.any(mine != theirs,
                                            axis=-1))[0] if (mine.shape == theirs.shape) else [0]
@@ -209,17 +217,17 @@ def _check_same_indices(t, ids, weights):
 
 def _matching_weights(t, ids, weights):
     """sp_weights[t]'s values as float32, checked at run time against
-  indices[t]: the same dense shape (UniqueKeys checks one weight per id).
-  Cheap: two host vectors of rank 2."""
+  indices[t]: the same batch, dense_shape[0] (UniqueKeys checks one weight
+  per id). Cheap: two host scalars."""
     values = tf.cast(weights.values, tf.float32)
     if weights.dense_shape is ids.dense_shape or tf.executing_eagerly():
         return values  # the same tensor, or compared by _check_same_indices
     with tf.device("/CPU:0"):
         check = tf.debugging.assert_equal(
-            tf.cast(weights.dense_shape, tf.int64),
-            tf.cast(ids.dense_shape, tf.int64),
-            message=f"lookup_sparse: sp_weights[{t}] must have the dense_shape of indices[{t}] "
-            "(each weight belongs to the id at its index)")
+            tf.cast(weights.dense_shape[0], tf.int64),
+            tf.cast(ids.dense_shape[0], tf.int64),
+            message=f"lookup_sparse: sp_weights[{t}] must have the batch (dense_shape[0]) of "
+            f"indices[{t}] (each weight belongs to the id at its index)")
     with tf.control_dependencies([check]):
         return tf.identity(values)
 
@@ -306,14 +314,14 @@ def lookup_sparse(
       SparseTensor or list RaggedTensor not of rank 2, a packed RaggedTensor
       not of shape [N, batch, None], a target_gpu outside [-1, world size),
       an exchange_dtype other than float32, bfloat16 and float16, or
-      sp_weights whose indices, dense_shape or row splits differ from the
-      ids' (compared in full eagerly, and where both are known while a graph
-      is built). Raised before any table changes.
+      sp_weights whose indices, batch (dense_shape[0]) or row splits differ
+      from the ids' (compared in full eagerly, and where both are known while
+      a graph is built). Raised before any table changes.
     tf.errors.InvalidArgumentError: at run time, before any table changes:
       a SparseTensor of rank other than 2 (fed where its rank was unknown),
       rows out of order or outside the batch, a packed batch whose first
       dimension is not N or whose row splits are malformed, weights that do
-      not match the ids (their number, or their dense_shape).
+      not match the ids (their number, or their batch).
 
   Example:
     >>> var = sok_ev.get_embedding_variable("var_0", embedding_dim=3)

@@ -1,9 +1,12 @@
 """Bad inputs fail early with a clear error naming the argument and the value.
 
 Pinned down for get_embedding_variable (embedding_dim, key_dtype,
-partitioner), lookup_sparse (key dtype mismatch, float keys, list lengths,
-combiner, SparseTensor rank, non-EV params, target_gpu out of range) and
-the optimizer hook (unsupported optimizers list the supported ones).
+partitioner), target_gpu (set to no integer or below -1), lookup_sparse (key
+dtype mismatch, float keys, list lengths, combiner, SparseTensor rank --
+also fed at run time where it was unknown --, sp_weights whose indices,
+batch or row splits are not the ids', non-EV params, target_gpu out of
+range) and the optimizer hook (unsupported optimizers list the supported
+ones).
 """
 import numpy as np
 import pytest
@@ -167,6 +170,17 @@ def test_eager_sp_weights_with_other_indices_are_refused_inserting_nothing(sok, 
     assert ev.export()[0].numpy().size == 0
 
 
+def test_eager_packed_sp_weights_of_other_row_splits_are_refused_inserting_nothing(
+        sok, unique_name):
+    ev = sok.get_embedding_variable(unique_name(), embedding_dim=4)
+    ids = tf.ragged.constant([[[1, 2], [3]]], tf.int64)  # [1 table, 2 samples, None]
+    weights = tf.ragged.constant([[[0.5], [2.0, 3.0]]])  # as many, split elsewhere
+    with pytest.raises(ValueError) as error:
+        sok.lookup_sparse([ev], ids, "sum", sp_weights=weights)
+    assert ref.error_names(error.value, "sp_weights", "row splits", "[0, 1, 3]", "[0, 2, 3]")
+    assert ev.export()[0].numpy().size == 0
+
+
 def test_graph_sp_weights_of_known_other_indices_are_refused_while_building(sok, rng):
     batch = _batch(rng)
     with ref.graph_session():
@@ -178,7 +192,7 @@ def test_graph_sp_weights_of_known_other_indices_are_refused_while_building(sok,
     assert ref.error_names(error.value, "sp_weights[0]", "indices[0]")
 
 
-def test_fed_sp_weights_of_another_dense_shape_are_refused_at_run_time_inserting_nothing(sok, rng):
+def test_fed_sp_weights_of_another_batch_are_refused_at_run_time_inserting_nothing(sok, rng):
     batch = _batch(rng)
     with ref.graph_session() as sess:
         ev = sok.get_embedding_variable("emb", embedding_dim=4)
@@ -187,14 +201,14 @@ def test_fed_sp_weights_of_another_dense_shape_are_refused_at_run_time_inserting
         out = sok.lookup_sparse([ev], [ids], combiners=["sum"], sp_weights=[weights])[0]
         keys, _ = ev.export()
         sess.run(tf.compat.v1.global_variables_initializer())
-        wider = [batch.batch_size, batch.max_hotness + 1]
+        longer = [batch.batch_size + 1, batch.max_hotness]
         with pytest.raises(tf.errors.InvalidArgumentError) as error:
             sess.run(
                 out, {
                     ids: batch.ids_value(),
-                    weights: tf.compat.v1.SparseTensorValue(batch.indices, batch.weights, wider)
+                    weights: tf.compat.v1.SparseTensorValue(batch.indices, batch.weights, longer)
                 })
-        assert ref.error_names(error.value, "sp_weights[0]", "dense_shape")
+        assert ref.error_names(error.value, "sp_weights[0]", "dense_shape[0]")
         assert sess.run(keys).size == 0
 
 
