@@ -25,7 +25,10 @@ the time limit, its error naming the lookup, and the watchdog's message
 
 A worker that waits in a lookup longer than the time limit because another
 is merely slow (a long evaluation or save of its own between steps) stops
-the job too: the time limit must exceed the longest such wait.
+the job too: the time limit must exceed the longest such wait. The
+callbacks live in the process that built the graph: a meta graph of a
+multi-worker lookup imported in another process cannot run them (TensorFlow
+reports the callback missing); build the graph there again instead.
 """
 
 import itertools
