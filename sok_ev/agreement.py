@@ -28,9 +28,11 @@ turns that into an error on every worker:
    before any table changes. Eager exchanges are matched by Horovod by kind,
    so two workers running different eager lookups meet and fail here.
 
-Not caught: a lookup every worker built but only some run (a graph-mode
-evaluation op fetched on worker 0 only) waits as any Horovod collective
-does; Horovod's HOROVOD_STALL_SHUTDOWN_TIME_SECONDS ends such waits.
+4. A lookup every worker built in a tf.Graph but only some run (an
+   evaluation op fetched on worker 0 only): a worker that waits in its key
+   exchange longer than SOK_EV_LOOKUP_CHECK_TIMEOUT stops the job as in 2
+   (sok_ev.exchange_watch), so every worker fails within the time limit
+   with an error naming the lookup.
 """
 
 import hashlib
@@ -114,6 +116,12 @@ def _call_site():
             return f"{os.path.basename(path)}:{frame.f_lineno}"
         frame = frame.f_back
     return "?"
+
+
+def describe_site():
+    """Where the lookup being built is, for messages: the user's file:line and
+  its graph or tf.function (as the build-time check names it)."""
+    return f"{_call_site()}, {_context()}"
 
 
 def _context():
@@ -295,17 +303,27 @@ def exchange_name(params, device):
     return name
 
 
-def stop_everyone(message):
+def stop_everyone(message, waiting_in=None):
     """Makes every worker fail instead of waiting: sends a "stopped" header to
   every exchange built on this worker (where the others may be waiting), then
-  shuts Horovod down."""
+  shuts Horovod down.
+
+  Args:
+    message: why, printed to stderr.
+    waiting_in: None, or a function returning the names of the exchanges
+      this worker itself waits in (sok_ev.exchange_watch): no header goes
+      there (Horovod would refuse a second submission of the name), and the
+      shutdown waits, within the grace time, until they ended (another
+      worker's header ends them with an error naming their lookup).
+  """
     print(f"sok-ev (worker {communication.rank()}): {message}", file=sys.stderr, flush=True)
     size = communication.world_size()
     me = communication.rank()
     rows = np.array([[STOPPED, 0]] * (size - 1), np.int64)
     splits = [0 if w == me else 1 for w in range(size)]
+    own = set(waiting_in()) if waiting_in else set()
     with _lock:
-        exchanges = list(_exchanges.items())
+        exchanges = [(name, device) for name, device in _exchanges.items() if name not in own]
     senders = []
     for name, device in exchanges:
         thread = threading.Thread(target=_send_quietly,
@@ -317,6 +335,8 @@ def stop_everyone(message):
     deadline = time.monotonic() + _STOP_GRACE_SECONDS
     for thread in senders:
         thread.join(max(0.0, deadline - time.monotonic()))
+    while waiting_in and waiting_in() and time.monotonic() < deadline:
+        time.sleep(0.05)
     communication.shutdown()
 
 

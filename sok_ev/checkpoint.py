@@ -398,7 +398,10 @@ def _same_prefix_on_every_worker(prefix):
 
 def _mark_table_save(save_tensor):
     """Records in its graph that `save_tensor` (what a Saver's save runs)
-  saves Embedding Variables; returns it."""
+  saves Embedding Variables; returns it. An eager Saver's save has run
+  already and has no graph to record it in: it is returned as it is."""
+    if tf.executing_eagerly():
+        return save_tensor
     graph = save_tensor.graph
     if not hasattr(graph, "_sok_ev_table_saves"):
         graph._sok_ev_table_saves = set()  # pylint: disable=protected-access

@@ -66,6 +66,7 @@ import tensorflow as tf
 from sok_ev import agreement
 from sok_ev import communication
 from sok_ev import embedding_gradients
+from sok_ev import exchange_watch
 from sok_ev import row_exchange
 from sok_ev._ops import ops
 
@@ -156,21 +157,29 @@ def route_keys(params,
                                                               positions,
                                                               owner_counts,
                                                               fingerprint=fingerprint)
-        with tf.device(device):
+        name = agreement.exchange_name(params, device)
+        # In a tf.Graph, a wait here past the time limit stops the job
+        # (a lookup some workers run and others do not).
+        watched = exchange_watch.watched_in_graph()
+        if watched:
+            call = exchange_watch.started(
+                name, f"{[v.name for v in params]} ({agreement.describe_site()})")
+        with tf.device(device), tf.control_dependencies([call] if watched else []):
             received_keys, received_splits = communication.alltoall(send_keys,
                                                                     key_splits,
-                                                                    name=agreement.exchange_name(
-                                                                        params, device),
+                                                                    name=name,
                                                                     exact_name=True)
+        arrived = [exchange_watch.ended(call, received_keys)] if watched else []
         # On the owner: fails unless every sender runs this lookup (its header),
         # before anything reads the rest.
-        owned_keys, owned_counts, sender_counts = ops().sok_ev_unpack_key_message(
-            received_keys,
-            received_splits,
-            Tkeys=[v.key_dtype for v in params],
-            N=len(params),
-            fingerprint=fingerprint,
-            table_names=[v.name for v in params])
+        with tf.control_dependencies(arrived):
+            owned_keys, owned_counts, sender_counts = ops().sok_ev_unpack_key_message(
+                received_keys,
+                received_splits,
+                Tkeys=[v.key_dtype for v in params],
+                N=len(params),
+                fingerprint=fingerprint,
+                table_names=[v.name for v in params])
         # A key several workers asked for arrives once from each: found once,
         # and its gradients summed once here (FindOrInsertRowMessageGrad), so the
         # optimizer gets distinct keys. Each worker's keys come as one sorted

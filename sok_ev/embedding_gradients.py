@@ -24,19 +24,27 @@ Variables. The guard has three layers:
    and so is allreducing only the values of a gradient (keeping its indices).
    `hvd.DistributedOptimizer` and `hvd.DistributedGradientTape` refuse
    Embedding Variables among their variables.
-3. At the update (`check_before_apply`, graph mode and tf.function): the
-   gradient's indices and values are traced back to the marked tensors; a
-   Horovod reduction on the way is refused.
+   The op wrappers of Horovod's op library (`mpi_ops.MPI_LIB`), which every
+   Python path to a Horovod reduction ends in, refuse them too: a function
+   bound before sok_ev.init() from `horovod.tensorflow.mpi_ops` (`_allreduce`)
+   is caught there.
+3. At the update (`check_before_apply`): in graph mode and tf.function the
+   gradient's indices and values are traced back to the marked tensors, and
+   a Horovod reduction on the way is refused. Eagerly, where there is no
+   graph to trace, every key of the gradient must be one this worker owns:
+   a reduction across workers (allreduce of IndexedSlices gathers every
+   worker's keys) brings in keys of other shards.
 Each refusal is a ValueError naming the Embedding Variable and the fix.
 
-Not caught: in eager mode, a gradient that TensorFlow aggregated from
-several lookups of the same table (a new, unmarked tensor) handed to a
-Horovod function bypassing horovod.tensorflow (e.g. mpi_ops directly).
+Not caught: eagerly, a reduction of a gradient TensorFlow made anew (an
+unmarked tensor, e.g. clipped) that keeps its indices (a reduction of its
+values alone): its keys are still this worker's own.
 """
 
 import functools
 import sys
 
+import numpy as np
 import tensorflow as tf
 
 from sok_ev import communication
@@ -65,6 +73,18 @@ _HOROVOD_FUNCTIONS = {
     "allgather": "hvd.allgather",
     "grouped_allgather": "hvd.grouped_allgather",
     "broadcast": "hvd.broadcast",
+}
+
+# The op wrappers of Horovod's op library that reduce, gather or broadcast
+# -> the Horovod op, as errors name it.
+_HOROVOD_OP_FUNCTIONS = {
+    "horovod_allreduce": "Horovod's allreduce op",
+    "horovod_grouped_allreduce": "Horovod's grouped allreduce op",
+    "horovod_allgather": "Horovod's allgather op",
+    "horovod_grouped_allgather": "Horovod's grouped allgather op",
+    "horovod_broadcast": "Horovod's broadcast op",
+    "horovod_reducescatter": "Horovod's reducescatter op",
+    "horovod_grouped_reducescatter": "Horovod's grouped reducescatter op",
 }
 
 _guards = {}
@@ -134,17 +154,61 @@ def variable_of(value):
     return next((v for v in map(_mark_of, parts) if v is not None), None)
 
 
+def owners_of(keys, num_workers):
+    """The worker that stores each key of a table sharded over `num_workers`
+  (target_gpu -1): cc/partition.h's owner_of, in NumPy.
+
+  Args:
+    keys: int32 or int64 array-like `[n]`.
+  Returns:
+    int64 `[n]`.
+  """
+    x = np.asarray(keys).astype(np.int64).view(np.uint64) ^ np.uint64(0x5bd1e9955bd1e995)
+    with np.errstate(over="ignore"):  # 64-bit wrap-around is the hash
+        x ^= x >> np.uint64(30)
+        x *= np.uint64(0xbf58476d1ce4e5b9)
+        x ^= x >> np.uint64(27)
+        x *= np.uint64(0x94d049bb133111eb)
+        x ^= x >> np.uint64(31)
+    return (x % np.uint64(num_workers)).astype(np.int64)
+
+
+def _check_owned_keys(grad, variable):
+    """Eagerly: refuses a gradient holding a key another worker owns."""
+    size, me = communication.world_size(), communication.rank()
+    keys = grad.indices.numpy()
+    owners = (np.full(keys.shape, int(variable.target_gpu))
+              if variable.target_gpu >= 0 else owners_of(keys, size))
+    foreign = np.nonzero(owners != me)[0]
+    if foreign.size:
+        j = int(foreign[0])
+        raise ValueError(f"The gradient of Embedding Variable '{variable.name}' on worker {me} "
+                         f"holds key {keys[j]}, which worker {owners[j]} owns ({foreign.size} of "
+                         f"its {keys.size} keys are another worker's): it is no longer the "
+                         "lookup's own gradient, which holds only this worker's keys with every "
+                         "worker's contributions already summed. A Horovod reduction (e.g. "
+                         "hvd.allreduce of the IndexedSlices) would apply keys into shards that "
+                         "do not own them. Allreduce only the dense gradients (see "
+                         "python/examples/deeprec_sok_example.py).")
+
+
 def check_before_apply(grad, variable, max_ops=100000):
     """Refuses an Embedding Variable gradient that went through a Horovod
-  reduction (graph mode and tf.function; eager tensors have no graph).
+  reduction, with several workers.
 
-  Walks from the gradient's indices and values back to the marked tensors
-  of the lookup's backward pass; any other op (scaling, clipping) is fine.
+  In graph mode and tf.function: walks from the gradient's indices and
+  values back to the marked tensors of the lookup's backward pass; any
+  other op (scaling, clipping) is fine. Eagerly (no graph to walk): every
+  key must be one this worker owns.
 
   Raises:
-    ValueError: naming the variable and the Horovod op.
+    ValueError: naming the variable and the Horovod op, or the key another
+      worker owns.
   """
     if communication.world_size() == 1 or not isinstance(grad, tf.IndexedSlices):
+        return
+    if tf.executing_eagerly():
+        _check_owned_keys(grad, variable)
         return
     pending = [t for t in (grad.indices, grad.values) if hasattr(t, "op")]
     seen = set()
@@ -246,3 +310,11 @@ def install_allreduce_guards() -> None:
     if tape is not None:
         _guards["_DistributedGradientTape"] = tape.gradient
         tape.gradient = _guard_tape_gradient(tape.gradient)
+    # The op wrappers every Python path ends in: a function of mpi_ops bound
+    # before this ran still looks them up in the library module.
+    library = getattr(sys.modules.get("horovod.tensorflow.mpi_ops"), "MPI_LIB", None)
+    for op_function, where in _HOROVOD_OP_FUNCTIONS.items():
+        original = getattr(library, op_function, None)
+        if original is not None:
+            _guards[f"MPI_LIB.{op_function}"] = original
+            setattr(library, op_function, _guard_function(original, where))

@@ -57,6 +57,24 @@ def _handle_op(shared_name, key_dtype, embedding_dim, name=None):
                                                   name=name)
 
 
+def _install_training_hooks():
+    """Without sok_ev.init() (one worker), the optimizer hooks it would have
+  installed: a stock tf.compat.v1.train or tf.keras optimizer would otherwise
+  hand the table to TensorFlow's dense sparse-apply ops, which fail with
+  "Invalid variable reference". After init() nothing is done, so hooks a
+  script uninstalled on purpose stay uninstalled. Several workers without
+  init() are refused at the first lookup (communication._check_initialized).
+  """
+    # pylint: disable=import-outside-toplevel,cyclic-import
+    from sok_ev import communication
+    if communication.initialized():
+        return
+    from sok_ev import keras_optimizers
+    from sok_ev import optimizers
+    optimizers.install_optimizer_hook()
+    keras_optimizers.install_keras_optimizer_hook()
+
+
 class EmbeddingVariable(variables.Variable, core.Tensor):
     """A hash-based embedding table whose keys are raw ids.
 
@@ -93,6 +111,7 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
     """
         # Variable.__init__ only documents arguments; state is set here.
         # pylint: disable=super-init-not-called
+        _install_training_hooks()
         self._embedding_dim = embedding_dim
         self._key_dtype = tf.as_dtype(key_dtype)
         self._trainable = trainable
@@ -157,6 +176,7 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
                     l2_weight_threshold=None):
         """The variable whose handle and initializer ops are already in the
     graph (an imported meta graph)."""
+        _install_training_hooks()
         variable = cls.__new__(cls)
         op = handle.op
         variable._embedding_dim = op.get_attr("embedding_dim")
@@ -378,6 +398,29 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
         return (f"<sok_ev.EmbeddingVariable '{self.name}' embedding_dim="
                 f"{self._embedding_dim} key_dtype={self._key_dtype.name} "
                 f"target_gpu={self.target_gpu}>")
+
+    @property
+    def target_gpu(self):
+        """-1: the table is sharded over every worker; k: it lives whole on
+    worker k. Checked against the number of workers at the first lookup."""
+        return self._target_gpu
+
+    @target_gpu.setter
+    def target_gpu(self, value):
+        """Raises:
+      TypeError: `value` is not an integer (bool included: True would mean 1).
+      ValueError: `value` < -1.
+    Both name target_gpu, the variable and the value; the setting is unchanged.
+    """
+        where = f"Embedding Variable '{self._handle_name}'" if hasattr(
+            self, "_handle_name") else "Embedding Variable"
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"{where}: target_gpu must be an integer, -1 (sharded over every "
+                            f"worker) or a worker index >= 0, got {value!r}")
+        if value < -1:
+            raise ValueError(f"{where}: target_gpu must be -1 (sharded over every worker) or a "
+                             f"worker index >= 0, got {value!r}")
+        self._target_gpu = int(value)
 
     def _record_access(self):
         """Lets GradientTapes see that a lookup read this variable: the active

@@ -26,6 +26,7 @@ keys, deduplicated and summed; the optimizer applies them with one fused op.
 
 from typing import List, NamedTuple, Optional, Sequence, Union
 
+import numpy as np
 import tensorflow as tf
 
 from sok_ev import communication
@@ -88,6 +89,19 @@ def _check_packed(params, indices, sp_weights):
     if not sp_weights.dtype.is_floating:
         raise TypeError(f"lookup_sparse: sp_weights must have float values, got "
                         f"{sp_weights.dtype.name}")
+    # Where known now (eagerly, constants): the same row splits at both levels.
+    # Weights of another number fail in UniquePackedKeys, which names both.
+    if sp_weights.flat_values.shape[:1] != indices.flat_values.shape[:1]:
+        return sp_weights
+    for level, (mine,
+                theirs) in enumerate(zip(sp_weights.nested_row_splits, indices.nested_row_splits)):
+        mine, theirs = _known(mine), _known(theirs)
+        if mine is not None and theirs is not None and (mine.shape != theirs.shape or
+                                                        not np.array_equal(mine, theirs)):
+            raise ValueError("lookup_sparse: sp_weights must have the row splits of indices "
+                             f"(each weight belongs to the id at its place), but its "
+                             f"{('table', 'sample')[level]} row splits are {mine.tolist()[:8]} "
+                             f"and the ids' {theirs.tolist()[:8]}")
     return sp_weights
 
 
@@ -145,7 +159,77 @@ def _check_arguments(params, indices, combiners, sp_weights):
             if not weights.values.dtype.is_floating:
                 raise TypeError(f"lookup_sparse: sp_weights[{t}] must have float "
                                 f"values, got {weights.values.dtype.name}")
+            _check_same_indices(t, ids, weights)
     return params, indices, combiners, sp_weights
+
+
+def _known(tensor):
+    """`tensor`'s value as a NumPy array when it is known without running
+  anything (an eager tensor, a constant), else None."""
+    try:
+        return tf.get_static_value(tensor)
+    except (TypeError, ValueError):
+        return None
+
+
+def _check_same_indices(t, ids, weights):
+    """Refuses sp_weights[t] whose indices or dense shape differ from
+  indices[t]'s where that is known now: eagerly, and for constants while a
+  graph is built (the run-time check of the dense shapes and of the number
+  of entries is _matching_weights').
+
+  Raises:
+    ValueError: naming sp_weights[t] and both values.
+  """
+    if weights.indices is ids.indices and weights.dense_shape is ids.dense_shape:
+        return
+    for field in ("dense_shape", "indices"):
+        mine, theirs = getattr(weights, field), getattr(ids, field)
+        if mine is theirs:
+            continue
+        if field == "dense_shape":
+            # The batch: the last dimension (a RaggedTensor's longest row, or
+            # max_hotness) does not change what is combined.
+            mine, theirs = mine[:1], theirs[:1]
+        if field == "indices" and not (mine.shape.is_compatible_with(theirs.shape)):
+            raise ValueError(f"lookup_sparse: sp_weights[{t}] must have the indices of "
+                             f"indices[{t}] (one weight per id), but its indices have shape "
+                             f"{mine.shape} and the ids' {theirs.shape}")
+        mine, theirs = _known(mine), _known(theirs)
+        if mine is None or theirs is None:
+            continue
+        if mine.shape != theirs.shape or not np.array_equal(mine, theirs):
+            if field == "dense_shape":
+                detail = (f"a batch (dense_shape[0]) of {mine.tolist()}, but indices[{t}] has "
+                          f"{theirs.tolist()}")
+            else:
+                differ = np.nonzero(np.any(mine != theirs,
+                                           axis=-1))[0] if (mine.shape == theirs.shape) else [0]
+                j = int(differ[0])
+                detail = (f"indices {mine.shape[0]} x {mine.shape[-1]}, indices[{t}] "
+                          f"{theirs.shape[0]} x {theirs.shape[-1]}" if mine.shape != theirs.shape
+                          else f"at entry {j} index {mine[j].tolist()}, but indices[{t}] "
+                          f"has {theirs[j].tolist()}")
+            raise ValueError(f"lookup_sparse: sp_weights[{t}] must have the same indices and "
+                             f"dense_shape as indices[{t}] (each weight belongs to the id at "
+                             f"its index), got {detail}")
+
+
+def _matching_weights(t, ids, weights):
+    """sp_weights[t]'s values as float32, checked at run time against
+  indices[t]: the same batch, dense_shape[0] (UniqueKeys checks one weight
+  per id). Cheap: two host scalars."""
+    values = tf.cast(weights.values, tf.float32)
+    if weights.dense_shape is ids.dense_shape or tf.executing_eagerly():
+        return values  # the same tensor, or compared by _check_same_indices
+    with tf.device("/CPU:0"):
+        check = tf.debugging.assert_equal(
+            tf.cast(weights.dense_shape[0], tf.int64),
+            tf.cast(ids.dense_shape[0], tf.int64),
+            message=f"lookup_sparse: sp_weights[{t}] must have the batch (dense_shape[0]) of "
+            f"indices[{t}] (each weight belongs to the id at its index)")
+    with tf.control_dependencies([check]):
+        return tf.identity(values)
 
 
 def _check_placement(params):
@@ -229,12 +313,15 @@ def lookup_sparse(
     ValueError: lists of different lengths, an unknown combiner, a
       SparseTensor or list RaggedTensor not of rank 2, a packed RaggedTensor
       not of shape [N, batch, None], a target_gpu outside [-1, world size),
-      or an exchange_dtype other than float32, bfloat16 and float16. Raised
-      before any table changes.
+      an exchange_dtype other than float32, bfloat16 and float16, or
+      sp_weights whose indices, batch (dense_shape[0]) or row splits differ
+      from the ids' (compared in full eagerly, and where both are known while
+      a graph is built). Raised before any table changes.
     tf.errors.InvalidArgumentError: at run time, before any table changes:
+      a SparseTensor of rank other than 2 (fed where its rank was unknown),
       rows out of order or outside the batch, a packed batch whose first
       dimension is not N or whose row splits are malformed, weights that do
-      not match the ids.
+      not match the ids (their number, or their batch).
 
   Example:
     >>> var = sok_ev.get_embedding_variable("var_0", embedding_dim=3)
@@ -349,8 +436,8 @@ def route_batch(params, indices, combiners=None, sp_weights=None, exchange_dtype
         else:
             weighted = [w is not None for w in sp_weights]
             weights = [
-                tf.zeros([0], tf.float32) if w is None else tf.cast(w.values, tf.float32)
-                for w in sp_weights
+                tf.zeros([0], tf.float32) if w is None else _matching_weights(t, ids, w)
+                for t, (ids, w) in enumerate(zip(indices, sp_weights))
             ]
             (unique_keys, counts, unique_index, order, segments,
              row_offsets) = ops().sok_ev_unique_keys(

@@ -620,3 +620,28 @@ def test_a_table_on_a_worker_this_run_lacks_is_refused_at_restore_and_nothing_ch
 
     assert ref.error_names(error.value, "target_gpu is 2", "1 worker")
     assert sorted(fresh.export()[0].numpy().tolist()) == [7]  # unchanged
+
+
+def test_two_eager_savers_over_embedding_variables_of_one_name_each_save_and_restore(sok, tmp_path):
+    # Eager Embedding Variables of one name are distinct tables; an eager
+    # Saver over each saves and restores its own (it crashed on the graph of
+    # an eager tensor).
+    ones = sok.get_embedding_variable("twin", embedding_dim=2, initializer=tf.ones_initializer())
+    zeros = sok.get_embedding_variable("twin", embedding_dim=2, initializer=tf.zeros_initializer())
+
+    def look_up(keys):
+        ids = tf.SparseTensor([[i, 0] for i in range(len(keys))], tf.constant(keys, tf.int64),
+                              [len(keys), 1])
+        sok.lookup_sparse([ones, zeros], [ids, ids], combiners=["sum", "sum"])
+
+    look_up([1, 2])
+    savers = [tf.compat.v1.train.Saver([ones]), tf.compat.v1.train.Saver([zeros])]
+    paths = [s.save(None, str(tmp_path / name)) for s, name in zip(savers, ["ones", "zeros"])]
+    look_up([3])  # a key neither checkpoint holds
+    for saver, path in zip(savers, paths):
+        saver.restore(None, path)
+    for table, value in ((ones, 1.0), (zeros, 0.0)):
+        got = ref.export_to_dict(*[t.numpy() for t in table.export()])
+        assert sorted(got) == [1, 2]
+        for row in got.values():
+            np.testing.assert_array_equal(row, np.full(2, value, np.float32))

@@ -10,6 +10,12 @@ table is known exactly: init - lr * sum over applies of occurrences. The
 learning rate is a power of two and the ones initializer is used so that
 every intermediate value is exact in float32: any lost or doubled update
 shows up as an exact mismatch, with no tolerance to hide it.
+
+The same holds for six trainer threads applying to one table in each way a
+script can run them: Session threads sharing one train op or each with its
+own, next to Adagrad and Momentum trainers whose slots are added to the
+table while the SGD applies run, threads calling one tf.function that looks
+up and applies, and eager threads with their own GradientTapes.
 """
 import threading
 
@@ -146,3 +152,189 @@ def test_concurrent_eager_lookups_of_new_keys_insert_each_key_once(sok, rng, uni
         np.testing.assert_array_equal(rows, ref.initial_rows(matrix, key_sets[i % 3]))
     stored = ref.export_to_dict(*[t.numpy() for t in ev.export()])
     assert sorted(stored) == sorted(all_keys)
+
+
+# --- Several threads applying to one table: the serial result, exactly ------
+#
+# THREADS trainer threads, each with its own fixed batch over the KEYS keys
+# [0, KEYS), apply SGD with loss = sum of the sum-combined embeddings
+# APPLIES times. Each apply subtracts LR * (occurrences of the key in its
+# batch) from every element of the key's row, whatever the interleaving, so
+# the table must end at the serial result, computed with NumPy below
+# (`_serial_sgd_rows`): ones - LR * APPLIES * (occurrences over all batches).
+# Dense TensorFlow resource variables give exactly that (their sparse apply
+# ops lock the variable).
+THREADS, APPLIES, KEYS = 6, 400, 71
+
+
+def _trainer_batches(rng, threads=THREADS):
+    """One [BATCH, MAX_HOTNESS] batch of keys in [0, KEYS) per trainer; every
+    batch holds keys 0..7, so the trainers always overlap."""
+    batches = []
+    for _ in range(threads):
+        batch = ref.random_sparse_batch(rng, BATCH, MAX_HOTNESS,
+                                        lambda n: rng.integers(0, KEYS, size=n), np.int64)
+        batch.keys[:8] = np.arange(8)[:len(batch.keys)]
+        batches.append(batch)
+    return batches
+
+
+def _occurrences(batches, applies=APPLIES):
+    """[KEYS] float64: how often each key occurs over every apply of every batch."""
+    counts = np.zeros(KEYS)
+    for batch in batches:
+        np.add.at(counts, batch.keys, applies)
+    return counts
+
+
+def _serial_sgd_rows(batches, applies=APPLIES):
+    """{key: row} after the applies one after another, from ones."""
+    occurrences = _occurrences(batches, applies)
+    return {
+        k: np.full(DIM, 1.0 - LR * occurrences[k], np.float32) for k in range(KEYS) if occurrences[k]
+    }
+
+
+def _assert_rows_equal(got, want, what):
+    assert sorted(got) == sorted(want), f"{what}: key sets differ"
+    wrong = [k for k in want if not np.array_equal(got[k], want[k])]
+    assert not wrong, (f"{what}: {len(wrong)} of {len(want)} keys lost or gained updates, e.g. "
+                       f"key {wrong[0]}: got {got[wrong[0]][0]}, want {want[wrong[0]][0]}")
+
+
+def _repeat(fn, times):
+    return lambda: [fn() for _ in range(times)]
+
+
+def _session_config():
+    return tf.compat.v1.ConfigProto(inter_op_parallelism_threads=4, intra_op_parallelism_threads=4)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("train_ops", ["one_shared", "one_per_thread"])
+def test_session_threads_applying_sgd_to_one_table_give_the_serial_result(sok, rng, train_ops):
+    batches = _trainer_batches(rng)
+    graph = tf.Graph()
+    with graph.as_default(), tf.compat.v1.Session(graph=graph, config=_session_config()) as sess:
+        ev = sok.get_embedding_variable("emb", embedding_dim=DIM, initializer=tf.ones_initializer())
+        opt = tf.compat.v1.train.GradientDescentOptimizer(LR)
+        if train_ops == "one_shared":
+            ids = tf.compat.v1.sparse_placeholder(tf.int64)
+            rows = sok.lookup_sparse([ev], [ids], combiners=["sum"])[0]
+            train = opt.minimize(tf.reduce_sum(rows))
+            steps = [lambda b=b: sess.run(train, {ids: b.ids_value()}) for b in batches]
+        else:
+            steps = []
+            for batch in batches:
+                rows = sok.lookup_sparse([ev], [batch.sp_ids()], combiners=["sum"])[0]
+                steps.append(lambda op=opt.minimize(tf.reduce_sum(rows)): sess.run(op))
+        exported = ev.export()
+        sess.run(tf.compat.v1.global_variables_initializer())
+        graph.finalize()
+        _run_threads([_repeat(step, APPLIES) for step in steps])
+        got = ref.export_to_dict(*sess.run(exported))
+    _assert_rows_equal(got, _serial_sgd_rows(batches), "SGD from 6 Session threads")
+
+
+@pytest.mark.timeout(300)
+def test_adagrad_and_momentum_slots_created_while_sgd_applies_run_lose_nothing(sok, rng):
+    # Next to the SGD trainers, Adagrad and Momentum trainers with learning
+    # rate 0 start at the same moment: their first applies add their slots
+    # to the table (re-laying every row out) while SGD applies run. Their
+    # slots are exact too: with momentum 1 Momentum's slot is the sum of the
+    # gradients, and Adagrad's accumulator its initial value plus the sum of
+    # their squares (the gradients are small integers).
+    sgd_batches = _trainer_batches(rng)
+    slot_batches = _trainer_batches(rng, threads=2)
+    graph = tf.Graph()
+    with graph.as_default(), tf.compat.v1.Session(graph=graph, config=_session_config()) as sess:
+        ev = sok.get_embedding_variable("emb", embedding_dim=DIM, initializer=tf.ones_initializer())
+        sgd = tf.compat.v1.train.GradientDescentOptimizer(LR)
+        adagrad = tf.compat.v1.train.AdagradOptimizer(0.0, initial_accumulator_value=0.5)
+        momentum = tf.compat.v1.train.MomentumOptimizer(0.0, momentum=1.0)
+
+        def train_op(opt, batch):
+            rows = sok.lookup_sparse([ev], [batch.sp_ids()], combiners=["sum"])[0]
+            return opt.minimize(tf.reduce_sum(rows))
+
+        ops_and_times = [(train_op(sgd, b), APPLIES) for b in sgd_batches]
+        ops_and_times += [
+            (train_op(opt, b), APPLIES // 4) for opt in (adagrad, momentum) for b in slot_batches
+        ]
+        exported = ev.export()
+        accumulator = adagrad.get_slot(ev, "accumulator").export()
+        velocity = momentum.get_slot(ev, "momentum").export()
+        sess.run(tf.compat.v1.global_variables_initializer())
+        graph.finalize()
+        start = threading.Barrier(len(ops_and_times))
+
+        def trainer(op, times):
+
+            def run():
+                start.wait()
+                for _ in range(times):
+                    sess.run(op)
+
+            return run
+
+        _run_threads([trainer(op, times) for op, times in ops_and_times])
+        got, got_accumulator, got_velocity = (
+            ref.export_to_dict(*sess.run(t)) for t in (exported, accumulator, velocity))
+    want = _serial_sgd_rows(sgd_batches)
+    for k in _serial_sgd_rows(slot_batches):
+        want.setdefault(k, np.ones(DIM, np.float32))  # looked up, never moved by SGD
+    _assert_rows_equal(got, want, "SGD next to slot creation")
+    # Per apply, each key's gradient element is its occurrences in the batch.
+    sums, squares = np.zeros(KEYS), np.zeros(KEYS)
+    for batch in slot_batches:
+        keys, counts = np.unique(batch.keys, return_counts=True)
+        sums[keys] += counts * (APPLIES // 4)
+        squares[keys] += counts.astype(np.float64)**2 * (APPLIES // 4)
+    _assert_rows_equal(got_velocity, {k: np.full(DIM, sums[k], np.float32) for k in want},
+                       "Momentum slot")
+    _assert_rows_equal(got_accumulator,
+                       {k: np.full(DIM, 0.5 + squares[k], np.float32) for k in want},
+                       "Adagrad accumulator")
+
+
+@pytest.mark.timeout(300)
+def test_threads_calling_one_tf_function_that_looks_up_and_applies_give_the_serial_result(
+        sok, rng, unique_name):
+    batches = _trainer_batches(rng)
+    ev = sok.get_embedding_variable(unique_name(),
+                                    embedding_dim=DIM,
+                                    initializer=tf.ones_initializer())
+    opt = tf.compat.v1.train.GradientDescentOptimizer(LR)
+
+    @tf.function
+    def step(ids):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(sok.lookup_sparse([ev], [ids], combiners=["sum"])[0])
+        opt.apply_gradients(zip(tape.gradient(loss, [ev]), [ev]))
+
+    step(tf.SparseTensor(np.zeros([0, 2], np.int64), np.zeros([0], np.int64),
+                         [1, 1]))  # traced once
+    sparse = [b.sp_ids() for b in batches]
+    _run_threads([_repeat(lambda ids=ids: step(ids), APPLIES) for ids in sparse])
+    got = ref.export_to_dict(*[t.numpy() for t in ev.export()])
+    _assert_rows_equal(got, _serial_sgd_rows(batches), "SGD from 6 threads in one tf.function")
+
+
+@pytest.mark.timeout(300)
+def test_eager_threads_with_gradient_tapes_applying_sgd_give_the_serial_result(
+        sok, rng, unique_name):
+    batches = _trainer_batches(rng)
+    ev = sok.get_embedding_variable(unique_name(),
+                                    embedding_dim=DIM,
+                                    initializer=tf.ones_initializer())
+    opt = tf.compat.v1.train.GradientDescentOptimizer(LR)
+
+    def step(ids):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(sok.lookup_sparse([ev], [ids], combiners=["sum"])[0])
+        opt.apply_gradients(zip(tape.gradient(loss, [ev]), [ev]))
+
+    sparse = [b.sp_ids() for b in batches]
+    _run_threads([_repeat(lambda ids=ids: step(ids), APPLIES // 4) for ids in sparse])
+    got = ref.export_to_dict(*[t.numpy() for t in ev.export()])
+    _assert_rows_equal(got, _serial_sgd_rows(batches, APPLIES // 4), "eager SGD from 6 threads")

@@ -1,9 +1,12 @@
 """Bad inputs fail early with a clear error naming the argument and the value.
 
 Pinned down for get_embedding_variable (embedding_dim, key_dtype,
-partitioner), lookup_sparse (key dtype mismatch, float keys, list lengths,
-combiner, SparseTensor rank, non-EV params, target_gpu out of range) and
-the optimizer hook (unsupported optimizers list the supported ones).
+partitioner), target_gpu (set to no integer or below -1), lookup_sparse (key
+dtype mismatch, float keys, list lengths, combiner, SparseTensor rank --
+also fed at run time where it was unknown --, sp_weights whose indices,
+batch or row splits are not the ids', non-EV params, target_gpu out of
+range) and the optimizer hook (unsupported optimizers list the supported
+ones).
 """
 import numpy as np
 import pytest
@@ -112,11 +115,101 @@ def test_dense_variable_in_params_is_rejected(sok, rng):
 def test_target_gpu_out_of_range_is_rejected_at_lookup(sok, rng, unique_name, target_gpu):
     # One worker without Horovod: world size 1, so only -1 (local) and 0 are valid.
     ev = sok.get_embedding_variable(unique_name(), embedding_dim=4)
-    ev.target_gpu = target_gpu
     with pytest.raises((ValueError, tf.errors.InvalidArgumentError)) as error:
+        ev.target_gpu = target_gpu  # below -1: refused at once
         out = sok.lookup_sparse([ev], [_batch(rng).sp_ids()], combiners=["sum"])
         out[0].numpy()
     assert ref.error_names(error.value, "target_gpu", target_gpu)
+
+
+@pytest.mark.parametrize("value", ["x", 1.5, None, True, "0"])
+def test_a_target_gpu_that_is_no_integer_is_refused_at_once_naming_it_and_the_value(
+        sok, unique_name, value):
+    ev = sok.get_embedding_variable(unique_name(), embedding_dim=4)
+    with pytest.raises(TypeError) as error:
+        ev.target_gpu = value
+    assert ref.error_names(error.value, "target_gpu", repr(value), ev.name.split(":")[0])
+    assert ev.target_gpu == -1  # unchanged
+
+
+def test_a_rank_3_sparse_tensor_fed_where_the_rank_was_unknown_is_refused_inserting_nothing(sok):
+    with ref.graph_session() as sess:
+        ev = sok.get_embedding_variable("emb", embedding_dim=4)
+        ids = tf.compat.v1.sparse_placeholder(tf.int64)  # no shape: rank unknown when built
+        out = sok.lookup_sparse([ev], [ids], combiners=["sum"])[0]
+        keys, _ = ev.export()
+        sess.run(tf.compat.v1.global_variables_initializer())
+        rank_3 = tf.compat.v1.SparseTensorValue([[0, 0, 0], [0, 1, 0], [1, 0, 1]], [1, 2, 3],
+                                                [2, 2, 2])
+        with pytest.raises(tf.errors.InvalidArgumentError) as error:
+            sess.run(out, {ids: rank_3})
+        assert ref.error_names(error.value, "indices[0]", "rank 2", "got rank 3")
+        assert sess.run(keys).size == 0
+        # The same lookup still takes a rank-2 batch.
+        rank_2 = tf.compat.v1.SparseTensorValue([[0, 0], [1, 0]], [1, 2], [2, 1])
+        assert sess.run(out, {ids: rank_2}).shape == (2, 4)
+
+
+def _shifted_weights(batch):
+    """Weights with batch's shape and number of entries, but the last entry
+    at another index (the next position of the first sample)."""
+    indices = batch.indices.copy()
+    indices[-1] = [0, batch.max_hotness - 1]
+    order = np.lexsort((indices[:, 1], indices[:, 0]))
+    return tf.SparseTensor(indices[order], batch.weights[order], batch.dense_shape)
+
+
+def test_eager_sp_weights_with_other_indices_are_refused_inserting_nothing(sok, rng, unique_name):
+    batch = _batch(rng)
+    ev = sok.get_embedding_variable(unique_name(), embedding_dim=4)
+    with pytest.raises(ValueError) as error:
+        sok.lookup_sparse([ev], [batch.sp_ids()],
+                          combiners=["sum"],
+                          sp_weights=[_shifted_weights(batch)])
+    assert ref.error_names(error.value, "sp_weights[0]", "indices[0]", "indices")
+    assert ev.export()[0].numpy().size == 0
+
+
+def test_eager_packed_sp_weights_of_other_row_splits_are_refused_inserting_nothing(
+        sok, unique_name):
+    ev = sok.get_embedding_variable(unique_name(), embedding_dim=4)
+    ids = tf.ragged.constant([[[1, 2], [3]]], tf.int64)  # [1 table, 2 samples, None]
+    weights = tf.ragged.constant([[[0.5], [2.0, 3.0]]])  # as many, split elsewhere
+    with pytest.raises(ValueError) as error:
+        sok.lookup_sparse([ev], ids, "sum", sp_weights=weights)
+    assert ref.error_names(error.value, "sp_weights", "row splits", "[0, 1, 3]", "[0, 2, 3]")
+    assert ev.export()[0].numpy().size == 0
+
+
+def test_graph_sp_weights_of_known_other_indices_are_refused_while_building(sok, rng):
+    batch = _batch(rng)
+    with ref.graph_session():
+        ev = sok.get_embedding_variable("emb", embedding_dim=4)
+        with pytest.raises(ValueError) as error:
+            sok.lookup_sparse([ev], [batch.sp_ids()],
+                              combiners=["sum"],
+                              sp_weights=[_shifted_weights(batch)])
+    assert ref.error_names(error.value, "sp_weights[0]", "indices[0]")
+
+
+def test_fed_sp_weights_of_another_batch_are_refused_at_run_time_inserting_nothing(sok, rng):
+    batch = _batch(rng)
+    with ref.graph_session() as sess:
+        ev = sok.get_embedding_variable("emb", embedding_dim=4)
+        ids = tf.compat.v1.sparse_placeholder(tf.int64)
+        weights = tf.compat.v1.sparse_placeholder(tf.float32)
+        out = sok.lookup_sparse([ev], [ids], combiners=["sum"], sp_weights=[weights])[0]
+        keys, _ = ev.export()
+        sess.run(tf.compat.v1.global_variables_initializer())
+        longer = [batch.batch_size + 1, batch.max_hotness]
+        with pytest.raises(tf.errors.InvalidArgumentError) as error:
+            sess.run(
+                out, {
+                    ids: batch.ids_value(),
+                    weights: tf.compat.v1.SparseTensorValue(batch.indices, batch.weights, longer)
+                })
+        assert ref.error_names(error.value, "sp_weights[0]", "dense_shape[0]")
+        assert sess.run(keys).size == 0
 
 
 # --------------------------------------------------------------------------- optimizers

@@ -1,4 +1,5 @@
-"""The optimizer hook is narrow: installed only by sok_ev.init(), never by
+"""The optimizer hook is narrow: installed by sok_ev.init() (without it, on one
+worker, by the first Embedding Variable, so that training works), never by
 import; it changes nothing for variables that are not Embedding Variables;
 and the private TensorFlow names it replaces exist, with the parameters it
 expects, in the installed TensorFlow.
@@ -118,3 +119,62 @@ def test_hook_leaves_dense_variables_bit_identical(sok, rng, make_optimizer):
         sok.init()
     for hooked, stock in zip(with_hook, without_hook):
         np.testing.assert_array_equal(hooked, stock)
+
+
+def test_training_on_one_worker_without_init_updates_as_tensorflow_does():
+    # A script that never calls sok_ev.init() (in a fresh process: this one
+    # called it) trains with a stock optimizer; the rows it prints must be
+    # those TensorFlow's Adagrad gives a dense table trained the same way.
+    script = textwrap.dedent("""
+        import json
+        import tensorflow as tf
+        import sok_ev
+        with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+            ev = sok_ev.get_embedding_variable("emb", embedding_dim=2,
+                                               initializer=tf.ones_initializer())
+            ids = tf.SparseTensor([[0, 0], [0, 1], [1, 0]], tf.constant([3, 5, 3], tf.int64),
+                                  [2, 2])
+            emb = sok_ev.lookup_sparse([ev], [ids], combiners=["sum"])[0]
+            loss = tf.reduce_sum(emb * emb)
+            train = tf.compat.v1.train.AdagradOptimizer(0.5).minimize(loss)
+            sess.run(tf.compat.v1.global_variables_initializer())
+            for _ in range(3):
+                sess.run(train)
+            keys, rows = sess.run(ev.export())
+        graph = {int(k): r.tolist() for k, r in zip(keys, rows)}
+        # Eagerly (where the dense sparse-apply op failed with "Invalid
+        # variable reference").
+        ev = sok_ev.get_embedding_variable("emb", embedding_dim=2,
+                                           initializer=tf.ones_initializer())
+        opt = tf.compat.v1.train.AdagradOptimizer(0.5)
+        ids = tf.SparseTensor([[0, 0], [0, 1], [1, 0]], tf.constant([3, 5, 3], tf.int64), [2, 2])
+        for _ in range(3):
+            with tf.GradientTape() as tape:
+                emb = sok_ev.lookup_sparse([ev], [ids], combiners=["sum"])[0]
+                loss = tf.reduce_sum(emb * emb)
+            opt.apply_gradients(zip(tape.gradient(loss, [ev]), [ev]))
+        keys, rows = (t.numpy() for t in ev.export())
+        eager = {int(k): r.tolist() for k, r in zip(keys, rows)}
+        print(json.dumps([graph, eager]))
+    """)
+    result = subprocess.run([sys.executable, "-c", script],
+                            capture_output=True,
+                            text=True,
+                            cwd=sok_ev_import_root(),
+                            timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    import json  # pylint: disable=import-outside-toplevel
+    runs = json.loads(result.stdout.splitlines()[-1])
+    with graph_session() as sess:
+        table = tf.compat.v1.get_variable("table", initializer=tf.ones([6, 2]), use_resource=True)
+        ids = tf.SparseTensor([[0, 0], [0, 1], [1, 0]], tf.constant([3, 5, 3], tf.int64), [2, 2])
+        emb = tf.nn.embedding_lookup_sparse(table, ids, None, combiner="sum")
+        train = tf.compat.v1.train.AdagradOptimizer(0.5).minimize(tf.reduce_sum(emb * emb))
+        sess.run(tf.compat.v1.global_variables_initializer())
+        for _ in range(3):
+            sess.run(train)
+        want = sess.run(table)
+    for mode, got in zip(["graph", "eager"], runs):
+        assert sorted(got) == ["3", "5"], mode
+        for key in (3, 5):
+            np.testing.assert_allclose(got[str(key)], want[key], rtol=1e-6, err_msg=f"{mode} {key}")

@@ -8,6 +8,10 @@ Scenarios (rank 0 is the odd one out where there is one):
                     looks up table t1, in a lookup of its own.
   eval_on_rank0     graph mode: every rank trains; after two steps rank 0
                     builds and runs an evaluation lookup of t0.
+  eval_built_everywhere_run_on_rank0
+                    graph mode: every rank trains; after two steps every
+                    rank builds an evaluation lookup of t0, rank 0 alone
+                    runs it.
   eval_on_rank0_tf2 tf.function training; after two steps rank 0 runs an
                     eager evaluation lookup of t0.
   second_lookup     graph mode: after two training steps every rank builds a
@@ -118,6 +122,22 @@ def scenario_eval_on_rank0(results):
         for step in range(2, 10):
             if RANK == 0:
                 evaluation = sok_ev.lookup_sparse([table], [ids], combiners=["mean"])[0]
+                session.run(evaluation, feed_of(step))
+            session.run(train, feed_of(step))
+
+    graph_training(2, after)
+
+
+def scenario_eval_built_everywhere_run_on_rank0(results):
+    sok_ev.init()
+
+    def after(session, feed_of, table, ids, emb, train):
+        del emb
+        # Every rank builds it (the build-time check passes); rank 0 alone runs it.
+        evaluation = sok_ev.lookup_sparse([table], [ids], combiners=["mean"])[0]
+        results["diverged_at"] = np.array(time.monotonic())
+        for step in range(2, 10):
+            if RANK == 0:
                 session.run(evaluation, feed_of(step))
             session.run(train, feed_of(step))
 
@@ -338,6 +358,7 @@ SCENARIOS = {
     "forgot_init": scenario_forgot_init,
     "extra_table": scenario_extra_table,
     "eval_on_rank0": scenario_eval_on_rank0,
+    "eval_built_everywhere_run_on_rank0": scenario_eval_built_everywhere_run_on_rank0,
     "eval_on_rank0_tf2": scenario_eval_on_rank0_tf2,
     "second_lookup": scenario_second_lookup,
     "same_site_twice_on_rank0": scenario_same_site_twice_on_rank0,

@@ -253,11 +253,14 @@ def record_case(results, case):
 
 
 def _message_of(build):
-    """The ValueError message `build()` raises, or "" when it does not."""
+    """The ValueError message `build()` raises, "" when it raises nothing, or
+    another error's type and message (a collective that ran and failed)."""
     try:
         build()
     except ValueError as error:
         return str(error)
+    except Exception as error:  # pylint: disable=broad-except
+        return f"{type(error).__name__}: {error}"
     return ""
 
 
@@ -288,9 +291,12 @@ def record_guards(results):
         results["guard/graph_values_only"] = _message_of(lambda: hvd.allreduce(ev_grad.values))
         results["guard/graph_bound_before_init"] = _message_of(
             lambda: allreduce_bound_before_init(ev_grad))
-        # A Horovod reduction no Python guard sees (the raw op): the fused
-        # apply finds the Horovod op between the gradient and the lookup.
-        reduced = tf.IndexedSlices(raw_allreduce_op(ev_grad.values), ev_grad.indices)
+        # Horovod's inner function, bound before sok_ev.init().
+        results["guard/graph_raw_op"] = _message_of(lambda: raw_allreduce_op(ev_grad.values))
+        # A reduction no guard at the call sees (of values made anew, with no
+        # mark): the fused apply finds the Horovod op between the gradient
+        # and the lookup.
+        reduced = tf.IndexedSlices(raw_allreduce_op(ev_grad.values * 1.0), ev_grad.indices)
         results["guard/graph_raw_reduction_at_apply"] = _message_of(
             lambda: optimizer.apply_gradients([(reduced, tables[0])]))
         # The supported pattern: allreduce only the dense gradients.
@@ -313,6 +319,16 @@ def record_guards(results):
     before = _sorted_export(tables[0])
     results["guard/eager_bound_before_init"] = _message_of(
         lambda: allreduce_bound_before_init(eager_grads[0]))
+    # Horovod's inner function, bound before sok_ev.init(): no module
+    # attribute the guard replaced is on its way.
+    results["guard/eager_raw_op"] = _message_of(lambda: raw_allreduce_op(eager_grads[0].values))
+    # A gradient made anew (no mark for the Horovod guards to see), reduced,
+    # then applied: its keys are now every worker's.
+    grad = eager_grads[0]
+    remade = tf.IndexedSlices(grad.values * 1.0, grad.indices + 0, grad.dense_shape)
+    optimizer = tf.compat.v1.train.GradientDescentOptimizer(0.5)
+    results["guard/eager_reduced_at_apply"] = _message_of(
+        lambda: optimizer.apply_gradients([(hvd.allreduce(remade, op=hvd.Sum), tables[0])]))
     after = _sorted_export(tables[0])
     results["guard/eager_shard_unchanged"] = np.array(
         all(np.array_equal(a, b) for a, b in zip(before, after)))

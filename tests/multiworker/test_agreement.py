@@ -4,7 +4,8 @@ Pinned down (sok_ev/agreement.py, sok_ev/communication.py), on 2 workers:
 * hvd.init() without sok_ev.init(): the first lookup raises on every worker,
   naming sok_ev.init() (instead of training unsharded);
 * a table looked up by one worker only, an evaluation lookup run by
-  worker 0 only (graph mode, and eagerly next to tf.function training), or
+  worker 0 only (graph mode, built there alone or by every worker, and
+  eagerly next to tf.function training), or
   a lookup built again at the same place in the code on worker 0 only:
   every worker ends in an error naming the cause, within seconds of the
   time limit (SOK_EV_LOOKUP_CHECK_TIMEOUT, 5 s here), never a hang;
@@ -81,6 +82,22 @@ def test_a_lookup_on_some_workers_only_fails_on_every_worker_within_seconds(scen
     assert "different lookups" in message, message
     for rank in range(2):
         assert float(results[rank]["seconds"]) < CHECK_TIMEOUT + SLACK, results[rank]
+
+
+def test_a_graph_lookup_every_worker_built_but_only_one_runs_fails_on_every_worker_in_time():
+    results = _run("eval_built_everywhere_run_on_rank0")
+    # Each worker waited in another exchange of t0 (rank 0 the evaluation's,
+    # rank 1 the training's); each stopped the other's.
+    for rank in range(2):
+        message = str(results[rank]["error"])
+        assert results[rank]["error_type"] == "InvalidArgumentError", _described(results[rank])
+        assert "another worker stopped this exchange" in message, message
+        assert "lookup of ['t0:0']" in message, message
+        assert float(results[rank]["seconds"]) < CHECK_TIMEOUT + SLACK, results[rank]
+    # The watchdog's own message names the lookup that waited and the limit.
+    tail = results[0]["launch_tail"]
+    assert "in the exchange of the lookup of ['t0:0']" in tail, tail
+    assert "which the other workers did not run within" in tail, tail
 
 
 @pytest.mark.parametrize("scenario", ["saver_save_on_rank0", "checkpoint_save_on_rank0"])

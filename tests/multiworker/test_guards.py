@@ -1,8 +1,10 @@
 """Embedding Variable gradients are never allreduced: each way a script could
 do it raises a ValueError naming the variable, in graph and eager mode --
 also allreducing only a gradient's values (keeping its indices), with an
-allreduce bound before sok_ev.init(), or with Horovod's raw op (caught where
-the optimizer applies the gradient).
+allreduce bound before sok_ev.init(), with Horovod's inner function bound
+before it (eagerly), or with Horovod's raw op or a reduction of a gradient
+made anew (caught where the optimizer applies the gradient: in a graph by
+the Horovod op on its way, eagerly by the other workers' keys it holds).
 
 Each worker's Embedding Variable gradient already holds, for the keys it
 owns, every worker's contributions (the lookup's backward alltoall routes
@@ -17,11 +19,14 @@ GUARDED = {
     "graph_grouped_allreduce": "hvd.grouped_allreduce would reduce",
     "graph_values_only": "hvd.allreduce would reduce",
     "graph_bound_before_init": "would reduce the gradient",
+    "graph_raw_op": "Horovod's allreduce op would reduce",
     "graph_raw_reduction_at_apply": "went through Horovod op",
     "eager_distributed_tape": "hvd.DistributedGradientTape.gradient would reduce",
     "eager_allreduce": "hvd.allreduce would reduce",
     "eager_values_only": "hvd.allreduce would reduce",
     "eager_bound_before_init": "would reduce the gradient",
+    "eager_raw_op": "Horovod's allreduce op would reduce",
+    "eager_reduced_at_apply": "no longer the lookup's own",
 }
 
 

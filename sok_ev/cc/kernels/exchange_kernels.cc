@@ -226,12 +226,16 @@ class UnpackKeyMessageOp : public OpKernel {
   // error names the cause.
   absl::Status CheckHeaders(const std::vector<int64_t>& headers, int num_workers) const {
     const int64_t n = static_cast<int64_t>(key_dtypes_.size());
+    std::string names;  // the lookup's tables, as errors name it
+    for (const std::string& name : table_names_) {
+      names += (names.empty() ? "'" : ", '") + name + "'";
+    }
     for (int w = 0; w < num_workers; ++w) {
       if (headers[w * (n + 1) * 2] == kStopped) {
         return errors::InvalidArgument(
-            "sok-ev: another worker stopped this exchange because the workers built or ran "
-            "different lookups (an evaluation or a table looked up on some workers only); see "
-            "worker ",
+            "sok-ev: another worker stopped this exchange of the lookup of [", names,
+            "] because the workers built or ran different lookups (an evaluation or a table "
+            "looked up on some workers only); see worker ",
             w,
             "'s error. Every worker must build and run the same sok-ev lookups in the same "
             "order.");
@@ -241,10 +245,6 @@ class UnpackKeyMessageOp : public OpKernel {
       const int64_t fingerprint = headers[w * (n + 1) * 2];
       const int64_t tables = headers[w * (n + 1) * 2 + 1];
       if (fingerprint != fingerprint_ || tables != n) {
-        std::string names;
-        for (const std::string& name : table_names_) {
-          names += (names.empty() ? "'" : ", '") + name + "'";
-        }
         return errors::InvalidArgument(
             "sok-ev: workers ran different lookups at the same time: this worker looked up [",
             names, "] (fingerprint ", fingerprint_, ", ", n, " tables) but worker ", w,

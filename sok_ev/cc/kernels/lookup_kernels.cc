@@ -205,10 +205,18 @@ class UniqueKeysOp : public OpKernel {
     TF_RETURN_IF_ERROR(context->input_list("weights", &weights));
     TF_RETURN_IF_ERROR(context->input_list("dense_shapes", &dense_shapes));  // host
     const int64_t nnz = out->nnz;
-    if (indices[t].dims() != 2 || indices[t].dim_size(0) != nnz || indices[t].dim_size(1) < 1) {
+    if (indices[t].dims() != 2 || indices[t].dim_size(0) != nnz) {
       return errors::InvalidArgument("indices[", t, "] must have indices of shape [", nnz,
-                                     ", rank] for its ", nnz, " values, got ",
+                                     ", 2] for its ", nnz, " values, got ",
                                      indices[t].shape().DebugString());
+    }
+    // Samples are the first index column: a SparseTensor of another rank
+    // (fed where the rank was unknown when the lookup was built) would be
+    // combined by it silently.
+    if (indices[t].dim_size(1) != 2) {
+      return errors::InvalidArgument(
+          "indices[", t, "] must be a SparseTensor of rank 2 ([batch, max_hotness]), got rank ",
+          indices[t].dim_size(1), " (indices of shape ", indices[t].shape().DebugString(), ")");
     }
     if (dense_shapes[t].dims() != 1 || dense_shapes[t].NumElements() != indices[t].dim_size(1)) {
       return errors::InvalidArgument("indices[", t, "] has indices of rank ",
