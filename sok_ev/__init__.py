@@ -87,6 +87,17 @@ def init() -> None:
     dispatch.install_lookup_dispatch()
 
 
+def __getattr__(name):
+    # `sok_ev.keras` (the Keras 3 layers, sok_ev/keras_layers.py) is imported
+    # on first use, so that `import sok_ev` does not import Keras.
+    if name == "keras":
+        import importlib  # pylint: disable=import-outside-toplevel
+        module = importlib.import_module("sok_ev.keras_layers")
+        globals()["keras"] = module
+        return module
+    raise AttributeError(f"module 'sok_ev' has no attribute {name!r}")
+
+
 def rank() -> int:
     """This worker's index (0 without Horovod)."""
     return communication.rank()
@@ -116,6 +127,7 @@ __all__ = [
     "get_embedding_variable",
     "init",
     "install_deeprec_api",
+    "keras",
     "lookup_sparse",
     "rank",
     "serving_export",
