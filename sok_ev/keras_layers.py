@@ -346,6 +346,12 @@ class GroupedEmbedding(keras.layers.Layer):
         self.supports_jit = False
         self.embeddings = list(embeddings)
 
+    def build(self, *args, **kwargs):
+        # Nothing to build (the tables exist): without this Keras traces call()
+        # to build the member layers, a lookup more at the first call.
+        del args, kwargs
+        self.built = True
+
     def call(self, ids: Sequence, weights: Optional[Sequence] = None) -> List[tf.Tensor]:
         """Looks up table t's `ids[t]` (weighted by `weights[t]`); returns the
     list of each Embedding layer's outputs.

@@ -521,3 +521,130 @@ def test_a_frozen_layer_keeps_its_table_while_the_dense_head_trains(sok, rng):
     assert len(keys) > 0
     np.testing.assert_array_equal(values, matrix[keys])
     assert not np.allclose(model.head.kernel.numpy(), kernel)
+
+
+# ---------------------------------------------------------------------------
+# GroupedEmbedding
+# ---------------------------------------------------------------------------
+
+
+def test_grouped_embedding_equals_numpy_per_table_in_one_lookup_sparse_call(sok, rng, monkeypatch):
+    from sok_ev import lookup as lookup_lib  # pylint: disable=import-outside-toplevel
+    matrices = [_matrix(rng) for _ in range(3)]
+    layers = [
+        _sok_layer(sok, matrices[0], "sum"),
+        _sok_layer(sok, matrices[1], "mean", key_dtype=tf.int32),
+        _sok_layer(sok, matrices[2]),
+    ]
+    grouped = sok.keras.GroupedEmbedding(layers)
+    rows = _ragged_ids(rng, np.int64)
+    weights = _ragged_weights(rng, rows)
+    sparse_rows = _ragged_ids(rng, np.int32)
+    dense = rng.integers(0, N_ROWS, size=(BATCH, HOTNESS)).astype(np.int32)
+    calls = []
+    original = lookup_lib.lookup_sparse
+    monkeypatch.setattr(
+        lookup_lib, "lookup_sparse",
+        lambda params, *a, **k: calls.append(len(params)) or original(params, *a, **k))
+    out = grouped(
+        [_ragged(rows, np.int64),
+         _sparse(_ragged(sparse_rows, np.int32)),
+         tf.constant(dense)],
+        weights=[_ragged(weights, np.float32), None, None])
+    assert calls == [3]
+    np.testing.assert_allclose(out[0].numpy(),
+                               _np_pool(matrices[0], rows, weights, "sum"),
+                               rtol=1e-5)
+    ones = [np.ones(len(r), np.float32) for r in sparse_rows]
+    np.testing.assert_allclose(out[1].numpy(),
+                               _np_pool(matrices[1], sparse_rows, ones, "mean"),
+                               rtol=1e-5,
+                               atol=1e-6)
+    np.testing.assert_allclose(out[2].numpy(), matrices[2][dense], rtol=1e-6)
+    assert len(grouped.trainable_weights) == 3
+
+
+class TwoTables(keras.Model):
+    """Two pooled tables looked up by `lookup` (a list in, a list out),
+  concatenated -> Dense(1), with the head's kernel given."""
+
+    def __init__(self, lookup, kernel):
+        super().__init__()
+        self.lookup = lookup
+        self.head = keras.layers.Dense(1,
+                                       kernel_initializer=keras.initializers.Constant(kernel),
+                                       bias_initializer="zeros")
+
+    def call(self, inputs):
+        ids, weights = inputs
+        return self.head(tf.concat(self.lookup(list(ids), list(weights)), axis=1))
+
+
+class EachTwin(keras.layers.Layer):
+    """The reference of GroupedEmbedding: each DenseTwin on its own ids."""
+
+    def __init__(self, twins):
+        super().__init__()
+        self.twins = twins
+
+    def call(self, ids, weights):
+        return [twin(i, w) for twin, i, w in zip(self.twins, ids, weights)]
+
+
+@pytest.mark.parametrize("optimizer", ["adagrad", "ftrl"])
+def test_grouped_embedding_fit_equals_keras_embeddings_step_for_step(sok, rng, optimizer):
+    cover_all = optimizer in NOT_LAZY_ON_DENSE
+    matrices = [_matrix(rng), _matrix(rng)]
+    kernel = rng.normal(size=(2 * DIM, 1)).astype(np.float32)
+    layers = [_sok_layer(sok, matrices[0], "sqrtn"), _sok_layer(sok, matrices[1], "sum", tf.int32)]
+    twins = [DenseTwin(matrices[0], "sqrtn"), DenseTwin(matrices[1], "sum")]
+    batches = []
+    for _ in range(4):
+        rows = _ragged_ids(rng, np.int64, cover_all)
+        dense = _dense_ids(rng, np.int32, cover_all)
+        ids = (_ragged(rows, np.int64), tf.constant(dense))
+        weights = (_ragged(_ragged_weights(rng, rows), np.float32),
+                   tf.constant(rng.uniform(0.25, 2.0, size=dense.shape).astype(np.float32)))
+        batches.append(((ids, weights), tf.constant(rng.normal(size=(BATCH, 1)), tf.float32)))
+    histories = []
+    for lookup, read in ((sok.keras.GroupedEmbedding(layers),
+                          lambda: np.concatenate([_table_rows(l) for l in layers])),
+                         (EachTwin(twins),
+                          lambda: np.concatenate([t.embedding.embeddings.numpy() for t in twins]))):
+        model = TwoTables(lookup, kernel)
+        model.compile(optimizer=OPTIMIZERS[optimizer](), loss="mse")
+        history = History(read)
+        model.fit(_as_dataset(batches), verbose=0, callbacks=[history])
+        histories.append(history)
+    _assert_same_steps(*histories)
+    assert not np.allclose(histories[0].steps[0]["rows"], histories[0].steps[-1]["rows"])
+
+
+@pytest.mark.parametrize("embeddings, error, fragment", [
+    ("not a list", TypeError, "embeddings must be a list of sok_ev.keras.Embedding, got str"),
+    ([], ValueError, "embeddings is empty"),
+    ([keras.layers.Dense(2)
+     ], TypeError, "embeddings[0] must be a sok_ev.keras.Embedding, got Dense"),
+])
+def test_grouped_embedding_refuses_what_is_not_a_list_of_embedding_layers(
+        sok, embeddings, error, fragment):
+    with pytest.raises(error) as raised:
+        sok.keras.GroupedEmbedding(embeddings, name="bad_group")
+    assert fragment in str(raised.value) and "bad_group" in str(raised.value)
+
+
+def test_grouped_embedding_refuses_a_layer_listed_twice_and_ids_per_table_mismatch(sok):
+    layer = sok.keras.Embedding(DIM, "sum", name="twice")
+    with pytest.raises(ValueError, match=r"embeddings\[1\] \('twice'\) is listed twice"):
+        sok.keras.GroupedEmbedding([layer, layer])
+    other = sok.keras.Embedding(DIM, "sum")
+    grouped = sok.keras.GroupedEmbedding([layer, other], name="pair")
+    ids = tf.constant([[1, 2]], tf.int64)
+    with pytest.raises(ValueError, match="pair.*ids has 1 entries but there are 2 tables"):
+        grouped([ids])
+    with pytest.raises(TypeError, match="pair.*ids must be a list of 2"):
+        grouped(ids)
+    with pytest.raises(ValueError, match="pair.*weights has 1 entries but there are 2 tables"):
+        grouped([ids, ids], weights=[None])
+    assert int(layer.embedding_variable.total_count()) == 0
+    assert int(other.embedding_variable.total_count()) == 0
