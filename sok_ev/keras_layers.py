@@ -26,6 +26,16 @@ Lookups in `evaluate` and `predict` insert unseen ids with their initial
 values, as every sok-ev lookup does (it changes no trained row, but grows
 the table and counts the ids in a feature filter's frequencies).
 
+Saving (one worker): `tf.train.Checkpoint(model=model)` saves each table
+with its slots (the table is a tracked attribute; `sok_ev.init()` must have
+run, as for every checkpoint of an Embedding Variable), and
+`model.save_weights` / `load_weights` write and read the whole table through
+`save_own_variables` / `load_own_variables`. Keras restores an optimizer's
+own variables (`iterations`, dense slots) only once the optimizer is built:
+`model.optimizer.build(model.trainable_variables)` before `load_weights`.
+`get_config` is refused, so `model.save("m.keras")` of a functional or
+Sequential model raises NotImplementedError naming those alternatives.
+
 The layers refuse XLA (`supports_jit = False`): the lookups are custom ops,
 so `compile(jit_compile="auto")` resolves to False with them in a model.
 """
@@ -34,8 +44,10 @@ import numbers
 from typing import List, Optional, Sequence
 
 import keras
+import numpy as np
 import tensorflow as tf
 
+from sok_ev import communication
 from sok_ev import keras_optimizers
 from sok_ev import lookup as lookup_lib
 from sok_ev.embedding_variable import EmbeddingVariable
@@ -43,6 +55,10 @@ from sok_ev.embedding_variable import MAX_EMBEDDING_DIM
 from sok_ev.embedding_variable import get_embedding_variable
 
 COMBINERS = lookup_lib.COMBINERS
+
+# What save_weights stores of a table: export_full()'s outputs, in order.
+_TABLE_ENTRIES = ("table_keys", "table_rows", "table_frequencies", "table_versions",
+                  "table_slot_names", "table_slot_initial_values")
 
 
 def _check_int(layer, argument, value, low, high=None):
@@ -257,13 +273,56 @@ class Embedding(keras.layers.Layer):
                         f"table), got {ids.dtype.name}; for a functional model use "
                         f"keras.Input(..., dtype='{self.key_dtype.name}')")
 
+    def save_own_variables(self, store):
+        """Writes the whole table to a Keras weights store (`save_weights`):
+    keys, rows with the optimizers' slot columns, frequencies, versions,
+    slot names and initial values, as `export_full()` returns them.
+
+    Raises:
+      NotImplementedError: with several workers (each holds one shard); use
+        tf.train.Checkpoint, which saves every shard.
+    """
+        super().save_own_variables(store)
+        if communication.world_size() > 1:
+            raise NotImplementedError(
+                f"sok_ev.keras.Embedding('{self.name}'): model.save_weights saves one worker's "
+                "shard only; save the model with tf.train.Checkpoint(model=model) on every "
+                "worker instead.")
+        exported = [t.numpy() for t in self.embedding_variable.export_full()]
+        # Keras's stores take numbers only: the slot names go as the bytes of
+        # their newline-joined text.
+        exported[4] = np.frombuffer(b"\n".join(exported[4]), dtype=np.uint8)
+        for entry, value in zip(_TABLE_ENTRIES, exported):
+            store[entry] = value
+
+    def load_own_variables(self, store):
+        """Replaces the table with what save_own_variables wrote.
+
+    Raises:
+      ValueError: the store holds no table for this layer (e.g. weights saved
+        from another kind of layer), before the table changes.
+    """
+        missing = [entry for entry in _TABLE_ENTRIES if entry not in store.keys()]
+        if missing:
+            raise ValueError(f"sok_ev.keras.Embedding('{self.name}'): the weights file has no "
+                             f"table for this layer (missing {missing}); it was not saved from "
+                             "a sok_ev.keras.Embedding layer at this place in the model.")
+        values = [np.asarray(store[entry]) for entry in _TABLE_ENTRIES]
+        text = values[4].astype(np.uint8).tobytes()
+        values[4] = np.array(text.split(b"\n") if text else [], dtype=object)
+        self.embedding_variable.import_full(*values)
+
     def get_config(self):
-        config = super().get_config()
-        config.update(embedding_dim=self.embedding_dim,
-                      combiner=self.combiner,
-                      key_dtype=self.key_dtype.name,
-                      target_gpu=self.embedding_variable.target_gpu)
-        return config
+        """Refused: a model holding the layer cannot be saved whole.
+
+    Raises:
+      NotImplementedError: always, naming what saves the model instead.
+    """
+        raise NotImplementedError(
+            f"sok_ev.keras.Embedding('{self.name}') cannot be serialized (model.save('*.keras'), "
+            "get_config, clone_model): its table's initializer and options have no Keras "
+            "config. Rebuild the model in code and save its state with "
+            "model.save_weights('*.weights.h5') or tf.train.Checkpoint(model=model).")
 
 
 def _one_per_row(flat):

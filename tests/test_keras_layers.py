@@ -396,10 +396,13 @@ def _combiner(kind):
     return None if kind == "dense" else "mean" if kind == "sparse" else "sqrtn" if kind == "ragged" else "sum"
 
 
-def _twins(sok, rng, kind, key_dtype=tf.int64):
-    matrix = _matrix(rng)
+def _twins(sok, rng, kind, key_dtype=tf.int64, matrix=None, kernel=None):
+    """A Tower on a sok_ev.keras.Embedding and its DenseTwin Tower, from the
+  same initial rows and head kernel (drawn unless given); returns both
+  (model, embedding layer) and the initial rows."""
+    matrix = _matrix(rng) if matrix is None else matrix
     width = DIM * (HOTNESS if kind == "dense" else 1)
-    kernel = rng.normal(size=(width, 1)).astype(np.float32)
+    kernel = rng.normal(size=(width, 1)).astype(np.float32) if kernel is None else kernel
     sok_layer = _sok_layer(sok, matrix, _combiner(kind), key_dtype)
     twin = DenseTwin(matrix, _combiner(kind))
     return (Tower(sok_layer, kernel), sok_layer), (Tower(twin, kernel), twin), matrix
@@ -648,3 +651,107 @@ def test_grouped_embedding_refuses_a_layer_listed_twice_and_ids_per_table_mismat
         grouped([ids, ids], weights=[None])
     assert int(layer.embedding_variable.total_count()) == 0
     assert int(other.embedding_variable.total_count()) == 0
+
+
+# ---------------------------------------------------------------------------
+# Saving
+# ---------------------------------------------------------------------------
+
+
+def _table_state(layer):
+    """Everything a table holds, by key: (value and slot columns, frequency,
+  version), and its slot names."""
+    keys, rows, frequencies, versions, names, _ = (
+        t.numpy() for t in layer.embedding_variable.export_full())
+    by_key = {int(k): (r, f, v) for k, r, f, v in zip(keys, rows, frequencies, versions)}
+    return by_key, sorted(names.tolist())
+
+
+def _assert_same_table_state(layer, other):
+    rows, names = _table_state(layer)
+    other_rows, other_names = _table_state(other)
+    assert names == other_names and names, "the optimizer's slots were not saved"
+    assert sorted(rows) == sorted(other_rows)
+    for key, (row, frequency, version) in rows.items():
+        np.testing.assert_array_equal(other_rows[key][0], row)
+        assert other_rows[key][1:] == (frequency, version)
+
+
+def _trained_pair(sok, rng, optimizer="adam", steps=3):
+    """A sok-ev Tower trained `steps` steps, a fresh one built from the same
+  code (same initializer and initial kernel; its table has the first batch's
+  ids at their initial values, no slots) and 2 further batches."""
+    matrix = _matrix(rng)
+    kernel = rng.normal(size=(DIM, 1)).astype(np.float32)
+    (model, layer), _, _ = _twins(sok, rng, "ragged", matrix=matrix, kernel=kernel)
+    model.compile(optimizer=OPTIMIZERS[optimizer](), loss="mse")
+    batches = _dataset(rng, "ragged", np.int64, steps + 2, cover_all=False)
+    model.fit(_as_dataset(batches[:steps]), verbose=0)
+    (fresh, fresh_layer), _, _ = _twins(sok, rng, "ragged", matrix=matrix, kernel=kernel)
+    fresh.compile(optimizer=OPTIMIZERS[optimizer](), loss="mse")
+    # Builds the head, and the optimizer: Keras restores an optimizer's
+    # variables only once it is built.
+    fresh(batches[0][0])
+    fresh.optimizer.build(fresh.trainable_variables)
+    return (model, layer), (fresh, fresh_layer), batches[steps:]
+
+
+def _assert_training_continues_identically(model, layer, restored, restored_layer, batches):
+    """The restored model holds the trained one's state (iterations, tables
+  with slots, frequencies and versions), and both train on alike."""
+    assert int(restored.optimizer.iterations) == int(model.optimizer.iterations) > 0
+    _assert_same_table_state(layer, restored_layer)
+    histories = []
+    for m, l in ((model, layer), (restored, restored_layer)):
+        history = History(lambda l=l: _table_rows(l))
+        m.fit(_as_dataset(batches), verbose=0, callbacks=[history])
+        histories.append(history)
+    _assert_same_steps(*histories)
+    _assert_same_table_state(layer, restored_layer)
+
+
+def test_tf_train_checkpoint_restores_tables_with_slots_and_training_continues_identically(
+        sok, rng, tmp_path):
+    (model, layer), (fresh, fresh_layer), more = _trained_pair(sok, rng)
+    path = tf.train.Checkpoint(model=model).write(str(tmp_path / "ckpt"))
+    tf.train.Checkpoint(model=fresh).read(path).assert_consumed()
+    _assert_training_continues_identically(model, layer, fresh, fresh_layer, more)
+
+
+def test_save_weights_and_load_weights_restore_tables_with_slots_and_training_continues_identically(
+        sok, rng, tmp_path):
+    (model, layer), (fresh, fresh_layer), more = _trained_pair(sok, rng, "adagrad")
+    path = str(tmp_path / "tower.weights.h5")
+    model.save_weights(path)
+    fresh.load_weights(path)
+    _assert_training_continues_identically(model, layer, fresh, fresh_layer, more)
+
+
+def test_load_weights_without_a_table_for_the_layer_raises_before_the_table_changes(
+        sok, rng, tmp_path):
+    matrix = _matrix(rng)
+    dense = keras.Sequential([keras.Input((HOTNESS,), dtype="int64"), keras.layers.Flatten()])
+    path = str(tmp_path / "other.weights.h5")
+    dense.save_weights(path)
+    layer = _sok_layer(sok, matrix, "sum", name="no_table_saved")
+    model = keras.Sequential([keras.Input((HOTNESS,), dtype="int64"), layer])
+    model(tf.constant([[1, 2, 3]], tf.int64))
+    before = _table_state(layer)
+    with pytest.raises(ValueError, match="no_table_saved.*has no table for this layer"):
+        model.load_weights(path)
+    assert _table_state(layer)[0].keys() == before[0].keys()
+
+
+@pytest.mark.parametrize("kind", ["functional", "sequential"])
+def test_saving_a_model_to_a_keras_file_is_refused_naming_the_alternatives(sok, tmp_path, kind):
+    ids = keras.Input((HOTNESS,), dtype="int64")
+    layer = sok.keras.Embedding(DIM, "sum", name="not_serializable")
+    if kind == "functional":
+        model = keras.Model(ids, keras.layers.Dense(1)(layer(ids)))
+    else:
+        model = keras.Sequential([ids, layer, keras.layers.Dense(1)])
+    with pytest.raises(NotImplementedError) as raised:
+        model.save(str(tmp_path / "m.keras"))
+    assert "not_serializable" in str(raised.value)
+    for alternative in ("model.save_weights", "tf.train.Checkpoint"):
+        assert alternative in str(raised.value)
