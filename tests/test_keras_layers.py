@@ -322,13 +322,19 @@ class Tower(keras.Model):
         super().__init__()
         self.embedding = embedding
         self.flatten = keras.layers.Flatten()
-        self.head = keras.layers.Dense(1,
-                                       kernel_initializer=keras.initializers.Constant(kernel),
-                                       bias_initializer="zeros")
+        self.head = _head(kernel)
 
     def call(self, inputs):
         ids, weights = inputs
         return self.head(self.flatten(self.embedding(ids, weights)))
+
+
+def _head(kernel):
+    """Dense(1) named 'head' (History reads it) starting at `kernel`."""
+    return keras.layers.Dense(1,
+                              kernel_initializer=keras.initializers.Constant(kernel),
+                              bias_initializer="zeros",
+                              name="head")
 
 
 class History(keras.callbacks.Callback):
@@ -346,7 +352,7 @@ class History(keras.callbacks.Callback):
             dict(batch=batch,
                  iterations=int(self.model.optimizer.iterations),
                  rows=self.read_rows(),
-                 kernel=self.model.head.kernel.numpy().copy(),
+                 kernel=self.model.get_layer("head").kernel.numpy().copy(),
                  loss=logs["loss"]))
 
 
@@ -472,6 +478,28 @@ def test_fit_with_steps_per_execution_equals_the_keras_model_and_callbacks_see_e
     assert [s["iterations"] for s in history.steps] == [3, 6]
 
 
+def test_a_functional_model_refuses_xla_and_fits_like_its_keras_twin(sok, rng):
+    """keras.Input(dtype='int32') ids into an int64 table (widened), pooled."""
+    matrix = _matrix(rng)
+    kernel = rng.normal(size=(DIM, 1)).astype(np.float32)
+    histories = []
+    batches = [(tf.constant(_dense_ids(rng, np.int32)),
+                tf.constant(rng.normal(size=(BATCH, 1)), tf.float32)) for _ in range(3)]
+    sok_layer = _sok_layer(sok, matrix, "mean")
+    twin = DenseTwin(matrix, "mean")
+    for embedding, read in ((sok_layer, lambda: _table_rows(sok_layer)),
+                            (twin, lambda: twin.embedding.embeddings.numpy().copy())):
+        ids = keras.Input((HOTNESS,), dtype="int32")
+        model = keras.Model(ids, _head(kernel)(embedding(ids)))
+        model.compile(optimizer=OPTIMIZERS["adagrad"](), loss="mse", jit_compile=True)
+        if embedding is sok_layer:
+            assert model.jit_compile is False
+        history = History(read)
+        model.fit(_as_dataset(batches), verbose=0, callbacks=[history])
+        histories.append(history)
+    _assert_same_steps(*histories)
+
+
 def test_evaluate_and_predict_equal_the_keras_model_and_leave_trained_rows_alone(sok, rng):
     _, (model, layer), (twin_model, _), _, _ = _fit_both(sok, rng, "adagrad", "sparse", steps=3)
     trained = layer.embedding_variable.export()
@@ -574,9 +602,7 @@ class TwoTables(keras.Model):
     def __init__(self, lookup, kernel):
         super().__init__()
         self.lookup = lookup
-        self.head = keras.layers.Dense(1,
-                                       kernel_initializer=keras.initializers.Constant(kernel),
-                                       bias_initializer="zeros")
+        self.head = _head(kernel)
 
     def call(self, inputs):
         ids, weights = inputs
