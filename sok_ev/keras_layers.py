@@ -22,6 +22,10 @@ the dense weights to Keras. SGD, Adagrad, Adam and Ftrl are supported; any
 other optimizer raises at the first training step, naming the optimizer and
 the table (`<layer name>/embeddings`), before anything changes.
 
+`model.get_weights()` / `set_weights()` (and callbacks built on them, such
+as EarlyStopping(restore_best_weights=True)) do not work with these layers
+in a model: a table has no dense value.
+
 Lookups in `evaluate` and `predict` insert unseen ids with their initial
 values, as every sok-ev lookup does (it changes no trained row, but grows
 the table and counts the ids in a feature filter's frequencies).
@@ -375,8 +379,9 @@ class GroupedEmbedding(keras.layers.Layer):
 
   Each table's ids and weights are as its `Embedding` layer takes them, with
   the same output; the layers keep their tables (and their own `__call__`
-  still works). With Horovod, the lookup is model parallel as
-  `lookup_sparse`'s.
+  still works). The lookup is one `lookup_sparse` call, so with Horovod it
+  is model parallel as `lookup_sparse` is (not yet tested under `fit` with
+  several workers).
 
   Args:
     embeddings: a non-empty list of distinct sok_ev.keras.Embedding layers.

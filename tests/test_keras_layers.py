@@ -15,8 +15,7 @@ sparse) empty rows; ids come as int32 and int64.
 import numpy as np
 import pytest
 import tensorflow as tf
-
-keras = pytest.importorskip("keras")
+import keras
 
 N_ROWS, DIM, BATCH, HOTNESS = 12, 4, 6, 3
 
@@ -233,6 +232,15 @@ def _bad_calls():
         "ragged ids, dense weights": ((None, tf.int32), lambda l: l(ragged, tf.ones([3, 2])),
                                       TypeError, "weights must be a RaggedTensor like the ids, "
                                       "got Tensor"),
+        "ragged ids of rank 3 with a combiner": (
+            ("sum", tf.int32), lambda l: l(tf.ragged.constant([[[1]], [[2, 3]]], tf.int32)),
+            ValueError, "pooled tf.RaggedTensor ids must have shape "
+            "[batch, None], got shape (2, None, None)"),
+        "sparse ids of rank 3": (
+            ("sum",
+             tf.int32), lambda l: l(tf.sparse.from_dense(tf.constant([[[1]], [[2]]], tf.int32))),
+            ValueError, "tf.SparseTensor ids must have rank 2 ([batch, max_hotness]), "
+            "got shape (2, 1, 1)"),
         "int weights": (("sum", tf.int32), lambda l: l(dense, dense), TypeError,
                         "weights must be float, got int32"),
         "dense weights of another static shape": (
