@@ -17,7 +17,7 @@ their `weights` (so to the model's `trainable_weights`), and nothing else:
 `keras.Variable`s, so the optimizer never builds dense slots for a table.
 The gradient of a table is tf.IndexedSlices keyed by raw ids, and
 `sok_ev.keras_optimizers`'s hook on `Optimizer.apply` (installed when a layer
-is built, as by `sok_ev.init()`) updates it with the fused kernel and leaves
+is created, as by `sok_ev.init()`) updates it with the fused kernel and leaves
 the dense weights to Keras. SGD, Adagrad, Adam and Ftrl are supported; any
 other optimizer raises at the first training step, naming the optimizer and
 the table (`<layer name>/embeddings`), before anything changes.
@@ -41,7 +41,8 @@ own variables (`iterations`, dense slots) only once the optimizer is built:
 Sequential model raises NotImplementedError naming those alternatives.
 
 The layers refuse XLA (`supports_jit = False`): the lookups are custom ops,
-so `compile(jit_compile="auto")` resolves to False with them in a model.
+so with them in a model `compile(jit_compile="auto")` resolves to False, and
+`jit_compile=True` falls back to False with Keras's warning.
 """
 
 import numbers
@@ -54,7 +55,6 @@ import tensorflow as tf
 from sok_ev import communication
 from sok_ev import keras_optimizers
 from sok_ev import lookup as lookup_lib
-from sok_ev.embedding_variable import EmbeddingVariable
 from sok_ev.embedding_variable import MAX_EMBEDDING_DIM
 from sok_ev.embedding_variable import get_embedding_variable
 
@@ -88,7 +88,8 @@ class Embedding(keras.layers.Layer):
   Shapes (`dim` = embedding_dim; every output is float32):
   * dense ids, any shape `S`: output `S + [dim]` (one row per id) without a
     combiner; with one, rank >= 2 ids are pooled over the last axis:
-    `S[:-1] + [dim]` (every id counts: pad with a ragged tensor instead).
+    `S[:-1] + [dim]` (every id counts, none is padding: rows of different
+    lengths come as a ragged tensor).
   * `tf.RaggedTensor` `[batch, None]`: pooled to `[batch, dim]` with a
     combiner (an empty row gives zeros); without one, `[batch, None, dim]`
     (any ragged rank: one row per id).
@@ -113,7 +114,7 @@ class Embedding(keras.layers.Layer):
     target_gpu: -1 shards the table over every worker; k keeps it on worker k.
     name: the layer's name (Keras's unique default otherwise); the table is
       named `<name>/embeddings`.
-    **kwargs: other keras.layers.Layer arguments (trainable, dtype).
+    **kwargs: other keras.layers.Layer arguments (e.g. trainable).
 
   Raises:
     ValueError: embedding_dim not an integer in [1, 65536], an unknown
