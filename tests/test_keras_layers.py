@@ -11,6 +11,14 @@ least once; SGD and Adagrad batches leave rows out, which must not move.
 
 Batches are drawn fresh per test, with a duplicated id in a row and (ragged,
 sparse) empty rows; ids come as int32 and int64.
+
+Covered: lookups of dense, ragged and sparse ids (NumPy); bad arguments and
+inputs (named in the error, nothing stored); fit in tf.function (Keras's
+default), with steps_per_execution > 1 and run eagerly, on subclassed and
+functional models; evaluate and predict; unsupported optimizers; a frozen
+layer; GroupedEmbedding; tf.train.Checkpoint, save_weights/load_weights and
+ModelCheckpoint round trips (tables with slots, then training on alike); and
+model.save('*.keras') refused.
 """
 import numpy as np
 import pytest
@@ -422,7 +430,14 @@ def _twins(sok, rng, kind, key_dtype=tf.int64, matrix=None, kernel=None):
     return (Tower(sok_layer, kernel), sok_layer), (Tower(twin, kernel), twin), matrix
 
 
-def _fit_both(sok, rng, optimizer, kind, id_dtype=np.int64, steps=4, steps_per_execution=1):
+def _fit_both(sok,
+              rng,
+              optimizer,
+              kind,
+              id_dtype=np.int64,
+              steps=4,
+              steps_per_execution=1,
+              run_eagerly=False):
     """Fits the sok-ev model and its keras.layers.Embedding twin on the same
   batches; returns both History callbacks, both (model, embedding layer),
   the batches and the initial rows."""
@@ -433,7 +448,8 @@ def _fit_both(sok, rng, optimizer, kind, id_dtype=np.int64, steps=4, steps_per_e
                     (twin_model, lambda: twin.embedding.embeddings.numpy().copy())):
         m.compile(optimizer=OPTIMIZERS[optimizer](),
                   loss="mse",
-                  steps_per_execution=steps_per_execution)
+                  steps_per_execution=steps_per_execution,
+                  run_eagerly=run_eagerly)
         history = History(read)
         m.fit(_as_dataset(batches), epochs=1, verbose=0, callbacks=[history], shuffle=False)
         histories.append(history)
@@ -504,6 +520,17 @@ def test_fit_with_steps_per_execution_equals_the_keras_model_and_callbacks_see_e
     # Keras calls back once per execution, with the index of its last step.
     assert [s["batch"] for s in history.steps] == [2, 5]
     assert [s["iterations"] for s in history.steps] == [3, 6]
+
+
+@pytest.mark.parametrize("optimizer", ["adagrad", "ftrl"])
+def test_fit_run_eagerly_equals_the_keras_model_step_for_step(sok, rng, optimizer):
+    (history, twin_history), _, _, _, _ = _fit_both(sok,
+                                                    rng,
+                                                    optimizer,
+                                                    "sparse",
+                                                    steps=3,
+                                                    run_eagerly=True)
+    _assert_same_steps(history, twin_history)
 
 
 def test_a_functional_model_refuses_xla_and_fits_like_its_keras_twin(sok, rng):
