@@ -15,6 +15,7 @@ from sok_ev import checkpoint
 from sok_ev import communication
 from sok_ev import dispatch
 from sok_ev import embedding_gradients
+from sok_ev import keras_layers as keras  # sok_ev.keras: the Keras 3 layers
 from sok_ev import keras_optimizers
 from sok_ev import optimizers
 from sok_ev import warm_start
@@ -85,17 +86,6 @@ def init() -> None:
     optimizers.install_optimizer_hook()
     keras_optimizers.install_keras_optimizer_hook()
     dispatch.install_lookup_dispatch()
-
-
-def __getattr__(name):
-    # `sok_ev.keras` (the Keras 3 layers, sok_ev/keras_layers.py) is imported
-    # on first use, so that `import sok_ev` does not import Keras.
-    if name == "keras":
-        import importlib  # pylint: disable=import-outside-toplevel
-        module = importlib.import_module("sok_ev.keras_layers")
-        globals()["keras"] = module
-        return module
-    raise AttributeError(f"module 'sok_ev' has no attribute {name!r}")
 
 
 def rank() -> int:
