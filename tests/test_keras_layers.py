@@ -533,6 +533,37 @@ def test_fit_run_eagerly_equals_the_keras_model_step_for_step(sok, rng, optimize
     _assert_same_steps(history, twin_history)
 
 
+class TableOnly(keras.Model):
+    """The pooled embedding's sum: a model whose only weights are the table's."""
+
+    def __init__(self, embedding):
+        super().__init__()
+        self.embedding = embedding
+
+    def call(self, inputs):
+        ids, weights = inputs
+        return tf.reduce_sum(self.embedding(ids, weights), axis=1, keepdims=True)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_a_model_whose_only_weights_are_tables_trains_like_keras_and_counts_each_step(
+        sok, rng, optimizer):
+    matrix = _matrix(rng)
+    batches = _dataset(rng, "ragged", np.int64, 3, cover_all=optimizer in NOT_LAZY_ON_DENSE)
+    layer, twin = _sok_layer(sok, matrix, "sqrtn"), DenseTwin(matrix, "sqrtn")
+    losses = []
+    for model in (TableOnly(layer), TableOnly(twin)):
+        model.compile(optimizer=OPTIMIZERS[optimizer](), loss="mse")
+        losses.append(model.fit(_as_dataset(batches), verbose=0).history["loss"])
+        assert int(model.optimizer.iterations) == 3
+    np.testing.assert_allclose(losses[0], losses[1], rtol=2e-5)
+    np.testing.assert_allclose(_table_rows(layer),
+                               twin.embedding.embeddings.numpy(),
+                               rtol=2e-5,
+                               atol=2e-6)
+    assert not np.allclose(_table_rows(layer), matrix)
+
+
 def test_a_functional_model_refuses_xla_and_fits_like_its_keras_twin(sok, rng):
     """keras.Input(dtype='int32') ids into an int64 table (widened), pooled."""
     matrix = _matrix(rng)
