@@ -15,6 +15,7 @@ from sok_ev import checkpoint
 from sok_ev import communication
 from sok_ev import dispatch
 from sok_ev import embedding_gradients
+from sok_ev import keras_layers as keras  # sok_ev.keras: the Keras 3 layers
 from sok_ev import keras_optimizers
 from sok_ev import optimizers
 from sok_ev import warm_start
@@ -116,6 +117,7 @@ __all__ = [
     "get_embedding_variable",
     "init",
     "install_deeprec_api",
+    "keras",
     "lookup_sparse",
     "rank",
     "serving_export",
