@@ -81,22 +81,12 @@ def _feeds(rng, steps, ids_placeholders):
 def _state(sess, tables):
     """Every table's keys, rows (value and slots), frequencies and versions,
   sorted by key, and every dense variable."""
-    state = {}
-    for table in tables:
-        keys, rows, frequencies, versions, slot_names, _ = sess.run(table.export_full())
-        order = np.argsort(keys)
-        state[table.name] = (keys[order], rows[order], frequencies[order], versions[order],
-                             sorted(slot_names.tolist()))
-    for variable in tf.compat.v1.global_variables():
-        if not isinstance(variable, tf.compat.v1.Variable) or hasattr(variable, "key_dtype"):
-            continue
-        state[variable.name] = sess.run(variable)
-    return state
+    return _state_of(sess, tables, [table.export_full() for table in tables])
 
 
 def _state_of(sess, tables, exports):
-    """_state, read through a MonitoredSession (whose graph is finalized:
-  the tables' exports are built beforehand)."""
+    """_state from the tables' `export_full()` ops built beforehand (a
+  MonitoredSession's graph is finalized)."""
     state = {}
     for table, export in zip(tables, exports):
         keys, rows, frequencies, versions, slot_names, _ = sess.run(export)
