@@ -204,6 +204,29 @@ def test_raw_file_with_a_partial_record(tmp_path, rng):
         np.concatenate([b["dense"] for b in reader.criteo_dataset([text], 3)]))
 
 
+def test_raw_file_shorter_than_one_record(tmp_path):
+    path = str(tmp_path / "short.bin")
+    with open(path, "wb") as f:
+        f.write(b"\x00" * 159)
+    error = read_error(formats.raw_dataset([path], 4, on_malformed="raise"), [path])
+    assert (error.path, error.record_number) == (path, 1) and "159 of 160 bytes" in str(error)
+    got = batches(formats.raw_dataset([path], 4))
+    assert len(got) == 1 and len(got[0]["label"]) == 0 and got[0]["malformed"] == 1
+
+
+def test_multihot_npz_member_shorter_than_the_day(tmp_path, rng):
+    files, label, _, keys = write_multihot_day(tmp_path, 0, rng, 6)
+    npz = files[0].replace("_labels.npy", "_sparse_multi_hot.npz")
+    members = dict(np.load(npz))
+    members["20"] = members["20"][:4]
+    np.savez(npz, **members)
+    error = read_error(formats.numpy_dataset(files, 4, on_malformed="raise", multihot=True), files)
+    assert error.record_number == 5 and "disagree in length" in str(error)
+    got = batches(formats.numpy_dataset(files, 4, multihot=True))
+    assert sum(int(b["malformed"]) for b in got) == 2
+    np.testing.assert_array_equal(np.concatenate([b["keys"] for b in got]), keys[:4])
+
+
 def test_raw_record_with_a_bad_label(tmp_path, rng):
     lines = random_lines(rng, 6)
     lines[4] = "7" + lines[4][1:]
@@ -230,7 +253,7 @@ def test_numpy_day_whose_arrays_disagree_in_length(tmp_path, rng):
     np.save(sparse, np.load(sparse)[:3])
     files = [str(tmp_path / "day_0_labels.npy"), dense]
     error = read_error(formats.criteo_dataset(files, 4, on_malformed="raise"), files)
-    assert error.record_number == 4 and "day_1_{dense,sparse,labels}.npy" in error.path
+    assert error.record_number == 4 and "day_1_{dense,sparse,labels}" in error.path
     assert "disagree in length" in str(error) and "'sparse': 3" in str(error)
     got = batches(formats.criteo_dataset(files, 4))
     assert sum(int(b["malformed"]) for b in got) == 2
@@ -325,6 +348,54 @@ def test_multihot_raw_records(tmp_path, rng):
     assert sum(int(b["malformed"]) for b in got) == 1
     error = read_error(formats.multihot_raw_dataset([path], 4, on_malformed="raise"), [path])
     assert error.record_number == 6 and "label 3" in str(error)
+
+
+def write_multihot_day(directory, day, rng, n, compressed=False):
+    """day_N_{dense,labels}.npy and day_N_sparse_multi_hot.npz as MLPerf's
+  materialize_synthetic_multihot_dataset.py writes them (np.savez, members
+  '0'..'25'); returns (files, label, dense, keys [n, 214])."""
+    stem = os.path.join(str(directory), f"day_{day}")
+    label = rng.integers(0, 2, (n, 1)).astype(np.int32)
+    dense = rng.random((n, 13)).astype(np.float32)
+    members = {
+        str(f): rng.integers(0, 2**31, (n, h)).astype(np.int32)
+        for f, h in enumerate(formats.MLPERF_HOTNESS)
+    }
+    np.save(f"{stem}_labels.npy", label)
+    np.save(f"{stem}_dense.npy", dense)
+    (np.savez_compressed if compressed else np.savez)(f"{stem}_sparse_multi_hot.npz", **members)
+    keys = np.concatenate([members[str(f)] for f in range(26)], axis=1).astype(np.int64)
+    return [f"{stem}_labels.npy"], label.reshape(-1), dense, keys
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_multihot_numpy_days(tmp_path, rng, workers):
+    files0, label0, dense0, keys0 = write_multihot_day(tmp_path, 0, rng, 7)
+    files1, label1, dense1, keys1 = write_multihot_day(tmp_path, 1, rng, 5)
+    label, dense, keys = (
+        np.concatenate(x) for x in ((label0, label1), (dense0, dense1), (keys0, keys1)))
+    for k in range(workers):
+        got = batches(
+            formats.criteo_dataset(files0 + files1,
+                                   4,
+                                   "numpy_multihot",
+                                   num_workers=workers,
+                                   worker_index=k))
+        rows = np.concatenate([
+            np.arange(b, min(b + 4, 12))[k * c:(k + 1) * c]
+            for b in range(0, 12, 4)
+            for c in [-(-min(4, 12 - b) // workers)]
+        ])
+        np.testing.assert_array_equal(np.concatenate([b["label"] for b in got]), label[rows])
+        np.testing.assert_array_equal(np.concatenate([b["dense"] for b in got]), dense[rows])
+        np.testing.assert_array_equal(np.concatenate([b["keys"] for b in got]), keys[rows])
+        assert got[0]["keys"].shape[1] == formats.MULTIHOT_KEYS == 214
+
+
+def test_multihot_numpy_refuses_a_compressed_npz(tmp_path, rng):
+    files, *_ = write_multihot_day(tmp_path, 0, rng, 3, compressed=True)
+    with pytest.raises(ValueError, match="day_0_sparse_multi_hot.npz member 0.npy is compressed"):
+        formats.numpy_dataset(files, 4, multihot=True)
 
 
 # run.py --------------------------------------------------------------------------

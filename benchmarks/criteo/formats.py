@@ -31,7 +31,9 @@ Formats, and how their dense values and keys relate to the text reader's
            counts and gets the text reader's transform. Sparse values (int(hex,
            16), later contiguous ids) are the keys; int32 arrays are read as
            uint32, which recovers hashes of 2^31 and above written by wrapping.
-  raw_multihot (not wired into the models, see `multihot_raw_dataset`).
+  raw_multihot, numpy_multihot  MLPerf DLRM-DCNv2's multi-hot Raw records and
+           day_N_sparse_multi_hot.npz: readers with keys [n, 214] (see
+           `multihot_raw_dataset`, `numpy_dataset`), not wired into the models.
 
 A record is malformed when its label is not 0 or 1, a Raw file ends in a
 partial record, a NumPy day's three arrays disagree in length (the rows
@@ -44,6 +46,8 @@ as malformed.
 """
 import os
 import re
+import struct
+import zipfile
 from typing import Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -54,6 +58,8 @@ from benchmarks.criteo import reader
 NUM_DENSE = reader.NUM_DENSE
 NUM_CATEGORICAL = reader.NUM_CATEGORICAL
 FORMATS = ("text", "parquet", "raw", "numpy")
+# Readers tested, but not wired into the models (keys [n, 214]).
+MULTIHOT_FORMATS = ("raw_multihot", "numpy_multihot")
 EXTENSIONS = {".parquet": "parquet", ".bin": "raw", ".raw": "raw", ".npy": "numpy"}
 
 RAW_RECORD_BYTES = 4 * (1 + NUM_DENSE + NUM_CATEGORICAL)  # 160
@@ -86,7 +92,7 @@ def format_of(files: Sequence[str], fmt: str = "auto") -> str:
     ValueError: `fmt` unknown, or the extensions disagree.
   """
     if fmt != "auto":
-        if fmt not in FORMATS + ("raw_multihot",):
+        if fmt not in FORMATS + MULTIHOT_FORMATS:
             raise ValueError(f"format must be 'auto' or one of {FORMATS}, got {fmt!r}")
         return fmt
     kinds = {EXTENSIONS.get(os.path.splitext(f)[1].lower(), "text") for f in files}
@@ -108,7 +114,8 @@ def criteo_dataset(files: Sequence[str],
         "parquet": parquet_dataset,
         "raw": raw_dataset,
         "numpy": numpy_dataset,
-        "raw_multihot": multihot_raw_dataset
+        "raw_multihot": multihot_raw_dataset,
+        "numpy_multihot": lambda *a, **k: numpy_dataset(*a, multihot=True, **k),
     }[fmt]
     kwargs.pop("num_parallel_calls", None)
     return make(files, batch_size, **kwargs)
@@ -258,13 +265,16 @@ def multihot_raw_dataset(files: Sequence[str],
 # Row sources read in Python (NumPy memory maps, Parquet) -----------------------
 
 
-def _python_dataset(fmt, batches, on_malformed, log_dense, prefetch):
+def _python_dataset(fmt, batches, on_malformed, log_dense, prefetch, keys=NUM_CATEGORICAL):
     """A dataset of batch dicts from a generator of (first_index, label [n]
   float32, dense [n, 13] float32, keys [n, k] int64, valid [n] bool)."""
-    spec = (tf.TensorSpec([], tf.int64), tf.TensorSpec([None], tf.float32),
-            tf.TensorSpec([None, NUM_DENSE],
-                          tf.float32), tf.TensorSpec([None, NUM_CATEGORICAL],
-                                                     tf.int64), tf.TensorSpec([None], tf.bool))
+    spec = (
+        tf.TensorSpec([], tf.int64),
+        tf.TensorSpec([None], tf.float32),
+        tf.TensorSpec([None, NUM_DENSE], tf.float32),
+        tf.TensorSpec([None, keys], tf.int64),
+        tf.TensorSpec([None], tf.bool),
+    )
     ds = tf.data.Dataset.from_generator(batches, output_signature=spec)
     return ds.map(lambda first, label, dense, keys, valid: _finish(
         fmt, label, dense, keys, valid, first, on_malformed, log_dense)).prefetch(prefetch)
@@ -285,32 +295,92 @@ def numpy_days(files: Sequence[str]) -> List[str]:
   in order, each once.
 
   Raises:
-    ValueError: a name that does not end in _dense.npy, _sparse.npy or _labels.npy.
+    ValueError: a name that does not end in _dense.npy, _sparse.npy,
+      _labels.npy or _sparse_multi_hot.npz.
   """
     stems = []
     for path in files:
-        match = re.fullmatch(r"(.*)_(dense|sparse|labels)\.npy", path)
+        match = re.fullmatch(r"(.*)_(dense\.npy|sparse\.npy|labels\.npy|sparse_multi_hot\.npz)",
+                             path)
         if match is None:
             raise ValueError(f"numpy_dataset: {path!r} is not day_N_dense.npy, "
-                             "day_N_sparse.npy or day_N_labels.npy")
+                             "day_N_sparse.npy, day_N_labels.npy or day_N_sparse_multi_hot.npz")
         if match.group(1) not in stems:
             stems.append(match.group(1))
     return stems
 
 
+def _npz_memmaps(path):
+    """{name: read-only memmap} of the arrays of an uncompressed .npz (np.savez):
+  np.load ignores mmap_mode for .npz, so each member is mapped at its offset.
+
+  Raises:
+    ValueError: a compressed member (np.savez_compressed), naming it.
+  """
+    out = {}
+    with zipfile.ZipFile(path) as archive, open(path, "rb") as f:
+        for info in archive.infolist():
+            if info.compress_type != zipfile.ZIP_STORED:
+                raise ValueError(f"numpy_dataset: {path} member {info.filename} is compressed; "
+                                 "memory maps need np.savez, not np.savez_compressed")
+            f.seek(info.header_offset)
+            name_bytes, extra_bytes = struct.unpack("<HH", f.read(30)[26:30])
+            f.seek(info.header_offset + 30 + name_bytes + extra_bytes)
+            version = np.lib.format.read_magic(f)
+            read_header = (np.lib.format.read_array_header_1_0
+                           if version == (1, 0) else np.lib.format.read_array_header_2_0)
+            shape, fortran, dtype = read_header(f)
+            out[info.filename[:-len(".npy")]] = np.memmap(path,
+                                                          dtype,
+                                                          "r",
+                                                          offset=f.tell(),
+                                                          shape=shape,
+                                                          order="F" if fortran else "C")
+    return out
+
+
+class _MultiHot:
+    """The 26 members '0'..'25' of a day_N_sparse_multi_hot.npz ([n, hotness_f]
+  each) read as one [n, sum(hotness)] array, feature by feature."""
+
+    def __init__(self, path):
+        members = _npz_memmaps(path)
+        names = [str(f) for f in range(NUM_CATEGORICAL)]
+        if sorted(members) != sorted(names):
+            raise ValueError(f"numpy_dataset: {path} holds {sorted(members)}, expected "
+                             f"the members '0'..'{NUM_CATEGORICAL - 1}'")
+        self.members = [members[name] for name in names]
+        hotness = tuple(m.shape[1] if m.ndim == 2 else -1 for m in self.members)
+        if hotness != MLPERF_HOTNESS:
+            raise ValueError(f"numpy_dataset: {path} has hotness {hotness}, expected "
+                             f"MLPerf's {MLPERF_HOTNESS}")
+        self.ndim, self.dtype = 2, self.members[0].dtype
+        self.shape = (len(self), MULTIHOT_KEYS)
+
+    def __len__(self):
+        return min(len(m) for m in self.members)
+
+    def __getitem__(self, rows):
+        return np.concatenate([np.asarray(m[rows]) for m in self.members], axis=1)
+
+
 class _NumpyDay:
     """One day's three arrays, memory-mapped, checked for shape."""
 
-    def __init__(self, stem):
+    def __init__(self, stem, multihot=False):
         self.paths = {part: f"{stem}_{part}.npy" for part in NUMPY_PARTS}
+        if multihot:
+            self.paths["sparse"] = f"{stem}_sparse_multi_hot.npz"
         self.arrays = {}
         for part, path in self.paths.items():
             if not os.path.isfile(path):
                 raise FileNotFoundError(f"numpy_dataset: no such file: {path}")
-            self.arrays[part] = np.load(path, mmap_mode="r")
+            self.arrays[part] = (_MultiHot(path)
+                                 if path.endswith(".npz") else np.load(path, mmap_mode="r"))
+        self.keys = MULTIHOT_KEYS if multihot else NUM_CATEGORICAL
         shapes = {
             "dense": (2, NUM_DENSE),
-            "sparse": (2, NUM_CATEGORICAL),
+            "sparse": (2, self.keys),
         }
         for part, (ndim, width) in shapes.items():
             a = self.arrays[part]
@@ -332,7 +402,7 @@ class _NumpyDay:
         n = end - begin
         out = []
         for part, width, dtype in (("labels", None, np.float32), ("dense", NUM_DENSE, np.float32),
-                                   ("sparse", NUM_CATEGORICAL, np.int64)):
+                                   ("sparse", self.keys, np.int64)):
             a = self.arrays[part]
             x = np.zeros((n,) if width is None else (n, width), dtype)
             have = max(0, min(end, len(a)) - begin)
@@ -352,20 +422,28 @@ def numpy_dataset(files: Sequence[str],
                   on_malformed: str = "skip",
                   drop_remainder: bool = False,
                   max_lines: Optional[int] = None,
-                  prefetch: int = 4) -> tf.data.Dataset:
+                  prefetch: int = 4,
+                  multihot: bool = False) -> tf.data.Dataset:
     """TorchRec/MLPerf NumPy days as batch dicts, read through memory maps.
 
   files: any of each day's day_N_{dense,sparse,labels}.npy (see `numpy_days`);
     days are read in the order first named. Each worker reads only its slice.
   dense: float dense as stored (TorchRec: log(x + 3)); integer dense gets
     log1p(max(x, 0)). Every day's dense must be of one kind.
+  multihot: read day_N_sparse_multi_hot.npz (MLPerf DLRM-DCNv2: members '0'..
+    '25', [n, MLPERF_HOTNESS[f]] each) instead of day_N_sparse.npy; keys are
+    then [n, 214], feature f's at columns sum(MLPERF_HOTNESS[:f]) onward. The
+    models do not read this shape.
   Raises (besides `reader.criteo_dataset`'s): ValueError for a bad name,
-    array shape, or float dense mixed with integer dense.
+    array shape or hotness, a compressed .npz, or float dense mixed with
+    integer dense.
   """
     stems = numpy_days(files)
-    _check("numpy_dataset", [f"{s}_{p}.npy" for s in stems for p in NUMPY_PARTS], batch_size,
+    sparse = "sparse_multi_hot.npz" if multihot else "sparse.npy"
+    _check("numpy_dataset",
+           [f"{s}_{p}" for s in stems for p in ("dense.npy", sparse, "labels.npy")], batch_size,
            num_workers, worker_index, on_malformed)
-    days = [_NumpyDay(stem) for stem in stems]
+    days = [_NumpyDay(stem, multihot) for stem in stems]
     kinds = {np.issubdtype(d.arrays["dense"].dtype, np.integer) for d in days}
     if len(kinds) > 1:
         raise ValueError(f"numpy_dataset: dense arrays mix integer and float dtypes: {files}")
@@ -384,7 +462,8 @@ def numpy_dataset(files: Sequence[str],
                 parts = [days[0].read(0, 0)]
             yield (np.int64(begin),) + tuple(np.concatenate(p) for p in zip(*parts))
 
-    return _python_dataset("numpy", batches, on_malformed, kinds.pop(), prefetch)
+    fmt = "numpy_multihot" if multihot else "numpy"
+    return _python_dataset(fmt, batches, on_malformed, kinds.pop(), prefetch, days[0].keys)
 
 
 # NVTabular Parquet --------------------------------------------------------------
@@ -497,8 +576,8 @@ def _record_counts(fmt, files):
     if fmt in ("raw", "raw_multihot"):
         size = RAW_RECORD_BYTES if fmt == "raw" else MULTIHOT_RECORD_BYTES
         return [(p, -(-os.path.getsize(p) // size)) for p in files]
-    if fmt == "numpy":
-        return [(s, _NumpyDay(s).rows) for s in numpy_days(files)]
+    if fmt in ("numpy", "numpy_multihot"):
+        return [(s, _NumpyDay(s, fmt == "numpy_multihot").rows) for s in numpy_days(files)]
     pq = _pyarrow_parquet()
     return [(p, pq.ParquetFile(p).metadata.num_rows) for p in files]
 
@@ -513,8 +592,8 @@ def _describe(fmt, path, index):
         if len(record) < size:
             return f"truncated: {len(record)} of {size} bytes"
         return f"label {int(np.frombuffer(record[:4], np.int32)[0])} is not 0 or 1"
-    if fmt == "numpy":
-        day = _NumpyDay(path)
+    if fmt in ("numpy", "numpy_multihot"):
+        day = _NumpyDay(path, fmt == "numpy_multihot")
         if index >= day.complete:
             lengths = {p: len(a) for p, a in day.arrays.items()}
             return f"the day's arrays disagree in length {lengths}"
@@ -541,7 +620,7 @@ def malformed_error(error: tf.errors.OpError, files: Sequence[str]) -> Optional[
     counts = _record_counts(fmt, files)
     for path, records in counts:
         if remaining < records:
-            shown = path if fmt != "numpy" else f"{path}_{{dense,sparse,labels}}.npy"
+            shown = path if not fmt.startswith("numpy") else f"{path}_{{dense,sparse,labels}}"
             return MalformedRecordError(shown, remaining + 1, _describe(fmt, path, remaining))
         remaining -= records
     return MalformedRecordError(counts[-1][0], -1, "record index past the end of the files")
