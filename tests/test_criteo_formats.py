@@ -204,6 +204,24 @@ def test_raw_file_with_a_partial_record(tmp_path, rng):
         np.concatenate([b["dense"] for b in reader.criteo_dataset([text], 3)]))
 
 
+@pytest.mark.parametrize("workers", [1, 3])
+@pytest.mark.parametrize("max_lines", [None, 9, 21, 26])
+def test_raw_blocks_across_files_and_batches(tmp_path, rng, monkeypatch, workers, max_lines):
+    # Blocks of 4 records: whole blocks, a tail and a partial record per file.
+    monkeypatch.setattr(formats, "RAW_BLOCK_RECORDS", 4)
+    lines = random_lines(rng, 25)
+    first = write_raw(tmp_path / "part0.bin", lines[:10])
+    with open(first, "ab") as f:
+        f.write(b"\x00" * 100)
+    second = write_raw(tmp_path / "part1.bin", lines[10:])
+    # The text reader on the same rows, the partial record as a malformed line.
+    text = write_text(tmp_path / "a.txt", lines[:10] + ["partial"] + lines[10:])
+    for k in range(workers):
+        kwargs = dict(num_workers=workers, worker_index=k, max_lines=max_lines)
+        assert_like_text(batches(formats.raw_dataset([first, second], 6, **kwargs)),
+                         batches(reader.criteo_dataset([text], 6, **kwargs)))
+
+
 def test_raw_file_shorter_than_one_record(tmp_path):
     path = str(tmp_path / "short.bin")
     with open(path, "wb") as f:

@@ -93,7 +93,8 @@ def format_of(files: Sequence[str], fmt: str = "auto") -> str:
   """
     if fmt != "auto":
         if fmt not in FORMATS + MULTIHOT_FORMATS:
-            raise ValueError(f"format must be 'auto' or one of {FORMATS}, got {fmt!r}")
+            raise ValueError(f"format must be 'auto' or one of {FORMATS + MULTIHOT_FORMATS}, "
+                             f"got {fmt!r}")
         return fmt
     kinds = {EXTENSIONS.get(os.path.splitext(f)[1].lower(), "text") for f in files}
     if len(kinds) != 1:
@@ -172,39 +173,62 @@ def _finish(fmt, label, dense, keys, valid, first_index, on_malformed, log_dense
 
 # HugeCTR Raw -----------------------------------------------------------------
 
+# Records read per FixedLengthRecordDataset element: one element per record
+# costs TensorFlow's per-element overhead 65536 times a batch.
+RAW_BLOCK_RECORDS = 4096
 
-def _raw_records(files, record_bytes):
-    """FixedLengthRecordDataset of `files`; a file ending in a partial record
-  gets one placeholder record (label -1, so malformed) in its place, which
-  keeps the record indices of later files right."""
-    datasets = []
-    for path in files:
-        # The partial record read as a footer: TensorFlow refuses a body that
-        # is not a multiple of the record.
-        partial = os.path.getsize(path) % record_bytes
+
+def _raw_rows(files, record_bytes, batch_size, drop_remainder, max_lines):
+    """Global batches ([n, record_bytes / 4] int32) of the records of `files`,
+  read in blocks of RAW_BLOCK_RECORDS. A file ending in a partial record gets
+  one placeholder row (label -1, so malformed) in its place, which keeps the
+  record indices of later files right; max_lines counts it too."""
+    words = record_bytes // 4
+    block = RAW_BLOCK_RECORDS * record_bytes
+
+    def decoded(path, record_size, header, footer):
         ds = tf.data.FixedLengthRecordDataset([path],
-                                              record_bytes,
-                                              footer_bytes=partial,
+                                              record_size,
+                                              header_bytes=header,
+                                              footer_bytes=footer,
                                               buffer_size=8 << 20)
+        return ds.map(lambda r: tf.reshape(tf.io.decode_raw(r, tf.int32), [-1, words]))
+
+    parts, remaining = [], max_lines
+    for path in files:
+        size = os.path.getsize(path)
+        full, partial = divmod(size, record_bytes)
+        if remaining is not None:
+            partial = partial if remaining > full else 0
+            full = min(full, remaining)
+            remaining -= full + (1 if partial else 0)
+        blocks, tail = divmod(full * record_bytes, block)
+        # Head and footer bytes skip what another part of the file reads: a
+        # body that is not a multiple of the record is refused.
+        if blocks:
+            parts.append(decoded(path, block, 0, size - blocks * block))
+        if tail:
+            parts.append(decoded(path, tail, blocks * block, size - blocks * block - tail))
         if partial:
-            ds = ds.concatenate(tf.data.Dataset.from_tensors(b"\xff" * record_bytes))
-        datasets.append(ds)
-    out = datasets[0]
-    for ds in datasets[1:]:
-        out = out.concatenate(ds)
-    return out
+            parts.append(tf.data.Dataset.from_tensors(tf.fill([1, words], -1)))
+    if not parts:
+        parts = [tf.data.Dataset.from_tensors(tf.zeros([0, words], tf.int32)).take(0)]
+    rows = parts[0]
+    for part in parts[1:]:
+        rows = rows.concatenate(part)
+    return rows.rebatch(batch_size, drop_remainder=drop_remainder)
 
 
-def _sliced(records, batch_size, num_workers, worker_index, drop_remainder, max_lines, decode):
-    if max_lines is not None:
-        records = records.take(max_lines)
+def _sliced(batches, batch_size, num_workers, worker_index, decode):
+    """decode(this worker's rows of each global batch, index of its first row)."""
 
     def worker_slice(batch_index, batch):
         start, end = _worker_rows(tf.shape(batch, out_type=tf.int64)[0], num_workers, worker_index)
         return decode(batch[start:end], batch_index * batch_size + start)
 
-    return records.batch(batch_size, drop_remainder=drop_remainder).enumerate().map(
-        worker_slice, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return batches.enumerate().map(worker_slice,
+                                   num_parallel_calls=tf.data.AUTOTUNE,
+                                   deterministic=True)
 
 
 def raw_dataset(files: Sequence[str],
@@ -222,14 +246,13 @@ def raw_dataset(files: Sequence[str],
   """
     files = _check("raw_dataset", files, batch_size, num_workers, worker_index, on_malformed)
 
-    def decode(records, first_index):
-        fields = tf.reshape(tf.io.decode_raw(records, tf.int32), [-1, RAW_RECORD_BYTES // 4])
+    def decode(fields, first_index):
         keys = tf.bitwise.bitwise_and(tf.cast(fields[:, 1 + NUM_DENSE:], tf.int64), 0xFFFFFFFF)
         return _finish("raw", fields[:, 0], tf.cast(fields[:, 1:1 + NUM_DENSE], tf.float32), keys,
                        tf.ones_like(fields[:, 0], tf.bool), first_index, on_malformed, True)
 
-    return _sliced(_raw_records(files, RAW_RECORD_BYTES), batch_size, num_workers, worker_index,
-                   drop_remainder, max_lines, decode).prefetch(prefetch)
+    rows = _raw_rows(files, RAW_RECORD_BYTES, batch_size, drop_remainder, max_lines)
+    return _sliced(rows, batch_size, num_workers, worker_index, decode).prefetch(prefetch)
 
 
 def multihot_raw_dataset(files: Sequence[str],
@@ -249,17 +272,15 @@ def multihot_raw_dataset(files: Sequence[str],
   """
     files = _check("multihot_raw_dataset", files, batch_size, num_workers, worker_index,
                    on_malformed)
-    words = MULTIHOT_RECORD_BYTES // 4
 
-    def decode(records, first_index):
-        fields = tf.reshape(tf.io.decode_raw(records, tf.int32), [-1, words])
+    def decode(fields, first_index):
         dense = tf.bitcast(fields[:, 1:1 + NUM_DENSE], tf.float32)
         keys = tf.bitwise.bitwise_and(tf.cast(fields[:, 1 + NUM_DENSE:], tf.int64), 0xFFFFFFFF)
         return _finish("raw_multihot", fields[:, 0], dense, keys,
                        tf.ones_like(fields[:, 0], tf.bool), first_index, on_malformed, False)
 
-    return _sliced(_raw_records(files, MULTIHOT_RECORD_BYTES), batch_size, num_workers,
-                   worker_index, drop_remainder, max_lines, decode).prefetch(prefetch)
+    rows = _raw_rows(files, MULTIHOT_RECORD_BYTES, batch_size, drop_remainder, max_lines)
+    return _sliced(rows, batch_size, num_workers, worker_index, decode).prefetch(prefetch)
 
 
 # Row sources read in Python (NumPy memory maps, Parquet) -----------------------
