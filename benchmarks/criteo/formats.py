@@ -35,6 +35,15 @@ Formats, and how their dense values and keys relate to the text reader's
            day_N_sparse_multi_hot.npz: readers with keys [n, 214] (see
            `multihot_raw_dataset`, `numpy_dataset`), not wired into the models.
 
+Sources: NVTabular's "Scaling Criteo: ETL with NVTabular" example (missing I
+filled with 0, then clipped and normalized; C Categorified to contiguous ids);
+HugeCTR's user guide on the Raw format's float_label_dense ("otherwise, they
+are read as int values while the dense features are preprocessed with
+log(dense[i] + 1.f)"); TorchRec's BinaryCriteoUtils.tsv_to_npys (dense
+int(I or 0), then np.log(dense + 3) as float32; sparse int(C or '0', 16) as
+int32; labels [n, 1] int32) and MLPerf's materialize_synthetic_multihot_dataset.py
+(np.savez of members '0'..'25').
+
 A record is malformed when its label is not 0 or 1, a Raw file ends in a
 partial record, a NumPy day's three arrays disagree in length (the rows
 beyond the shortest), or a Parquet value is null or a column is missing.

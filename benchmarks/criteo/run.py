@@ -18,9 +18,10 @@ split in two, e.g. its first 39,291,958 lines, six of its seven days, and the
 rest; or Terabyte day_N files, plain or .gz), or preprocessed ones, picked by
 extension or --format (formats.py): NVTabular Parquet (*.parquet, needs
 pyarrow), HugeCTR one-hot Raw (*.bin), TorchRec/MLPerf NumPy days
-(day_N_{dense,sparse,labels}.npy, any of the three names a day). Otherwise a synthetic data set
-with a planted model (benchmarks/criteo/synthetic.py), generated once into
---data-dir; the planted model's AUC on the eval split is printed with the rest.
+(day_N_{dense,sparse,labels}.npy, any of the three names a day); --max-*-lines
+then count records. Otherwise a synthetic data set with a planted model
+(benchmarks/criteo/synthetic.py), generated once into --data-dir; the planted
+model's AUC on the eval split is printed with the rest.
 
   python benchmarks/criteo/run.py                       # CPU defaults, a few minutes on 2 cores
   python benchmarks/criteo/run.py --model dcnv2 --style session
