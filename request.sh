@@ -32,9 +32,10 @@ HOROVOD_VERSION=0.28.1
 # checks the C++ and CUDA sources against.
 APT_PACKAGES=(bazel-bootstrap bazel-rules-java build-essential cmake clang-format)
 # yapf pinned: formatting must not change under a new release. scikit-learn,
-# matplotlib and tqdm: the Criteo benchmark's AUC, plots and progress bar.
+# matplotlib and tqdm: the Criteo benchmark's AUC, plots and progress bar;
+# pyarrow: its Parquet reader (benchmarks/criteo/formats.py; optional there).
 PY_PACKAGES=("$TF_PACKAGE" numpy pytest pytest-timeout wheel setuptools yapf==0.43.0
-    scikit-learn matplotlib tqdm)
+    scikit-learn matplotlib tqdm pyarrow)
 # Installed without their dependencies. tf_keras: legacy Keras
 # (TF_USE_LEGACY_KERAS=1), the release matching TensorFlow 2.21, which
 # tests/test_legacy_keras.py runs sok-ev under; it requires the package named

@@ -15,15 +15,22 @@ to benchmarks/RESULTS.md and one record to benchmarks/criteo/runs.jsonl.
 
 Data: with --train-files/--eval-files, real Criteo files (Kaggle's train.txt
 split in two, e.g. its first 39,291,958 lines, six of its seven days, and the
-rest; or Terabyte day_N files, plain or .gz). Otherwise a synthetic data set
-with a planted model (benchmarks/criteo/synthetic.py), generated once into
---data-dir; the planted model's AUC on the eval split is printed with the rest.
+rest; or Terabyte day_N files, plain or .gz), or preprocessed ones, picked by
+extension or --format (formats.py): NVTabular Parquet (*.parquet, needs
+pyarrow), HugeCTR one-hot Raw (*.bin), TorchRec/MLPerf NumPy days
+(day_N_{dense,sparse,labels}.npy, any of the three names a day); --max-*-lines
+then count records. Otherwise a synthetic data set with a planted model
+(benchmarks/criteo/synthetic.py), generated once into --data-dir; the planted
+model's AUC on the eval split is printed with the rest.
 
   python benchmarks/criteo/run.py                       # CPU defaults, a few minutes on 2 cores
   python benchmarks/criteo/run.py --model dcnv2 --style session
   horovodrun --gloo -np 2 -H localhost:2 python benchmarks/criteo/run.py
   python benchmarks/criteo/run.py --device gpu          # GPU defaults: batch 65536, dim 128
   python benchmarks/criteo/run.py --train-files kaggle_days_1-6.txt --eval-files kaggle_day_7.txt
+  python benchmarks/criteo/run.py --train-files train/*.parquet --eval-files valid/*.parquet
+  python benchmarks/criteo/run.py --train-files train_data.bin --eval-files test_data.bin
+  python benchmarks/criteo/run.py --train-files day_{0..22}_labels.npy --eval-files day_23_labels.npy
   # Terabyte: the baseline's tables at twice its cardinalities fit no machine; sok-ev alone:
   python benchmarks/criteo/run.py --impl sok_ev --train-files day_{0..22}.gz --eval-files day_23.gz
 """
@@ -50,6 +57,7 @@ else:
 import tensorflow as tf  # noqa: E402
 
 from benchmarks.criteo import embeddings as embeddings_lib  # noqa: E402
+from benchmarks.criteo import formats  # noqa: E402
 from benchmarks.criteo import metrics  # noqa: E402
 from benchmarks.criteo import models  # noqa: E402
 from benchmarks.criteo import reader  # noqa: E402
@@ -166,6 +174,12 @@ def parse_args(argv=None):
     d = p.add_argument_group("data")
     d.add_argument("--train-files", nargs="+", help="real Criteo files to train on")
     d.add_argument("--eval-files", nargs="+", help="real Criteo files to evaluate on")
+    d.add_argument("--format",
+                   choices=("auto",) + formats.FORMATS,
+                   default="auto",
+                   help="of --train-files/--eval-files (auto: by extension: .parquet NVTabular "
+                   "Parquet, .bin/.raw HugeCTR one-hot Raw, .npy TorchRec NumPy days, else "
+                   "Criteo text; see benchmarks/criteo/formats.py)")
     d.add_argument("--cardinalities",
                    default="kaggle",
                    help="real data: distinct values per feature for the baseline's buckets "
@@ -322,18 +336,21 @@ def datasets(args, train_files, eval_files, hvd):
     workers, rank = (hvd.size(), hvd.rank()) if hvd else (1, 0)
     options = tf.data.Options()
     options.threading.private_threadpool_size = args.threads
-    train = reader.criteo_dataset(train_files,
-                                  args.batch,
-                                  num_workers=workers,
-                                  worker_index=rank,
-                                  on_malformed=args.on_malformed,
-                                  drop_remainder=True,
-                                  max_lines=args.max_train_lines).with_options(options)
+    fmt = args.format if args.train_files else "text"  # synthetic data is text
+    train = formats.criteo_dataset(train_files,
+                                   args.batch,
+                                   fmt,
+                                   num_workers=workers,
+                                   worker_index=rank,
+                                   on_malformed=args.on_malformed,
+                                   drop_remainder=True,
+                                   max_lines=args.max_train_lines).with_options(options)
     # Every worker evaluates every eval line (sok-ev lookups are collective).
-    evaluation = reader.criteo_dataset(eval_files,
-                                       args.eval_batch or max(args.batch, 16384),
-                                       on_malformed=args.on_malformed,
-                                       max_lines=args.max_eval_lines).cache().with_options(options)
+    evaluation = formats.criteo_dataset(eval_files,
+                                        args.eval_batch or max(args.batch, 16384),
+                                        fmt,
+                                        on_malformed=args.on_malformed,
+                                        max_lines=args.max_eval_lines).cache().with_options(options)
     return train, evaluation
 
 

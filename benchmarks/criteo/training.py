@@ -28,6 +28,7 @@ from typing import Dict, List, Optional
 import numpy as np
 import tensorflow as tf
 
+from benchmarks.criteo import formats
 from benchmarks.criteo import reader
 
 # Optimizer slots each key/row carries, for the memory figures.
@@ -125,7 +126,7 @@ class Implementation:
 
 
 def _malformed_or_raise(error, files):
-    translated = reader.malformed_line_error(error, files)
+    translated = formats.malformed_error(error, files)
     if translated is None:
         raise error
     raise translated from None
