@@ -148,15 +148,6 @@ def _check(name, files, batch_size, num_workers, worker_index, on_malformed):
     return files
 
 
-def _worker_rows(n, num_workers, worker_index):
-    """[start, end) of this worker's rows in a global batch of n (tensors or ints)."""
-    chunk = (n + num_workers - 1) // num_workers
-    start = tf.minimum(n, worker_index *
-                       chunk) if isinstance(n, tf.Tensor) else min(n, worker_index * chunk)
-    end = tf.minimum(n, start + chunk) if isinstance(n, tf.Tensor) else min(n, start + chunk)
-    return start, end
-
-
 def _finish(fmt, label, dense, keys, valid, first_index, on_malformed, log_dense):
     """The batch dict from decoded rows: label [n] (any number), dense [n, 13]
   float32 (raw counts if log_dense), keys [n, ...] int64, valid [n] bool."""
@@ -232,7 +223,8 @@ def _sliced(batches, batch_size, num_workers, worker_index, decode):
     """decode(this worker's rows of each global batch, index of its first row)."""
 
     def worker_slice(batch_index, batch):
-        start, end = _worker_rows(tf.shape(batch, out_type=tf.int64)[0], num_workers, worker_index)
+        start, end = reader.worker_rows(
+            tf.shape(batch, out_type=tf.int64)[0], num_workers, worker_index)
         return decode(batch[start:end], batch_index * batch_size + start)
 
     return batches.enumerate().map(worker_slice,
@@ -316,7 +308,7 @@ def _global_batches(total, batch_size, num_workers, worker_index, drop_remainder
         n = min(batch_size, total - begin)
         if n < batch_size and drop_remainder:
             return
-        start, end = _worker_rows(n, num_workers, worker_index)
+        start, end = reader.worker_rows(n, num_workers, worker_index)
         yield begin + start, begin + end
 
 

@@ -106,6 +106,18 @@ def parse_lines(lines: tf.Tensor, first_index: tf.Tensor, on_malformed: str = "s
     }
 
 
+def worker_rows(n, num_workers, worker_index):
+    """[start, end) of worker `worker_index`'s rows in a global batch of n rows
+  (an int64 tensor or an int): contiguous slices of ceil(n / W), the last
+  ones shorter or empty. Every reader of the benchmark slices this way."""
+    chunk = (n + num_workers - 1) // num_workers
+    if isinstance(n, tf.Tensor):
+        start = tf.minimum(n, worker_index * chunk)
+        return start, tf.minimum(n, start + chunk)
+    start = min(n, worker_index * chunk)
+    return start, min(n, start + chunk)
+
+
 def criteo_dataset(files: Sequence[str],
                    batch_size: int,
                    num_workers: int = 1,
@@ -154,10 +166,7 @@ def criteo_dataset(files: Sequence[str],
         lines = lines.take(max_lines)
 
     def worker_slice(batch_index, batch):
-        n = tf.shape(batch, out_type=tf.int64)[0]
-        chunk = (n + num_workers - 1) // num_workers
-        start = tf.minimum(n, worker_index * chunk)
-        end = tf.minimum(n, start + chunk)
+        start, end = worker_rows(tf.shape(batch, out_type=tf.int64)[0], num_workers, worker_index)
         return parse_lines(batch[start:end], batch_index * batch_size + start, on_malformed)
 
     return (lines.batch(batch_size, drop_remainder=drop_remainder).enumerate().map(
