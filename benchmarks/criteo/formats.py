@@ -131,23 +131,6 @@ def criteo_dataset(files: Sequence[str],
     return make(files, batch_size, **kwargs)
 
 
-def _check(name, files, batch_size, num_workers, worker_index, on_malformed):
-    files = list(files)
-    if not files:
-        raise ValueError(f"{name}: files is empty")
-    for path in files:
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"{name}: no such file: {path}")
-    if batch_size < 1:
-        raise ValueError(f"{name}: batch_size must be >= 1, got {batch_size}")
-    if not 0 <= worker_index < num_workers:
-        raise ValueError(f"{name}: worker_index must be in [0, {num_workers}), got {worker_index}")
-    if on_malformed not in reader.ON_MALFORMED:
-        raise ValueError(f"{name}: on_malformed must be one of {reader.ON_MALFORMED}, "
-                         f"got {on_malformed!r}")
-    return files
-
-
 def _finish(fmt, label, dense, keys, valid, first_index, on_malformed, log_dense):
     """The batch dict from decoded rows: label [n] (any number), dense [n, 13]
   float32 (raw counts if log_dense), keys [n, ...] int64, valid [n] bool."""
@@ -245,7 +228,8 @@ def raw_dataset(files: Sequence[str],
   dense = log1p(max(int32 dense, 0)); keys = the uint32 keys as int64.
   Arguments and errors as `reader.criteo_dataset`; max_lines counts records.
   """
-    files = _check("raw_dataset", files, batch_size, num_workers, worker_index, on_malformed)
+    files = reader.check_arguments("raw_dataset", files, batch_size, num_workers, worker_index,
+                                   on_malformed)
 
     def decode(fields, first_index):
         keys = tf.bitwise.bitwise_and(tf.cast(fields[:, 1 + NUM_DENSE:], tf.int64), 0xFFFFFFFF)
@@ -271,8 +255,8 @@ def multihot_raw_dataset(files: Sequence[str],
   preprocessing already applied its log). The models do not read this shape.
   Arguments and errors as `raw_dataset`.
   """
-    files = _check("multihot_raw_dataset", files, batch_size, num_workers, worker_index,
-                   on_malformed)
+    files = reader.check_arguments("multihot_raw_dataset", files, batch_size, num_workers,
+                                   worker_index, on_malformed)
 
     def decode(fields, first_index):
         dense = tf.bitcast(fields[:, 1:1 + NUM_DENSE], tf.float32)
@@ -462,9 +446,9 @@ def numpy_dataset(files: Sequence[str],
   """
     stems = numpy_days(files)
     sparse = "sparse_multi_hot.npz" if multihot else "sparse.npy"
-    _check("numpy_dataset",
-           [f"{s}_{p}" for s in stems for p in ("dense.npy", sparse, "labels.npy")], batch_size,
-           num_workers, worker_index, on_malformed)
+    reader.check_arguments("numpy_dataset",
+                           [f"{s}_{p}" for s in stems for p in ("dense.npy", sparse, "labels.npy")],
+                           batch_size, num_workers, worker_index, on_malformed)
     days = [_NumpyDay(stem, multihot) for stem in stems]
     kinds = {np.issubdtype(d.arrays["dense"].dtype, np.integer) for d in days}
     if len(kinds) > 1:
@@ -539,7 +523,8 @@ def parquet_dataset(files: Sequence[str],
     name and the file's), or when float I columns mix with integer ones.
   """
     pq = _pyarrow_parquet()
-    files = _check("parquet_dataset", files, batch_size, num_workers, worker_index, on_malformed)
+    files = reader.check_arguments("parquet_dataset", files, batch_size, num_workers, worker_index,
+                                   on_malformed)
     present, rows, integer_dense = [], [], set()
     for path in files:
         schema = pq.read_schema(path)

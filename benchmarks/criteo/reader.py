@@ -106,6 +106,33 @@ def parse_lines(lines: tf.Tensor, first_index: tf.Tensor, on_malformed: str = "s
     }
 
 
+def check_arguments(caller, files, batch_size, num_workers, worker_index, on_malformed):
+    """The arguments every reader of the benchmark shares, checked before any
+  file is read; returns `files` as a list.
+
+  Raises:
+    ValueError: no files, batch_size < 1, worker_index outside [0,
+      num_workers), or on_malformed not in ON_MALFORMED (each naming
+      `caller` and the value).
+    FileNotFoundError: a file does not exist.
+  """
+    files = list(files)
+    if not files:
+        raise ValueError(f"{caller}: files is empty")
+    for path in files:
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{caller}: no such file: {path}")
+    if batch_size < 1:
+        raise ValueError(f"{caller}: batch_size must be >= 1, got {batch_size}")
+    if not 0 <= worker_index < num_workers:
+        raise ValueError(f"{caller}: worker_index must be in [0, {num_workers}), "
+                         f"got {worker_index}")
+    if on_malformed not in ON_MALFORMED:
+        raise ValueError(f"{caller}: on_malformed must be one of {ON_MALFORMED}, "
+                         f"got {on_malformed!r}")
+    return files
+
+
 def worker_rows(n, num_workers, worker_index):
     """[start, end) of worker `worker_index`'s rows in a global batch of n rows
   (an int64 tensor or an int): contiguous slices of ceil(n / W), the last
@@ -145,20 +172,8 @@ def criteo_dataset(files: Sequence[str],
     ValueError: an argument out of range, or gzip mixed with plain files.
     FileNotFoundError: a file does not exist.
   """
-    files = list(files)
-    if not files:
-        raise ValueError("criteo_dataset: files is empty")
-    for path in files:
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"criteo_dataset: no such file: {path}")
-    if batch_size < 1:
-        raise ValueError(f"criteo_dataset: batch_size must be >= 1, got {batch_size}")
-    if not 0 <= worker_index < num_workers:
-        raise ValueError(f"criteo_dataset: worker_index must be in [0, {num_workers}), "
-                         f"got {worker_index}")
-    if on_malformed not in ON_MALFORMED:
-        raise ValueError(f"criteo_dataset: on_malformed must be one of {ON_MALFORMED}, "
-                         f"got {on_malformed!r}")
+    files = check_arguments("criteo_dataset", files, batch_size, num_workers, worker_index,
+                            on_malformed)
     lines = tf.data.TextLineDataset(files,
                                     compression_type=_compression(files),
                                     buffer_size=8 << 20)
