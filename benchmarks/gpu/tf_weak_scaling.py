@@ -164,6 +164,10 @@ def parse_args(argv=None):
                         action="store_true",
                         help="the rank's step looks up through sok_ev.LookupPipeline: each step "
                         "routes the next batch's keys while it trains on this one")
+    parser.add_argument("--function",
+                        action="store_true",
+                        help="the rank's step is a tf.function on eager tables (GradientTape, "
+                        "the same Adagrad) instead of a tf.compat.v1.Session's graph")
     parser.add_argument("--exchange-dtype",
                         default="float32",
                         choices=sorted(ELEMENT_BYTES),
@@ -204,8 +208,9 @@ def worker(args):
             ])
             for s in range(args.sets)
         ])
-        result[f"{hot}hot"] = run_step(tf, hvd, sok, ops, args, hot, values,
-                                       len(streams) * args.batch, rank, size)
+        step = run_step_function if args.function else run_step
+        result[f"{hot}hot"] = step(tf, hvd, sok, ops, args, hot, values, len(streams) * args.batch,
+                                   rank, size)
         print(f"[rank {rank}/{size}] {hot}-hot: {summary(result[f'{hot}hot'])}", flush=True)
     path = os.path.join(args.json_dir, f"tf_weak_scaling_{args.tag}_rank{rank}")
     checks = {
@@ -354,6 +359,71 @@ def run_step(tf, hvd, sok, ops, args, hot, values, batch, rank, size):
     return out
 
 
+def run_step_function(tf, hvd, sok, ops, args, hot, values, batch, rank, size):
+    """run_step's timing as a tf.function: eager tables, the step traced once
+  (lookup_sparse, GradientTape, the same Adagrad), the batch picked by an
+  index argument; one step ends when its loss is on the host. The row
+  all-to-all alone is timed as in graph mode, in a Session of its own."""
+    if args.pipelined or args.worker == "check" or args.loopback:
+        raise ValueError("--function times the plain lookup only (no --pipelined, --loopback "
+                         "or check runs)")
+    rows = rows_per_table(args)
+    out = {}
+    values_var = tf.Variable(values, trainable=False, name=f"fn_batches_{hot}")
+    tables = [
+        sok.get_embedding_variable(f"fn_ws_{hot}_t{t}",
+                                   embedding_dim=DIM,
+                                   initializer=tf.random_uniform_initializer(-0.05, 0.05, seed=t),
+                                   target_gpu=-1) for t in range(TABLES)
+    ]
+    optimizer = tf.compat.v1.train.AdagradOptimizer(LR, ACCUMULATOR)
+    n = batch * hot
+    j = tf.range(n, dtype=tf.int64)
+    where = tf.stack([j // hot, j % hot], axis=1)
+
+    @tf.function
+    def step(index):
+        ids = [tf.SparseTensor(where, values_var[index][t], [batch, hot]) for t in range(TABLES)]
+        with tf.GradientTape() as tape:
+            embeddings = sok.lookup_sparse(tables,
+                                           ids,
+                                           combiners=["sum"] * TABLES,
+                                           exchange_dtype=args.exchange_dtype)
+            loss = tf.add_n([tf.reduce_sum(e) for e in embeddings])
+        optimizer.apply_gradients(zip(tape.gradient(loss, tables), tables))
+        return loss
+
+    # Pre-fill as in graph mode: rank r inserts every size-th key of each table.
+    fill = []
+    for t in range(TABLES):
+        keys = raw_keys(t, np.arange(rank, rows, size))
+        fill.append(
+            tf.SparseTensor(np.stack([np.arange(len(keys)), np.zeros(len(keys), np.int64)], 1),
+                            keys, [len(keys), 1]))
+    sok.lookup_sparse(tables, fill)
+    out["collectives_per_step"] = sum(
+        1 for op in step.get_concrete_function(tf.constant(0)).graph.get_operations()
+        if op.type.startswith("Horovod") or op.type == "SokEv>NcclAlltoall")
+    times = []
+    for s in range(args.steps + 3):
+        if s == 3:
+            syncs_before = int(ops().sok_ev_gpu_host_syncs())
+        start = time.perf_counter()
+        step(tf.constant(s % args.sets)).numpy()
+        times.append(time.perf_counter() - start)
+    out["host_syncs_per_step"] = float(int(ops().sok_ev_gpu_host_syncs()) - syncs_before) / args.steps
+    timed = np.array(times[3:]) * 1e3
+    out.update(ms=float(np.median(timed)), ms_min=float(timed.min()), ms_max=float(timed.max()))
+    if size > 1:
+        graph = tf.Graph()
+        with graph.as_default(), tf.compat.v1.Session(graph=graph) as sess:
+            one, chained, out["rows_to"] = alltoall_alone(tf, hvd, ops, sess, values[0], size,
+                                                          args.exchange_dtype)
+            out["alltoall_call_ms"] = time_alltoall(sess, one, args.steps)
+            out["alltoall_ms"] = time_alltoall(sess, chained, args.steps) / CHAINED_EXCHANGES
+    return out
+
+
 def alltoall_alone(tf, hvd, ops, sess, batch_values, size, exchange_dtype):
     """One step's row exchange alone: this rank's unique keys per owner (the
   lookup's own routing, PartitionByOwner), as rows of dim 128 sent with
@@ -436,7 +506,8 @@ def launch(args,
            exchange_dtype="float32",
            loopback=False,
            lookup_groups=1,
-           pipelined=False):
+           pipelined=False,
+           function=False):
     """Runs this script's ranks under horovodrun; True when every rank wrote its
   JSON."""
     rank = [sys.executable] if args.dry_run_on_cpu else [ONE_GPU_PER_RANK, sys.executable]
@@ -446,7 +517,8 @@ def launch(args,
         "--tag", tag, "--streams",
         str(streams), "--exchange-dtype", exchange_dtype, "--lookup-groups",
         str(lookup_groups)
-    ] + (["--loopback"] if loopback else []) + (["--pipelined"] if pipelined else [])
+    ] + (["--loopback"] if loopback else []) + (["--pipelined"] if pipelined else []) + (
+        ["--function"] if function else [])
     if mode == "check":
         command += ["--batch", str(args.check_batch), "--rows", str(args.check_rows)]
     print(f"[{tag}] {' '.join(command[5:])}" + (f" with {env}" if env else ""), flush=True)
@@ -470,12 +542,13 @@ def launch(args,
 
 def variant_options(variant):
     """A variant's "KEY=VALUE[;KEY=VALUE]" as (environment, launch() options):
-  exchange_dtype, lookup_groups and pipelined (=1) are the rank's options,
-  every other key an environment variable."""
+  exchange_dtype, lookup_groups, pipelined (=1) and function (=1) are the
+  rank's options, every other key an environment variable."""
     env = dict(kv.split("=", 1) for kv in variant.split(";"))
     options = dict(exchange_dtype=env.pop("exchange_dtype", "float32"),
                    lookup_groups=int(env.pop("lookup_groups", 1)),
-                   pipelined=env.pop("pipelined", "0") == "1")
+                   pipelined=env.pop("pipelined", "0") == "1",
+                   function=env.pop("function", "0") == "1")
     return env, options
 
 
@@ -639,19 +712,22 @@ def report(args, runs, verdict, compressed=None, skipped=(), horovod_verdict=Non
                 ms = step_ms[hot, tag]
                 lines.append(f"  - with {variant}: {ms:.2f} ms, own work {ms - t1:.2f} ms "
                              f"({ms - loop:+.2f} ms against time1_loopback)")
-    # Pipelined runs (sok_ev.LookupPipeline) against the pipelined fused step.
-    pipelined_one = next((tag for tag, variant in runs
-                          if tag.startswith("time1_variant") and variant == "pipelined=1"), None)
-    for hot in [int(h) for h in args.hotness.split(",")]:
-        for tag, variant in runs:
-            if (pipelined_one is None or tag.startswith("time1_variant") or
-                    "pipelined=1" not in variant.split(";")):
-                continue
-            base, ms = step_ms[hot, pipelined_one], step_ms[hot, tag]
-            what = ("the one-rank pipeline" if tag.startswith("time1_loopback") else f"{gpus} GPUs")
-            lines.append(f"- {hot}-hot, pipelined: {what} ({tag}: {variant}) {ms:.2f} ms against "
-                         f"the pipelined fused one-GPU step's {base:.2f} ({pipelined_one}): "
-                         f"{100 * base / ms:.1f}%")
+    # Pipelined runs (sok_ev.LookupPipeline) and tf.function runs against the
+    # fused one-GPU step of the same kind (the time1_variant with that option).
+    for kind, option in (("pipelined", "pipelined=1"), ("tf.function", "function=1")):
+        one = next((tag for tag, variant in runs
+                    if tag.startswith("time1_variant") and variant == option), None)
+        for hot in [int(h) for h in args.hotness.split(",")]:
+            for tag, variant in runs:
+                if one is None or tag.startswith("time1_variant") or option not in variant.split(
+                        ";"):
+                    continue
+                base, ms = step_ms[hot, one], step_ms[hot, tag]
+                what = ("the one-rank pipeline"
+                        if tag.startswith("time1_loopback") else f"{gpus} GPUs")
+                lines.append(f"- {hot}-hot, {kind}: {what} ({tag}: {variant}) {ms:.2f} ms "
+                             f"against the {kind} fused one-GPU step's {base:.2f} ({one}): "
+                             f"{100 * base / ms:.1f}%")
     for hot, (worst, agreed) in sorted(verdict.items()):
         lines.append(f"- check, {hot}-hot: {gpus} GPUs on halves of a global batch of "
                      f"{gpus * args.check_batch} vs 1 GPU on all of it, {args.check_steps} "
