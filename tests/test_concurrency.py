@@ -15,7 +15,11 @@ The same holds for six trainer threads applying to one table in each way a
 script can run them: Session threads sharing one train op or each with its
 own, next to Adagrad and Momentum trainers whose slots are added to the
 table while the SGD applies run, threads calling one tf.function that looks
-up and applies, and eager threads with their own GradientTapes.
+up and applies, and eager threads with their own GradientTapes. And it
+holds under more pressure: threads updating the same rows in step, new keys
+inserted by several threads while others apply, readers reading rows
+mid-update (never half-updated; every occurrence counted), and every
+optimizer with slots (threads give the serial run bit for bit).
 """
 import threading
 
@@ -338,3 +342,245 @@ def test_eager_threads_with_gradient_tapes_applying_sgd_give_the_serial_result(
     _run_threads([_repeat(lambda ids=ids: step(ids), APPLIES // 4) for ids in sparse])
     got = ref.export_to_dict(*[t.numpy() for t in ev.export()])
     _assert_rows_equal(got, _serial_sgd_rows(batches, APPLIES // 4), "eager SGD from 6 threads")
+
+
+# --- Applies, lookups and inserts at once, against exact references --------
+#
+# The tests below put the table's locks under the most pressure a script
+# can: every thread updates the same rows in the same order at the same
+# time, new keys arrive in every step from several threads while others
+# apply, readers read rows mid-update, and optimizers with slots run side by
+# side. Each checks every key against a reference computed without threads.
+#
+# With loss = sum of the looked-up rows, an apply adds -LR * (occurrences of
+# the key in its batch) to every element of the key's row; LR is a power of
+# two and the rows start at ones, so every value stays exact in float32.
+
+
+def _ids(keys):
+    """`keys` as a [len, 1] SparseTensor: one key a sample."""
+    keys = np.asarray(keys)
+    indices = np.stack([np.arange(len(keys)), np.zeros(len(keys))], 1).astype(np.int64)
+    return tf.SparseTensor(indices, keys, [len(keys), 1])
+
+
+def _counts(batches, times=1):
+    """{key: occurrences over `times` applies of each batch}."""
+    counts = {}
+    for batch in batches:
+        for k, c in zip(*np.unique(batch, return_counts=True)):
+            counts[int(k)] = counts.get(int(k), 0) + int(c) * times
+    return counts
+
+
+SAME_ROWS_KEYS, SAME_ROWS_APPLIES = 4096, 40
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("key_dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("runner", ["session", "tf_function"])
+def test_threads_updating_the_same_rows_at_once_give_the_serial_result(
+        sok, rng, unique_name, key_dtype, runner):
+    # Every thread applies the same batch (each key twice, in one shuffled
+    # order), so concurrent updates walk the same rows in step: a row
+    # updated without its lock held exclusively loses updates here first.
+    # (A dense tf.Variable is no reference here: TF's sparse SGD on one,
+    # through tf.nn.embedding_lookup's gradient, was measured losing a few
+    # updates in this very setting.)
+    batch = np.repeat(np.arange(SAME_ROWS_KEYS), 2).astype(key_dtype)
+    rng.shuffle(batch)
+    opt = tf.compat.v1.train.GradientDescentOptimizer(LR)
+
+    def loss(ev, ids):
+        return tf.reduce_sum(sok.lookup_sparse([ev], [ids], combiners=["sum"])[0])
+
+    def table(name):
+        return sok.get_embedding_variable(name,
+                                          embedding_dim=DIM,
+                                          key_dtype=tf.as_dtype(key_dtype),
+                                          initializer=tf.ones_initializer())
+
+    if runner == "session":
+        graph = tf.Graph()
+        with graph.as_default(), tf.compat.v1.Session(graph=graph,
+                                                      config=_session_config()) as sess:
+            ev = table("emb")
+            train = opt.minimize(loss(ev, _ids(batch)))
+            exported = ev.export()
+            sess.run(tf.compat.v1.global_variables_initializer())
+            graph.finalize()
+            _run_threads([_repeat(lambda: sess.run(train), SAME_ROWS_APPLIES)] * THREADS)
+            got = ref.export_to_dict(*sess.run(exported))
+    else:
+        ev = table(unique_name())
+
+        @tf.function
+        def step(ids):
+            with tf.GradientTape() as tape:
+                value = loss(ev, ids)
+            opt.apply_gradients(zip(tape.gradient(value, [ev]), [ev]))
+
+        ids = _ids(batch)
+        _run_threads([_repeat(lambda: step(ids), SAME_ROWS_APPLIES)] * THREADS)
+        got = ref.export_to_dict(*[t.numpy() for t in ev.export()])
+    # Serially: each of the THREADS * SAME_ROWS_APPLIES applies moves every
+    # row by -LR * 2.
+    serial = np.full(DIM, 1.0 - LR * 2 * THREADS * SAME_ROWS_APPLIES, np.float32)
+    _assert_rows_equal(got, {k: serial for k in range(SAME_ROWS_KEYS)},
+                       f"{THREADS} threads on the same rows")
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("key_dtype", [np.int32, np.int64])
+def test_new_keys_inserted_by_threads_while_others_apply_are_stored_once_and_exact(
+        sok, rng, key_dtype):
+    # Step s of every thread brings keys of window s, which no earlier step
+    # had: several threads insert the same new keys at once while others
+    # apply to older keys, and the table grows all along. Every key must be
+    # stored once, with every update and every occurrence counted (its
+    # frequency), as a serial run gives.
+    steps, window = 30, 1500
+    fresh = (rng.permutation(10**6)[:steps * window] * 37 - 10**7).astype(key_dtype)
+    plans = [[
+        np.concatenate([
+            rng.choice(fresh[s * window:(s + 1) * window], 400),
+            rng.choice(fresh[:(s + 1) * window], 200)
+        ]) for s in range(steps)
+    ] for _ in range(THREADS)]
+    want = _counts([batch for plan in plans for batch in plan])
+    graph = tf.Graph()
+    with graph.as_default(), tf.compat.v1.Session(graph=graph, config=_session_config()) as sess:
+        ev = sok.get_embedding_variable("emb",
+                                        embedding_dim=DIM,
+                                        key_dtype=tf.as_dtype(key_dtype),
+                                        initializer=tf.ones_initializer())
+        ids = tf.compat.v1.placeholder(key_dtype, [None])
+        train = tf.compat.v1.train.GradientDescentOptimizer(LR).minimize(
+            tf.reduce_sum(tf.nn.embedding_lookup(ev, ids)))
+        exported = ev.export_full()
+        sess.run(tf.compat.v1.global_variables_initializer())
+        graph.finalize()
+        start = threading.Barrier(THREADS)
+
+        def trainer(plan):
+
+            def run():
+                start.wait()
+                for batch in plan:
+                    sess.run(train, {ids: batch})
+
+            return run
+
+        _run_threads([trainer(plan) for plan in plans])
+        keys, rows, frequencies = sess.run(exported)[:3]
+    assert len(keys) == len(set(keys.tolist())) == len(want), "a key stored twice or lost"
+    serial = {k: np.full(DIM, 1.0 - LR * c, np.float32) for k, c in want.items()}
+    _assert_rows_equal(ref.export_to_dict(keys, rows), serial, "new keys under concurrent inserts")
+    assert dict(zip(keys.tolist(), frequencies.tolist())) == want, "frequencies"
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("key_dtype", [np.int32, np.int64])
+def test_lookups_racing_applies_read_whole_rows_and_count_every_occurrence(sok, rng, key_dtype):
+    # Every apply moves all elements of a row by the same amount, so a row
+    # read half-updated would hold two values. Readers (a counting lookup and
+    # a sparse_read, which counts nothing) run while the trainers apply; at
+    # the end each key's frequency is its occurrences in every apply and
+    # every counting read, and its row the serial result.
+    pool = (rng.choice(10**6, 3000, replace=False) - 500000).astype(key_dtype)
+    batches = [rng.choice(pool, 500) for _ in range(4)]  # repeats within and across
+    read_keys = rng.choice(pool, 700)
+    applies = 60
+    graph = tf.Graph()
+    with graph.as_default(), tf.compat.v1.Session(graph=graph, config=_session_config()) as sess:
+        ev = sok.get_embedding_variable("emb",
+                                        embedding_dim=DIM,
+                                        key_dtype=tf.as_dtype(key_dtype),
+                                        initializer=tf.ones_initializer())
+        opt = tf.compat.v1.train.GradientDescentOptimizer(LR)
+        train_ops = [
+            opt.minimize(tf.reduce_sum(sok.lookup_sparse([ev], [_ids(b)], combiners=["sum"])[0]))
+            for b in batches
+        ]
+        reads = [
+            sok.lookup_sparse([ev], [_ids(read_keys)], combiners=["sum"])[0],
+            ev.sparse_read(tf.constant(pool))
+        ]
+        exported = ev.export_full()
+        sess.run(tf.compat.v1.global_variables_initializer())
+        graph.finalize()
+        stop, counted_reads, torn = threading.Event(), [], []
+
+        def reader():
+            while not stop.is_set():
+                for rows in sess.run(reads):
+                    torn.extend(r for r in rows if not (r == r[0]).all())
+                counted_reads.append(1)
+
+        def trainers():
+            try:
+                _run_threads([_repeat(lambda op=op: sess.run(op), applies) for op in train_ops])
+            finally:
+                stop.set()
+
+        _run_threads([trainers, reader, reader])
+        keys, rows, frequencies = sess.run(exported)[:3]
+    assert not torn, f"{len(torn)} rows read half-updated, e.g. {torn[0]}"
+    updates = _counts(batches, applies)
+    want_frequencies = _counts([read_keys], len(counted_reads))
+    for k, c in updates.items():
+        want_frequencies[k] = want_frequencies.get(k, 0) + c
+    assert dict(zip(keys.tolist(), frequencies.tolist())) == want_frequencies, "frequencies"
+    got = ref.export_to_dict(keys, rows)
+    serial = {k: np.full(DIM, 1.0 - LR * c, np.float32) for k, c in updates.items()}
+    _assert_rows_equal({k: got[k] for k in updates}, serial, "rows next to readers")
+
+
+# Each key occurs exactly twice in each batch that holds it, so every apply
+# gives it the same gradient (2 in every element): its trajectory then depends
+# only on how many applies it got, and threads must reproduce the serial run
+# bit for bit, slots included, whatever the optimizer. (Adam with beta1 =
+# beta2 = 0 keeps its beta powers, which each train op advances, at 0: the
+# learning rate every apply reads is then the same in any interleaving.)
+_OPTIMIZERS = {
+    "adagrad": lambda: tf.compat.v1.train.AdagradOptimizer(LR, initial_accumulator_value=0.5),
+    "adam": lambda: tf.compat.v1.train.AdamOptimizer(LR, beta1=0.0, beta2=0.0),
+    "ftrl": lambda: tf.compat.v1.train.FtrlOptimizer(LR, l1_regularization_strength=0.001),
+    "momentum": lambda: tf.compat.v1.train.MomentumOptimizer(LR, momentum=0.5),
+    "nesterov": lambda: tf.compat.v1.train.MomentumOptimizer(LR, 0.5, use_nesterov=True),
+    "rmsprop": lambda: tf.compat.v1.train.RMSPropOptimizer(LR, momentum=0.5, centered=True),
+}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("optimizer", sorted(_OPTIMIZERS))
+def test_threads_applying_any_optimizer_give_the_serial_result_and_slots(sok, rng, optimizer):
+    pool = np.arange(-300, 300) * 7919
+    batches = [np.repeat(rng.choice(pool, 200, replace=False), 2) for _ in range(THREADS)]
+    for batch in batches:
+        rng.shuffle(batch)
+
+    def train(threaded):
+        graph = tf.Graph()
+        with graph.as_default(), tf.compat.v1.Session(graph=graph,
+                                                      config=_session_config()) as sess:
+            ev = sok.get_embedding_variable("emb",
+                                            embedding_dim=DIM,
+                                            initializer=tf.ones_initializer())
+            opt = _OPTIMIZERS[optimizer]()
+            ids = tf.compat.v1.placeholder(tf.int64, [None])
+            train_op = opt.minimize(tf.reduce_sum(tf.nn.embedding_lookup(ev, ids)))
+            exported = ev.export_full()
+            sess.run(tf.compat.v1.global_variables_initializer())
+            graph.finalize()
+            steps = [_repeat(lambda b=b: sess.run(train_op, {ids: b}), 50) for b in batches]
+            if threaded:
+                _run_threads(steps)
+            else:
+                for step in steps:
+                    step()
+            keys, rows = sess.run(exported)[:2]
+        return ref.export_to_dict(keys, rows)  # each row with its slots
+
+    _assert_rows_equal(train(threaded=True), train(threaded=False),
+                       f"{optimizer} from {THREADS} threads, slots included")
