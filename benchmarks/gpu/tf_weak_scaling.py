@@ -209,8 +209,8 @@ def worker(args):
             for s in range(args.sets)
         ])
         step = run_step_function if args.function else run_step
-        result[f"{hot}hot"] = step(tf, hvd, sok, ops, args, hot, values, len(streams) * args.batch,
-                                   rank, size)
+        result[f"{hot}hot"] = step(tf, hvd, sok, ops, args, hot, values,
+                                   len(streams) * args.batch, rank, size)
         print(f"[rank {rank}/{size}] {hot}-hot: {summary(result[f'{hot}hot'])}", flush=True)
     path = os.path.join(args.json_dir, f"tf_weak_scaling_{args.tag}_rank{rank}")
     checks = {
@@ -398,8 +398,8 @@ def run_step_function(tf, hvd, sok, ops, args, hot, values, batch, rank, size):
     for t in range(TABLES):
         keys = raw_keys(t, np.arange(rank, rows, size))
         fill.append(
-            tf.SparseTensor(np.stack([np.arange(len(keys)), np.zeros(len(keys), np.int64)], 1),
-                            keys, [len(keys), 1]))
+            tf.SparseTensor(np.stack(
+                [np.arange(len(keys)), np.zeros(len(keys), np.int64)], 1), keys, [len(keys), 1]))
     sok.lookup_sparse(tables, fill)
     out["collectives_per_step"] = sum(
         1 for op in step.get_concrete_function(tf.constant(0)).graph.get_operations()
@@ -411,7 +411,8 @@ def run_step_function(tf, hvd, sok, ops, args, hot, values, batch, rank, size):
         start = time.perf_counter()
         step(tf.constant(s % args.sets)).numpy()
         times.append(time.perf_counter() - start)
-    out["host_syncs_per_step"] = float(int(ops().sok_ev_gpu_host_syncs()) - syncs_before) / args.steps
+    out["host_syncs_per_step"] = float(int(ops().sok_ev_gpu_host_syncs()) -
+                                       syncs_before) / args.steps
     timed = np.array(times[3:]) * 1e3
     out.update(ms=float(np.median(timed)), ms_min=float(timed.min()), ms_max=float(timed.max()))
     if size > 1:
@@ -517,8 +518,8 @@ def launch(args,
         "--tag", tag, "--streams",
         str(streams), "--exchange-dtype", exchange_dtype, "--lookup-groups",
         str(lookup_groups)
-    ] + (["--loopback"] if loopback else []) + (["--pipelined"] if pipelined else []) + (
-        ["--function"] if function else [])
+    ] + (["--loopback"] if loopback else []) + (["--pipelined"] if pipelined else
+                                                []) + (["--function"] if function else [])
     if mode == "check":
         command += ["--batch", str(args.check_batch), "--rows", str(args.check_rows)]
     print(f"[{tag}] {' '.join(command[5:])}" + (f" with {env}" if env else ""), flush=True)
@@ -715,8 +716,9 @@ def report(args, runs, verdict, compressed=None, skipped=(), horovod_verdict=Non
     # Pipelined runs (sok_ev.LookupPipeline) and tf.function runs against the
     # fused one-GPU step of the same kind (the time1_variant with that option).
     for kind, option in (("pipelined", "pipelined=1"), ("tf.function", "function=1")):
-        one = next((tag for tag, variant in runs
-                    if tag.startswith("time1_variant") and variant == option), None)
+        one = next(
+            (tag for tag, variant in runs if tag.startswith("time1_variant") and variant == option),
+            None)
         for hot in [int(h) for h in args.hotness.split(",")]:
             for tag, variant in runs:
                 if one is None or tag.startswith("time1_variant") or option not in variant.split(
