@@ -371,7 +371,14 @@ Status TieredTable<Key>::insert_or_assign(const GpuContext& context, const Key* 
   // Keys in the host tier move to HBM first (keeping each key in one
   // tier), then are overwritten there.
   SOK_EV_RETURN_IF_ERROR(make_resident(context, {KeySpan<Key>{keys, n}}));
-  return hbm_->insert_or_assign(context, keys, n, rows, frequencies, versions);
+  SOK_EV_RETURN_IF_ERROR(hbm_->insert_or_assign(context, keys, n, rows, frequencies, versions));
+  if (!tiered()) return Status::Ok();
+  // No batch is in flight (a restore, an import): back within the budget
+  // now, so a table restored batch by batch never holds more in HBM.
+  int64_t stored = 0;
+  SOK_EV_RETURN_IF_ERROR(hbm_->size(context, &stored));
+  if (stored <= budget_rows()) return Status::Ok();
+  return evict(context, stored - budget_rows(), {});
 }
 
 template <typename Key>

@@ -95,7 +95,9 @@ class TieredTable {
   // which tier holds a row is invisible to every call.
   Status make_resident(const GpuContext& context, const std::vector<KeySpan<Key>>& spans) const;
 
-  // HashTable::insert_or_assign over both tiers: the keys' rows end in HBM.
+  // HashTable::insert_or_assign over both tiers (a restore or import batch):
+  // the keys' rows are written to HBM, which is then brought back within the
+  // budget (these keys may be written back too: no batch is in flight).
   Status insert_or_assign(const GpuContext& context, const Key* keys, int64_t n, const float* rows,
                           const int64_t* frequencies, const int64_t* versions);
   // From both tiers. keys: (n,) device; *num_erased: host, may be null.
