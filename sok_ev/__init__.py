@@ -28,6 +28,7 @@ from sok_ev.lookup_pipeline import LookupPipeline
 from sok_ev.optimizers import EmbeddingVariableSlot
 from sok_ev.optimizers import OptimizerWrapper
 from sok_ev.optimizers import SUPPORTED_OPTIMIZERS
+from sok_ev.options import CacheStrategy
 from sok_ev.options import CBFFilter
 from sok_ev.options import CheckpointOption
 from sok_ev.options import CounterFilter
@@ -100,6 +101,7 @@ def world_size() -> int:
 
 __all__ = [
     "CBFFilter",
+    "CacheStrategy",
     "CheckpointOption",
     "CounterFilter",
     "EmbeddingVariable",

@@ -46,6 +46,7 @@ from tensorflow.python.training import saver as saver_module
 
 from sok_ev import agreement
 from sok_ev import communication
+from sok_ev import options as options_lib
 from sok_ev import serving
 from sok_ev._ops import ops
 from sok_ev.embedding_variable import EmbeddingVariable
@@ -142,7 +143,9 @@ def restore_tables(prefix, tables, record_changes=False):
     specs = [v.initializer_spec for _, v in tables]
     filters = [v.filter_attributes for _, v in tables]
     return ops().sok_ev_restore_embedding_variables(
-        prefix, [v.handle for _, v in tables], [v.default_values for _, v in tables],
+        prefix,
+        [v.handle for _, v in tables],
+        [v.default_values for _, v in tables],
         table_names=[name for name, _ in tables],
         key_dtypes=[v.key_dtype for _, v in tables],
         embedding_dims=[int(v.embedding_dim) for _, v in tables],
@@ -159,6 +162,13 @@ def restore_tables(prefix, tables, record_changes=False):
         no_permission_values=[float(f["no_permission_value"]) for f in filters],
         serving_modes=[
             _MODE_OF_CHECKPOINT if as_saved or v.restores_as_saved else _TRAINING for _, v in tables
+        ],
+        # Each table's own tiers: a checkpoint's layout is the same whatever
+        # the storage it was saved from, so it restores into any.
+        storage_specs=[
+            int(v.storage_attributes[name])
+            for _, v in tables
+            for name in options_lib.STORAGE_ATTRIBUTE_NAMES
         ],
         record_changes=record_changes)
 

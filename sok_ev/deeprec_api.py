@@ -3,12 +3,12 @@
 `install_deeprec_api()` adds, to `tf` and `tf.compat.v1`:
   get_embedding_variable, EmbeddingVariableOption, InitializerOption,
   GlobalStepEvict, L2WeightEvict, CounterFilter, CBFFilter, StorageOption,
-  CheckpointOption, StorageType, CacheType;
+  CheckpointOption, StorageType, CacheType, CacheStrategy;
 to `tf.compat.v1.GraphKeys`: EMBEDDING_VARIABLES (the collection of sok-ev's
 Embedding Variables), EV_INIT_VAR_OPS (their initializers) and
 EV_INIT_SLOT_OPS (empty: slots live in the table); the module
 `tensorflow.core.framework.embedding.config_pb2` (StorageType, CacheType,
-SlotType) that DeepRec's storage examples import; to `tf.feature_column`
+CacheStrategy, SlotType) that DeepRec's storage examples import; to `tf.feature_column`
 and `tf.compat.v1.feature_column`: categorical_column_with_embedding,
 embedding_column, shared_embedding_columns, input_layer and
 group_embedding_column_scope (sok_ev.feature_column; TensorFlow's own
@@ -63,6 +63,7 @@ _DEEPREC_NAMES = {
     "CheckpointOption": options.CheckpointOption,
     "StorageType": options.StorageType,
     "CacheType": options.CacheType,
+    "CacheStrategy": options.CacheStrategy,
 }
 
 # DeepRec's collection names (tf.GraphKeys) -> the collection sok-ev fills.
@@ -108,6 +109,7 @@ def _install_config_pb2():
                                       "DeepRec's storage enums, provided by sok_ev.options.")
         config_pb2.StorageType = options.StorageType
         config_pb2.CacheType = options.CacheType
+        config_pb2.CacheStrategy = options.CacheStrategy
         config_pb2.SlotType = options.SlotType
         sys.modules[_CONFIG_PB2] = config_pb2
     setattr(package, module_name, sys.modules[_CONFIG_PB2])

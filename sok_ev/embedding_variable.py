@@ -57,6 +57,35 @@ def _handle_op(shared_name, key_dtype, embedding_dim, name=None):
                                                   name=name)
 
 
+# A table whose rows all live in its device's memory.
+_NO_TIERS = {"hbm_bytes": 0, "cache_strategy": 1}
+
+# The fields of SokEv>EmbeddingVariableTierCounters, in order.
+TIER_COUNTER_NAMES = ("hits", "misses", "rows_to_hbm", "rows_to_host", "pcie_bytes", "calls",
+                      "hbm_rows", "host_rows")
+
+
+def _check_gpu_placement(handle, name):
+    """HBM_DRAM storage keeps rows in a GPU's memory: a table whose handle is
+  on the CPU (placed there, or no GPU to place it on) is refused here,
+  before its initializer exists. A graph handle without a device that a
+  GPU is visible for is left to the initializer's kernel, which refuses a
+  CPU table the same way at run time.
+
+  Raises:
+    ValueError: naming the table, the storage type and the device.
+  """
+    device = handle.device or ""
+    on_cpu = "CPU" in device.upper()
+    if not device and not tf.config.list_physical_devices("GPU"):
+        on_cpu, device = True, "the CPU (no GPU is visible)"
+    if on_cpu:
+        raise ValueError(f"get_embedding_variable('{name}'): ev_option.storage_option."
+                         "storage_type=HBM_DRAM keeps rows in a GPU's memory (HBM), but the "
+                         f"table is on {device}; place it on a GPU (tf.device('/GPU:0')) "
+                         "or use StorageType.DRAM")
+
+
 def _install_training_hooks():
     """Without sok_ev.init() (one worker), the optimizer hooks it would have
   installed: a stock tf.compat.v1.train or tf.keras optimizer would otherwise
@@ -101,7 +130,8 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
                  steps_to_live,
                  target_gpu,
                  filter_attributes=None,
-                 l2_weight_threshold=None):
+                 l2_weight_threshold=None,
+                 storage_attributes=None):
         """Use get_embedding_variable(); this makes the table and its ops.
 
     `name` opens the name scope of the handle op: relative to the current
@@ -137,6 +167,9 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
                 # An op name ending in "/" is taken as is: the handle op is named
                 # exactly `var.name` without ":0", as a meta graph import needs.
                 self._handle = _handle_op(shared_name, self._key_dtype, embedding_dim, scope_name)
+                self._storage_attributes = dict(storage_attributes or _NO_TIERS)
+                if self._storage_attributes["hbm_bytes"] > 0:
+                    _check_gpu_placement(self._handle, self._handle_name)
                 spec = initializers.spec_for(initializer, default_value_dim)
                 with framework_ops.name_scope("Initializer"):
                     matrix = initializers.default_values(initializer, spec, embedding_dim)
@@ -149,7 +182,8 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
                         param_a=spec.param_a,
                         param_b=spec.param_b,
                         seed=spec.seed,
-                        **(filter_attributes or {}))
+                        **(filter_attributes or {}),
+                        **self._storage_attributes)
                 self._filter_attributes = options_lib.filter_attributes(
                     options_lib.EmbeddingVariableOption(), name)
                 self._filter_attributes.update(filter_attributes or {})
@@ -199,6 +233,9 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
         variable._filter_attributes = {
             name: initializer_op.get_attr(name) for name in options_lib.FILTER_ATTRIBUTE_NAMES
         }
+        variable._storage_attributes = {
+            name: initializer_op.get_attr(name) for name in options_lib.STORAGE_ATTRIBUTE_NAMES
+        }
         variable._default_values = initializer_op.inputs[1]
         variable._initializer_spec = initializers.InitializerSpec(
             kind=initializer_op.get_attr("initializer_kind"),
@@ -207,6 +244,31 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
             seed=initializer_op.get_attr("seed"),
             default_value_dim=initializer_op.inputs[1].shape[0] or 0)
         return variable
+
+    @property
+    def storage_attributes(self):
+        """Where the table's rows live: the storage attributes of its
+    initializer op (sok_ev.options.storage_attributes); hbm_bytes 0 when
+    every row is in the table's device memory, else the HBM budget of its
+    HBM_DRAM storage."""
+        return dict(self._storage_attributes)
+
+    def tier_counters(self):
+        """What the table's HBM_DRAM storage counted (cc/storage_spec.h), as a
+    dict of Python ints (eagerly) or int64 scalar tensors (in a graph):
+    hits and misses (a lookup's or update's distinct keys found in HBM, or
+    not), rows_to_hbm and rows_to_host (rows moved each way), pcie_bytes
+    (bytes the tiers copied between host and GPU), calls (lookups and
+    updates that made keys resident), all since the table was made; and
+    hbm_rows and host_rows (rows in each tier now). A table without tiers
+    counts nothing: its rows are hbm_rows on a GPU, host_rows on the CPU.
+    Read it twice to get a step's share (e.g. pcie_bytes per step)."""
+        with tf.device(self._handle.device):
+            counters = ops().sok_ev_embedding_variable_tier_counters(self._handle)
+        if context.executing_eagerly():
+            counters = counters.numpy().tolist()
+            return dict(zip(TIER_COUNTER_NAMES, counters))
+        return {name: counters[i] for i, name in enumerate(TIER_COUNTER_NAMES)}
 
     @property
     def filter_attributes(self):
@@ -515,6 +577,8 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
                 record.attr[name].f = value
             else:
                 record.attr[name].i = int(value)
+        for name, value in self._storage_attributes.items():
+            record.attr[name].i = int(value)
         return record
 
     @classmethod
@@ -532,11 +596,17 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
             name: (attr[name].f if name == "no_permission_value" else attr[name].i)
             for name in options_lib.FILTER_ATTRIBUTE_NAMES
         }
+        storage_attributes = dict(_NO_TIERS)
+        if "hbm_bytes" in attr:
+            storage_attributes = {
+                name: attr[name].i for name in options_lib.STORAGE_ATTRIBUTE_NAMES
+            }
         variable = cls(record.name, attr["embedding_dim"].i, tf.as_dtype(attr["key_dtype"].type),
                        initializers.Drawn(spec, tf.make_ndarray(attr["default_values"].tensor)),
                        spec.default_value_dim or None, attr["trainable"].b,
                        attr["steps_to_live"].i or None, attr["target_gpu"].i, filter_attributes,
-                       attr["l2_weight_threshold"].f if "l2_weight_threshold" in attr else None)
+                       attr["l2_weight_threshold"].f if "l2_weight_threshold" in attr else None,
+                       storage_attributes)
         variable._restores_as_saved = True  # pylint: disable=protected-access
         return variable
 
@@ -870,6 +940,8 @@ def get_embedding_variable(name: str,
     options_lib.check_supported(ev_option, f"get_embedding_variable('{name}')")
     filter_attributes = options_lib.filter_attributes(ev_option,
                                                       f"get_embedding_variable('{name}')")
+    storage_attributes = options_lib.storage_attributes(ev_option, embedding_dim,
+                                                        f"get_embedding_variable('{name}')")
     l2_weight_threshold = None
     if isinstance(ev_option.evict_option, options_lib.L2WeightEvict):
         threshold = ev_option.evict_option.l2_weight_threshold
@@ -907,7 +979,8 @@ def get_embedding_variable(name: str,
     def create(full_name):
         return EmbeddingVariable(full_name, embedding_dim, key_dtype, initializer,
                                  init_option.default_value_dim, trainable, steps_to_live,
-                                 target_gpu, filter_attributes, l2_weight_threshold)
+                                 target_gpu, filter_attributes, l2_weight_threshold,
+                                 storage_attributes)
 
     if context.executing_eagerly():
         return create(name)

@@ -3,10 +3,11 @@ defaults.
 
 Every option class can be created exactly as in DeepRec, so a DeepRec script
 gets past its option set-up. What sok-ev does not implement yet
-(storage other than DRAM, loading from another checkpoint) is
+(storage other than DRAM and HBM_DRAM, loading from another checkpoint) is
 refused by `check_supported`, which `get_embedding_variable` runs: a
 ValueError naming the feature, before anything is created. Feature filters
-become the attributes of the table's initializer op (`filter_attributes`).
+and HBM_DRAM storage become attributes of the table's initializer op
+(`filter_attributes`, `storage_attributes`).
 """
 
 import dataclasses
@@ -20,9 +21,10 @@ import tensorflow as tf
 
 class StorageType(enum.IntEnum):
     """DeepRec's `config_pb2.StorageType`: where a table's rows live (same
-  names and numbers). sok-ev stores every table in DRAM (or the GPU's memory
-  when the table is on a GPU), so only `DRAM` (or no storage type) is
-  accepted by get_embedding_variable."""
+  names and numbers). sok-ev stores a table in DRAM (or the GPU's memory
+  when the table is on a GPU): `DRAM` or no storage type; a GPU table may
+  also take `HBM_DRAM` (the rows beyond an HBM budget in host memory). Any
+  other type is refused by get_embedding_variable."""
     INVALID = 0
     DRAM = 1
     PMEM_MEMKIND = 2
@@ -38,9 +40,16 @@ class StorageType(enum.IntEnum):
 
 
 class CacheType(enum.IntEnum):
-    """DeepRec's `config_pb2.CacheType`: the cache policy of multi-tier storage."""
+    """DeepRec's `config_pb2.CacheType`: the cache policy of multi-tier storage.
+  With HBM_DRAM storage, LFU keeps in HBM the rows looked up most often
+  (their frequency), LRU those updated most recently (their version)."""
     LRU = 0
     LFU = 1
+
+
+# DeepRec's `config_pb2.CacheStrategy`: the same policy under the name
+# StorageOption's `cache_strategy` argument is documented with.
+CacheStrategy = CacheType
 
 
 class SlotType(enum.IntEnum):
@@ -156,12 +165,18 @@ class StorageOption:
     """DeepRec's storage option: which memory tiers hold the rows.
 
   Args:
-    storage_type: None or StorageType.DRAM (what sok-ev does); any other
-      StorageType makes get_embedding_variable raise ValueError.
+    storage_type: None or StorageType.DRAM (every row in the table's device
+      memory), or StorageType.HBM_DRAM on a GPU table; any other StorageType
+      makes get_embedding_variable raise ValueError.
     storage_path: the directory of disk tiers (DeepRec creates it; sok-ev
       has no disk tier and never touches it).
     storage_size: bytes per tier, padded to four tiers of 1 GiB (DeepRec).
-    cache_strategy: CacheType of multi-tier storage.
+      With HBM_DRAM, storage_size[0] is the HBM budget: the bytes of rows
+      (values and optimizer slots, 4 * dim * (1 + slots) a row) kept in the
+      GPU's memory; the other rows live in host memory, which is bounded
+      only by the system.
+    cache_strategy: CacheStrategy (CacheType) of multi-tier storage: which
+      rows stay in HBM (LFU: most looked up; LRU: most recently updated).
 
   Raises:
     ValueError: DeepRec's argument checks: storage_size is not a list, a
@@ -315,16 +330,16 @@ def check_supported(ev_option: EmbeddingVariableOption, where: str) -> None:
       "get_embedding_variable('emb')".
 
   Raises:
-    ValueError: naming the option, its value and the feature: a feature
-      a storage type other than DRAM, a CheckpointOption with a field set, or a non-default
-      ht_type / ht_partition_num.
+    ValueError: naming the option, its value and the feature: a storage
+      type other than DRAM and HBM_DRAM, a CheckpointOption with a field
+      set, or a non-default ht_type / ht_partition_num.
   """
     refused = []
     storage_type = ev_option.storage_option.storage_type
-    if storage_type not in (None, StorageType.DRAM):
+    if storage_type not in (None, StorageType.DRAM, StorageType.HBM_DRAM):
         name = StorageType(storage_type).name if storage_type in set(StorageType) else storage_type
         refused.append((f"storage_option.storage_type={name}",
-                        "multi-tier storage (StorageOption); only DRAM is supported"))
+                        "storage other than DRAM and HBM_DRAM (StorageOption)"))
     if ev_option.ckpt is not None and ev_option.ckpt != CheckpointOption():
         refused.append(
             (f"ckpt={ev_option.ckpt!r}", "initialising from another checkpoint (CheckpointOption)"))
@@ -337,3 +352,37 @@ def check_supported(ev_option: EmbeddingVariableOption, where: str) -> None:
         setting, feature = refused[0]
         raise ValueError(f"{where}: ev_option.{setting}: {feature} is not supported by "
                          "sok-ev yet.")
+
+
+STORAGE_ATTRIBUTE_NAMES = ("hbm_bytes", "cache_strategy")
+
+
+def storage_attributes(ev_option: EmbeddingVariableOption, embedding_dim: int, where: str) -> dict:
+    """The storage attributes of SokEv>InitializeEmbeddingVariable for a
+  table's options: hbm_bytes (0: every row in the table's device memory;
+  > 0: HBM_DRAM storage with that HBM budget) and cache_strategy
+  (CacheStrategy: 0 LRU, 1 LFU).
+
+  Raises:
+    ValueError: with HBM_DRAM, storage_size[0] that is not an integer of at
+      least one row's value (4 * embedding_dim bytes), or a cache_strategy
+      other than CacheStrategy.LFU / LRU (naming the argument and value).
+  """
+    option = ev_option.storage_option or StorageOption()
+    attributes = {"hbm_bytes": 0, "cache_strategy": int(CacheType.LFU)}
+    if option.storage_type != StorageType.HBM_DRAM:
+        return attributes
+    budget = option.storage_size[0]
+    row_bytes = 4 * int(embedding_dim)
+    if (not isinstance(budget, numbers.Integral) or isinstance(budget, bool) or budget < row_bytes):
+        raise ValueError(f"{where}: ev_option.storage_option.storage_size[0] (the HBM budget of "
+                         f"HBM_DRAM storage, bytes) must be an integer of at least one row "
+                         f"(4 * embedding_dim = {row_bytes} bytes), got {budget!r}")
+    strategy = option.cache_strategy
+    if (isinstance(strategy, bool) or not isinstance(strategy, numbers.Integral) or
+            strategy not in (CacheType.LRU, CacheType.LFU)):
+        raise ValueError(f"{where}: ev_option.storage_option.cache_strategy must be "
+                         f"CacheStrategy.LFU or CacheStrategy.LRU, got {strategy!r}")
+    attributes["hbm_bytes"] = int(budget)
+    attributes["cache_strategy"] = int(strategy)
+    return attributes

@@ -10,8 +10,9 @@ nvcc="${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}"
 flags=(-O3 -std=c++17 -arch=sm_90 -fmad=false -lineinfo -Xcompiler -fPIC -I"$root")
 objects=()
 pids=()
-for source in "$root"/cc/*_gpu.cu "$root"/cc/gpu_harness/harness.cu; do
-  object="$out/$(basename "$source" .cu).o"
+# The tiered table's host tier is the CPU hash table (cc/tiered_table_gpu.h).
+for source in "$root"/cc/*_gpu.cu "$root"/cc/hash_table_cpu.cc "$root"/cc/gpu_harness/harness.cu; do
+  object="$out/$(basename "${source%.*}").o"
   objects+=("$object")
   "$nvcc" "${flags[@]}" -c "$source" -o "$object" & pids+=($!)
 done

@@ -425,6 +425,7 @@ struct StagedTable {
   InitializerSpec spec;
   Tensor default_values;
   FeatureFilterSpec filter_spec;
+  StorageSpec storage;  // the restored table's tiers (HBM_DRAM storage), as the variable's
   TableMode mode = TableMode::kTraining;
   // The mode is the checkpoint's: training, or serving for an export.
   bool mode_of_checkpoint = true;
@@ -494,8 +495,12 @@ class RestoreEmbeddingVariablesOp : public OpKernel {
     OP_REQUIRES_OK(context, context->GetAttr("filter_specs", &filter_specs_));
     OP_REQUIRES_OK(context, context->GetAttr("no_permission_values", &no_permission_values_));
     OP_REQUIRES_OK(context, context->GetAttr("serving_modes", &serving_modes_));
+    OP_REQUIRES_OK(context, context->GetAttr("storage_specs", &storage_specs_));
     OP_REQUIRES_OK(context, context->GetAttr("record_changes", &record_changes_));
     const size_t n = table_names_.size();
+    OP_REQUIRES(context, storage_specs_.empty() || storage_specs_.size() == 2 * n,
+                errors::InvalidArgument("storage_specs needs 2 entries per table, got ",
+                                        storage_specs_.size(), " for ", n, " tables"));
     OP_REQUIRES(context,
                 n == key_dtypes_.size() && n == dims_.size() && n == kinds_.size() &&
                     n == params_a_.size() && n == params_b_.size() && n == seeds_.size() &&
@@ -540,11 +545,18 @@ class RestoreEmbeddingVariablesOp : public OpKernel {
       s.mode_of_checkpoint = asked == kModeOfCheckpoint;
       if (!s.mode_of_checkpoint) s.mode = static_cast<TableMode>(asked);
       s.drop_filter_if_serving();
+      if (!storage_specs_.empty()) {
+        OP_REQUIRES_OK(
+            context, ToTfStatus(MakeStorageSpec(storage_specs_[2 * t], storage_specs_[2 * t + 1],
+                                                dims_[t], DisplayName(handle.name()), &s.storage)));
+      }
       OP_REQUIRES_OK(context, CopyDefaultValues<Device>(context, DisplayName(handle.name()),
                                                         dims_[t], context->input(1 + n + t),
                                                         &s.spec, &s.default_values));
       OP_REQUIRES_OK(context, LookupOrCreateVariable<Device>(context, handle, key_dtypes_[t],
                                                              dims_[t], &s.variable));
+      // A graph without storage_specs restores into the variable's own tiers.
+      if (storage_specs_.empty()) s.storage = s.variable->storage();
       OP_REQUIRES_OK(context, DispatchKeyType(key_dtypes_[t], "key_dtype", [&](auto key) {
                        return ReadTable<decltype(key)>(context, &reader, prefix, t, topology, s,
                                                        /*depth=*/0);
@@ -553,11 +565,11 @@ class RestoreEmbeddingVariablesOp : public OpKernel {
     const uint64_t stamp = PathStamp(prefix);
     for (StagedTable<Device>& s : staged) {
       if (s.table32 != nullptr) {
-        s.variable->template commit_restored<int32_t>(s.spec, s.default_values,
+        s.variable->template commit_restored<int32_t>(s.spec, s.default_values, s.storage,
                                                       std::move(s.table32), s.filter_spec,
                                                       std::move(s.filter32), s.mode, stamp);
       } else {
-        s.variable->template commit_restored<int64_t>(s.spec, s.default_values,
+        s.variable->template commit_restored<int64_t>(s.spec, s.default_values, s.storage,
                                                       std::move(s.table64), s.filter_spec,
                                                       std::move(s.filter64), s.mode, stamp);
       }
@@ -655,7 +667,8 @@ class RestoreEmbeddingVariablesOp : public OpKernel {
       }
       TF_RETURN_IF_ERROR(ReadTable<Key>(context, &base_reader, base, t, topology, s, depth + 1));
     } else {
-      TF_RETURN_IF_ERROR(s.variable->template new_table<Key>(context, core, s.spec, &table));
+      TF_RETURN_IF_ERROR(
+          s.variable->template new_table<Key>(context, core, s.spec, s.storage, &table));
       TF_RETURN_IF_ERROR(
           EmbeddingVariable<Device>::template NewFilter<Key>(s.filter_spec, &filter));
     }
@@ -1027,6 +1040,7 @@ class RestoreEmbeddingVariablesOp : public OpKernel {
   std::vector<int64_t> filter_specs_;
   std::vector<float> no_permission_values_;
   std::vector<int64_t> serving_modes_;
+  std::vector<int64_t> storage_specs_;  // [hbm_bytes, cache_strategy] per table, or empty
   bool record_changes_ = false;
 };
 

@@ -17,6 +17,7 @@
 #include "cc/initializer.h"
 #include "cc/optimizers.h"
 #include "cc/partition.h"
+#include "cc/storage_spec.h"
 #include "cc/unique.h"
 #include "sok_ev/cc/kernels/claiming_parallel_for.h"
 #include "sok_ev/cc/kernels/export_buffers.h"
@@ -117,10 +118,30 @@ class Core<CPUDevice> {
   }
 
   // initializer.default_values: (default_value_dim, dim), copied by the table.
+  // A CPU table holds every row in host memory: an HBM budget (storage) is
+  // refused, naming the variable.
   template <typename Key>
   absl::Status NewTable(DeviceAllocator* /*table_allocator*/, int64_t dim,
-                        const InitializerSpec& initializer, std::shared_ptr<Table<Key>>* table) {
+                        const InitializerSpec& initializer, const StorageSpec& storage,
+                        const std::string& name, std::shared_ptr<Table<Key>>* table) {
+    if (storage.tiered()) return HbmStorageOnCpu(name);
     *table = std::make_shared<Table<Key>>(dim, initializer);
+    return absl::OkStatus();
+  }
+
+  // The error for HBM_DRAM storage on a CPU table.
+  static absl::Status HbmStorageOnCpu(const std::string& name) {
+    return tensorflow::errors::InvalidArgument(
+        "Embedding Variable '", name,
+        "': storage_type HBM_DRAM keeps rows in a GPU's memory (HBM), but the variable is on "
+        "the CPU; place it on a GPU or use StorageType.DRAM");
+  }
+
+  // A CPU table has no tiers: every counter is 0 but host_rows, its size.
+  template <typename Key>
+  absl::Status TierCountersOf(Table<Key>& table, TierCounters* counters) {
+    *counters = TierCounters();
+    counters->host_rows = table.size();
     return absl::OkStatus();
   }
 

@@ -35,6 +35,8 @@
 #include "cc/optimizers.h"
 #include "cc/partition.h"
 #include "cc/status_gpu.h"
+#include "cc/storage_spec.h"
+#include "cc/tiered_table_gpu.h"
 #include "cc/unique.h"
 #include "cc/unique_partition_gpu.h"
 #include "sok_ev/cc/kernels/export_buffers.h"
@@ -68,8 +70,12 @@ class TfGpuAllocator : public DeviceAllocator {
 template <>
 class Core<GPUDevice> {
  public:
+  // The HBM hash table, with host memory beyond an HBM budget when the
+  // variable has HBM_DRAM storage (cc/tiered_table_gpu.h). Every method
+  // below that reads or writes rows of given keys first makes them
+  // resident in HBM (TieredTable::make_resident; nothing without a budget).
   template <typename Key>
-  using Table = gpu::HashTable<Key>;
+  using Table = gpu::TieredTable<Key>;
   // The GPU table's host-side bounds and growth are not thread-safe.
   static constexpr bool kTableIsThreadSafe = false;
   // The backward pass sums each key's entries grouped by key (order), which
@@ -133,14 +139,16 @@ class Core<GPUDevice> {
 
   // table_allocator: kept by the table for its lifetime, so it must outlive it.
   // initializer.default_values: (default_value_dim, dim) device, copied.
+  // storage: the HBM budget, if any; name: the variable's, for errors.
   template <typename Key>
   absl::Status NewTable(DeviceAllocator* table_allocator, int64_t dim,
-                        const InitializerSpec& initializer, std::shared_ptr<Table<Key>>* table) {
+                        const InitializerSpec& initializer, const StorageSpec& storage,
+                        const std::string& name, std::shared_ptr<Table<Key>>* table) {
     GpuContext create = context_;
     create.allocator = table_allocator;
     Table<Key>* created = nullptr;
-    TF_RETURN_IF_ERROR(ToTfStatus(
-        Table<Key>::Create(create, dim, initializer, gpu::HashTableOptions(), &created)));
+    TF_RETURN_IF_ERROR(ToTfStatus(Table<Key>::Create(
+        create, dim, initializer, gpu::HashTableOptions(), storage, name, &created)));
     table->reset(created);
     return absl::OkStatus();
   }
@@ -161,15 +169,17 @@ class Core<GPUDevice> {
   template <typename Key>
   absl::Status FindOrInsert(Table<Key>& table, const Key* keys, int64_t n, float* values,
                             const int64_t* frequencies) {
+    TF_RETURN_IF_ERROR(Resident(table, keys, n));
     return ToTfStatus(
-        table.find_or_insert(context_, keys, n, values, frequencies, /*row_ids=*/nullptr));
+        table.hbm().find_or_insert(context_, keys, n, values, frequencies, /*row_ids=*/nullptr));
   }
 
   //   keys: (n,)  values: (n, dim) out
   template <typename Key>
   absl::Status Find(const Table<Key>& table, const Key* keys, int64_t n, float* values) {
-    return ToTfStatus(
-        table.find(context_, keys, n, values, /*found=*/nullptr, /*initial_for_missing=*/true));
+    TF_RETURN_IF_ERROR(Resident(table, keys, n));
+    return ToTfStatus(table.hbm().find(context_, keys, n, values, /*found=*/nullptr,
+                                       /*initial_for_missing=*/true));
   }
 
   // Values of present keys; an absent key reads its initial value
@@ -186,8 +196,9 @@ class Core<GPUDevice> {
       TF_RETURN_IF_ERROR(Scratch<bool>(n, &found_tensor));
       found_on_device = VectorData<bool>(found_tensor);
     }
-    TF_RETURN_IF_ERROR(
-        ToTfStatus(table.find(context_, keys, n, values, found_on_device, initial_for_missing)));
+    TF_RETURN_IF_ERROR(Resident(table, keys, n));
+    TF_RETURN_IF_ERROR(ToTfStatus(
+        table.hbm().find(context_, keys, n, values, found_on_device, initial_for_missing)));
     if (found == nullptr) return Pending();
     return CopyToHost(found_on_device, n, found);
   }
@@ -276,9 +287,19 @@ class Core<GPUDevice> {
   absl::Status ExportBatches(Table<Key>& table, int64_t max_batch, const ExportBegin& begin,
                              const ExportEmit<Key>& emit) {
     int64_t n = 0;
-    TF_RETURN_IF_ERROR(Size(table, &n));
+    TF_RETURN_IF_ERROR(ToTfStatus(table.hbm().size(context_, &n)));
     const int64_t width = table.row_width();
-    TF_RETURN_IF_ERROR(begin(n, width));
+    TF_RETURN_IF_ERROR(begin(n + table.host_size(), width));
+    // The host tier's rows (HBM_DRAM storage) straight from host memory.
+    absl::Status emitted;
+    const Status host = table.export_host_batches(
+        max_batch, [&](const typename Table<Key>::HostBatch& batch) -> Status {
+          emitted = emit(HostExportBatch<Key>{batch.keys, batch.rows, batch.frequencies,
+                                              batch.versions, batch.count});
+          return emitted.ok() ? Status::Ok() : Status::Internal("export stopped");
+        });
+    TF_RETURN_IF_ERROR(emitted);
+    TF_RETURN_IF_ERROR(ToTfStatus(host));
     if (n == 0) return absl::OkStatus();
     tensorflow::Tensor keys, rows, frequencies, versions;
     TF_RETURN_IF_ERROR(Scratch<Key>(n, &keys));
@@ -286,7 +307,7 @@ class Core<GPUDevice> {
     TF_RETURN_IF_ERROR(Scratch<int64_t>(n, &frequencies));
     TF_RETURN_IF_ERROR(Scratch<int64_t>(n, &versions));
     int64_t written = 0;
-    TF_RETURN_IF_ERROR(ToTfStatus(table.export_all(
+    TF_RETURN_IF_ERROR(ToTfStatus(table.hbm().export_all(
         context_, VectorData<Key>(keys), VectorData<float>(rows), VectorData<int64_t>(frequencies),
         VectorData<int64_t>(versions), n, &written)));
     if (written != n) {
@@ -322,12 +343,13 @@ class Core<GPUDevice> {
                               int64_t n, const float* grads, int64_t dim, int64_t global_step,
                               bool keys_are_unique) {
     if (n <= 0) return absl::OkStatus();
+    TF_RETURN_IF_ERROR(Resident(table, keys, n));
     tensorflow::Tensor row_ids_tensor;
     TF_RETURN_IF_ERROR(Scratch<int64_t>(n, &row_ids_tensor));
     int64_t* row_ids = VectorData<int64_t>(row_ids_tensor);
     if (keys_are_unique) {
-      TF_RETURN_IF_ERROR(
-          ToTfStatus(table.find_or_insert_rows(context_, keys, n, /*count=*/nullptr, row_ids)));
+      TF_RETURN_IF_ERROR(ToTfStatus(
+          table.hbm().find_or_insert_rows(context_, keys, n, /*count=*/nullptr, row_ids)));
       return ApplyDistinctRows(table, spec, n, grads, row_ids, global_step);
     }
     // Each unique key once, its gradient the sum of its rows': row offsets
@@ -340,10 +362,11 @@ class Core<GPUDevice> {
     TF_RETURN_IF_ERROR(UniqueKeysSegmented<Key>(keys, n, &sorted));
     const int64_t* num_unique = VectorData<int64_t>(sorted.num_unique);
     TF_RETURN_IF_ERROR(Pending());
-    TF_RETURN_IF_ERROR(ToTfStatus(table.find_or_insert_rows(
+    TF_RETURN_IF_ERROR(ToTfStatus(table.hbm().find_or_insert_rows(
         context_, VectorData<Key>(sorted.unique_keys), n, num_unique, row_ids)));
     TF_RETURN_IF_ERROR(ToTfStatus(gpu::combine_backward_apply(
-        context_, table, spec, grads, /*weights=*/nullptr, /*row_offsets=*/identity, /*batch=*/n,
+        context_, table.hbm(), spec, grads, /*weights=*/nullptr, /*row_offsets=*/identity,
+        /*batch=*/n,
         /*nnz=*/n, Combiner::kSum, VectorData<int64_t>(sorted.order),
         VectorData<int64_t>(sorted.segments), num_unique, /*max_unique=*/n,
         /*max_key_entries=*/n, row_ids, global_step)));
@@ -503,14 +526,19 @@ class Core<GPUDevice> {
     TF_RETURN_IF_ERROR(Scratch<int64_t>(std::max<int64_t>(first_id[n], 1), &row_ids_tensor));
     std::vector<gpu::FindOrInsertJob<Key>> inserts(n);
     std::vector<gpu::LookupCombineTable<Key>> combines(n);
+    std::vector<std::pair<Table<Key>*, gpu::KeySpan<Key>>> spans(n);
     for (size_t t = 0; t < n; ++t) {
       const FindOrInsertCombineTable<Table<Key>, Key>& table = tables[t];
       int64_t* row_ids = VectorData<int64_t>(row_ids_tensor) + first_id[t];
-      inserts[t] = {table.table,  table.unique_keys,        table.num_unique, /*count=*/nullptr,
+      gpu::HashTable<Key>* hbm = &table.table->hbm();
+      inserts[t] = {hbm,          table.unique_keys,        table.num_unique, /*count=*/nullptr,
                     table.counts, /*count_frequency=*/true, row_ids};
-      combines[t] = {table.table, row_ids, table.combine};
+      combines[t] = {hbm, row_ids, table.combine};
+      spans[t] = {table.table, {table.unique_keys, table.num_unique}};
     }
-    TF_RETURN_IF_ERROR(ToTfStatus(Table<Key>::find_or_insert_tables(context_, inserts.data(), n)));
+    TF_RETURN_IF_ERROR(ResidentTables(spans));
+    TF_RETURN_IF_ERROR(
+        ToTfStatus(gpu::HashTable<Key>::find_or_insert_tables(context_, inserts.data(), n)));
     return ToTfStatus(gpu::lookup_combine_tables(context_, combines.data(), n));
   }
 
@@ -540,20 +568,30 @@ class Core<GPUDevice> {
     TF_RETURN_IF_ERROR(Scratch<int64_t>(first_id[n], &row_ids_tensor));
     int64_t* row_ids = VectorData<int64_t>(row_ids_tensor);
     std::vector<gpu::FindOrInsertJob<Key>> inserts(n);
+    std::vector<std::pair<Table<Key>*, gpu::KeySpan<Key>>> spans(n);
+    for (size_t t = 0; t < n; ++t) spans[t] = {tables[t].table, {tables[t].keys, tables[t].n}};
+    TF_RETURN_IF_ERROR(ResidentTables(spans));
     for (size_t t = 0; t < n; ++t) {
       gpu::FindOrInsertJob<Key>& insert = inserts[t];
-      insert.table = tables[t].table;
+      insert.table = &tables[t].table->hbm();
       insert.keys = tables[t].keys;
       insert.n = tables[t].n;
       insert.count_frequency = false;  // the lookup counted the keys
       insert.row_ids = row_ids + first_id[t];
     }
-    TF_RETURN_IF_ERROR(ToTfStatus(Table<Key>::find_or_insert_tables(context_, inserts.data(), n)));
+    TF_RETURN_IF_ERROR(
+        ToTfStatus(gpu::HashTable<Key>::find_or_insert_tables(context_, inserts.data(), n)));
     for (size_t t = 0; t < n; ++t) {
       TF_RETURN_IF_ERROR(ApplyDistinctRows(*tables[t].table, tables[t].spec, tables[t].n,
                                            tables[t].grads, row_ids + first_id[t], global_step));
     }
     return absl::OkStatus();
+  }
+
+  // The tier counters of a table (cc/storage_spec.h); syncs the stream.
+  template <typename Key>
+  absl::Status TierCountersOf(Table<Key>& table, TierCounters* counters) {
+    return ToTfStatus(table.counters(context_, counters));
   }
 
   // Scratch memory for a table's work inside ForEachTable (safe on a side
@@ -769,6 +807,34 @@ class Core<GPUDevice> {
     return offsets;
   }
 
+  // Makes the rows of keys resident in the table's HBM tier (see Table).
+  //   keys: (n,)
+  template <typename Key>
+  absl::Status Resident(const Table<Key>& table, const Key* keys, int64_t n) {
+    if (!table.tiered()) return absl::OkStatus();
+    return ToTfStatus(table.make_resident(context_, {gpu::KeySpan<Key>{keys, n}}));
+  }
+
+  // Resident for the tables of a multi-table op: a table listed several
+  // times makes all of its spans resident at once, so that no span's rows
+  // are written back to make room for another's.
+  template <typename Key>
+  absl::Status ResidentTables(const std::vector<std::pair<Table<Key>*, gpu::KeySpan<Key>>>& spans) {
+    for (size_t t = 0; t < spans.size(); ++t) {
+      Table<Key>* table = spans[t].first;
+      if (!table->tiered()) continue;
+      bool first = true;
+      for (size_t u = 0; u < t; ++u) first = first && spans[u].first != table;
+      if (!first) continue;
+      std::vector<gpu::KeySpan<Key>> of_table;
+      for (size_t u = t; u < spans.size(); ++u) {
+        if (spans[u].first == table) of_table.push_back(spans[u].second);
+      }
+      TF_RETURN_IF_ERROR(ToTfStatus(table->make_resident(context_, of_table)));
+    }
+    return absl::OkStatus();
+  }
+
   // The update of n distinct keys whose rows are resolved: key i's gradient
   // is row i, nothing to group (null order, segments and row offsets).
   //   grads: (n, dim)  row_ids: (n,)
@@ -776,7 +842,8 @@ class Core<GPUDevice> {
   absl::Status ApplyDistinctRows(Table<Key>& table, const OptimizerSpec& spec, int64_t n,
                                  const float* grads, const int64_t* row_ids, int64_t global_step) {
     TF_RETURN_IF_ERROR(ToTfStatus(gpu::combine_backward_apply(
-        context_, table, spec, grads, /*weights=*/nullptr, /*row_offsets=*/nullptr, /*batch=*/n,
+        context_, table.hbm(), spec, grads, /*weights=*/nullptr, /*row_offsets=*/nullptr,
+        /*batch=*/n,
         /*nnz=*/n, Combiner::kSum, /*order=*/nullptr, /*segments=*/nullptr,
         /*num_unique=*/nullptr, /*max_unique=*/n, /*max_key_entries=*/1, row_ids, global_step)));
     return Pending();

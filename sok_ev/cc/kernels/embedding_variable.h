@@ -20,6 +20,7 @@
 #include "cc/common.h"
 #include "cc/feature_filter.h"
 #include "cc/initializer.h"
+#include "cc/storage_spec.h"
 #include "sok_ev/cc/kernels/change_log.h"
 #include "sok_ev/cc/kernels/device_core.h"
 #include "sok_ev/cc/kernels/tf_status.h"
@@ -69,15 +70,19 @@ class EmbeddingVariable : public tensorflow::ResourceBase {
   // the table they started with. default_values: (default_value_dim, dim) on
   // the device, a copy this variable keeps for the tables it makes later
   // (checkpoint restore).
+  // storage: where the rows live (an HBM budget for GPU tables), kept for
+  // the tables it makes later (restore, import).
   absl::Status initialize(tensorflow::OpKernelContext* context, const InitializerSpec& initializer,
-                          tensorflow::Tensor default_values, const FeatureFilterSpec& filter) {
+                          tensorflow::Tensor default_values, const FeatureFilterSpec& filter,
+                          const StorageSpec& storage) {
     Core<Device> core(context);
     change_log_.Deactivate();
     if (key_dtype_ == tensorflow::DT_INT32) {
-      return initialize_with<int32_t>(context, core, initializer, std::move(default_values),
-                                      filter);
+      return initialize_with<int32_t>(context, core, initializer, std::move(default_values), filter,
+                                      storage);
     }
-    return initialize_with<int64_t>(context, core, initializer, std::move(default_values), filter);
+    return initialize_with<int64_t>(context, core, initializer, std::move(default_values), filter,
+                                    storage);
   }
 
   // A filter that has counted nothing, or null when `spec` filters nothing.
@@ -94,13 +99,14 @@ class EmbeddingVariable : public tensorflow::ResourceBase {
   }
 
   // An empty table made with `initializer` (whose default-value matrix, if
-  // any, must stay valid until commit_restored), for a restore to fill
-  // before anything stored changes.
+  // any, must stay valid until commit_restored) and `storage`, for a
+  // restore to fill before anything stored changes.
   template <typename Key>
   absl::Status new_table(tensorflow::OpKernelContext* context, Core<Device>& core,
-                         const InitializerSpec& initializer, std::shared_ptr<Table<Key>>* table) {
+                         const InitializerSpec& initializer, const StorageSpec& storage,
+                         std::shared_ptr<Table<Key>>* table) {
     std::lock_guard<std::mutex> lock(mutex_);
-    return make_table_locked(context, core, initializer, table);
+    return make_table_locked(context, core, initializer, storage, table);
   }
 
   // Makes a restored table and filter the variable's, with the initializer
@@ -109,10 +115,12 @@ class EmbeddingVariable : public tensorflow::ResourceBase {
   // variables commits all of them or none.
   template <typename Key>
   void commit_restored(const InitializerSpec& initializer, tensorflow::Tensor default_values,
-                       std::shared_ptr<Table<Key>> table, const FeatureFilterSpec& filter_spec,
+                       const StorageSpec& storage, std::shared_ptr<Table<Key>> table,
+                       const FeatureFilterSpec& filter_spec,
                        std::shared_ptr<FeatureFilter<Key>> filter, TableMode mode, uint64_t stamp) {
     std::lock_guard<std::mutex> lock(mutex_);
     set_initializer_locked(initializer, std::move(default_values));
+    storage_ = storage;
     slot<Key>() = std::move(table);
     filter_slot<Key>() = std::move(filter);
     filter_spec_ = filter_spec;
@@ -126,7 +134,7 @@ class EmbeddingVariable : public tensorflow::ResourceBase {
   absl::Status new_empty_table(tensorflow::OpKernelContext* context, Core<Device>& core,
                                std::shared_ptr<Table<Key>>* table) {
     std::lock_guard<std::mutex> lock(mutex_);
-    return make_table_locked(context, core, initializer_, table);
+    return make_table_locked(context, core, initializer_, storage_, table);
   }
 
   // The filter keeps what it counted; no checkpoint holds the new table, so
@@ -171,6 +179,12 @@ class EmbeddingVariable : public tensorflow::ResourceBase {
     return filter_spec_;
   }
 
+  // Where the rows live: the HBM budget of HBM_DRAM storage, or none.
+  StorageSpec storage() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return storage_;
+  }
+
   TableMode mode() const {
     std::lock_guard<std::mutex> lock(mutex_);
     return mode_;
@@ -201,16 +215,21 @@ class EmbeddingVariable : public tensorflow::ResourceBase {
   absl::Status initialize_with(tensorflow::OpKernelContext* context, Core<Device>& core,
                                const InitializerSpec& initializer,
                                tensorflow::Tensor default_values,
-                               const FeatureFilterSpec& filter_spec) {
+                               const FeatureFilterSpec& filter_spec, const StorageSpec& storage) {
     std::shared_ptr<FeatureFilter<Key>> filter;
     TF_RETURN_IF_ERROR(NewFilter<Key>(filter_spec, &filter));
     std::lock_guard<std::mutex> lock(mutex_);
+    // The table first: a storage it refuses changes nothing.
+    std::shared_ptr<Table<Key>> table;
+    TF_RETURN_IF_ERROR(make_table_locked(context, core, initializer, storage, &table));
     set_initializer_locked(initializer, std::move(default_values));
+    storage_ = storage;
     restore_stamp_ = 0;
     filter_spec_ = filter_spec;
     filter_slot<Key>() = std::move(filter);
     mode_ = TableMode::kTraining;
-    return make_table_locked(context, core, initializer_, &slot<Key>());
+    slot<Key>() = std::move(table);
+    return absl::OkStatus();
   }
 
   void set_initializer_locked(const InitializerSpec& initializer,
@@ -224,12 +243,13 @@ class EmbeddingVariable : public tensorflow::ResourceBase {
 
   template <typename Key>
   absl::Status make_table_locked(tensorflow::OpKernelContext* context, Core<Device>& core,
-                                 const InitializerSpec& initializer,
+                                 const InitializerSpec& initializer, const StorageSpec& storage,
                                  std::shared_ptr<Table<Key>>* table) {
     if (table_allocator_ == nullptr) {
       table_allocator_ = Core<Device>::NewTableAllocator(context);
     }
-    TF_RETURN_IF_ERROR(core.NewTable(table_allocator_.get(), embedding_dim_, initializer, table));
+    TF_RETURN_IF_ERROR(
+        core.NewTable(table_allocator_.get(), embedding_dim_, initializer, storage, name_, table));
     if constexpr (std::is_same<Device, CPUDevice>::value) {
       (*table)->set_name(name_);  // named in its out-of-memory errors
     }
@@ -268,6 +288,7 @@ class EmbeddingVariable : public tensorflow::ResourceBase {
   std::shared_ptr<Table<int32_t>> table32_;
   std::shared_ptr<Table<int64_t>> table64_;
   FeatureFilterSpec filter_spec_;
+  StorageSpec storage_;
   std::shared_ptr<FeatureFilter<int32_t>> filter32_;
   std::shared_ptr<FeatureFilter<int64_t>> filter64_;
   TableMode mode_ = TableMode::kTraining;

@@ -54,6 +54,8 @@ class InitializeEmbeddingVariableOp : public EmbeddingVariableOpKernel<Device> {
     OP_REQUIRES_OK(context, context->GetAttr("no_permission_value", &no_permission_value));
     OP_REQUIRES_OK(context, MakeFeatureFilterSpec(filter_freq, num_counters, num_hashes,
                                                   counter_bytes, no_permission_value, &filter_));
+    OP_REQUIRES_OK(context, context->GetAttr("hbm_bytes", &hbm_bytes_));
+    OP_REQUIRES_OK(context, context->GetAttr("cache_strategy", &cache_strategy_));
   }
 
   void Compute(OpKernelContext* context) override {
@@ -63,16 +65,22 @@ class InitializeEmbeddingVariableOp : public EmbeddingVariableOpKernel<Device> {
     OP_REQUIRES_OK(context,
                    CopyDefaultValues<Device>(context, DisplayName(handle.name()), embedding_dim_,
                                              context->input(1), &spec, &matrix));
+    StorageSpec storage;
+    OP_REQUIRES_OK(context, ToTfStatus(MakeStorageSpec(hbm_bytes_, cache_strategy_, embedding_dim_,
+                                                       DisplayName(handle.name()), &storage)));
     RefCountPtr<EmbeddingVariable<Device>> variable;
     OP_REQUIRES_OK(context, LookupOrCreateVariable<Device>(context, handle, this->key_dtype_,
                                                            embedding_dim_, &variable));
-    OP_REQUIRES_OK(context, variable->initialize(context, spec, std::move(matrix), filter_));
+    OP_REQUIRES_OK(context,
+                   variable->initialize(context, spec, std::move(matrix), filter_, storage));
   }
 
  private:
   int64_t embedding_dim_;
   InitializerSpec spec_;
   FeatureFilterSpec filter_;
+  int64_t hbm_bytes_;
+  int64_t cache_strategy_;
 };
 
 // An op reading one scalar of the variable behind input 0, which may not
@@ -114,6 +122,35 @@ template <typename Device>
 using EmbeddingVariableIsInitializedOp = VariableScalarOp<Device, IsInitialized>;
 template <typename Device>
 using EmbeddingVariableRestoreStampOp = VariableScalarOp<Device, RestoreStamp>;
+
+// The tier counters of HBM_DRAM storage (cc/storage_spec.h), in
+// TierCounters' field order.
+template <typename Device>
+class EmbeddingVariableTierCountersOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* context) override {
+    RefCountPtr<EmbeddingVariable<Device>> variable;
+    const tensorflow::ResourceHandle& handle = tensorflow::HandleFromInput(context, 0);
+    OP_REQUIRES_OK(context, tensorflow::LookupResource(context, handle, &variable));
+    Core<Device> core(context);
+    TierCounters counters;
+    OP_REQUIRES_OK(context, DispatchKeyType(variable->key_dtype(), "key_dtype", [&](auto key) {
+                     auto table = variable->template table<decltype(key)>();
+                     if (table == nullptr) return absl::OkStatus();
+                     auto lock = variable->lock_table();
+                     return core.TierCountersOf(*table, &counters);
+                   }));
+    Tensor* output;
+    OP_REQUIRES_OK(context,
+                   context->allocate_output(0, TensorShape({TierCounters::kFields}), &output));
+    auto out = output->flat<int64_t>();
+    const int64_t fields[TierCounters::kFields] = {
+        counters.hits,       counters.misses, counters.rows_to_hbm, counters.rows_to_host,
+        counters.pcie_bytes, counters.calls,  counters.hbm_rows,    counters.host_rows};
+    for (int i = 0; i < TierCounters::kFields; ++i) out(i) = fields[i];
+  }
+};
 
 template <typename Device>
 class EmbeddingVariableSizeOp : public OpKernel {
@@ -374,6 +411,7 @@ SOK_EV_REGISTER_CPU("InitializeEmbeddingVariable", InitializeEmbeddingVariableOp
 SOK_EV_REGISTER_CPU("EmbeddingVariableIsInitialized", EmbeddingVariableIsInitializedOp);
 SOK_EV_REGISTER_CPU("EmbeddingVariableRestoreStamp", EmbeddingVariableRestoreStampOp);
 SOK_EV_REGISTER_CPU("EmbeddingVariableSize", EmbeddingVariableSizeOp);
+SOK_EV_REGISTER_CPU("EmbeddingVariableTierCounters", EmbeddingVariableTierCountersOp);
 SOK_EV_REGISTER_CPU("EmbeddingVariableExport", EmbeddingVariableExportOp);
 SOK_EV_REGISTER_CPU("EmbeddingVariableImport", EmbeddingVariableImportOp);
 SOK_EV_REGISTER_CPU("EmbeddingVariableFind", EmbeddingVariableFindOp);
@@ -406,6 +444,11 @@ REGISTER_KERNEL_BUILDER(Name("SokEv>EmbeddingVariableSize")
                             .HostMemory("resource")
                             .HostMemory("size"),
                         EmbeddingVariableSizeOp<GPUDevice>);
+REGISTER_KERNEL_BUILDER(Name("SokEv>EmbeddingVariableTierCounters")
+                            .Device(DEVICE_GPU)
+                            .HostMemory("resource")
+                            .HostMemory("counters"),
+                        EmbeddingVariableTierCountersOp<GPUDevice>);
 REGISTER_KERNEL_BUILDER(Name("SokEv>EmbeddingVariableExport")
                             .Device(DEVICE_GPU)
                             .HostMemory("resource")

@@ -53,6 +53,7 @@ REGISTER_OP("SokEv>RestoreEmbeddingVariables")
     .Attr("filter_specs: list(int) = []")
     .Attr("no_permission_values: list(float) = []")
     .Attr("serving_modes: list(int) = []")
+    .Attr("storage_specs: list(int) = []")
     .Attr("record_changes: bool = false")
     .SetIsStateful()
     .SetShapeFn(tensorflow::shape_inference::NoOutputs)
@@ -72,6 +73,9 @@ REGISTER_OP("SokEv>RestoreEmbeddingVariables")
         "gives it values only); 1 and 2 serve (values only, lookups insert nothing; a "
         "missing key reads its initial value, or zeros; a filtered table's, its "
         "no_permission_value, or zeros). "
+        "storage_specs: [hbm_bytes, cache_strategy] per table (cc/storage_spec.h: "
+        "the HBM budget of a GPU table's HBM_DRAM storage, 0 for none), or empty: "
+        "each variable's own. The checkpoint's layout does not depend on it. "
         "record_changes: the restored checkpoint is the base of the next "
         "incremental save. Every table is read and checked before any "
         "variable changes: on an error none does.");

@@ -38,6 +38,8 @@ REGISTER_OP("SokEv>InitializeEmbeddingVariable")
     .Attr("filter_hashes: int = 0")
     .Attr("filter_counter_bytes: int = 8")
     .Attr("no_permission_value: float = 0.0")
+    .Attr("hbm_bytes: int = 0")
+    .Attr("cache_strategy: int = 1")
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle default_values;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &default_values));
@@ -50,7 +52,10 @@ REGISTER_OP("SokEv>InitializeEmbeddingVariable")
         "feature filter (cc/feature_filter.h): exact counts, or a counting "
         "Bloom filter of filter_counters counters of filter_counter_bytes "
         "and filter_hashes hashes; keys not admitted read "
-        "no_permission_value.");
+        "no_permission_value. hbm_bytes > 0 (GPU tables only) gives it "
+        "DeepRec's HBM_DRAM storage (cc/tiered_table_gpu.h): rows beyond "
+        "hbm_bytes of HBM (values and slots) live in host memory, moved by "
+        "cache_strategy (0 LRU, 1 LFU).");
 
 REGISTER_OP("SokEv>EmbeddingVariableIsInitialized")
     .Input("resource: resource")
@@ -65,6 +70,19 @@ REGISTER_OP("SokEv>EmbeddingVariableRestoreStamp")
     .Doc(
         "Which checkpoint the variable was last restored from (a hash of its "
         "path), 0 if it was initialized since, or never created.");
+
+REGISTER_OP("SokEv>EmbeddingVariableTierCounters")
+    .Input("resource: resource")
+    .Output("counters: int64")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Vector(8));
+      return absl::OkStatus();
+    })
+    .Doc(
+        "The table's tier counters (cc/storage_spec.h TierCounters): hits, "
+        "misses, rows_to_hbm, rows_to_host, pcie_bytes, calls (cumulative), "
+        "hbm_rows, host_rows (now).");
 
 REGISTER_OP("SokEv>EmbeddingVariableSize")
     .Input("resource: resource")

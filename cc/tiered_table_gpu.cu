@@ -1,0 +1,458 @@
+// The tiers of a GPU Embedding Variable; see cc/tiered_table_gpu.h.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <numeric>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cc/hash_table_probe_gpu.h"
+#include "cc/status_gpu.h"
+#include "cc/tiered_table_gpu.h"
+
+namespace sok_ev {
+namespace gpu {
+namespace {
+
+constexpr int kThreads = 256;
+// Host batches of the host tier's rows copied to the GPU by export_all.
+constexpr int64_t kExportBatch = 1 << 16;
+
+//   keys: (n,)  present: (n,) out, 1 where the key is in the table
+template <typename Key>
+__global__ void contains_kernel(TableView<Key> table, const Key* keys, int64_t n,
+                                uint8_t* present) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    present[i] = find_row(table, keys[i]) >= 0 ? 1 : 0;
+  }
+}
+
+// Every stored key with its row id and its cache score (frequency for LFU,
+// version for LRU), in no particular order.
+template <typename Key>
+__global__ void list_rows_kernel(TableView<Key> table, int64_t slots, bool by_frequency,
+                                 int64_t capacity, Key* keys, int64_t* scores, int64_t* row_ids,
+                                 unsigned long long* cursor) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < slots;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int32_t row = table.states[i];
+    if (row < 0) continue;
+    const unsigned long long position = atomicAdd(cursor, 1ULL);
+    if (position >= static_cast<unsigned long long>(capacity)) continue;
+    keys[position] = table.keys[i];
+    scores[position] = by_frequency ? table.frequencies[row] : table.versions[row];
+    row_ids[position] = row;
+  }
+}
+
+// Whole rows, frequencies and versions of row ids, a warp a row.
+//   row_ids: (n,)  rows: (n, row_width) out  frequencies, versions: (n,) out
+template <typename Key>
+__global__ void gather_rows_kernel(TableView<Key> table, const int64_t* row_ids, int64_t n,
+                                   float* rows, int64_t* frequencies, int64_t* versions) {
+  const int lane = threadIdx.x & 31;
+  for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5; i < n;
+       i += (int64_t(gridDim.x) * blockDim.x) >> 5) {
+    const int64_t row = row_ids[i];
+    const float* from = table.rows + row * table.row_width;
+    float* to = rows + i * table.row_width;
+    for (int64_t c = lane; c < table.row_width; c += 32) to[c] = from[c];
+    if (lane == 0) {
+      frequencies[i] = table.frequencies[row];
+      versions[i] = table.versions[row];
+    }
+  }
+}
+
+template <typename T>
+Status to_device(const GpuContext& context, const T* host, int64_t n, T* device) {
+  if (n == 0) return Status::Ok();
+  SOK_EV_CUDA_RETURN(
+      cudaMemcpyAsync(device, host, n * sizeof(T), cudaMemcpyHostToDevice, stream_of(context)));
+  return Status::Ok();
+}
+
+template <typename T>
+Status to_host(const GpuContext& context, const T* device, int64_t n, T* host) {
+  if (n == 0) return Status::Ok();
+  SOK_EV_CUDA_RETURN(
+      cudaMemcpyAsync(host, device, n * sizeof(T), cudaMemcpyDeviceToHost, stream_of(context)));
+  return Status::Ok();
+}
+
+Status out_of_device_memory(const std::string& name, const char* what, size_t bytes) {
+  return Status::ResourceExhausted("Embedding Variable '" + name +
+                                   "': out of GPU memory allocating " + std::to_string(bytes) +
+                                   " bytes for " + what);
+}
+
+}  // namespace
+
+template <typename Key>
+TieredTable<Key>::TieredTable(HashTable<Key>* hbm, const StorageSpec& storage,
+                              const std::string& name)
+    : hbm_(hbm), storage_(storage), name_(name) {
+  if (storage.tiered()) {
+    // The host tier only stores rows it is given: it never draws initial
+    // values, so it needs no initializer of its own.
+    host_.reset(new cpu::HashTable<Key>(hbm->dim(), InitializerSpec()));
+    host_->set_name(name);
+  }
+}
+
+template <typename Key>
+TieredTable<Key>::~TieredTable() = default;
+
+template <typename Key>
+Status TieredTable<Key>::Create(const GpuContext& context, int64_t dim,
+                                const InitializerSpec& initializer, const HashTableOptions& options,
+                                const StorageSpec& storage, const std::string& name,
+                                TieredTable** table) {
+  *table = nullptr;
+  StorageSpec checked;
+  SOK_EV_RETURN_IF_ERROR(MakeStorageSpec(
+      storage.hbm_bytes, static_cast<int64_t>(storage.cache_strategy), dim, name, &checked));
+  HashTable<Key>* hbm = nullptr;
+  SOK_EV_RETURN_IF_ERROR(HashTable<Key>::Create(context, dim, initializer, options, &hbm));
+  *table = new TieredTable(hbm, checked, name);
+  return Status::Ok();
+}
+
+template <typename Key>
+int64_t TieredTable<Key>::budget_rows() const {
+  if (!tiered()) return 0;
+  return std::max<int64_t>(1, storage_.hbm_bytes / (row_width() * int64_t{4}));
+}
+
+template <typename Key>
+int64_t TieredTable<Key>::host_size() const {
+  return host_ ? host_->size() : 0;
+}
+
+template <typename Key>
+Status TieredTable<Key>::size(const GpuContext& context, int64_t* size) {
+  SOK_EV_RETURN_IF_ERROR(hbm_->size(context, size));
+  *size += host_size();
+  return Status::Ok();
+}
+
+template <typename Key>
+Status TieredTable<Key>::add_slot(const GpuContext& context, const std::string& name,
+                                  float initial_value, int* index) {
+  SOK_EV_RETURN_IF_ERROR(hbm_->add_slot(context, name, initial_value, index));
+  if (!tiered()) return Status::Ok();
+  int host_index = -1;
+  SOK_EV_RETURN_IF_ERROR(host_->add_slot(name, initial_value, &host_index));
+  if (host_index != *index) {
+    return Status::Internal("Embedding Variable '" + name_ + "': slot '" + name + "' has index " +
+                            std::to_string(*index) + " in HBM but " + std::to_string(host_index) +
+                            " in host memory");
+  }
+  return Status::Ok();
+}
+
+template <typename Key>
+Status TieredTable<Key>::make_resident(const GpuContext& context,
+                                       const std::vector<KeySpan<Key>>& spans) const {
+  if (!tiered()) return Status::Ok();
+  cudaStream_t stream = stream_of(context);
+  // The spans' keys on the host, each once, sorted.
+  std::vector<int64_t> counts(spans.size());
+  for (size_t s = 0; s < spans.size(); ++s) {
+    counts[s] = spans[s].n;
+    if (spans[s].count != nullptr && spans[s].n > 0) {
+      SOK_EV_RETURN_IF_ERROR(to_host(context, spans[s].count, 1, &counts[s]));
+    }
+  }
+  SOK_EV_RETURN_IF_ERROR(synchronize(stream));
+  std::vector<Key> batch;
+  for (size_t s = 0; s < spans.size(); ++s) {
+    const int64_t n = std::min(std::max<int64_t>(counts[s], 0), spans[s].n);
+    const size_t first = batch.size();
+    batch.resize(first + n);
+    SOK_EV_RETURN_IF_ERROR(to_host(context, spans[s].keys, n, batch.data() + first));
+  }
+  SOK_EV_RETURN_IF_ERROR(synchronize(stream));
+  ++counters_.calls;
+  std::sort(batch.begin(), batch.end());
+  batch.erase(std::unique(batch.begin(), batch.end()), batch.end());
+  const int64_t n = static_cast<int64_t>(batch.size());
+  if (n == 0) return Status::Ok();
+
+  // Which of them HBM holds.
+  ScratchBuffer device_keys(context, n * sizeof(Key));
+  ScratchBuffer device_present(context, n);
+  if (!device_keys.ok() || !device_present.ok()) {
+    return out_of_device_memory(name_, "the keys of a tier lookup", n * (sizeof(Key) + 1));
+  }
+  SOK_EV_RETURN_IF_ERROR(to_device(context, batch.data(), n, device_keys.as<Key>()));
+  contains_kernel<Key><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
+      hbm_->view(), device_keys.as<Key>(), n, device_present.as<uint8_t>());
+  SOK_EV_LAUNCH_CHECK("contains");
+  std::vector<uint8_t> present(n);
+  SOK_EV_RETURN_IF_ERROR(to_host(context, device_present.as<uint8_t>(), n, present.data()));
+  int64_t hbm_size = 0;
+  SOK_EV_RETURN_IF_ERROR(hbm_->size(context, &hbm_size));  // syncs: present has landed
+  counters_.pcie_bytes += n * static_cast<int64_t>(sizeof(Key) + 1);
+  std::vector<Key> absent;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!present[i]) absent.push_back(batch[i]);
+  }
+  const int64_t hits = n - static_cast<int64_t>(absent.size());
+  counters_.hits += hits;
+  counters_.misses += static_cast<int64_t>(absent.size());
+  if (absent.empty()) return Status::Ok();
+
+  // Those in the host tier move in; the rest are new. Room first.
+  Records moving;
+  if (host_->size() > 0) {
+    const int64_t width = row_width();
+    const int64_t m = static_cast<int64_t>(absent.size());
+    std::vector<float> rows(m * width);
+    std::vector<int64_t> frequencies(m), versions(m);
+    std::unique_ptr<bool[]> found(new bool[m]);
+    host_->find_records(CpuContext::Serial(), absent.data(), m, rows.data(), frequencies.data(),
+                        versions.data(), found.get());
+    for (int64_t i = 0; i < m; ++i) {
+      if (!found[i]) continue;
+      moving.keys.push_back(absent[i]);
+      moving.rows.insert(moving.rows.end(), rows.begin() + i * width,
+                         rows.begin() + (i + 1) * width);
+      moving.frequencies.push_back(frequencies[i]);
+      moving.versions.push_back(versions[i]);
+    }
+  }
+  const int64_t needed = hbm_size + static_cast<int64_t>(absent.size());
+  const int64_t budget = budget_rows();
+  if (needed > budget) {
+    // An eighth of the budget beyond what must go, so that the next calls
+    // find room without a scan; never the keys of this call.
+    const int64_t evictable = hbm_size - hits;
+    const int64_t count = std::min(evictable, needed - budget + budget / 8);
+    if (count > 0) SOK_EV_RETURN_IF_ERROR(evict(context, count, batch));
+  }
+  return bring_in(context, moving);
+}
+
+template <typename Key>
+Status TieredTable<Key>::evict(const GpuContext& context, int64_t count,
+                               const std::vector<Key>& keep) const {
+  cudaStream_t stream = stream_of(context);
+  int64_t stored = 0;
+  SOK_EV_RETURN_IF_ERROR(hbm_->size(context, &stored));
+  if (stored == 0) return Status::Ok();
+  const TableView<Key> view = hbm_->view();
+  const int64_t slots = static_cast<int64_t>(view.bucket_mask + 1) * kBucketSlots;
+  ScratchBuffer keys(context, stored * sizeof(Key));
+  ScratchBuffer scores(context, stored * sizeof(int64_t));
+  ScratchBuffer row_ids(context, stored * sizeof(int64_t));
+  ScratchBuffer cursor(context, sizeof(unsigned long long));
+  if (!keys.ok() || !scores.ok() || !row_ids.ok() || !cursor.ok()) {
+    return out_of_device_memory(name_, "choosing rows to write back",
+                                stored * (sizeof(Key) + 2 * sizeof(int64_t)));
+  }
+  SOK_EV_CUDA_RETURN(cudaMemsetAsync(cursor.get(), 0, sizeof(unsigned long long), stream));
+  list_rows_kernel<Key><<<grid_for(slots, kThreads), kThreads, 0, stream>>>(
+      view, slots, storage_.cache_strategy == CacheStrategy::kLfu, stored, keys.as<Key>(),
+      scores.as<int64_t>(), row_ids.as<int64_t>(), cursor.as<unsigned long long>());
+  SOK_EV_LAUNCH_CHECK("list_rows");
+  std::vector<Key> host_keys(stored);
+  std::vector<int64_t> host_scores(stored), host_ids(stored);
+  SOK_EV_RETURN_IF_ERROR(to_host(context, keys.as<Key>(), stored, host_keys.data()));
+  SOK_EV_RETURN_IF_ERROR(to_host(context, scores.as<int64_t>(), stored, host_scores.data()));
+  SOK_EV_RETURN_IF_ERROR(to_host(context, row_ids.as<int64_t>(), stored, host_ids.data()));
+  SOK_EV_RETURN_IF_ERROR(synchronize(stream));
+  counters_.pcie_bytes += stored * static_cast<int64_t>(sizeof(Key) + 2 * sizeof(int64_t));
+
+  // The lowest (score, key) among the rows not kept.
+  std::vector<int64_t> candidates;
+  candidates.reserve(stored);
+  for (int64_t i = 0; i < stored; ++i) {
+    if (!std::binary_search(keep.begin(), keep.end(), host_keys[i])) candidates.push_back(i);
+  }
+  count = std::min<int64_t>(count, static_cast<int64_t>(candidates.size()));
+  if (count == 0) return Status::Ok();
+  auto lower = [&](int64_t a, int64_t b) {
+    return host_scores[a] != host_scores[b] ? host_scores[a] < host_scores[b]
+                                            : host_keys[a] < host_keys[b];
+  };
+  std::nth_element(candidates.begin(), candidates.begin() + (count - 1), candidates.end(), lower);
+  candidates.resize(count);
+  std::vector<Key> victims(count);
+  std::vector<int64_t> victim_ids(count);
+  for (int64_t i = 0; i < count; ++i) {
+    victims[i] = host_keys[candidates[i]];
+    victim_ids[i] = host_ids[candidates[i]];
+  }
+
+  // Their rows to the host tier, then out of HBM.
+  const int64_t width = row_width();
+  ScratchBuffer device_ids(context, count * sizeof(int64_t));
+  ScratchBuffer rows(context, count * width * sizeof(float));
+  ScratchBuffer frequencies(context, count * sizeof(int64_t));
+  ScratchBuffer versions(context, count * sizeof(int64_t));
+  if (!device_ids.ok() || !rows.ok() || !frequencies.ok() || !versions.ok()) {
+    return out_of_device_memory(name_, "rows written back to host memory",
+                                count * (width * sizeof(float) + 3 * sizeof(int64_t)));
+  }
+  SOK_EV_RETURN_IF_ERROR(to_device(context, victim_ids.data(), count, device_ids.as<int64_t>()));
+  gather_rows_kernel<Key><<<grid_for(count * 32, kThreads), kThreads, 0, stream>>>(
+      view, device_ids.as<int64_t>(), count, rows.as<float>(), frequencies.as<int64_t>(),
+      versions.as<int64_t>());
+  SOK_EV_LAUNCH_CHECK("gather_rows");
+  std::vector<float> host_rows(count * width);
+  std::vector<int64_t> host_frequencies(count), host_versions(count);
+  SOK_EV_RETURN_IF_ERROR(to_host(context, rows.as<float>(), count * width, host_rows.data()));
+  SOK_EV_RETURN_IF_ERROR(
+      to_host(context, frequencies.as<int64_t>(), count, host_frequencies.data()));
+  SOK_EV_RETURN_IF_ERROR(to_host(context, versions.as<int64_t>(), count, host_versions.data()));
+  SOK_EV_RETURN_IF_ERROR(synchronize(stream));
+  const CpuContext serial = CpuContext::Serial();
+  Status written = host_->insert_or_assign(serial, victims.data(), count, host_rows.data(),
+                                           host_frequencies.data(), host_versions.data());
+  if (!written.ok()) {
+    // None of these keys was in the host tier before: remove what was
+    // written, so both tiers are as they were.
+    host_->erase(serial, victims.data(), count);
+    if (written.code == Status::Code::kResourceExhausted) {
+      written.message = "host memory tier of HBM_DRAM storage: " + written.message;
+    }
+    return written;
+  }
+  // The keys to erase reuse the row-id buffer (int64 holds either key type).
+  SOK_EV_RETURN_IF_ERROR(to_device(context, victims.data(), count, device_ids.as<Key>()));
+  SOK_EV_RETURN_IF_ERROR(hbm_->erase(context, device_ids.as<Key>(), count, nullptr));
+  SOK_EV_RETURN_IF_ERROR(synchronize(stream));
+  counters_.rows_to_host += count;
+  counters_.pcie_bytes +=
+      count * static_cast<int64_t>(width * sizeof(float) + 3 * sizeof(int64_t) + sizeof(Key));
+  return Status::Ok();
+}
+
+template <typename Key>
+Status TieredTable<Key>::bring_in(const GpuContext& context, const Records& records) const {
+  const std::vector<Key>& keys = records.keys;
+  const int64_t n = static_cast<int64_t>(keys.size());
+  if (n == 0) return Status::Ok();
+  const int64_t width = row_width();
+  const CpuContext serial = CpuContext::Serial();
+  ScratchBuffer device_keys(context, n * sizeof(Key));
+  ScratchBuffer device_rows(context, n * width * sizeof(float));
+  ScratchBuffer device_frequencies(context, n * sizeof(int64_t));
+  ScratchBuffer device_versions(context, n * sizeof(int64_t));
+  if (!device_keys.ok() || !device_rows.ok() || !device_frequencies.ok() || !device_versions.ok()) {
+    return out_of_device_memory(name_, "rows brought in from host memory",
+                                n * (width * sizeof(float) + 2 * sizeof(int64_t) + sizeof(Key)));
+  }
+  SOK_EV_RETURN_IF_ERROR(to_device(context, keys.data(), n, device_keys.as<Key>()));
+  SOK_EV_RETURN_IF_ERROR(
+      to_device(context, records.rows.data(), n * width, device_rows.as<float>()));
+  SOK_EV_RETURN_IF_ERROR(
+      to_device(context, records.frequencies.data(), n, device_frequencies.as<int64_t>()));
+  SOK_EV_RETURN_IF_ERROR(
+      to_device(context, records.versions.data(), n, device_versions.as<int64_t>()));
+  SOK_EV_RETURN_IF_ERROR(
+      hbm_->insert_or_assign(context, device_keys.as<Key>(), n, device_rows.as<float>(),
+                             device_frequencies.as<int64_t>(), device_versions.as<int64_t>()));
+  SOK_EV_RETURN_IF_ERROR(synchronize(stream_of(context)));
+  host_->erase(serial, keys.data(), n);
+  counters_.rows_to_hbm += n;
+  counters_.pcie_bytes +=
+      n * static_cast<int64_t>(width * sizeof(float) + 2 * sizeof(int64_t) + sizeof(Key));
+  return Status::Ok();
+}
+
+template <typename Key>
+Status TieredTable<Key>::insert_or_assign(const GpuContext& context, const Key* keys, int64_t n,
+                                          const float* rows, const int64_t* frequencies,
+                                          const int64_t* versions) {
+  // Keys in the host tier move to HBM first (keeping each key in one
+  // tier), then are overwritten there.
+  SOK_EV_RETURN_IF_ERROR(make_resident(context, {KeySpan<Key>{keys, n}}));
+  SOK_EV_RETURN_IF_ERROR(hbm_->insert_or_assign(context, keys, n, rows, frequencies, versions));
+  if (!tiered()) return Status::Ok();
+  // No batch is in flight (a restore, an import): back within the budget
+  // now, so a table restored batch by batch never holds more in HBM.
+  int64_t stored = 0;
+  SOK_EV_RETURN_IF_ERROR(hbm_->size(context, &stored));
+  if (stored <= budget_rows()) return Status::Ok();
+  return evict(context, stored - budget_rows(), {});
+}
+
+template <typename Key>
+Status TieredTable<Key>::erase(const GpuContext& context, const Key* keys, int64_t n,
+                               int64_t* num_erased) {
+  if (!tiered()) return hbm_->erase(context, keys, n, num_erased);
+  int64_t in_hbm = 0;
+  SOK_EV_RETURN_IF_ERROR(hbm_->erase(context, keys, n, &in_hbm));
+  std::vector<Key> host_keys(std::max<int64_t>(n, 0));
+  SOK_EV_RETURN_IF_ERROR(to_host(context, keys, n, host_keys.data()));
+  SOK_EV_RETURN_IF_ERROR(synchronize(stream_of(context)));
+  const int64_t in_host = n > 0 ? host_->erase(CpuContext::Serial(), host_keys.data(), n) : 0;
+  if (num_erased != nullptr) *num_erased = in_hbm + in_host;
+  return Status::Ok();
+}
+
+template <typename Key>
+Status TieredTable<Key>::evict_stale(const GpuContext& context, int64_t global_step,
+                                     int64_t steps_to_live, int64_t* num_evicted) {
+  SOK_EV_RETURN_IF_ERROR(hbm_->evict_stale(context, global_step, steps_to_live, num_evicted));
+  if (tiered()) *num_evicted += host_->evict_stale(global_step, steps_to_live);
+  return Status::Ok();
+}
+
+template <typename Key>
+Status TieredTable<Key>::export_all(const GpuContext& context, Key* keys, float* rows,
+                                    int64_t* frequencies, int64_t* versions, int64_t capacity,
+                                    int64_t* count) {
+  const int64_t in_host = host_size();
+  if (in_host > capacity) {
+    return Status::InvalidArgument("export_all: host tier holds " + std::to_string(in_host) +
+                                   " keys, capacity " + std::to_string(capacity));
+  }
+  int64_t written = 0;
+  SOK_EV_RETURN_IF_ERROR(
+      hbm_->export_all(context, keys, rows, frequencies, versions, capacity - in_host, &written));
+  if (!tiered()) {
+    *count = written;
+    return Status::Ok();
+  }
+  const int64_t width = row_width();
+  SOK_EV_RETURN_IF_ERROR(export_host_batches(kExportBatch, [&](const HostBatch& batch) -> Status {
+    SOK_EV_RETURN_IF_ERROR(to_device(context, batch.keys, batch.count, keys + written));
+    SOK_EV_RETURN_IF_ERROR(
+        to_device(context, batch.rows, batch.count * width, rows + written * width));
+    SOK_EV_RETURN_IF_ERROR(
+        to_device(context, batch.frequencies, batch.count, frequencies + written));
+    SOK_EV_RETURN_IF_ERROR(to_device(context, batch.versions, batch.count, versions + written));
+    written += batch.count;
+    // The batch's host buffers are valid only during this call.
+    return synchronize(stream_of(context));
+  }));
+  *count = written;
+  return Status::Ok();
+}
+
+template <typename Key>
+Status TieredTable<Key>::export_host_batches(
+    int64_t max_batch, const std::function<Status(const HostBatch& batch)>& emit) const {
+  if (!tiered()) return Status::Ok();
+  return host_->export_batches(
+      max_batch, [](int64_t, int64_t) { return Status::Ok(); }, emit);
+}
+
+template <typename Key>
+Status TieredTable<Key>::counters(const GpuContext& context, TierCounters* counters) {
+  *counters = counters_;
+  SOK_EV_RETURN_IF_ERROR(hbm_->size(context, &counters->hbm_rows));
+  counters->host_rows = host_size();
+  return Status::Ok();
+}
+
+template class TieredTable<int32_t>;
+template class TieredTable<int64_t>;
+
+}  // namespace gpu
+}  // namespace sok_ev

@@ -1,0 +1,151 @@
+// A GPU Embedding Variable's store: a gpu::HashTable in device memory (HBM)
+// and, with DeepRec's HBM_DRAM storage (cc/storage_spec.h), a
+// cpu::HashTable in host memory for the rows beyond the HBM budget.
+//
+// Without a budget it is the GPU hash table alone: every method forwards
+// to it, nothing else runs.
+//
+// With a budget, every row lives in exactly one tier: a key present in the
+// host tier is absent from HBM and the other way round. Rows keep their
+// values, slots, frequency and version whichever tier they are in, so the
+// tiers are invisible: every call sees and writes exactly what the same
+// table held all in HBM would. Before any call that reads or writes rows of
+// given keys in HBM (a lookup, an update, a restore batch), make_resident
+// brings those keys' rows in from host memory and makes room for the keys
+// that are new, writing back to host memory the rows that the cache
+// strategy ranks lowest (LFU: lowest frequency; LRU: lowest version, the
+// step of the last update) among the rows those keys do not use, ties
+// broken by the key. Rows of the keys asked for are never evicted in that
+// call, so when a batch has more keys than the budget holds, HBM holds them
+// all until a later call evicts them. An eviction frees an eighth of the
+// budget more than it must, so that the whole-table scan that picks the
+// victims is not paid on every call.
+//
+// Errors. Host memory that the system refuses for written-back rows fails
+// the call with ResourceExhausted naming the table; the rows already
+// written for it are removed from the host tier again and nothing in HBM
+// has changed.
+//
+// Concurrency: as gpu::HashTable, calls must not overlap (the op layer
+// holds the variable's table lock). Each tiered call synchronises its
+// stream (the keys are read on the host).
+#ifndef SOK_EV_CC_TIERED_TABLE_GPU_H_
+#define SOK_EV_CC_TIERED_TABLE_GPU_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cc/common.h"
+#include "cc/hash_table_cpu.h"
+#include "cc/hash_table_gpu.h"
+#include "cc/initializer.h"
+#include "cc/storage_spec.h"
+
+namespace sok_ev {
+namespace gpu {
+
+// Keys that one call needs resident, from one table (a table an op lists
+// several times gives several spans, made resident together).
+template <typename Key>
+struct KeySpan {
+  const Key* keys;                 // (n,) device
+  int64_t n;                       // the host's bound
+  const int64_t* count = nullptr;  // device, or null: only the first *count keys
+};
+
+template <typename Key>
+class TieredTable {
+ public:
+  // As HashTable::Create; `storage` gives the HBM budget (none: HBM only),
+  // `name` names the table in errors.
+  static Status Create(const GpuContext& context, int64_t dim, const InitializerSpec& initializer,
+                       const HashTableOptions& options, const StorageSpec& storage,
+                       const std::string& name, TieredTable** table);
+  ~TieredTable();
+  TieredTable(const TieredTable&) = delete;
+  TieredTable& operator=(const TieredTable&) = delete;
+
+  // The HBM tier, for the kernels that read rows by row id.
+  HashTable<Key>& hbm() { return *hbm_; }
+  const HashTable<Key>& hbm() const { return *hbm_; }
+  bool tiered() const { return host_ != nullptr; }
+  const StorageSpec& storage() const { return storage_; }
+
+  int64_t dim() const { return hbm_->dim(); }
+  int num_slots() const { return hbm_->num_slots(); }
+  int64_t row_width() const { return hbm_->row_width(); }
+  std::vector<std::string> slot_names() const { return hbm_->slot_names(); }
+  std::vector<float> slot_initial_values() const { return hbm_->slot_initial_values(); }
+  // Rows the HBM budget holds at the current row width (at least 1).
+  int64_t budget_rows() const;
+
+  // Keys in both tiers; synchronises context.stream.
+  Status size(const GpuContext& context, int64_t* size);
+  // In both tiers, at the same index.
+  Status add_slot(const GpuContext& context, const std::string& name, float initial_value,
+                  int* index);
+
+  // Brings the rows of the spans' keys (duplicates allowed) that are in the
+  // host tier into HBM, and makes room in the budget for those that are in
+  // neither tier, so that the HBM table's own calls on these keys then do
+  // what they would on an all-HBM table. No-op without a budget. Const:
+  // which tier holds a row is invisible to every call.
+  Status make_resident(const GpuContext& context, const std::vector<KeySpan<Key>>& spans) const;
+
+  // HashTable::insert_or_assign over both tiers (a restore or import batch):
+  // the keys' rows are written to HBM, which is then brought back within the
+  // budget (these keys may be written back too: no batch is in flight).
+  Status insert_or_assign(const GpuContext& context, const Key* keys, int64_t n, const float* rows,
+                          const int64_t* frequencies, const int64_t* versions);
+  // From both tiers. keys: (n,) device; *num_erased: host, may be null.
+  Status erase(const GpuContext& context, const Key* keys, int64_t n, int64_t* num_erased);
+  // HashTable::evict_stale on both tiers.
+  Status evict_stale(const GpuContext& context, int64_t global_step, int64_t steps_to_live,
+                     int64_t* num_evicted);
+  // HashTable::export_all over both tiers: HBM's keys first, then the host
+  // tier's. Outputs are device memory.
+  Status export_all(const GpuContext& context, Key* keys, float* rows, int64_t* frequencies,
+                    int64_t* versions, int64_t capacity, int64_t* count);
+  // The host tier's rows in host batches (none without a budget), as
+  // cpu::HashTable::export_batches without its begin.
+  using HostBatch = typename cpu::HashTable<Key>::ExportBatch;
+  Status export_host_batches(int64_t max_batch,
+                             const std::function<Status(const HostBatch& batch)>& emit) const;
+  // Rows in the host tier (0 without a budget).
+  int64_t host_size() const;
+
+  // The counters, with hbm_rows and host_rows read now (syncs the stream).
+  Status counters(const GpuContext& context, TierCounters* counters);
+
+ private:
+  TieredTable(HashTable<Key>* hbm, const StorageSpec& storage, const std::string& name);
+  // Writes `count` rows of HBM back to host memory, chosen by the cache
+  // strategy among the rows whose keys are not in `keep` (host, sorted).
+  Status evict(const GpuContext& context, int64_t count, const std::vector<Key>& keep) const;
+  // Rows read from the host tier: keys (n,), rows (n, row_width),
+  // frequencies and versions (n,).
+  struct Records {
+    std::vector<Key> keys;
+    std::vector<float> rows;
+    std::vector<int64_t> frequencies, versions;
+  };
+  // Moves the rows of `records` (read from the host tier) into HBM and
+  // removes them from the host tier.
+  Status bring_in(const GpuContext& context, const Records& records) const;
+
+  std::unique_ptr<HashTable<Key>> hbm_;
+  std::unique_ptr<cpu::HashTable<Key>> host_;  // null without a budget
+  StorageSpec storage_;
+  std::string name_;
+  // Where rows are changes nothing a caller sees, so const calls move
+  // them; the counters count those calls.
+  mutable TierCounters counters_;
+};
+
+}  // namespace gpu
+}  // namespace sok_ev
+
+#endif  // SOK_EV_CC_TIERED_TABLE_GPU_H_

@@ -1,0 +1,492 @@
+"""DeepRec's HBM_DRAM storage: a GPU Embedding Variable whose rows beyond an
+HBM budget live in host memory (cc/tiered_table_gpu.h).
+
+The reference for a tiered table is the same table with every row in HBM
+(and, for checkpoints, on the CPU): whatever the budget and cache strategy,
+every lookup, update, export and checkpoint must give the same bits. The
+option checks and errors run everywhere (a CPU-only machine refuses HBM_DRAM,
+naming it); the tiers themselves need a GPU, and those tests skip without
+one.
+"""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import sok_ev_reference as ref
+
+GPU = bool(tf.config.list_physical_devices("GPU"))
+needs_gpu = pytest.mark.skipif(not GPU, reason="HBM_DRAM keeps rows in a GPU's memory")
+
+DIM = 8
+
+
+def hbm_dram(sok, hbm_bytes, strategy=None):
+    strategy = sok.CacheStrategy.LFU if strategy is None else strategy
+    return sok.EmbeddingVariableOption(storage_option=sok.StorageOption(
+        storage_type=sok.StorageType.HBM_DRAM, storage_size=[hbm_bytes], cache_strategy=strategy))
+
+
+def budget_of_rows(rows, dim=DIM, slots=0):
+    """storage_size[0] for `rows` rows of values and `slots` optimizer slots."""
+    return rows * 4 * dim * (1 + slots)
+
+
+# --------------------------------------------------------------------------- options and errors
+
+
+@pytest.mark.parametrize("budget", [0, -4, 4 * DIM - 1, 1.5e6, True, "1GB"])
+def test_an_hbm_budget_below_one_row_or_not_an_integer_is_refused_naming_it(
+        sok, unique_name, budget):
+    name = unique_name()
+    with pytest.raises(ValueError) as error:
+        sok.get_embedding_variable(name, embedding_dim=DIM, ev_option=hbm_dram(sok, budget))
+    assert ref.error_names(error.value, name, "storage_size[0]", repr(budget), str(4 * DIM))
+
+
+@pytest.mark.parametrize("strategy", [2, -1, "LFU", None, 1.0])
+def test_an_unknown_cache_strategy_is_refused_naming_it(sok, unique_name, strategy):
+    name = unique_name()
+    option = sok.EmbeddingVariableOption(storage_option=sok.StorageOption(
+        storage_type=sok.StorageType.HBM_DRAM, storage_size=[1 << 20], cache_strategy=strategy))
+    with pytest.raises(ValueError) as error:
+        sok.get_embedding_variable(name, embedding_dim=DIM, ev_option=option)
+    assert ref.error_names(error.value, name, "cache_strategy", repr(strategy))
+
+
+@pytest.mark.parametrize("storage_type", ["HBM_DRAM_SSDHASH", "DRAM_PMEM", "PMEM_MEMKIND"])
+def test_storage_types_not_built_are_refused_naming_them(sok, unique_name, storage_type):
+    path = "/tmp/sok_ev_unused" if "SSD" in storage_type else None
+    option = sok.EmbeddingVariableOption(storage_option=sok.StorageOption(
+        storage_type=getattr(sok.StorageType, storage_type), storage_path=path))
+    name = unique_name()
+    with pytest.raises(ValueError) as error:
+        sok.get_embedding_variable(name, embedding_dim=DIM, ev_option=option)
+    assert ref.error_names(error.value, name, "storage_type", storage_type, "not supported")
+
+
+def test_hbm_dram_on_a_cpu_table_is_refused_before_anything_exists(sok, unique_name):
+    name = unique_name()
+    with tf.device("/CPU:0"):
+        with pytest.raises(ValueError) as error:
+            sok.get_embedding_variable(name, embedding_dim=DIM, ev_option=hbm_dram(sok, 1 << 20))
+    assert ref.error_names(error.value, name, "HBM_DRAM", "CPU", "GPU")
+
+
+def test_hbm_dram_in_a_graph_placed_on_the_cpu_is_refused_before_the_variable_exists(sok):
+    with ref.graph_session():
+        with tf.device("/CPU:0"):
+            with pytest.raises(ValueError) as error:
+                sok.get_embedding_variable("tiered",
+                                           embedding_dim=DIM,
+                                           ev_option=hbm_dram(sok, 1 << 20))
+        assert not tf.compat.v1.global_variables()
+    assert ref.error_names(error.value, "tiered", "HBM_DRAM", "CPU")
+
+
+def _raw_table(name, key_dtype=tf.int64):
+    """A table's handle from the raw op, past the Python checks."""
+    from sok_ev._ops import ops  # pylint: disable=import-outside-toplevel
+    handle = ops().sok_ev_embedding_variable_handle(shared_name=name,
+                                                    key_dtype=key_dtype,
+                                                    embedding_dim=DIM)
+    return ops(), handle
+
+
+def _initialize(ops, handle, key_dtype=tf.int64, **storage):
+    return ops.sok_ev_initialize_embedding_variable(handle,
+                                                    tf.zeros([0, DIM]),
+                                                    key_dtype=key_dtype,
+                                                    embedding_dim=DIM,
+                                                    initializer_kind=0,
+                                                    param_a=0.5,
+                                                    **storage)
+
+
+def test_the_cpu_kernel_refuses_an_hbm_budget_and_keeps_the_table_it_had(sok, unique_name):
+    name = unique_name()
+    with tf.device("/CPU:0"):
+        ops, handle = _raw_table(name)
+        _initialize(ops, handle)
+        ops.sok_ev_find_or_insert([handle], [tf.constant([3, 5, 7], tf.int64)],
+                                  [tf.ones([3], tf.int64)],
+                                  embedding_dims=[DIM])
+        with pytest.raises(tf.errors.InvalidArgumentError) as error:
+            _initialize(ops, handle, hbm_bytes=1 << 20)
+        assert int(ops.sok_ev_embedding_variable_size(handle)) == 3
+    assert ref.error_names(error.value, name, "HBM_DRAM", "CPU")
+
+
+@pytest.mark.parametrize("storage, fragments", [
+    (dict(hbm_bytes=4 * DIM - 1), ["storage_size[0]", str(4 * DIM - 1)]),
+    (dict(hbm_bytes=1 << 20, cache_strategy=7), ["cache_strategy", "7"]),
+])
+def test_the_initializer_kernel_checks_its_storage_attributes(sok, unique_name, storage, fragments):
+    name = unique_name()
+    with tf.device("/CPU:0"):
+        ops, handle = _raw_table(name)
+        with pytest.raises(tf.errors.InvalidArgumentError) as error:
+            _initialize(ops, handle, **storage)
+    assert ref.error_names(error.value, name, *fragments)
+
+
+def test_a_cpu_table_counts_its_rows_in_host_memory_and_nothing_else(sok, unique_name):
+    with tf.device("/CPU:0"):
+        ev = sok.get_embedding_variable(unique_name(), embedding_dim=DIM)
+        sok.lookup_sparse([ev], [tf.ragged.constant([[1, 2, 2], [], [9]], tf.int64)])
+        counters = ev.tier_counters()
+    assert counters == dict(hits=0,
+                            misses=0,
+                            rows_to_hbm=0,
+                            rows_to_host=0,
+                            pcie_bytes=0,
+                            calls=0,
+                            hbm_rows=0,
+                            host_rows=3)
+
+
+def test_deeprec_names_the_cache_strategy_as_deeprec_does(sok):
+    sok.install_deeprec_api()
+    from tensorflow.core.framework.embedding import config_pb2  # pylint: disable=import-error
+    assert tf.CacheStrategy is sok.CacheStrategy is config_pb2.CacheStrategy
+    assert (sok.CacheStrategy.LRU, sok.CacheStrategy.LFU) == (0, 1)
+
+
+def test_a_restore_into_a_cpu_table_with_an_hbm_budget_is_refused_and_changes_nothing(
+        sok, unique_name, tmp_path):
+    """The checkpoint layout holds no storage: the restore op takes each
+  table's own (storage_specs); an HBM budget for a CPU table is refused
+  before the table changes."""
+    with tf.device("/CPU:0"):
+        ev = sok.get_embedding_variable(unique_name(), embedding_dim=DIM)
+        sok.lookup_sparse([ev], [tf.ragged.constant([[4, 5]], tf.int64)])
+        path = tf.train.Checkpoint(table=ev).write(str(tmp_path / "ckpt"))
+        sok.lookup_sparse([ev], [tf.ragged.constant([[6]], tf.int64)])
+        # As a variable made with HBM_DRAM would ask (get_embedding_variable
+        # refuses making one on the CPU).
+        ev._storage_attributes = {"hbm_bytes": 1 << 20, "cache_strategy": 1}
+        try:
+            with pytest.raises(tf.errors.InvalidArgumentError) as error:
+                tf.train.Checkpoint(table=ev).read(path)
+        finally:
+            ev._storage_attributes = {"hbm_bytes": 0, "cache_strategy": 1}
+        assert int(ev.total_count()) == 3
+        tf.train.Checkpoint(table=ev).read(path).assert_consumed()
+        assert int(ev.total_count()) == 2
+    assert ref.error_names(error.value, "HBM_DRAM", "CPU")
+
+
+# --------------------------------------------------------------------------- the tiers (GPU)
+
+
+def _draw_batches(rng, steps, batch_size, num_keys, key_dtype):
+    """Ragged batches of Zipf-like keys over [0, num_keys) with duplicates and
+  empty rows: hot keys stay in HBM, cold ones come and go."""
+    ranks = np.arange(1, num_keys + 1, dtype=np.float64)
+    p = ranks**-1.1 / np.sum(ranks**-1.1)
+    keys = rng.permutation(num_keys)
+    batches = []
+    for _ in range(steps):
+        batch = ref.random_sparse_batch(rng, batch_size, 4,
+                                        lambda n: keys[rng.choice(num_keys, n, p=p)], key_dtype)
+        batches.append(batch)
+    return batches
+
+
+def _ragged(batch):
+    lengths = np.bincount(batch.indices[:, 0], minlength=batch.batch_size)
+    return tf.RaggedTensor.from_row_lengths(tf.constant(batch.keys), lengths)
+
+
+def _pair(sok, unique_name, key_dtype, option, initializer_seed=11, **kwargs):
+    """A tiered table and the same table all in HBM."""
+    initializer = tf.compat.v1.truncated_normal_initializer(seed=initializer_seed)
+    make = lambda ev_option: sok.get_embedding_variable(unique_name(),
+                                                        embedding_dim=DIM,
+                                                        key_dtype=key_dtype,
+                                                        initializer=initializer,
+                                                        ev_option=ev_option,
+                                                        **kwargs)
+    return make(option), make(None)
+
+
+def _state(ev):
+    """Every key's row (value and slots), frequency and version, by key."""
+    keys, rows, frequencies, versions, _, _ = (t.numpy() for t in ev.export_full())
+    order = np.argsort(keys)
+    return keys[order], rows[order], frequencies[order], versions[order]
+
+
+def _assert_same_state(actual, expected):
+    for a, e, what in zip(_state(actual), _state(expected),
+                          ("keys", "rows", "frequencies", "versions")):
+        np.testing.assert_array_equal(a, e, err_msg=what)
+
+
+V1 = tf.compat.v1.train
+OPTIMIZERS = {
+    "v1_sgd": lambda: V1.GradientDescentOptimizer(0.3),
+    "v1_adagrad": lambda: V1.AdagradOptimizer(0.2),
+    "v1_adam": ref.make_adam,
+    "v1_ftrl": lambda: V1.FtrlOptimizer(0.2, l1_regularization_strength=0.01),
+    "v1_momentum": lambda: V1.MomentumOptimizer(0.1, momentum=0.8),
+    "v1_rmsprop": lambda: V1.RMSPropOptimizer(0.05, momentum=0.5, centered=True),
+    "keras_sgd": lambda: tf.keras.optimizers.SGD(0.3),
+    "keras_adagrad": lambda: tf.keras.optimizers.Adagrad(0.2),
+    "keras_adam": lambda: tf.keras.optimizers.Adam(0.05),
+    "keras_ftrl": lambda: tf.keras.optimizers.Ftrl(0.2),
+}
+SLOTS = {"sgd": 0, "adagrad": 1, "adam": 2, "ftrl": 2, "momentum": 1, "rmsprop": 3}
+
+
+def _train(sok, tables, make_optimizer, batches, rng, after_step=None):
+    """Trains `tables` side by side on the same batches and upstream
+  gradients (one optimizer); returns each step's embeddings per table.
+  after_step(batch) runs after each step's update."""
+    optimizer = make_optimizer()
+    keras = isinstance(optimizer, tf.keras.optimizers.Optimizer)
+    step = tf.Variable(0, dtype=tf.int64)
+    outputs = []
+    for batch in batches:
+        ids = _ragged(batch)
+        upstream = tf.constant(rng.normal(size=(batch.batch_size, DIM)).astype(np.float32))
+        with tf.GradientTape() as tape:
+            embeddings = sok.lookup_sparse(list(tables), [ids] * len(tables),
+                                           combiners=["sum"] * len(tables))
+            loss = tf.add_n([tf.reduce_sum(e * upstream) for e in embeddings])
+        grads = tape.gradient(loss, list(tables))
+        if keras:
+            optimizer.apply_gradients(zip(grads, tables))
+        else:
+            optimizer.apply_gradients(zip(grads, tables), global_step=step)
+        outputs.append([e.numpy() for e in embeddings])
+        if after_step is not None:
+            after_step(batch)
+    return outputs
+
+
+@needs_gpu
+@pytest.mark.parametrize("strategy", ["LFU", "LRU"])
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+def test_a_tiered_table_trains_bit_for_bit_as_the_same_table_all_in_hbm(
+        sok, rng, unique_name, optimizer, strategy):
+    """100 steps with a budget of 48 rows over 3000 Zipf keys: rows are
+  written back and brought in every step, and every lookup and the final
+  rows, slots, frequencies and versions equal the all-HBM table's."""
+    key_dtype = np.int32 if sorted(OPTIMIZERS).index(optimizer) % 2 else np.int64
+    slots = SLOTS[optimizer.split("_", 1)[1]]
+    option = hbm_dram(sok, budget_of_rows(48, slots=slots), getattr(sok.CacheStrategy, strategy))
+    tiered, all_hbm = _pair(sok, unique_name, key_dtype, option)
+    batches = _draw_batches(rng, 100, 64, 3000, key_dtype)
+    outputs = _train(sok, (tiered, all_hbm), OPTIMIZERS[optimizer], batches, rng)
+    for step, (a, b) in enumerate(outputs):
+        np.testing.assert_array_equal(a, b, err_msg=f"step {step}")
+    _assert_same_state(tiered, all_hbm)
+    counters = tiered.tier_counters()
+    assert counters["rows_to_host"] > 0 and counters["rows_to_hbm"] > 0
+    assert counters["hbm_rows"] + counters["host_rows"] == int(all_hbm.total_count())
+    assert int(tiered.total_count()) == int(all_hbm.total_count())
+
+
+@needs_gpu
+def test_hbm_holds_at_most_the_budget_beyond_the_batch_in_use(sok, rng, unique_name):
+    budget = 40
+    tiered, all_hbm = _pair(sok, unique_name, np.int64,
+                            hbm_dram(sok, budget_of_rows(budget, slots=1)))
+
+    def check(batch):
+        counters = tiered.tier_counters()
+        assert counters["hbm_rows"] <= max(budget, len(np.unique(batch.keys)))
+
+    _train(sok, (tiered, all_hbm), OPTIMIZERS["v1_adagrad"],
+           _draw_batches(rng, 30, 32, 2000, np.int64), rng, check)
+    _assert_same_state(tiered, all_hbm)
+
+
+@needs_gpu
+def test_all_miss_all_hit_and_empty_batches_are_counted_and_read_as_all_hbm(sok, rng, unique_name):
+    tiered, all_hbm = _pair(sok, unique_name, np.int64, hbm_dram(sok, budget_of_rows(16)))
+    fresh = rng.choice(10**6, 12, replace=False).astype(np.int64)
+    ids = tf.RaggedTensor.from_row_lengths(tf.constant(fresh), [5, 0, 7])
+
+    def lookup():
+        a, b = sok.lookup_sparse([tiered, all_hbm], [ids, ids])
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+        return tiered.tier_counters()
+
+    before = tiered.tier_counters()
+    all_miss = lookup()
+    assert all_miss["misses"] - before["misses"] == 12 and all_miss["hits"] == before["hits"]
+    all_hit = lookup()
+    assert all_hit["hits"] - all_miss["hits"] == 12 and all_hit["misses"] == all_miss["misses"]
+    empty = tf.RaggedTensor.from_row_lengths(tf.constant([], tf.int64), [0, 0])
+    a, b = sok.lookup_sparse([tiered, all_hbm], [empty, empty])
+    np.testing.assert_array_equal(a.numpy(), np.zeros((2, DIM), np.float32))
+    np.testing.assert_array_equal(b.numpy(), a.numpy())
+    after = tiered.tier_counters()
+    assert (after["hits"], after["misses"]) == (all_hit["hits"], all_hit["misses"])
+    _assert_same_state(tiered, all_hbm)
+
+
+@needs_gpu
+def test_a_batch_larger_than_the_budget_is_held_whole_then_written_back(sok, rng, unique_name):
+    tiered, all_hbm = _pair(sok, unique_name, np.int32, hbm_dram(sok, budget_of_rows(1)))
+    first = rng.choice(10**5, 300, replace=False).astype(np.int32)
+    second = rng.choice(10**5, 300, replace=False).astype(np.int32) + 10**5
+    for keys in (first, second, first):
+        ids = tf.RaggedTensor.from_row_lengths(tf.constant(keys), [100, 150, 50])
+        a, b = sok.lookup_sparse([tiered, all_hbm], [ids, ids])
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    counters = tiered.tier_counters()
+    assert counters["hbm_rows"] == 300 and counters["host_rows"] == 300
+    assert counters["rows_to_hbm"] == 300
+    _assert_same_state(tiered, all_hbm)
+
+
+@needs_gpu
+def test_sparse_read_and_export_see_both_tiers(sok, rng, unique_name):
+    tiered, all_hbm = _pair(sok, unique_name, np.int64, hbm_dram(sok, budget_of_rows(8)))
+    _train(sok, (tiered, all_hbm), OPTIMIZERS["v1_sgd"], _draw_batches(rng, 10, 32, 500, np.int64),
+           rng)
+    assert tiered.tier_counters()["host_rows"] > 0
+    keys = tf.constant(np.concatenate([_state(all_hbm)[0][:50], [-7, 10**9]]).astype(np.int64))
+    np.testing.assert_array_equal(
+        tiered.sparse_read(keys).numpy(),
+        all_hbm.sparse_read(keys).numpy())
+    k1, v1 = (t.numpy() for t in tiered.export())
+    k2, v2 = (t.numpy() for t in all_hbm.export())
+    np.testing.assert_array_equal(v1[np.argsort(k1)], v2[np.argsort(k2)])
+
+
+@needs_gpu
+def test_a_lookup_pipeline_trains_a_tiered_table_as_all_hbm(sok, rng, unique_name):
+    """The next batch is routed while this one trains; the rows this batch
+  uses stay in HBM until its update is applied."""
+    tiered, all_hbm = _pair(sok, unique_name, np.int64, hbm_dram(sok, budget_of_rows(32, slots=1)))
+    batches = _draw_batches(rng, 20, 48, 1500, np.int64)
+    optimizer = V1.AdagradOptimizer(0.2)
+    pipeline = sok.LookupPipeline([tiered, all_hbm], combiners=["sum", "sum"])
+    pipeline.prefetch([_ragged(batches[0])] * 2)
+    for s in range(len(batches)):
+        with tf.GradientTape() as tape:
+            (a, b), _ = pipeline.lookup()
+            if s + 1 < len(batches):
+                pipeline.prefetch([_ragged(batches[s + 1])] * 2)
+            loss = tf.reduce_sum(a * a) + tf.reduce_sum(b * b)
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+        optimizer.apply_gradients(zip(tape.gradient(loss, [tiered, all_hbm]), [tiered, all_hbm]))
+    _assert_same_state(tiered, all_hbm)
+
+
+@needs_gpu
+def test_a_counter_filter_and_steps_to_live_work_on_a_tiered_table(sok, rng, unique_name):
+    option = hbm_dram(sok, budget_of_rows(24, slots=1))
+    option.filter_option = sok.CounterFilter(filter_freq=2)
+    plain = sok.EmbeddingVariableOption(filter_option=sok.CounterFilter(filter_freq=2))
+    initializer = tf.compat.v1.truncated_normal_initializer(seed=5)
+    tiered, all_hbm = (sok.get_embedding_variable(unique_name(),
+                                                  embedding_dim=DIM,
+                                                  initializer=initializer,
+                                                  steps_to_live=5,
+                                                  ev_option=o) for o in (option, plain))
+    _train(sok, (tiered, all_hbm), OPTIMIZERS["v1_adagrad"],
+           _draw_batches(rng, 20, 32, 800, np.int64), rng)
+    _assert_same_state(tiered, all_hbm)
+    from sok_ev._ops import ops
+    evicted = [
+        int(ops().sok_ev_embedding_variable_evict(ev.handle,
+                                                  tf.constant(20, tf.int64),
+                                                  key_dtype=tf.int64,
+                                                  steps_to_live=5)) for ev in (tiered, all_hbm)
+    ]
+    assert evicted[0] == evicted[1] > 0
+    _assert_same_state(tiered, all_hbm)
+
+
+@needs_gpu
+@pytest.mark.parametrize("target", ["all_hbm", "other_budget", "cpu"])
+def test_a_checkpoint_with_rows_in_both_tiers_restores_exactly_into_any_storage(
+        sok, rng, unique_name, tmp_path, target):
+    tiered, all_hbm = _pair(sok, unique_name, np.int64,
+                            hbm_dram(sok, budget_of_rows(20, slots=2), sok.CacheStrategy.LRU))
+    _train(sok, (tiered, all_hbm), OPTIMIZERS["v1_ftrl"], _draw_batches(rng, 15, 32, 600, np.int64),
+           rng)
+    counters = tiered.tier_counters()
+    assert counters["hbm_rows"] > 0 and counters["host_rows"] > 0
+    path = tf.train.Checkpoint(table=tiered).write(str(tmp_path / "tiered"))
+    options = {
+        "all_hbm": None,
+        "other_budget": hbm_dram(sok, budget_of_rows(7, slots=2)),
+        "cpu": None,
+    }
+    device = "/CPU:0" if target == "cpu" else "/GPU:0"
+    with tf.device(device):
+        restored = sok.get_embedding_variable(
+            unique_name(),
+            embedding_dim=DIM,
+            initializer=tf.compat.v1.truncated_normal_initializer(seed=11),
+            ev_option=options[target])
+    tf.train.Checkpoint(table=restored).read(path).assert_consumed()
+    _assert_same_state(restored, all_hbm)
+    # ...and back: the restored table's checkpoint restores into a tiered one.
+    back_path = tf.train.Checkpoint(table=restored).write(str(tmp_path / "back"))
+    back = sok.get_embedding_variable(unique_name(),
+                                      embedding_dim=DIM,
+                                      ev_option=hbm_dram(sok, budget_of_rows(5, slots=2)))
+    tf.train.Checkpoint(table=back).read(back_path).assert_consumed()
+    _assert_same_state(back, all_hbm)
+    counters = back.tier_counters()  # a restore leaves HBM within its budget
+    assert counters["hbm_rows"] <= 5 and counters["host_rows"] > 0
+
+
+@needs_gpu
+def test_an_incremental_checkpoint_of_a_tiered_table_restores_the_full_state(sok, rng, tmp_path):
+    batches = _draw_batches(rng, 12, 32, 500, np.int64)
+    with ref.graph_session() as sess:
+        ids = tf.compat.v1.ragged.placeholder(tf.int64, 1, [])
+        ev = sok.get_embedding_variable("tiered",
+                                        embedding_dim=DIM,
+                                        ev_option=hbm_dram(sok, budget_of_rows(16, slots=1)))
+        loss = tf.reduce_sum(sok.lookup_sparse([ev], [ids], combiners=["sum"])[0]**2)
+        step = tf.compat.v1.train.get_or_create_global_step()
+        train = V1.AdagradOptimizer(0.1).minimize(loss, global_step=step)
+        saver = sok.Saver(incremental_save_restore=True)
+        sess.run(tf.compat.v1.global_variables_initializer())
+        feed = lambda b: {
+            ids:
+                tf.compat.v1.ragged.RaggedTensorValue(
+                    b.keys,
+                    np.concatenate(
+                        [[0], np.cumsum(np.bincount(b.indices[:, 0], minlength=b.batch_size))]))
+        }
+        for b in batches[:6]:
+            sess.run(train, feed(b))
+        saver.save(sess, str(tmp_path / "full" / "model"), global_step=step)
+        for b in batches[6:]:
+            sess.run(train, feed(b))
+        incremental = saver.incremental_save(sess,
+                                             str(tmp_path / "incr" / "model"),
+                                             global_step=step)
+        expected = [t for t in sess.run(ev.export_full())]
+        saver.restore(sess, incremental)
+        restored = sess.run(ev.export_full())
+    order_e, order_r = np.argsort(expected[0]), np.argsort(restored[0])
+    for e, r in zip(expected[:4], restored[:4]):
+        np.testing.assert_array_equal(r[order_r], e[order_e])
+
+
+@needs_gpu
+def test_a_thousand_steps_keep_gpu_memory_flat(sok, rng, unique_name):
+    tiered = sok.get_embedding_variable(unique_name(),
+                                        embedding_dim=DIM,
+                                        ev_option=hbm_dram(sok, budget_of_rows(64, slots=1)))
+    batches = _draw_batches(rng, 50, 64, 4000, np.int64)
+    optimizer = V1.AdagradOptimizer(0.1)
+    memory = []
+    for step in range(1000):
+        ids = _ragged(batches[step % len(batches)])
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(sok.lookup_sparse([tiered], [ids], combiners=["sum"])[0]**2)
+        optimizer.apply_gradients([(tape.gradient(loss, tiered), tiered)])
+        if step in (199, 999):
+            memory.append(tf.config.experimental.get_memory_info("GPU:0")["current"])
+    assert memory[1] <= memory[0] * 1.05 + (1 << 20), memory
