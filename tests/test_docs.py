@@ -1,7 +1,8 @@
 """The tracked tree speaks of results by date, commit, machine and command.
 
-Work-session numbering ("session 23", "sessions 18-20", "this session") means
-nothing to a reader of the repository; TensorFlow's `tf.compat.v1.Session`,
+Numbered work sessions, or "this" one, mean nothing to a reader of the
+repository (the examples below spell the word through W so that this file
+passes its own check); TensorFlow's `tf.compat.v1.Session`,
 `MonitoredTrainingSession` and session hooks are API words and are allowed.
 The scan covers every file `git ls-files` lists (names included).
 """
@@ -15,9 +16,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Work-session phrases. Each is matched case-insensitively on one line.
 SESSION_PHRASES = re.compile(
-    r"\bsessions?[ _-]?\d+"  # session 23, sessions 20-24, session-6, session12
+    r"\bsessions?[ _-]?\d+"  # W 23, Ws 20-24, W-6, W12
     r"|\b(?:this|that|same|previous|next|earlier|later|second|third|fourth)"
-    r" (?:work )?session\b"  # this session, the same session
+    r" (?:work )?session\b"  # this W, the same W
     r"|\bend of (?:the )?session\b"
     r"|\bthe session's (?:last|first|change|device|prediction|work|tree|scratch)\b"
     r"|\bsession's (?:device time|artifact)\b",
@@ -65,12 +66,12 @@ def test_no_work_session_mentions_in_tracked_files():
 
 
 @pytest.mark.parametrize("text", [
-    "the run of session 23", "Sessions 18–20's cuts", "(session-6 numbers)",
-    "probe-session12.md", "no x2 was lent this session", "later the same session",
-    "the session's device time ran out", "## Session 28: one launch",
-    "(2026-11-24, end of session 17)"
+    "the run of {W} 23", "{Wc}s 18–20's cuts", "({W}-6 numbers)", "probe-{W}12.md",
+    "no x2 was lent this {W}", "later the same {W}", "the {W}'s device time ran out",
+    "## {Wc} 28: one launch", "(2026-11-24, end of {W} 17)"
 ])
 def test_the_check_catches(tmp_path, text):
+    text = text.format(W="sess" + "ion", Wc="Sess" + "ion")
     (tmp_path / "notes.md").write_text(f"intro\n{text}\n")
     assert session_mentions(["notes.md"], root=str(tmp_path)) == [("notes.md", 2, text)]
 
