@@ -85,3 +85,44 @@ def test_the_check_catches(tmp_path, text):
 def test_tensorflow_sessions_are_not_flagged(tmp_path, text):
     (tmp_path / "code.py").write_text(text + "\n")
     assert session_mentions(["code.py"], root=str(tmp_path)) == []
+
+
+def _read(path):
+    with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+        return f.read()
+
+
+def test_readme_commands_are_what_ci_runs():
+    readme = _read("README.md")
+    ci = [l for l in _read(".ci/run").splitlines() if l.startswith("bash request.sh")]
+    assert ci == ["bash request.sh && .venv/bin/python -m pytest -q tests"]
+    assert ci[0] in readme.splitlines()
+    assert "bash request.sh && .venv/bin/python benchmarks/criteo/run.py" in readme.splitlines()
+    assert len(readme.splitlines()) < 350
+
+
+def test_readme_and_docs_links_resolve():
+    for page in ["README.md"] + ["docs/" + p for p in os.listdir(os.path.join(ROOT, "docs"))]:
+        if not page.endswith(".md"):
+            continue
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", _read(page)):
+            if "://" in target:
+                continue
+            path = os.path.normpath(os.path.join(os.path.dirname(page), target))
+            assert os.path.exists(os.path.join(ROOT, path)), f"{page} links to missing {target}"
+
+
+def test_readme_results_are_results_md_rows():
+    """Each row of the README's results table is a row of RESULTS.md's current
+  table (its markers left out), so every figure has its date, commit and run."""
+    results = _read("benchmarks/RESULTS.md")
+    current = results[results.index("## Current results"):results.index("# History")]
+    rows = {re.sub(r" <!-- row:[a-z0-9-]+ -->", "", l) for l in current.splitlines() if "row:" in l}
+    readme = _read("README.md")
+    table = readme[readme.index("## Current results"):readme.index("## Not there yet")]
+    readme_rows = [
+        l for l in table.splitlines() if l.startswith("| ") and not l.startswith("| target")
+    ]
+    assert readme_rows, "no results table in the README"
+    for line in readme_rows:
+        assert line in rows, f"README row not in benchmarks/RESULTS.md's current table:\n{line}"
