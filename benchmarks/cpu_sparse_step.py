@@ -648,7 +648,7 @@ def python_time(args):
     ] + rows + [""] + verdicts + [""])
     print(section)
     if not args.no_append:
-        results.append(section)
+        results.append(section, "cpu-sparse-step")
 
 
 def main(argv=None):
@@ -724,7 +724,7 @@ def write_report(args, rows, verdicts, loads, groups):
     ] + verdicts + [""])
     print(section)
     if not args.no_append:
-        results.append(section)
+        results.append(section, "cpu-sparse-step")
 
 
 if __name__ == "__main__":

@@ -270,7 +270,7 @@ def main(argv=None):
     ])
     print(section)
     if not args.no_append:
-        results.append(section)
+        results.append(section, "cpu-table-memory")
 
 
 if __name__ == "__main__":

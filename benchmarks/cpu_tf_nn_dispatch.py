@@ -104,9 +104,7 @@ def main(argv=None):
     ] + ratios + [""])
     print(section)
     if not args.no_append:
-        with open(common.RESULTS, "a") as f:
-            f.write(section)
-        print(f"appended to {os.path.relpath(common.RESULTS, common.REPO_ROOT)}")
+        common.results.append(section, "cpu-tf-nn")
 
 
 if __name__ == "__main__":

@@ -1,11 +1,31 @@
-"""What every CPU benchmark records with its numbers in benchmarks/RESULTS.md:
-the machine, the exact command, and the dated section itself, appended."""
+"""What every benchmark records with its numbers in benchmarks/RESULTS.md.
+
+RESULTS.md opens with the current table, one row per target, and then the
+history, one `## ` section per benchmark, each marked `<!-- history:<id> -->`.
+A run's entry goes at the end of its benchmark's section (`append`, or
+`publish` for device scripts, whose RESULTS.md is lost with the machine): its
+headings move one level down, so a `## ` entry becomes a `### ` one. A row of
+the current table is marked `<!-- row:<id> -->` in its target cell;
+`update_row` rewrites its other cells (a run that is the row's configuration
+does so; by hand: `python benchmarks/results.py row <id> figure=... ...`).
+A file without the benchmark's section (a dry run's scratch copy) gets the
+entry at its end, as it is. Nothing is ever deleted.
+"""
 import os
 import platform
+import re
+import subprocess
 import sys
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(REPO_ROOT, "benchmarks", "RESULTS.md")
+
+# The history sections, by id (RESULTS.md's `<!-- history:<id> -->` markers).
+BENCHMARKS = ("criteo", "cpu-sparse-step", "cpu-weak-scaling", "cpu-table-memory", "cpu-tf-nn",
+              "tf-sparse-step", "tf-weak-scaling", "peers", "gpu-core", "device-suite", "ci",
+              "gpu-rounds", "summaries")
+# The current table's columns after the target, in order.
+COLUMNS = ("figure", "baseline", "ratio", "met", "machine", "date", "commit", "command")
 
 
 def cpu_model():
@@ -34,19 +54,125 @@ def command(argv=None):
                                 (sys.argv[1:] if argv is None else list(argv)))
 
 
-def append(section):
-    """Appends `section` to benchmarks/RESULTS.md (never rewrites it)."""
-    with open(RESULTS, "a") as f:
-        f.write(section)
-    print(f"appended to {os.path.relpath(RESULTS, REPO_ROOT)}")
+def commit():
+    """The checkout's short commit, with '+' when tracked files differ from it;
+  'unknown' outside a git checkout."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"],
+                              cwd=REPO_ROOT,
+                              capture_output=True,
+                              text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--"],
+                               cwd=REPO_ROOT,
+                               capture_output=True,
+                               check=False).returncode != 0
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+" if dirty else "")
 
 
-def publish(text, results, copy):
-    """Prints a device benchmark's section, appends it to `results` (the
-  device's RESULTS.md is lost with the machine) and writes it to `copy`, the
-  file that comes back from the device call."""
+def _demote(section):
+    """Every heading of `section` one level down (## -> ###), fenced code left alone."""
+    out, fence = [], False
+    for line in section.split("\n"):
+        if line.startswith("```"):
+            fence = not fence
+        if not fence and re.match(r"#{1,5} ", line):
+            line = "#" + line
+        out.append(line)
+    return "\n".join(out)
+
+
+def add_entry(text, section, benchmark):
+    """`text` (RESULTS.md's content) with `section` appended at the end of
+  `benchmark`'s history section; at the end of `text` when it has none."""
+    if benchmark not in BENCHMARKS:
+        raise ValueError(f"unknown benchmark {benchmark!r}; one of {', '.join(BENCHMARKS)}")
+    marker = f"<!-- history:{benchmark} -->"
+    start = text.find(marker)
+    if start < 0:
+        return text + section
+    # The section ends where the next level-1 or level-2 heading starts
+    # (outside fenced code), or at the end of the file.
+    end, fence = len(text), False
+    offset = text.index("\n", start) + 1 if "\n" in text[start:] else len(text)
+    for line in text[offset:].splitlines(keepends=True):
+        if line.startswith("```"):
+            fence = not fence
+        elif not fence and re.match(r"#{1,2} ", line):
+            end = offset
+            break
+        offset += len(line)
+    head = text[:end].rstrip("\n")
+    entry = _demote(section.strip("\n"))
+    tail = text[end:]
+    return head + "\n\n" + entry + "\n" + ("\n" + tail if tail else "")
+
+
+def set_row(text, row, **cells):
+    """`text` with the cells named in `cells` (of COLUMNS) of the current
+  table's row `row` replaced; a cell's `|` is escaped."""
+    unknown = set(cells) - set(COLUMNS)
+    if unknown:
+        raise ValueError(f"unknown columns {sorted(unknown)}; the columns are {COLUMNS}")
+    marker = f"<!-- row:{row} -->"
+    lines = text.split("\n")
+    for i, line in enumerate(lines):
+        if line.startswith("|") and marker in line:
+            parts = [p.strip() for p in re.split(r"(?<!\\)\|", line)[1:-1]]
+            if len(parts) != 1 + len(COLUMNS):
+                raise ValueError(f"row {row} has {len(parts)} cells, not {1 + len(COLUMNS)}")
+            for name, value in cells.items():
+                parts[1 + COLUMNS.index(name)] = str(value).replace("|", "\\|").replace("\n", " ")
+            lines[i] = "| " + " | ".join(parts) + " |"
+            return "\n".join(lines)
+    raise ValueError(f"no row {row!r} in the current table")
+
+
+def append(section, benchmark, results=RESULTS):
+    """Appends `section` to `benchmark`'s history in `results` (never rewrites
+  what is there)."""
+    with open(results) as f:
+        text = f.read()
+    with open(results, "w") as f:
+        f.write(add_entry(text, section, benchmark))
+    print(f"appended to {os.path.relpath(results, REPO_ROOT)} ({benchmark})")
+
+
+def update_row(row, results=RESULTS, **cells):
+    """Rewrites cells of the current table's row `row` in `results`."""
+    with open(results) as f:
+        text = f.read()
+    with open(results, "w") as f:
+        f.write(set_row(text, row, **cells))
+    print(f"updated row {row} of {os.path.relpath(results, REPO_ROOT)}")
+
+
+def publish(text, results, copy, benchmark):
+    """Prints a device benchmark's section, appends it to `benchmark`'s history
+  in `results` (the device's RESULTS.md is lost with the machine) and writes it
+  to `copy`, the file that comes back from the device call."""
     print(text, flush=True)
-    with open(results, "a") as f:
-        f.write(text)
+    if os.path.exists(results):
+        append(text, benchmark, results)
+    else:
+        with open(results, "a") as f:
+            f.write(text)
     with open(copy, "w") as f:
         f.write(text)
+
+
+def main(argv):
+    """python benchmarks/results.py row <row> column=value ... : sets cells of a
+  row by hand (columns: figure, baseline, ratio, met, machine, date, commit,
+  command)."""
+    if len(argv) < 3 or argv[0] != "row" or any("=" not in a for a in argv[2:]):
+        print(main.__doc__)
+        return 2
+    update_row(argv[1], **dict(a.split("=", 1) for a in argv[2:]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

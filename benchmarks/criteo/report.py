@@ -1,4 +1,4 @@
-"""What a Criteo run reports: plots, a RESULTS.md line, runs.jsonl.
+"""What a Criteo run reports: plots, a RESULTS.md line and rows, runs.jsonl.
 
   plot_curves        training loss (smoothed) and eval AUC against samples
                      seen, both implementations on one figure
@@ -176,6 +176,80 @@ def results_line(record: Dict) -> str:
             f", memory {s['embedding_bytes'] / b['embedding_bytes']:.3f}x, "
             f"AUC {s['auc'] - b['auc']:+.4f}")
     return " | ".join(parts)
+
+
+# The rows of benchmarks/RESULTS.md's current table that a run stands for: a
+# run of run.py's defaults on the CPU, and of its --device gpu defaults.
+ROW_RUNS = {
+    "cpu":
+        (dict(device="cpu",
+              workers=1,
+              model="dlrm",
+              style="function",
+              global_batch=1024,
+              dim=32,
+              exchange_dtype="float32"), "synthetic seed 0: 2,000,000 train + 100,000 eval lines"),
+    "gpu":
+        (dict(device="gpu",
+              workers=1,
+              model="dlrm",
+              style="function",
+              global_batch=65536,
+              dim=128,
+              exchange_dtype="float32"), "synthetic seed 0: 4,194,304 train + 262,144 eval lines"),
+}
+GPU_TARGET_SAMPLES_PER_SECOND = 1.9e6  # HugeCTR's per-GPU MLPerf figure
+
+
+def current_rows(record: Dict, commit: str) -> Dict[str, Dict[str, str]]:
+    """{row id: cells} of the current table's rows this run stands for (none
+  unless the run is one of ROW_RUNS' configurations, both sides trained)."""
+    r = record["results"]
+    if "sok_ev" not in r or "baseline" not in r or record.get("malformed"):
+        return {}
+    kind = next(
+        (k for k, (config, data) in ROW_RUNS.items()
+         if all(record.get(f) == v for f, v in config.items()) and record["data"].startswith(data)),
+        None)
+    if kind is None:
+        return {}
+    s, b = r["sok_ev"], r["baseline"]
+    common = dict(machine=record["machine"].split(", TensorFlow")[0],
+                  date=record["date"][:10],
+                  commit=commit,
+                  command=f"`{record['command']}`")
+    speed = s["samples_per_second"] / b["samples_per_second"]
+    if kind == "gpu":
+        return {
+            "criteo-gpu":
+                dict(figure=f"{s['samples_per_second']:,.0f} samples/s",
+                     baseline=f"hash-bucket `tf.Variable`s: {b['samples_per_second']:,.0f}",
+                     ratio=f"{speed:.2f}×",
+                     met="met"
+                     if s["samples_per_second"] >= GPU_TARGET_SAMPLES_PER_SECOND else "missed",
+                     **common)
+        }
+    rows = {}
+    if record.get("planted_auc") is not None:
+        gap = s["auc"] - record["planted_auc"]
+        rows["criteo-cpu-auc"] = dict(figure=f"AUC {s['auc']:.4f}",
+                                      baseline=f"planted model {record['planted_auc']:.4f}",
+                                      ratio=f"{gap:+.4f}".replace("-", "−"),
+                                      met="met" if abs(gap) <= 0.002 else "missed",
+                                      **common)
+    rows["criteo-cpu-speed"] = dict(
+        figure=f"{s['samples_per_second']:,.0f} samples/s",
+        baseline=f"hash-bucket `tf.Variable`s: {b['samples_per_second']:,.0f}",
+        ratio=f"{speed:.2f}×",
+        met="met" if speed >= 1.0 else "missed",
+        **common)
+    memory = s["embedding_bytes"] / b["embedding_bytes"]
+    rows["criteo-cpu-memory"] = dict(figure=_megabytes(s["embedding_bytes"]),
+                                     baseline=_megabytes(b["embedding_bytes"]),
+                                     ratio=f"{memory:.3f}×",
+                                     met="met" if memory <= 1 / 3 else "missed",
+                                     **common)
+    return rows
 
 
 def now() -> str:

@@ -11,7 +11,9 @@ split:
 Prints eval AUC and logloss (sklearn), training samples/s (global batch /
 step time), embedding memory, and the targets of issue 10; writes curves.png,
 throughput.png, run.json and results_line.md into --out-dir; appends one line
-to benchmarks/RESULTS.md and one record to benchmarks/criteo/runs.jsonl.
+to benchmarks/RESULTS.md's Criteo history (and, for a run of the defaults on the
+CPU or with --device gpu, rewrites its rows of the current table) and one record
+to benchmarks/criteo/runs.jsonl.
 
 Data: with --train-files/--eval-files, real Criteo files (Kaggle's train.txt
 split in two, e.g. its first 39,291,958 lines, six of its seven days, and the
@@ -64,6 +66,7 @@ from benchmarks.criteo import reader  # noqa: E402
 from benchmarks.criteo import report  # noqa: E402
 from benchmarks.criteo import synthetic  # noqa: E402
 from benchmarks.criteo import training  # noqa: E402
+from benchmarks import results  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(REPO_ROOT, "benchmarks", "RESULTS.md")
@@ -541,9 +544,12 @@ def main(argv=None):
         f.write(report.results_line(record) + "\n")  # for runs whose tree is thrown away
     if not args.no_append:
         report.append_run(RUNS, record)
-        with open(RESULTS, "a") as f:
-            f.write(report.results_line(record) + "\n")
-        print(f"appended to {os.path.relpath(RESULTS)} and {os.path.relpath(RUNS)}")
+        # The run's line goes at the end of RESULTS.md's Criteo history; a run of
+        # a current-table row's configuration rewrites that row too.
+        results.append(report.results_line(record) + "\n", "criteo", RESULTS)
+        for row, cells in report.current_rows(record, results.commit()).items():
+            results.update_row(row, RESULTS, **cells)
+        print(f"appended to {os.path.relpath(RUNS)}")
 
 
 if __name__ == "__main__":

@@ -160,7 +160,7 @@ def main():
                      f"{rate(all_to_all)} | {copy:.3f} | {rate(copy)} |")
     text = "\n".join(lines) + "\n"
     os.makedirs(args.out, exist_ok=True)
-    publish(text, args.results, os.path.join(args.out, "link_ceiling.md"))
+    publish(text, args.results, os.path.join(args.out, "link_ceiling.md"), "tf-weak-scaling")
 
 
 if __name__ == "__main__":

@@ -602,7 +602,8 @@ def report(args):
     ):
         lines += ["", heading, ""] + [line_of(hot) for hot in hotnesses]
     text = "\n".join(lines) + "\n"
-    publish(text, args.results, os.path.join(args.json_dir, "tf_sparse_step_results.md"))
+    publish(text, args.results, os.path.join(args.json_dir, "tf_sparse_step_results.md"),
+            "tf-sparse-step")
 
 
 def main():

@@ -766,7 +766,8 @@ def report(args, runs, verdict, compressed=None, skipped=(), horovod_verdict=Non
                     f"step summed over nodes; traced step {traced['traced_ms']:.2f} ms): "
                     f"{ops}")
     text = "\n".join(lines) + "\n"
-    publish(text, args.results, os.path.join(args.json_dir, "tf_weak_scaling_results.md"))
+    publish(text, args.results, os.path.join(args.json_dir, "tf_weak_scaling_results.md"),
+            "tf-weak-scaling")
 
 
 def main():

@@ -211,7 +211,7 @@ patch("HugeCTR/embedding/operators/generic_lookup.cuh",
       "    warp_num_per_block = block_size / 32;\n"
       "    saturate_num = sms * warp_num_per_sm * multiple_num;\n"
       "  }\n")
-# 9. HKV's training crash (session 11): thrust's reduction inside HKV, called
+# 9. HKV's training crash (2026-11-23, e783b10): thrust's reduction inside HKV, called
 #    from the optimizer's DummyVarSparseRead, threw "invalid device ordinal"
 #    (CUB's answer when cudaGetDevice fails on the calling thread) through the
 #    TF kernel, and TensorFlow died translating the C++ exception. Every

@@ -240,7 +240,7 @@ def report(args):
                 parts.append(f"{NAMES[impl]} {t1 / t2:.2f}")
         lines.append(f"- {hot}-hot: " + (", ".join(parts) or "no 2-GPU run"))
     text = "\n".join(lines) + "\n"
-    publish(text, args.results, os.path.join(args.json_dir, "peers_results.md"))
+    publish(text, args.results, os.path.join(args.json_dir, "peers_results.md"), "peers")
     return 0
 
 

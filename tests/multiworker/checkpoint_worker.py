@@ -9,8 +9,8 @@ tables of TABLES (their placement depends on the worker count), restores
 the checkpoint saved with TAG (--restore), records its shard of every table,
 trains STEPS steps on its own batches and saves with TAG (--save), recording
 its shard again. Checkpoints live under ROOT (the file system every worker
-shares), one directory per API; each worker does what README.md's
-"Checkpoints with several workers" says:
+shares), one directory per API; each worker does what docs/checkpoints.md's
+"Several workers" says:
 
   saver       saver.save(sess, ROOT/saver/<TAG>) and
               saver.restore(sess, ROOT/saver/<TAG>) on every worker;

@@ -2,7 +2,7 @@
 
 A chain of Horovod launches (checkpoint_worker.py) saves and restores the
 same checkpoints through tf.compat.v1.train.Saver, MonitoredTrainingSession
-and tf.train.Checkpoint, each worker doing what README.md's procedure says:
+and tf.train.Checkpoint, each worker doing what docs/checkpoints.md's procedure says:
 
   2 workers train and save  ->  3 workers restore, train, save  ->
   1 worker restores, trains, saves  ->  2 workers restore

@@ -3,7 +3,7 @@ without NCCL's log lines (GPU runs set NCCL_DEBUG), keeping the rank's lines
 that merely name NCCL, such as an exchange's error.
 
 The NCCL lines are as NCCL 2.28 printed them on an H200 under
-`NCCL_DEBUG=INFO horovodrun -np 1` (session 27); the WARN line has the form
+`NCCL_DEBUG=INFO horovodrun -np 1` (2026-11-25, ed385cf); the WARN line has the form
 NCCL gives its warnings (the source file and line before "NCCL WARN").
 """
 import harness
