@@ -66,6 +66,17 @@ def part_prefix(prefix, worker, num_workers):
 # --- The ops, for a group of tables ------------------------------------------
 
 
+def on_table_device(variable):
+    """A scope for ops that take `variable`'s handle: they run where the table
+  is, whatever device scope encloses them. A graph table with no device of
+  its own is placed by TensorFlow with every op that takes its handle, so
+  one such op under an enclosing /cpu:0 scope (the checkpoint merge's) would
+  pin a GPU table to the CPU; colocating with the handle ignores that scope."""
+    if variable.device or tf.executing_eagerly():
+        return tf.device(variable.device)
+    return tf.compat.v1.colocate_with(variable.handle)
+
+
 def _by_device(tables):
     """[(name, variable)] grouped by the variable's device, in first-seen order."""
     groups = collections.OrderedDict()
@@ -119,7 +130,7 @@ def _mark_saved(prefix, tables):
   incremental save (every device group)."""
     marks = []
     for group in _by_device(tables):
-        with tf.device(group[0][1].device):
+        with on_table_device(group[0][1]):
             marks.append(ops().sok_ev_mark_embedding_variables_saved(prefix,
                                                                      [v.handle for _, v in group]))
     return marks
@@ -303,7 +314,7 @@ class SaverBuilder(saver_module.BulkSaverBuilder):
         with tf.control_dependencies(_evictions(tables)):
             for index, group in enumerate(_by_device(tables)):
                 group_prefix = f"sok_ev_tables_{index}"
-                with tf.device(group[0][1].device):
+                with on_table_device(group[0][1]):
                     writes.append(
                         _save_tables(tf.strings.join([temp, group_prefix]), group, workers,
                                      serving.save_kind(self._kind), self._record_changes))
@@ -371,7 +382,7 @@ class SaverBuilder(saver_module.BulkSaverBuilder):
             restores.append(super()._AddRestoreOps(filename_tensor, others, restore_sequentially,
                                                    reshape, preferred_shard, "restore_dense"))
         for group in _by_device(tables):
-            with tf.device(group[0][1].device):
+            with on_table_device(group[0][1]):
                 restores.append(restore_tables(filename_tensor, group, self._record_changes))
         return tf.group(*restores, name=name)
 
@@ -386,7 +397,7 @@ class SaverBuilder(saver_module.BulkSaverBuilder):
             restores.append(super()._AddShardedRestoreOps(filename_tensor, dense,
                                                           restore_sequentially, reshape))
         for group in _by_device(tables):
-            with tf.device(group[0][1].device):
+            with on_table_device(group[0][1]):
                 restores.append(restore_tables(filename_tensor, group, self._record_changes))
         return tf.group(*restores, name="restore_all")
 
@@ -630,7 +641,7 @@ def _registered_restore(trackables, merged_prefix):
         _same_checkpoint_restored(merged_prefix.numpy().decode(), trackables)
     restores = []
     for group in _by_device(_sorted_tables(trackables)):
-        with tf.device(group[0][1].device):
+        with on_table_device(group[0][1]):
             restores.append(restore_tables(merged_prefix, group))
     # In a tf.function (a SavedModel's restore function) the stateful restore
     # ops run by automatic control dependencies; it must return no op.

@@ -87,7 +87,8 @@ def _initialize_from(variable, ckpt_file, name):
                          "init_from_checkpoint sets graph initializers (restore eager "
                          "variables with tf.train.Checkpoint)")
     old = variable.initializer
-    with tf.device(variable.device), tf.name_scope(f"{variable.op.name}/init_from_checkpoint"):
+    with checkpoint.on_table_device(variable), tf.name_scope(
+            f"{variable.op.name}/init_from_checkpoint"):
         new = checkpoint.restore_tables(tf.constant(ckpt_file), [(name, variable)])
     variable._initializer_op = new  # pylint: disable=protected-access
     # DeepRec scripts run this collection before global_variables_initializer.

@@ -117,3 +117,32 @@ def test_constant_host_memory_inputs_are_built_on_the_cpu(sok, rng):
         sess.run(train, {fed_ids: fed})
         trained = sess.run(constant_out, {fed_ids: fed})
         assert np.all(trained != rows)  # the step ran with these inputs
+
+
+def _ops_taking_the_handle(graph, variable):
+    """Every op of `graph` that takes `variable`'s table handle as an input."""
+    handle = variable.handle
+    return [op for op in graph.get_operations() if any(t is handle for t in op.inputs)]
+
+
+def test_checkpoint_ops_ask_for_no_device_of_their_own_for_a_graph_table_without_one(sok):
+    """A graph table with no device is placed by TensorFlow together with
+  every op that takes its handle. The incremental Saver's save marks are
+  built inside the checkpoint merge's /cpu:0 scope; had they asked for that
+  device, a GPU user's table would silently be placed on the CPU (on an
+  H200 an HBM_DRAM table then refused to initialize)."""
+    with ref.graph_session() as sess:
+        ids = tf.compat.v1.sparse_placeholder(tf.int64)
+        table = sok.get_embedding_variable("placed_by_tensorflow", embedding_dim=4)
+        loss = tf.reduce_sum(sok.lookup_sparse([table], [ids], combiners=["sum"])[0])
+        step = tf.compat.v1.train.get_or_create_global_step()
+        tf.compat.v1.train.AdagradOptimizer(0.1).minimize(loss, global_step=step)
+        sok.Saver(incremental_save_restore=True)
+        assert table.device == ""
+        takers = _ops_taking_the_handle(sess.graph, table)
+        assert {op.type for op in takers} >= {
+            "SokEv>MarkEmbeddingVariablesSaved", "SokEv>SaveEmbeddingVariables",
+            "SokEv>RestoreEmbeddingVariables"
+        }
+        asked = {op.name: op.device for op in takers if op.device}
+        assert asked == {}, f"ops taking the table's handle ask for a device: {asked}"
