@@ -19,7 +19,9 @@ build, which raise ValueError naming the feature; to `tf.nn` and
 `tf.compat.v1.train.Saver` take DeepRec's `incremental_save_restore=True`
 (sok_ev.incremental_saver.StockNameSaver, a subclass of TensorFlow's
 Saver) and `tf.compat.v1.train.MonitoredTrainingSession` take DeepRec's
-`save_incremental_checkpoint_secs` (sok_ev.deeprec_session). It also
+`save_incremental_checkpoint_secs` (sok_ev.deeprec_session), and
+`tf.compat.v1.train.Saver.restore` read a checkpoint in DeepRec's Embedding
+Variable layout (sok_ev.deeprec_checkpoint). It also
 installs what
 lets DeepRec's training code run on Embedding Variables, as `sok_ev.init()`
 does on one worker: the dispatch of `tf.nn.embedding_lookup`,
@@ -40,6 +42,7 @@ import tensorflow as tf
 from tensorflow.python.training import saver as saver_module
 
 from sok_ev import checkpoint
+from sok_ev import deeprec_checkpoint
 from sok_ev import dispatch
 from sok_ev import deeprec_session
 from sok_ev import embedding_variable
@@ -156,4 +159,6 @@ def install_deeprec_api() -> None:
     # One worker needs no topology: the checkpoint kernels assume 0 of 1
     # until sok_ev.init() records another.
     checkpoint.install_saver_hook()
+    # A Saver's restore reads checkpoints DeepRec saved.
+    deeprec_checkpoint.install_restore_hook()
     warm_start.install_hook()
