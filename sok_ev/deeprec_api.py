@@ -3,7 +3,9 @@
 `install_deeprec_api()` adds, to `tf` and `tf.compat.v1`:
   get_embedding_variable, EmbeddingVariableOption, InitializerOption,
   GlobalStepEvict, L2WeightEvict, CounterFilter, CBFFilter, StorageOption,
-  CheckpointOption, StorageType, CacheType, CacheStrategy;
+  CheckpointOption, StorageType, CacheType, CacheStrategy, and smart
+  staging's staged and make_prefetch_hook (sok_ev.smart_stage: values
+  unchanged);
 to `tf.compat.v1.GraphKeys`: EMBEDDING_VARIABLES (the collection of sok-ev's
 Embedding Variables), EV_INIT_VAR_OPS (their initializers) and
 EV_INIT_SLOT_OPS (empty: slots live in the table); the module
@@ -21,7 +23,9 @@ build, which raise ValueError naming the feature; to `tf.nn` and
 Saver) and `tf.compat.v1.train.MonitoredTrainingSession` take DeepRec's
 `save_incremental_checkpoint_secs` (sok_ev.deeprec_session), and
 `tf.compat.v1.train.Saver.restore` read a checkpoint in DeepRec's Embedding
-Variable layout (sok_ev.deeprec_checkpoint). It also
+Variable layout (sok_ev.deeprec_checkpoint); the module
+`tensorflow.python.data.experimental.ops.parquet_dataset_ops` holds DeepRec's
+ParquetDataset (sok_ev.parquet_dataset). It also
 installs what
 lets DeepRec's training code run on Embedding Variables, as `sok_ev.init()`
 does on one worker: the dispatch of `tf.nn.embedding_lookup`,
@@ -51,6 +55,8 @@ from sok_ev import incremental_saver
 from sok_ev import keras_optimizers
 from sok_ev import optimizers
 from sok_ev import options
+from sok_ev import parquet_dataset
+from sok_ev import smart_stage
 from sok_ev import warm_start
 
 # Name on tf / tf.compat.v1 -> sok_ev object.
@@ -67,6 +73,9 @@ _DEEPREC_NAMES = {
     "StorageType": options.StorageType,
     "CacheType": options.CacheType,
     "CacheStrategy": options.CacheStrategy,
+    # Smart staging: an optimisation; the values are unchanged.
+    "staged": smart_stage.staged,
+    "make_prefetch_hook": smart_stage.make_prefetch_hook,
 }
 
 # DeepRec's collection names (tf.GraphKeys) -> the collection sok-ev fills.
@@ -153,6 +162,7 @@ def install_deeprec_api() -> None:
     for owner, name, value, _ in names:
         setattr(owner, name, value)
     _install_config_pb2()
+    parquet_dataset.install()
     dispatch.install_lookup_dispatch()
     optimizers.install_optimizer_hook()
     keras_optimizers.install_keras_optimizer_hook()
