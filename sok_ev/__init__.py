@@ -20,6 +20,8 @@ from sok_ev import keras_optimizers
 from sok_ev import optimizers
 from sok_ev import warm_start
 from sok_ev.deeprec_api import install_deeprec_api
+from sok_ev.deeprec_checkpoint import export_deeprec_checkpoint
+from sok_ev.deeprec_checkpoint import restore_deeprec_checkpoint
 from sok_ev.embedding_variable import EmbeddingVariable
 from sok_ev.embedding_variable import get_embedding_variable
 from sok_ev.incremental_saver import Saver
@@ -116,12 +118,14 @@ __all__ = [
     "StorageType",
     "OptimizerWrapper",
     "SUPPORTED_OPTIMIZERS",
+    "export_deeprec_checkpoint",
     "get_embedding_variable",
     "init",
     "install_deeprec_api",
     "keras",
     "lookup_sparse",
     "rank",
+    "restore_deeprec_checkpoint",
     "serving_export",
     "world_size",
 ]

@@ -3,7 +3,9 @@
 `install_deeprec_api()` adds, to `tf` and `tf.compat.v1`:
   get_embedding_variable, EmbeddingVariableOption, InitializerOption,
   GlobalStepEvict, L2WeightEvict, CounterFilter, CBFFilter, StorageOption,
-  CheckpointOption, StorageType, CacheType, CacheStrategy;
+  CheckpointOption, StorageType, CacheType, CacheStrategy, and smart
+  staging's staged and make_prefetch_hook (sok_ev.smart_stage: values
+  unchanged);
 to `tf.compat.v1.GraphKeys`: EMBEDDING_VARIABLES (the collection of sok-ev's
 Embedding Variables), EV_INIT_VAR_OPS (their initializers) and
 EV_INIT_SLOT_OPS (empty: slots live in the table); the module
@@ -19,7 +21,11 @@ build, which raise ValueError naming the feature; to `tf.nn` and
 `tf.compat.v1.train.Saver` take DeepRec's `incremental_save_restore=True`
 (sok_ev.incremental_saver.StockNameSaver, a subclass of TensorFlow's
 Saver) and `tf.compat.v1.train.MonitoredTrainingSession` take DeepRec's
-`save_incremental_checkpoint_secs` (sok_ev.deeprec_session). It also
+`save_incremental_checkpoint_secs` (sok_ev.deeprec_session), and
+`tf.compat.v1.train.Saver.restore` read a checkpoint in DeepRec's Embedding
+Variable layout (sok_ev.deeprec_checkpoint); the module
+`tensorflow.python.data.experimental.ops.parquet_dataset_ops` holds DeepRec's
+ParquetDataset (sok_ev.parquet_dataset). It also
 installs what
 lets DeepRec's training code run on Embedding Variables, as `sok_ev.init()`
 does on one worker: the dispatch of `tf.nn.embedding_lookup`,
@@ -40,6 +46,7 @@ import tensorflow as tf
 from tensorflow.python.training import saver as saver_module
 
 from sok_ev import checkpoint
+from sok_ev import deeprec_checkpoint
 from sok_ev import dispatch
 from sok_ev import deeprec_session
 from sok_ev import embedding_variable
@@ -48,6 +55,8 @@ from sok_ev import incremental_saver
 from sok_ev import keras_optimizers
 from sok_ev import optimizers
 from sok_ev import options
+from sok_ev import parquet_dataset
+from sok_ev import smart_stage
 from sok_ev import warm_start
 
 # Name on tf / tf.compat.v1 -> sok_ev object.
@@ -64,6 +73,9 @@ _DEEPREC_NAMES = {
     "StorageType": options.StorageType,
     "CacheType": options.CacheType,
     "CacheStrategy": options.CacheStrategy,
+    # Smart staging: an optimisation; the values are unchanged.
+    "staged": smart_stage.staged,
+    "make_prefetch_hook": smart_stage.make_prefetch_hook,
 }
 
 # DeepRec's collection names (tf.GraphKeys) -> the collection sok-ev fills.
@@ -150,10 +162,13 @@ def install_deeprec_api() -> None:
     for owner, name, value, _ in names:
         setattr(owner, name, value)
     _install_config_pb2()
+    parquet_dataset.install()
     dispatch.install_lookup_dispatch()
     optimizers.install_optimizer_hook()
     keras_optimizers.install_keras_optimizer_hook()
     # One worker needs no topology: the checkpoint kernels assume 0 of 1
     # until sok_ev.init() records another.
     checkpoint.install_saver_hook()
+    # A Saver's restore reads checkpoints DeepRec saved.
+    deeprec_checkpoint.install_restore_hook()
     warm_start.install_hook()

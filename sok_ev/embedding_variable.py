@@ -309,6 +309,14 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
         self._version_clock = clock
 
     @property
+    def optimizer_slots(self):
+        """{table slot name: initial value} of the optimizer slots made for
+    this variable in this process (`sok_ev.optimizers`), e.g.
+    {"Adagrad/accumulator": 0.1}: what a restore of a checkpoint that holds
+    no initial values (DeepRec's layout) gives a slot the table lacks."""
+        return self._slots
+
+    @property
     def l2_weight_threshold(self):
         """Keys whose value v has 0.5 * sum(v * v) below this are evicted at save
     (DeepRec's L2WeightEvict); None: no L2 eviction."""

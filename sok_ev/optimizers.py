@@ -444,11 +444,17 @@ def _grouping_apply_gradients(original):
 
 
 def _slot_of(optimizer, variable, slot_name):
-    _rule_for(optimizer, variable)  # an unsupported optimizer fails here first
+    rule = _rule_for(optimizer, variable)  # an unsupported optimizer fails here first
     named_slots = optimizer._slot_dict(slot_name)
     key = optimizer_module._var_key(variable)
     if key not in named_slots:
-        named_slots[key] = EmbeddingVariableSlot(variable, f"{optimizer.get_name()}/{slot_name}")
+        table_slot_name = f"{optimizer.get_name()}/{slot_name}"
+        named_slots[key] = EmbeddingVariableSlot(variable, table_slot_name)
+        # A checkpoint in DeepRec's layout holds no initial values: a restore
+        # before the first update adds the slot with this one.
+        initial = dict(rule.slots(optimizer)).get(slot_name)
+        if initial is not None:
+            variable.optimizer_slots[table_slot_name] = float(initial)
     return named_slots[key]
 
 
