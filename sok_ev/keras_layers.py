@@ -1,4 +1,4 @@
-"""Keras 3 layers holding Embedding Variables: `sok_ev.keras`.
+"""Keras layers holding Embedding Variables: `sok_ev.keras`.
 
   layer = sok_ev.keras.Embedding(16, combiner="mean", name="item")
   pooled = layer(ragged_ids)                      # [batch, 16]
@@ -8,6 +8,17 @@
 `Embedding` holds one Embedding Variable (no input_dim: the table grows as
 ids arrive); `GroupedEmbedding` looks up many of them in one
 `sok_ev.lookup_sparse` call.
+
+The layers are layers of whichever Keras `tf.keras` is: Keras 3 (TF 2.21's
+default, also `import keras`), or legacy Keras 2 (`tf_keras`) when
+TF_USE_LEGACY_KERAS=1 was set before TensorFlow was imported. Under
+tf_keras, the layer's table is a tracked tf.Variable attribute, so it is in
+the layer's `trainable_weights` (and `non_trainable_weights` when frozen) as
+tf_keras does for its own variables; its `train_step` calls
+`optimizer.minimize`, whose `apply_gradients` the same hook serves. tf_keras
+saves the tables with `model.save_weights(path)` in the TensorFlow format
+(a path not ending in `.h5`) or `tf.train.Checkpoint(model=model)`; its
+HDF5 formats read every weight as a dense array and fail on a table.
 
 How `fit` trains the tables: Keras 3's `train_step` differentiates the loss
 with respect to `model.trainable_weights` and hands the pairs to
@@ -54,11 +65,18 @@ import tensorflow as tf
 
 from sok_ev import communication
 from sok_ev import keras_optimizers
+from sok_ev.keras_horovod import BroadcastGlobalVariablesCallback
+from sok_ev.keras_horovod import DistributedOptimizer
 from sok_ev import lookup as lookup_lib
 from sok_ev.embedding_variable import MAX_EMBEDDING_DIM
 from sok_ev.embedding_variable import get_embedding_variable
 
 COMBINERS = lookup_lib.COMBINERS
+
+# The Keras the layers belong to: tf.keras (Keras 3, or tf_keras under
+# TF_USE_LEGACY_KERAS=1, read when TensorFlow was imported).
+_LEGACY_KERAS = keras_optimizers.legacy_keras()
+_Layer = tf.keras.layers.Layer
 
 # What save_weights stores of a table: export_full()'s outputs, in order.
 _TABLE_ENTRIES = ("table_keys", "table_rows", "table_frequencies", "table_versions",
@@ -82,7 +100,7 @@ class _Batch:
         self.ids, self.weights, self.combiner, self.finish = ids, weights, combiner, finish
 
 
-class Embedding(keras.layers.Layer):
+class Embedding(_Layer):
     """A Keras layer holding one Embedding Variable.
 
   Shapes (`dim` = embedding_dim; every output is float32):
@@ -169,7 +187,8 @@ class Embedding(keras.layers.Layer):
     trainable_weights, which are read from here. (Keras freezes a layer by
     marking its variables untrainable; a table's `trainable` is fixed, so a
     frozen layer leaves it out instead.)"""
-        if not self.trainable:
+        # tf_keras tracks the table itself (a tf.Variable attribute).
+        if _LEGACY_KERAS or not self.trainable:
             return super().weights
         return super().weights + [self.embedding_variable]
 
@@ -375,7 +394,7 @@ def _check_weights(ids, weights, what):
         return tf.nest.map_structure(tf.identity, weights, expand_composites=True)
 
 
-class GroupedEmbedding(keras.layers.Layer):
+class GroupedEmbedding(_Layer):
     """Many `Embedding` layers looked up in one `sok_ev.lookup_sparse` call.
 
   Each table's ids and weights are as its `Embedding` layer takes them, with
@@ -451,4 +470,7 @@ def _as_entries(what, argument, value, count):
     return list(value)
 
 
-__all__ = ["Embedding", "GroupedEmbedding", "COMBINERS"]
+__all__ = [
+    "Embedding", "GroupedEmbedding", "COMBINERS", "DistributedOptimizer",
+    "BroadcastGlobalVariablesCallback"
+]

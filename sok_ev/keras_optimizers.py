@@ -66,6 +66,7 @@ from typing import Callable, Dict, List, Sequence, Tuple
 
 import tensorflow as tf
 
+from sok_ev import communication
 from sok_ev import optimizers
 from sok_ev.embedding_variable import EmbeddingVariable
 
@@ -322,9 +323,53 @@ def _default_apply_dense(optimizer_class):
     return _original(optimizer_class, "apply")
 
 
+# Optimizers made data parallel by sok_ev.keras.DistributedOptimizer.
+_data_parallel = weakref.WeakSet()
+
+
+def make_data_parallel(optimizer) -> None:
+    """Makes `optimizer`'s steps average gradients over the Horovod workers
+  (see `_average_over_workers`)."""
+    _data_parallel.add(optimizer)
+
+
+def is_data_parallel(optimizer) -> bool:
+    return optimizer in _data_parallel
+
+
+def _average_over_workers(pairs):
+    """`pairs` with each gradient averaged over the workers, as the
+  gradient of the mean of the workers' losses: dense ones by Horovod's
+  allreduce (average); an Embedding Variable's by dividing it by the worker
+  count, since its lookup's backward exchange already summed every worker's
+  contribution at the key's owner (an allreduce would be wrong: sok-ev
+  refuses it)."""
+    workers = communication.world_size()
+    if workers == 1:
+        return pairs
+    import horovod.tensorflow as hvd  # pylint: disable=import-outside-toplevel
+    dense = [
+        i for i, (g, v) in enumerate(pairs)
+        if g is not None and not isinstance(v, EmbeddingVariable)
+    ]
+    # Sparse gradients of dense variables (keras.layers.Embedding) go dense.
+    reduced = hvd.grouped_allreduce([tf.convert_to_tensor(pairs[i][0]) for i in dense],
+                                    op=hvd.Average,
+                                    name="sok_ev_keras_dense_gradients") if dense else []
+    out = list(pairs)
+    for i, grad in zip(dense, reduced):
+        out[i] = (grad, pairs[i][1])
+    for i, (g, v) in enumerate(pairs):
+        if g is not None and isinstance(v, EmbeddingVariable):
+            out[i] = (tf.IndexedSlices(g.values / workers, g.indices, g.dense_shape), v)
+    return out
+
+
 def _apply(optimizer, pairs, apply_dense):
     """The step of `apply_gradients` below: the ops it ran or built, the
   fused updates first, then Keras's own step (dense update or count)."""
+    if is_data_parallel(optimizer):
+        pairs = _average_over_workers(pairs)
     tables = [(g, v) for g, v in pairs if isinstance(v, EmbeddingVariable)]
     dense = [(g, v) for g, v in pairs if not isinstance(v, EmbeddingVariable)]
     if not tables:
@@ -406,7 +451,7 @@ def _hooked_apply(original):
         if trainable_variables is None:
             return original(self, grads, trainable_variables)
         trainable_variables = list(trainable_variables)
-        if not _has_embedding_variable(trainable_variables):
+        if not _has_embedding_variable(trainable_variables) and not is_data_parallel(self):
             return original(self, grads, trainable_variables)
         apply_gradients(self, zip(grads, trainable_variables), original)
         return None
@@ -423,7 +468,7 @@ def _hooked_apply_gradients(original):
     @tf.autograph.experimental.do_not_convert
     def apply_gradients_(self, grads_and_vars, *args, **kwargs):
         pairs = list(grads_and_vars)  # may be an iterator
-        if not _has_embedding_variable([v for _, v in pairs]):
+        if not _has_embedding_variable([v for _, v in pairs]) and not is_data_parallel(self):
             return original(self, pairs, *args, **kwargs)
 
         def apply_dense(optimizer, grads, variables):

@@ -1,0 +1,83 @@
+"""Keras's fit on 2 Horovod workers (keras_fit_worker.py), with Keras 3 and
+with tf_keras (TF_USE_LEGACY_KERAS=1): sok_ev.keras.DistributedOptimizer
+and sok_ev.keras.BroadcastGlobalVariablesCallback.
+
+The reference is one worker's fit of the global batches: the same model on
+keras.layers.Embedding holding the same rows, trained by each rank alone on
+every sample. After each step the union of the workers' shards must equal
+its table (each key on one worker only), and every worker's dense head must
+equal its head: the dense gradients were averaged, the tables' gradients
+summed at their owners and divided by the worker count. Rank 1 starts from
+another head: the broadcast gives it rank 0's before the first step.
+Launched over Gloo on CPUs, over NCCL in GPU mode (harness.GPUS).
+"""
+import os
+
+import numpy as np
+import pytest
+
+import harness
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKERS = 2
+KERAS = {"keras3": {}, "tf_keras": {"TF_USE_LEGACY_KERAS": "1"}}
+
+
+@pytest.fixture(scope="module", params=sorted(KERAS))
+def launch(request):
+    harness.require_horovodrun()
+    result = harness.launch(os.path.join(HERE, "keras_fit_worker.py"),
+                            WORKERS,
+                            timeout=harness.LAUNCH_TIMEOUT,
+                            env=KERAS[request.param])
+    assert not result.timed_out, result.tail()
+    assert result.returncode == 0 and len(result.results) == WORKERS, result.tail()
+    if harness.GPUS:
+        assert result.nccl_ranks() == set(range(WORKERS)), result.tail()
+    return request.param, result.results
+
+
+def _steps(results):
+    steps = sorted({int(k.split("/")[1]) for k in results[0] if k.startswith("twin/")})
+    assert steps, "no step was recorded"
+    return steps
+
+
+def test_each_keras_ran(launch):
+    keras, results = launch
+    module = str(results[0]["keras"])
+    assert module.startswith("tf_keras.") if keras == "tf_keras" else module.startswith("keras.")
+
+
+def test_two_worker_fit_equals_one_worker_on_the_global_batch_step_for_step(launch):
+    _, results = launch
+    for t in _steps(results):
+        twin = results[0][f"twin/{t}/rows"]
+        keys = np.concatenate([results[r][f"sok/{t}/keys"] for r in range(WORKERS)])
+        rows = np.concatenate([results[r][f"sok/{t}/rows"] for r in range(WORKERS)])
+        assert len(set(keys.tolist())) == len(keys), f"step {t}: a key on both workers"
+        np.testing.assert_allclose(rows, twin[keys], rtol=2e-5, atol=2e-6, err_msg=f"step {t}")
+        for r in range(WORKERS):
+            for field in ("kernel", "bias"):
+                np.testing.assert_allclose(results[r][f"sok/{t}/{field}"],
+                                           results[0][f"twin/{t}/{field}"],
+                                           rtol=2e-5,
+                                           atol=2e-6,
+                                           err_msg=f"rank {r} step {t}: {field}")
+            assert int(results[r][f"sok/{t}/iterations"]) == t + 1
+            assert int(results[r][f"sok/{t}/batch"]) == t
+    # The last step's table is not the initial one: training moved it.
+    last = _steps(results)[-1]
+    assert not np.allclose(results[0][f"twin/{last}/rows"], results[0]["twin/0/rows"])
+
+
+def test_every_worker_holds_a_shard_of_the_table(launch):
+    _, results = launch
+    for r in range(WORKERS):
+        assert len(results[r]["sok/0/keys"]) > 0, f"rank {r} owns no key"
+
+
+def test_the_broadcast_replaced_rank_1s_head_before_the_first_step(launch):
+    _, results = launch
+    assert not np.allclose(results[1]["initial_kernel"], results[0]["initial_kernel"])
+    np.testing.assert_array_equal(results[1]["sok/0/kernel"], results[0]["sok/0/kernel"])

@@ -1,0 +1,140 @@
+"""sok_ev.keras layers in tf_keras models (TF_USE_LEGACY_KERAS=1), trained
+by tf_keras's compile/fit.
+
+The variable must be set before TensorFlow is imported, so the models train
+in a subprocess (tests/tf_keras_fit_worker.py) with this suite's sok_ev
+first on its path; this module checks what it wrote.
+
+The reference is the same model built on tf_keras's keras.layers.Embedding
+holding the same rows (tests/keras_twins.py), compiled with the same
+optimizer and fed the same batches: after every callback step the table's
+rows, the dense head's kernel, the loss, the step Keras reports and the
+optimizer's iterations must agree. Batches have duplicate ids, empty rows
+(ragged, sparse), int32 and int64 ids; Adam and Ftrl batches look up every
+row (Keras moves a dense variable's rows outside the batch under them; sok-ev
+is lazy), SGD and Adagrad batches leave rows out, which must stay out.
+
+Pinned down: the four supported optimizers step for step, steps_per_execution
+3 (callbacks at steps 3 and 6), evaluate and predict, the refusal of other
+optimizers (naming the optimizer and the table, nothing stored, no step
+counted), and model.save_weights (TensorFlow format) and
+tf.train.Checkpoint round trips: keys, rows, slots, frequencies and versions,
+then training on alike.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import sok_ev_reference as ref
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tf_keras_fit_worker.py")
+FIELDS = ("batch", "iterations", "rows", "kernel", "loss")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """What the worker wrote: arrays and the json facts."""
+    path = str(tmp_path_factory.mktemp("tf_keras_fit") / "out.npz")
+    tests = os.path.dirname(WORKER)
+    env = dict(os.environ,
+               TF_USE_LEGACY_KERAS="1",
+               TF_CPP_MIN_LOG_LEVEL="2",
+               PYTHONPATH=os.pathsep.join(
+                   [ref.sok_ev_import_root(), tests] +
+                   [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    seed = int(os.environ.get("SOK_EV_TEST_SEED", "0")) + 52
+    result = subprocess.run([sys.executable, WORKER, path, str(seed)],
+                            env=env,
+                            capture_output=True,
+                            text=True,
+                            timeout=600,
+                            check=False)
+    assert result.returncode == 0, "the tf_keras fit worker failed:\n" + result.stderr[-6000:]
+    with np.load(path) as data:
+        arrays = {key: data[key] for key in data.files}
+    return arrays, json.loads(str(arrays["facts"]))
+
+
+def _steps(arrays, case, model):
+    return {field: arrays[f"{case}/{model}/{field}"] for field in FIELDS}
+
+
+def _assert_same_steps(arrays, case):
+    got, want = _steps(arrays, case, "sok"), _steps(arrays, case, "twin")
+    assert len(got["batch"]) == len(want["batch"]) > 0
+    np.testing.assert_array_equal(got["batch"], want["batch"])
+    np.testing.assert_array_equal(got["iterations"], want["iterations"])
+    for field in ("rows", "kernel", "loss"):
+        np.testing.assert_allclose(got[field],
+                                   want[field],
+                                   rtol=2e-5,
+                                   atol=2e-6,
+                                   err_msg=f"{case}: {field}")
+
+
+def test_the_layers_are_tf_keras_layers_under_legacy_keras(run):
+    assert run[1]["keras_layer_module"].startswith("tf_keras.")
+
+
+@pytest.mark.parametrize("case", ["sgd", "adagrad", "adam", "ftrl"])
+def test_fit_equals_the_tf_keras_embedding_model_step_for_step(run, case):
+    arrays, _ = run
+    _assert_same_steps(arrays, case)
+    rows = arrays[f"{case}/sok/rows"]
+    assert not np.allclose(rows[0], rows[-1]), "training did not move the table"
+    assert not np.allclose(rows[0], arrays[f"matrix/{case}"])
+
+
+@pytest.mark.parametrize("case", ["sgd", "adagrad"])
+def test_fit_inserts_and_moves_only_the_rows_it_looked_up(run, case):
+    arrays, _ = run
+    seen = arrays[f"{case}/seen"]
+    unseen = sorted(set(range(len(arrays[f"matrix/{case}"]))) - set(seen.tolist()))
+    assert unseen, "the batches looked up every row: nothing to check"
+    np.testing.assert_array_equal(arrays[f"{case}/stored"], seen)
+    np.testing.assert_array_equal(arrays[f"{case}/sok/rows"][-1][unseen],
+                                  arrays[f"matrix/{case}"][unseen])
+
+
+@pytest.mark.parametrize("case", ["adagrad_steps_per_execution", "adam_steps_per_execution"])
+def test_fit_with_steps_per_execution_equals_the_twin_and_callbacks_see_each_execution(run, case):
+    arrays, _ = run
+    _assert_same_steps(arrays, case)
+    # tf_keras calls back once per execution of 3 steps, with its last step.
+    np.testing.assert_array_equal(arrays[f"{case}/sok/batch"], [2, 5])
+    np.testing.assert_array_equal(arrays[f"{case}/sok/iterations"], [3, 6])
+
+
+def test_evaluate_and_predict_equal_the_twin_and_leave_trained_rows_alone(run):
+    facts = run[1]
+    sok_loss, twin_loss = facts["evaluate"]
+    assert sok_loss == pytest.approx(twin_loss, rel=1e-5)
+    np.testing.assert_allclose(facts["predict"][0], facts["predict"][1], rtol=1e-5, atol=1e-6)
+    assert facts["trained_rows_unchanged"]
+
+
+@pytest.mark.parametrize("refused", ["RMSprop", "SGD_momentum"])
+def test_an_unsupported_optimizer_is_refused_naming_it_and_the_table_before_anything_changes(
+        run, refused):
+    result = run[1][f"refused/{refused}"]
+    assert result["message"] != "no error"
+    assert ref.error_names(result["message"], result["optimizer"], result["layer"])
+    assert result["stored"] == 0 and result["iterations"] == 0
+
+
+@pytest.mark.parametrize("how", ["save_weights", "checkpoint"])
+def test_saving_restores_the_table_with_slots_and_training_continues_identically(run, how):
+    result = run[1][f"round_trip/{how}"]
+    saved, restored = result["saved"], result["restored"]
+    assert saved["slots"] == ["Adam/m", "Adam/v"]
+    assert saved["keys"], "nothing was trained"
+    assert restored == saved
+    assert result["iterations"] == [5, 5]
+    assert result["losses"][0] == result["losses"][1]
+    assert result["kernels"][0] == result["kernels"][1]
+    assert result["after_restored"] == result["after_saved"]
+    assert result["after_saved"]["rows"] != saved["rows"], "the last fit did not train"
