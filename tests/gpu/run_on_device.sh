@@ -44,6 +44,9 @@
 #                      artifact (its results also land in $OUT); its
 #                      arguments from $SOK_EV_TF_BENCH_ARGS (e.g.
 #                      "--table-streams 1,8,16")
+#   tf-tiered          benchmarks/gpu/tf_tiered_step.py on GPU 0: the step with
+#                      HBM budgets of 50/25/10% of the tables' state against
+#                      all-HBM (arguments from $SOK_EV_TF_TIERED_ARGS)
 #   tf-scaling         benchmarks/gpu/tf_weak_scaling.py: the TF step on 1 and
 #                      2 GPUs under horovodrun over NCCL, the 2-vs-1 check
 #                      (results and the ranks' JSON in $OUT); on one GPU, the
@@ -357,6 +360,17 @@ if has tf-bench; then
     echo "tf-bench: exit $(cat "$status/tf-bench.rc")"
 fi
 
+if has tf-tiered; then
+    # shellcheck disable=SC2086
+    (cd "$run" && CUDA_VISIBLE_DEVICES=0 timeout -k 10 "$(limit 560)" "$PY" \
+        "$root/benchmarks/gpu/tf_tiered_step.py" --json-dir "$OUT" \
+        $( ((dry)) && echo --dry-run-on-cpu --fractions 1 --batch 256 --rows 52000 --steps 3 \
+            --results "$OUT/RESULTS.dry.md") ${SOK_EV_TF_TIERED_ARGS:-}) \
+        >"$OUT/tf-tiered.log" 2>&1
+    echo "$?" >"$status/tf-tiered.rc"
+    echo "tf-tiered: exit $(cat "$status/tf-tiered.rc")"
+fi
+
 if has tf-scaling; then
     # The ranks' files go to a folder of their own ($OUT brings back 8 files).
     scaling=("$root/benchmarks/gpu/tf_weak_scaling.py" --json-dir "$OUT/tf-scaling")
@@ -402,7 +416,7 @@ out, status, site, parts, dry = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[
 total = {"passed": 0, "failed": 0, "skipped": 0}
 lines = []
 for part in ["tf", "multi", "harness", "memcheck", "harness-sanitizer", "bench", "tf-bench",
-             "tf-scaling", "peers", "criteo"]:
+             "tf-tiered", "tf-scaling", "peers", "criteo"]:
     if part not in parts:
         continue
     path = os.path.join(out, part + ".log")
@@ -416,7 +430,8 @@ for part in ["tf", "multi", "harness", "memcheck", "harness-sanitizer", "bench",
         count["passed" if clean else "failed"] = 1
         if not clean:
             notes.append(f"exit {rc}")
-    elif part in ("harness-sanitizer", "bench", "tf-bench", "tf-scaling", "peers", "criteo"):
+    elif part in ("harness-sanitizer", "bench", "tf-bench", "tf-tiered", "tf-scaling", "peers",
+                  "criteo"):
         count["passed" if rc == 0 else "failed"] = 1
     else:
         summary = [l for l in text.splitlines() if re.match(r"^=+ .* in [\d.]+s", l)]
