@@ -24,6 +24,8 @@ enum class OptimizerKind : int32_t {
   kFtrl = 3,      // slot 0: accumulator, slot 1: linear
   kMomentum = 4,  // slot 0: momentum accumulator
   kRmsProp = 5,   // slot 0: rms, slot 1: momentum, slot 2: mean grad (centered)
+  // DeepRec's AdagradDecay: slot 0: accumulator, slot 1: accumulator_decay_power
+  kAdagradDecay = 6,
 };
 
 constexpr int kMaxOptimizerSlots = 3;
@@ -46,6 +48,10 @@ struct OptimizerSpec {
   // RMSProp: decay is TF's rho.
   float decay = 0.9f;
   bool centered = false;
+  // AdagradDecay: (global_step + 1) / accumulator_decay_step (integer
+  // division, exact in a float below 2^24 decays), decay_rate and the floor
+  // the decayed accumulator keeps (initial_accumulator_value).
+  float decay_count = 0.0f, accumulator_decay_rate = 0.9f, accumulator_baseline = 0.1f;
 };
 
 // Number of slots `kind` keeps per row.
@@ -63,6 +69,8 @@ inline int num_slots(OptimizerKind kind, bool centered = false) {
       return 1;
     case OptimizerKind::kRmsProp:
       return centered ? 3 : 2;
+    case OptimizerKind::kAdagradDecay:
+      return 2;
   }
   return 0;
 }
@@ -124,6 +132,16 @@ SOK_EV_HOST_DEVICE void update_element_as(const OptimizerSpec& spec, float* valu
     }
     slot1[c] = slot1[c] * spec.momentum + lr * g / sqrtf(denominator);
     value[c] -= slot1[c];
+  } else if constexpr (kKind == OptimizerKind::kAdagradDecay) {
+    // DeepRec keeps one decay count a row; here every column keeps its own
+    // copy (all equal, as every column of a row is updated together), so a
+    // GPU thread a column never reads a count another thread writes.
+    if (spec.decay_count > slot1[c]) {
+      slot0[c] = fmaxf(slot0[c] * spec.accumulator_decay_rate, spec.accumulator_baseline);
+      slot1[c] += 1.0f;
+    }
+    slot0[c] += g * g;
+    value[c] -= lr * g / sqrtf(slot0[c]);
   }
 }
 
@@ -153,6 +171,9 @@ SOK_EV_HOST_DEVICE void update_element(const OptimizerSpec& spec, float* row, co
                                                          adam_lr);
     case OptimizerKind::kRmsProp:
       return update_element_as<OptimizerKind::kRmsProp>(spec, row, s0, s1, s2, grad[c], c, adam_lr);
+    case OptimizerKind::kAdagradDecay:
+      return update_element_as<OptimizerKind::kAdagradDecay>(spec, row, s0, s1, s2, grad[c], c,
+                                                             adam_lr);
   }
 }
 
@@ -189,6 +210,8 @@ SOK_EV_HOST_DEVICE __attribute__((always_inline)) void update_row(const Optimize
       return update_row_as<OptimizerKind::kMomentum>(spec, row, grad, dim);
     case OptimizerKind::kRmsProp:
       return update_row_as<OptimizerKind::kRmsProp>(spec, row, grad, dim);
+    case OptimizerKind::kAdagradDecay:
+      return update_row_as<OptimizerKind::kAdagradDecay>(spec, row, grad, dim);
   }
 }
 

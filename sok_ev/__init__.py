@@ -22,6 +22,8 @@ from sok_ev import warm_start
 from sok_ev.deeprec_api import install_deeprec_api
 from sok_ev.deeprec_checkpoint import export_deeprec_checkpoint
 from sok_ev.deeprec_checkpoint import restore_deeprec_checkpoint
+from sok_ev.deeprec_optimizers import AdagradDecayOptimizer
+from sok_ev.deeprec_optimizers import AdamAsyncOptimizer
 from sok_ev.embedding_variable import EmbeddingVariable
 from sok_ev.embedding_variable import get_embedding_variable
 from sok_ev.incremental_saver import Saver
@@ -102,6 +104,8 @@ def world_size() -> int:
 
 
 __all__ = [
+    "AdagradDecayOptimizer",
+    "AdamAsyncOptimizer",
     "CBFFilter",
     "CacheStrategy",
     "CheckpointOption",

@@ -25,7 +25,9 @@ Saver) and `tf.compat.v1.train.MonitoredTrainingSession` take DeepRec's
 `tf.compat.v1.train.Saver.restore` read a checkpoint in DeepRec's Embedding
 Variable layout (sok_ev.deeprec_checkpoint); the module
 `tensorflow.python.data.experimental.ops.parquet_dataset_ops` holds DeepRec's
-ParquetDataset (sok_ev.parquet_dataset). It also
+ParquetDataset (sok_ev.parquet_dataset); to `tf.train` and
+`tf.compat.v1.train`: AdamAsyncOptimizer and AdagradDecayOptimizer
+(sok_ev.deeprec_optimizers). It also
 installs what
 lets DeepRec's training code run on Embedding Variables, as `sok_ev.init()`
 does on one worker: the dispatch of `tf.nn.embedding_lookup`,
@@ -47,6 +49,7 @@ from tensorflow.python.training import saver as saver_module
 
 from sok_ev import checkpoint
 from sok_ev import deeprec_checkpoint
+from sok_ev import deeprec_optimizers
 from sok_ev import dispatch
 from sok_ev import deeprec_session
 from sok_ev import embedding_variable
@@ -76,6 +79,12 @@ _DEEPREC_NAMES = {
     # Smart staging: an optimisation; the values are unchanged.
     "staged": smart_stage.staged,
     "make_prefetch_hook": smart_stage.make_prefetch_hook,
+}
+
+# DeepRec's optimizers, on tf.train and tf.compat.v1.train.
+_TRAIN_NAMES = {
+    "AdamAsyncOptimizer": deeprec_optimizers.AdamAsyncOptimizer,
+    "AdagradDecayOptimizer": deeprec_optimizers.AdagradDecayOptimizer,
 }
 
 # DeepRec's collection names (tf.GraphKeys) -> the collection sok-ev fills.
@@ -153,6 +162,10 @@ def install_deeprec_api() -> None:
     names += [(module, name, value, where)
               for module, where in ((tf.nn, "tf.nn"), (tf.compat.v1.nn, "tf.compat.v1.nn"))
               for name, value in feature_column.NN_NAMES.items()]
+    names += [(module, name, value, where)
+              for module, where in ((tf.train, "tf.train"), (tf.compat.v1.train,
+                                                             "tf.compat.v1.train"))
+              for name, value in _TRAIN_NAMES.items()]
     names.append(
         (tf.compat.v1.train, "Saver", incremental_saver.StockNameSaver, "tf.compat.v1.train"))
     names.append((tf.compat.v1.train, "MonitoredTrainingSession",

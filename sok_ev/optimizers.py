@@ -26,7 +26,7 @@ raises TypeError naming them. Adam is lazy, as in DeepRec.
 
 import dataclasses
 import threading
-from typing import Callable, List, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import tensorflow as tf
 from tensorflow.python.trackable import base as trackable
@@ -48,6 +48,10 @@ class _Rule:
     # Scalars in the op's hyperparameter order (sok_ev/cc/ops/optimizer_ops.cc);
     # read after the optimizer's _prepare().
     hyperparameters: Callable[[object], list]
+    # apply(optimizer, pairs) -> update ops, for an optimizer whose update
+    # needs more than one fused op with shared hyperparameters (e.g. state
+    # kept per variable); None: fused_update of every pair at once.
+    apply: Optional[Callable[[object, list], list]] = None
 
 
 def _adam_hyperparameters(optimizer):
@@ -86,6 +90,14 @@ _RULES = {
 }
 
 SUPPORTED_OPTIMIZERS = tuple(f"tf.compat.v1.train.{cls.__name__}" for cls in _RULES)
+
+
+def register_rule(optimizer_class, rule: _Rule) -> None:
+    """Makes `optimizer_class` (a tf.compat.v1.train.Optimizer subclass)
+  update Embedding Variables by `rule` (used by sok_ev.deeprec_optimizers)."""
+    global SUPPORTED_OPTIMIZERS
+    _RULES[optimizer_class] = rule
+    SUPPORTED_OPTIMIZERS = tuple(f"tf.compat.v1.train.{cls.__name__}" for cls in _RULES)
 
 
 def _rule_for(optimizer, variable):
@@ -255,6 +267,11 @@ def apply_to_embedding_variables(optimizer, grads_and_variables):
         return []
     first = pairs[0][1]
     rule = _rule_for(optimizer, first)
+    if rule.apply is not None:
+        for _, variable in pairs:
+            for slot_name, _ in rule.slots(optimizer):
+                _slot_of(optimizer, variable, slot_name)  # so get_slot() finds it
+        return rule.apply(optimizer, pairs)
     if rule.op_name == "adam" and optimizer._get_beta_accumulators()[0] is None:
         # Only the patch-free path gets here with no dense variable to carry
         # Adam's beta powers; the hook path creates them in _create_slots.
@@ -323,7 +340,8 @@ def fused_update(grads_and_variables,
     grads_and_variables: `(grad, variable)` pairs; grad is tf.IndexedSlices
       keyed by raw keys (duplicates are summed). A variable listed twice is
       updated twice, in order.
-    op_name: 'sgd', 'adagrad', 'adam', 'ftrl', 'momentum' or 'rmsprop'.
+    op_name: 'sgd', 'adagrad', 'adam', 'ftrl', 'momentum', 'rmsprop' or
+      'adagrad_decay'.
     hyperparameters: scalars in the op's order (sok_ev/cc/ops/optimizer_ops.cc).
     slots: `(table slot name, initial value)` pairs in the op's slot order.
     clock: callable returning the int64 scalar step written as each updated

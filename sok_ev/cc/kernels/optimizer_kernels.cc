@@ -47,9 +47,13 @@ struct OptimizerInfo {
 
 const std::map<std::string, OptimizerInfo>& Optimizers() {
   static const auto* optimizers = new std::map<std::string, OptimizerInfo>{
-      {"sgd", {OptimizerKind::kSgd, 1}},           {"adagrad", {OptimizerKind::kAdagrad, 1}},
-      {"adam", {OptimizerKind::kAdam, 6}},         {"ftrl", {OptimizerKind::kFtrl, 5}},
-      {"momentum", {OptimizerKind::kMomentum, 2}}, {"rmsprop", {OptimizerKind::kRmsProp, 4}},
+      {"sgd", {OptimizerKind::kSgd, 1}},
+      {"adagrad", {OptimizerKind::kAdagrad, 1}},
+      {"adam", {OptimizerKind::kAdam, 6}},
+      {"ftrl", {OptimizerKind::kFtrl, 5}},
+      {"momentum", {OptimizerKind::kMomentum, 2}},
+      {"rmsprop", {OptimizerKind::kRmsProp, 4}},
+      {"adagrad_decay", {OptimizerKind::kAdagradDecay, 4}},
   };
   return *optimizers;
 }
@@ -78,6 +82,11 @@ void SetHyperparameters(const float* h, OptimizerSpec* spec) {
       spec->decay = h[1];
       spec->momentum = h[2];
       spec->epsilon = h[3];
+      break;
+    case OptimizerKind::kAdagradDecay:
+      spec->decay_count = h[1];
+      spec->accumulator_decay_rate = h[2];
+      spec->accumulator_baseline = h[3];
       break;
     default:
       break;

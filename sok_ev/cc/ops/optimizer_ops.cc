@@ -14,6 +14,8 @@ namespace sok_ev {
 //   ftrl:     [learning_rate, learning_rate_power, l1, l2, l2_shrinkage]
 //   momentum: [learning_rate, momentum]
 //   rmsprop:  [learning_rate, decay, momentum, epsilon]
+//   adagrad_decay: [learning_rate, (global_step + 1) / accumulator_decay_step,
+//                   accumulator_decay_rate, initial_accumulator_value]
 REGISTER_OP("SokEv>SparseApplyOptimizer")
     .Input("resources: N * resource")
     .Input("keys: Tkeys")
@@ -22,7 +24,7 @@ REGISTER_OP("SokEv>SparseApplyOptimizer")
     .Input("global_step: int64")
     .Attr("Tkeys: list({int32, int64})")
     .Attr("N: int >= 1")
-    .Attr("optimizer: {'sgd', 'adagrad', 'adam', 'ftrl', 'momentum', 'rmsprop'}")
+    .Attr("optimizer: {'sgd', 'adagrad', 'adam', 'ftrl', 'momentum', 'rmsprop', 'adagrad_decay'}")
     .Attr("slot_names: list(string) >= 0")
     .Attr("slot_initial_values: list(float) >= 0")
     .Attr("use_nesterov: bool = false")
