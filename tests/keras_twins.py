@@ -161,7 +161,7 @@ class History(tf.keras.callbacks.Callback):
             dict(batch=batch,
                  iterations=int(self.model.optimizer.iterations.numpy()),
                  rows=self.read_rows(),
-                 kernel=self.model.head.kernel.numpy().copy(),
+                 kernel=self.model.get_layer("head").kernel.numpy().copy(),
                  loss=float(logs["loss"])))
 
 

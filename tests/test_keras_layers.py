@@ -25,6 +25,9 @@ import pytest
 import tensorflow as tf
 import keras
 
+import keras_twins
+from keras_twins import DenseTwin, History, Tower
+
 N_ROWS, DIM, BATCH, HOTNESS = 12, 4, 6, 3
 
 OPTIMIZERS = {
@@ -100,26 +103,15 @@ def _np_pool(matrix, rows, weights, combiner):
     return out
 
 
-def _matrix(rng):
-    return rng.normal(size=(N_ROWS, DIM)).astype(np.float32)
-
-
-def _sok_layer(sok, matrix, combiner=None, key_dtype=tf.int64, name=None):
-    """A sok_ev.keras.Embedding whose key k starts at matrix[k]."""
-    option = sok.EmbeddingVariableOption(init_option=sok.InitializerOption(
-        default_value_dim=matrix.shape[0]))
-    return sok.keras.Embedding(matrix.shape[1],
-                               combiner=combiner,
-                               key_dtype=key_dtype,
-                               initializer=tf.constant_initializer(matrix),
-                               ev_option=option,
-                               name=name)
+_sok_layer = keras_twins.sok_layer
 
 
 def _table_rows(layer, n_rows=N_ROWS):
-    """Rows 0..n_rows-1 of a sok-ev layer's table (absent keys read their
-  initial value, without being inserted)."""
-    return layer.embedding_variable.sparse_read(tf.range(n_rows, dtype=layer.key_dtype)).numpy()
+    return keras_twins.table_rows(layer, n_rows)
+
+
+def _matrix(rng):
+    return rng.normal(size=(N_ROWS, DIM)).astype(np.float32)
 
 
 # ---------------------------------------------------------------------------
@@ -280,96 +272,12 @@ def test_bad_ids_or_weights_raise_before_the_table_changes(sok, case):
 # ---------------------------------------------------------------------------
 
 
-class DenseTwin(keras.layers.Layer):
-    """The reference: keras.layers.Embedding holding `matrix`, looked up and
-  pooled as sok_ev.keras.Embedding is documented to (combiners of
-  tf.nn.embedding_lookup_sparse; empty rows give zeros).
-
-  It looks up each distinct id once and repeats the rows, so that Keras's
-  optimizer gets each row's gradient summed over its duplicates, as the
-  Embedding Variable's is. (Given tf.IndexedSlices with a repeated index,
-  Keras 3's Adagrad, Adam and Ftrl square each duplicate's gradient
-  separately: not the update of the summed gradient.)"""
-
-    def __init__(self, matrix, combiner=None):
-        super().__init__()
-        self.combiner = combiner
-        self.embedding = keras.layers.Embedding(
-            matrix.shape[0],
-            matrix.shape[1],
-            embeddings_initializer=keras.initializers.Constant(matrix))
-
-    def _rows(self, ids):
-        unique, position = tf.unique(tf.reshape(ids, [-1]))
-        rows = tf.gather(self.embedding(unique), position)
-        dim = self.embedding.output_dim
-        rows = tf.reshape(rows, tf.concat([tf.shape(ids), [dim]], 0))
-        rows.set_shape(ids.shape.concatenate([dim]))
-        return rows
-
-    def call(self, ids, weights=None):
-        if isinstance(ids, tf.SparseTensor):
-            ids = tf.RaggedTensor.from_sparse(ids)
-            weights = None if weights is None else tf.RaggedTensor.from_sparse(weights)
-        if isinstance(ids, tf.RaggedTensor):
-            if weights is None:
-                weights = tf.ones_like(ids, tf.float32)
-            rows = ids.with_flat_values(self._rows(ids.flat_values))
-            weights = weights.with_flat_values(weights.flat_values[:, None])
-        else:
-            rows = self._rows(ids)
-            if self.combiner is None:
-                return rows if weights is None else rows * weights[..., None]
-            if weights is None:
-                weights = tf.ones_like(ids, tf.float32)
-            weights = weights[..., None]
-        total = tf.reduce_sum(rows * weights, axis=1)
-        if self.combiner == "mean":
-            total = tf.math.divide_no_nan(total, tf.reduce_sum(weights, axis=1))
-        elif self.combiner == "sqrtn":
-            total = tf.math.divide_no_nan(total, tf.sqrt(tf.reduce_sum(weights * weights, axis=1)))
-        return total
-
-
-class Tower(keras.Model):
-    """embedding -> flatten -> Dense(1), with the head's kernel given."""
-
-    def __init__(self, embedding, kernel):
-        super().__init__()
-        self.embedding = embedding
-        self.flatten = keras.layers.Flatten()
-        self.head = _head(kernel)
-
-    def call(self, inputs):
-        ids, weights = inputs
-        return self.head(self.flatten(self.embedding(ids, weights)))
-
-
 def _head(kernel):
     """Dense(1) named 'head' (History reads it) starting at `kernel`."""
     return keras.layers.Dense(1,
                               kernel_initializer=keras.initializers.Constant(kernel),
                               bias_initializer="zeros",
                               name="head")
-
-
-class History(keras.callbacks.Callback):
-    """Records, after every callback step, the rows of the table, the head's
-  kernel, the loss, the step number Keras reports and the optimizer's
-  iterations."""
-
-    def __init__(self, read_rows):
-        super().__init__()
-        self.read_rows = read_rows
-        self.steps = []
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.steps.append(
-            dict(batch=batch,
-                 iterations=int(self.model.optimizer.iterations),
-                 rows=self.read_rows(),
-                 kernel=self.model.get_layer("head").kernel.numpy().copy(),
-                 loss=logs["loss"]))
 
 
 # Input kinds: (combiner, how a batch of ids and weights is made).
@@ -392,26 +300,6 @@ def _dataset(rng, kind, id_dtype, steps, cover_all):
         y = tf.constant(rng.normal(size=(BATCH, 1)).astype(np.float32))
         batches.append((x, y))
     return batches
-
-
-def _as_dataset(batches):
-    """A tf.data.Dataset yielding `batches` in order (ragged, sparse or dense)."""
-    first = batches[0]
-    spec = tf.nest.map_structure(tf.type_spec_from_value, first)
-    spec = tf.nest.map_structure(_unknown_batch, spec)
-    dataset = tf.data.Dataset.from_generator(lambda: iter(batches), output_signature=spec)
-    return dataset.apply(tf.data.experimental.assert_cardinality(len(batches)))
-
-
-def _unknown_batch(spec):
-    if isinstance(spec, tf.TensorSpec):
-        return tf.TensorSpec([None] + spec.shape.as_list()[1:], spec.dtype)
-    if isinstance(spec, tf.RaggedTensorSpec):
-        return tf.RaggedTensorSpec([None, None],
-                                   spec.dtype,
-                                   ragged_rank=1,
-                                   row_splits_dtype=tf.int64)
-    return tf.SparseTensorSpec([None, None], spec.dtype)
 
 
 def _combiner(kind):
@@ -451,7 +339,11 @@ def _fit_both(sok,
                   steps_per_execution=steps_per_execution,
                   run_eagerly=run_eagerly)
         history = History(read)
-        m.fit(_as_dataset(batches), epochs=1, verbose=0, callbacks=[history], shuffle=False)
+        m.fit(keras_twins.as_dataset(batches),
+              epochs=1,
+              verbose=0,
+              callbacks=[history],
+              shuffle=False)
         histories.append(history)
     return histories, (model, layer), (twin_model, twin), batches, matrix
 
@@ -554,7 +446,7 @@ def test_a_model_whose_only_weights_are_tables_trains_like_keras_and_counts_each
     losses = []
     for model in (TableOnly(layer), TableOnly(twin)):
         model.compile(optimizer=OPTIMIZERS[optimizer](), loss="mse")
-        losses.append(model.fit(_as_dataset(batches), verbose=0).history["loss"])
+        losses.append(model.fit(keras_twins.as_dataset(batches), verbose=0).history["loss"])
         assert int(model.optimizer.iterations) == 3
     np.testing.assert_allclose(losses[0], losses[1], rtol=2e-5)
     np.testing.assert_allclose(_table_rows(layer),
@@ -581,7 +473,7 @@ def test_a_functional_model_refuses_xla_and_fits_like_its_keras_twin(sok, rng):
         if embedding is sok_layer:
             assert model.jit_compile is False
         history = History(read)
-        model.fit(_as_dataset(batches), verbose=0, callbacks=[history])
+        model.fit(keras_twins.as_dataset(batches), verbose=0, callbacks=[history])
         histories.append(history)
     _assert_same_steps(*histories)
 
@@ -591,11 +483,11 @@ def test_evaluate_and_predict_equal_the_keras_model_and_leave_trained_rows_alone
     trained = layer.embedding_variable.export()
     trained = dict(zip(trained[0].numpy().tolist(), trained[1].numpy()))
     test = _dataset(rng, "sparse", np.int64, 2, cover_all=False)
-    np.testing.assert_allclose(model.evaluate(_as_dataset(test), verbose=0),
-                               twin_model.evaluate(_as_dataset(test), verbose=0),
+    np.testing.assert_allclose(model.evaluate(keras_twins.as_dataset(test), verbose=0),
+                               twin_model.evaluate(keras_twins.as_dataset(test), verbose=0),
                                rtol=1e-5)
-    np.testing.assert_allclose(model.predict(_as_dataset(test), verbose=0),
-                               twin_model.predict(_as_dataset(test), verbose=0),
+    np.testing.assert_allclose(model.predict(keras_twins.as_dataset(test), verbose=0),
+                               twin_model.predict(keras_twins.as_dataset(test), verbose=0),
                                rtol=1e-5,
                                atol=1e-6)
     after = layer.embedding_variable.export()
@@ -618,7 +510,7 @@ def test_an_unsupported_optimizer_is_refused_naming_it_and_the_layer_before_anyt
     model.compile(optimizer=opt, loss="mse")
     batches = _dataset(rng, "ragged", np.int64, 2, cover_all=False)
     with pytest.raises((TypeError, ValueError)) as raised:
-        model.fit(_as_dataset(batches), verbose=0)
+        model.fit(keras_twins.as_dataset(batches), verbose=0)
     message = str(raised.value)
     assert type(opt).__name__ in message and f"{layer_name}/embeddings" in message
     assert int(layer.embedding_variable.total_count()) == 0
@@ -633,7 +525,7 @@ def test_a_frozen_layer_keeps_its_table_while_the_dense_head_trains(sok, rng):
     model(batches[0][0])  # builds the head
     assert not any(w is layer.embedding_variable for w in model.trainable_weights)
     kernel = model.head.kernel.numpy().copy()
-    model.fit(_as_dataset(batches), verbose=0)
+    model.fit(keras_twins.as_dataset(batches), verbose=0)
     keys, values = (t.numpy() for t in layer.embedding_variable.export())
     assert len(keys) > 0
     np.testing.assert_array_equal(values, matrix[keys])
@@ -729,7 +621,7 @@ def test_grouped_embedding_fit_equals_keras_embeddings_step_for_step(sok, rng, o
         model = TwoTables(lookup, kernel)
         model.compile(optimizer=OPTIMIZERS[optimizer](), loss="mse")
         history = History(read)
-        model.fit(_as_dataset(batches), verbose=0, callbacks=[history])
+        model.fit(keras_twins.as_dataset(batches), verbose=0, callbacks=[history])
         histories.append(history)
     _assert_same_steps(*histories)
     assert not np.allclose(histories[0].steps[0]["rows"], histories[0].steps[-1]["rows"])
@@ -798,7 +690,7 @@ def _trained_pair(sok, rng, optimizer="adam", steps=3):
     (model, layer), _, _ = _twins(sok, rng, "ragged", matrix=matrix, kernel=kernel)
     model.compile(optimizer=OPTIMIZERS[optimizer](), loss="mse")
     batches = _dataset(rng, "ragged", np.int64, steps + 2, cover_all=False)
-    model.fit(_as_dataset(batches[:steps]), verbose=0)
+    model.fit(keras_twins.as_dataset(batches[:steps]), verbose=0)
     (fresh, fresh_layer), _, _ = _twins(sok, rng, "ragged", matrix=matrix, kernel=kernel)
     fresh.compile(optimizer=OPTIMIZERS[optimizer](), loss="mse")
     # Builds the head, and the optimizer: Keras restores an optimizer's
@@ -816,7 +708,7 @@ def _assert_training_continues_identically(model, layer, restored, restored_laye
     histories = []
     for m, l in ((model, layer), (restored, restored_layer)):
         history = History(lambda l=l: _table_rows(l))
-        m.fit(_as_dataset(batches), verbose=0, callbacks=[history])
+        m.fit(keras_twins.as_dataset(batches), verbose=0, callbacks=[history])
         histories.append(history)
     _assert_same_steps(*histories)
     _assert_same_table_state(layer, restored_layer)
@@ -842,7 +734,7 @@ def test_save_weights_and_load_weights_restore_tables_with_slots_and_training_co
 def test_model_checkpoint_callback_saving_weights_restores_the_table_with_slots(sok, rng, tmp_path):
     (model, layer), (fresh, fresh_layer), more = _trained_pair(sok, rng, "ftrl", steps=1)
     path = str(tmp_path / "epoch{epoch}.weights.h5")
-    model.fit(_as_dataset(more),
+    model.fit(keras_twins.as_dataset(more),
               epochs=2,
               verbose=0,
               callbacks=[keras.callbacks.ModelCheckpoint(path, save_weights_only=True)])
