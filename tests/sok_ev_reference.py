@@ -356,6 +356,18 @@ def sok_ev_import_root():
     return os.path.dirname(os.path.dirname(os.path.abspath(sok_ev.__file__)))
 
 
+def legacy_keras_env():
+    """The environment of a child process that runs under tf_keras
+  (TF_USE_LEGACY_KERAS=1, read at TensorFlow's import) and imports this
+  checkout's sok_ev and the tests' own modules."""
+    tests = os.path.dirname(os.path.abspath(__file__))
+    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return dict(os.environ,
+                TF_USE_LEGACY_KERAS="1",
+                TF_CPP_MIN_LOG_LEVEL="2",
+                PYTHONPATH=os.pathsep.join([sok_ev_import_root(), tests] + inherited))
+
+
 # ---------------------------------------------------------------------------
 # The user example
 # ---------------------------------------------------------------------------

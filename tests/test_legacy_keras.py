@@ -49,13 +49,7 @@ TRAINED = {
 def legacy(tmp_path_factory, seed):
     """What the worker wrote, run once under TF_USE_LEGACY_KERAS=1."""
     path = str(tmp_path_factory.mktemp("legacy_keras") / "out.npz")
-    tests = os.path.dirname(WORKER)
-    env = dict(os.environ,
-               TF_USE_LEGACY_KERAS="1",
-               TF_CPP_MIN_LOG_LEVEL="2",
-               PYTHONPATH=os.pathsep.join(
-                   [ref.sok_ev_import_root(), tests] +
-                   [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    env = ref.legacy_keras_env()
     result = subprocess.run([sys.executable, WORKER, path, str(seed)],
                             env=env,
                             capture_output=True,

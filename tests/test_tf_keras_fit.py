@@ -39,13 +39,7 @@ FIELDS = ("batch", "iterations", "rows", "kernel", "loss")
 def run(tmp_path_factory):
     """What the worker wrote: arrays and the json facts."""
     path = str(tmp_path_factory.mktemp("tf_keras_fit") / "out.npz")
-    tests = os.path.dirname(WORKER)
-    env = dict(os.environ,
-               TF_USE_LEGACY_KERAS="1",
-               TF_CPP_MIN_LOG_LEVEL="2",
-               PYTHONPATH=os.pathsep.join(
-                   [ref.sok_ev_import_root(), tests] +
-                   [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    env = ref.legacy_keras_env()
     seed = int(os.environ.get("SOK_EV_TEST_SEED", "0")) + 52
     result = subprocess.run([sys.executable, WORKER, path, str(seed)],
                             env=env,
