@@ -12,10 +12,10 @@ EV_INIT_SLOT_OPS (empty: slots live in the table); the module
 `tensorflow.core.framework.embedding.config_pb2` (StorageType, CacheType,
 CacheStrategy, SlotType) that DeepRec's storage examples import; to `tf.feature_column`
 and `tf.compat.v1.feature_column`: categorical_column_with_embedding,
-embedding_column, shared_embedding_columns, input_layer and
+embedding_column, shared_embedding_columns, input_layer, linear_model and
 group_embedding_column_scope (sok_ev.feature_column; TensorFlow's own
-embedding_column, shared_embedding_columns and input_layer still serve
-every other column), and DeepRec's feature-column names sok-ev does not
+embedding_column, shared_embedding_columns, input_layer and linear_model
+still serve every other column), and DeepRec's feature-column names sok-ev does not
 build, which raise ValueError naming the feature; to `tf.nn` and
 `tf.compat.v1.nn`: group_embedding_lookup_sparse; and it makes
 `tf.compat.v1.train.Saver` take DeepRec's `incremental_save_restore=True`
@@ -27,7 +27,11 @@ Variable layout (sok_ev.deeprec_checkpoint); the module
 `tensorflow.python.data.experimental.ops.parquet_dataset_ops` holds DeepRec's
 ParquetDataset (sok_ev.parquet_dataset); to `tf.train` and
 `tf.compat.v1.train`: AdamAsyncOptimizer and AdagradDecayOptimizer
-(sok_ev.deeprec_optimizers). It also
+(sok_ev.deeprec_optimizers); `tf.ConfigProto` and
+`tf.compat.v1.ConfigProto` take DeepRec's `graph_options.optimizer_options`
+fields (do_smart_stage, do_op_fusion, micro_batch_num, ...: accepted,
+without effect) and TensorFlow's sessions take such a config
+(sok_ev.deeprec_config). It also
 installs what
 lets DeepRec's training code run on Embedding Variables, as `sok_ev.init()`
 does on one worker: the dispatch of `tf.nn.embedding_lookup`,
@@ -49,6 +53,7 @@ from tensorflow.python.training import saver as saver_module
 
 from sok_ev import checkpoint
 from sok_ev import deeprec_checkpoint
+from sok_ev import deeprec_config
 from sok_ev import deeprec_optimizers
 from sok_ev import dispatch
 from sok_ev import deeprec_session
@@ -97,7 +102,8 @@ _GRAPH_KEYS = {
 # TensorFlow's objects install_deeprec_api() may replace: name -> object.
 _REPLACEABLE = dict(feature_column.STOCK,
                     Saver=saver_module.Saver,
-                    MonitoredTrainingSession=deeprec_session.STOCK_MONITORED_TRAINING_SESSION)
+                    MonitoredTrainingSession=deeprec_session.STOCK_MONITORED_TRAINING_SESSION,
+                    ConfigProto=deeprec_config.STOCK_CONFIG_PROTO)
 
 # DeepRec's proto module of storage enums, as scripts import it.
 _CONFIG_PB2 = "tensorflow.core.framework.embedding.config_pb2"
@@ -170,6 +176,9 @@ def install_deeprec_api() -> None:
         (tf.compat.v1.train, "Saver", incremental_saver.StockNameSaver, "tf.compat.v1.train"))
     names.append((tf.compat.v1.train, "MonitoredTrainingSession",
                   deeprec_session.MonitoredTrainingSession, "tf.compat.v1.train"))
+    # DeepRec's optimizer_options fields (do_smart_stage, ...) are accepted.
+    names += [(module, "ConfigProto", deeprec_config.ConfigProto, module.__name__)
+              for module in (tf, tf.compat.v1)]
     for owner, name, value, where in names:  # all checked before any is set
         _refuse_conflict(owner, name, value, where)
     for owner, name, value, _ in names:
@@ -185,3 +194,5 @@ def install_deeprec_api() -> None:
     # A Saver's restore reads checkpoints DeepRec saved.
     deeprec_checkpoint.install_restore_hook()
     warm_start.install_hook()
+    # Sessions take a ConfigProto with DeepRec's fields, as its stock proto.
+    deeprec_config.install_session_hook()

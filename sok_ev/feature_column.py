@@ -32,6 +32,9 @@
   `group_embedding_column_scope` are looked up together: every Embedding
   Variable column of the group in one `sok_ev.lookup_sparse` call.
 * `group_embedding_column_scope(name=None)`: that context manager.
+* `linear_model(features, feature_columns, units=1, sparse_combiner="sum",
+  ...)`: TensorFlow's v1 linear_model (DeepRec's WDL builds its wide part
+  with it, passing `do_fusion`), over TensorFlow's columns only.
 * `group_embedding_lookup_sparse(params, sp_ids, combiners,
   sp_weights=None, partition_strategy="mod", is_sequence=False,
   params_num_per_group=..., name=None)`: Embedding Variables looked up in
@@ -72,6 +75,7 @@ STOCK = {
     "embedding_column": tf.compat.v1.feature_column.embedding_column,
     "shared_embedding_columns": tf.compat.v1.feature_column.shared_embedding_columns,
     "input_layer": tf.compat.v1.feature_column.input_layer,
+    "linear_model": tf.compat.v1.feature_column.linear_model,
 }
 
 # DeepRec's feature-column names sok-ev does not build -> what they are.
@@ -678,6 +682,49 @@ def input_layer(features,
         return tf.concat(outputs, 1)
 
 
+def linear_model(features,
+                 feature_columns,
+                 units=1,
+                 sparse_combiner="sum",
+                 weight_collections=None,
+                 trainable=True,
+                 cols_to_vars=None,
+                 **flags):
+    """DeepRec's `tf.feature_column.linear_model`: TensorFlow's v1
+  linear_model (the wide part of DeepRec's WDL), taking DeepRec's
+  optimisation flags (do_fusion, ...), which change nothing.
+
+  Args:
+    features, feature_columns, units, sparse_combiner, weight_collections,
+      trainable, cols_to_vars: TensorFlow's.
+    **flags: DeepRec's optimisation flags, as embedding_column's.
+
+  Returns:
+    TensorFlow's `[batch, units]` logits.
+
+  Raises:
+    ValueError: an unknown argument, or a column that reads a
+      categorical_column_with_embedding column (a linear part over an
+      Embedding Variable is not built), naming it; before any variable is
+      made.
+  """
+    _check_flags("linear_model", flags)
+    columns = _fc_v1._normalize_feature_columns(feature_columns)  # pylint: disable=protected-access
+    for column in columns:
+        if _ev_source(column) is not None:
+            raise ValueError(f"linear_model: column '{column.name}' reads a "
+                             "categorical_column_with_embedding column; a linear part over an "
+                             "Embedding Variable is not built by sok-ev (give linear_model "
+                             "TensorFlow's categorical columns).")
+    return STOCK["linear_model"](features,
+                                 columns,
+                                 units=units,
+                                 sparse_combiner=sparse_combiner,
+                                 weight_collections=weight_collections,
+                                 trainable=trainable,
+                                 cols_to_vars=cols_to_vars)
+
+
 # --------------------------------------------------------------------------- tf.nn
 
 
@@ -740,6 +787,7 @@ FEATURE_COLUMN_NAMES = {
     "embedding_column": embedding_column,
     "shared_embedding_columns": shared_embedding_columns,
     "input_layer": input_layer,
+    "linear_model": linear_model,
     "group_embedding_column_scope": group_embedding_column_scope,
     **REFUSED,
 }

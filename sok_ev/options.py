@@ -271,6 +271,14 @@ _COUNTER_BYTES = {
     tf.int64: 8,
 }
 
+# The largest Bloom filter a table allocates. DeepRec callocs its counters,
+# so pages it never touches cost nothing (its modelzoo asks for 2**30 keys at
+# p = 0.01 in int64: 82 GB a table); sok-ev allocates them up front. Above
+# this a table counts exactly (CounterFilter's rule), which never admits a
+# key earlier than the Bloom filter would and holds only the keys not
+# admitted yet.
+BLOOM_FILTER_MAX_BYTES = 1 << 30
+
 FILTER_ATTRIBUTE_NAMES = ("filter_freq", "filter_counters", "filter_hashes", "filter_counter_bytes",
                           "no_permission_value")
 
@@ -281,7 +289,9 @@ def filter_attributes(ev_option: EmbeddingVariableOption, where: str) -> dict:
   filter_hashes (0: exact counts; else a counting Bloom filter of
   m = ceil(-n ln p / ln(2)^2) counters and k = max(1, round(m / n ln 2))
   hashes for n = max_element_size, p = false_positive_probability),
-  filter_counter_bytes and no_permission_value.
+  filter_counter_bytes and no_permission_value. A Bloom filter of more than
+  BLOOM_FILTER_MAX_BYTES counts exactly instead (filter_counters 0), with a
+  warning naming the table.
 
   Raises:
     ValueError: filter_freq is not a non-negative integer, or counter_type
@@ -316,6 +326,13 @@ def filter_attributes(ev_option: EmbeddingVariableOption, where: str) -> dict:
         if option.false_positive_probability != -1.0:
             n, p = option.max_element_size, option.false_positive_probability
             counters = max(1, math.ceil(-n * math.log(p) / math.log(2)**2))
+            size = counters * attributes["filter_counter_bytes"]
+            if size > BLOOM_FILTER_MAX_BYTES:
+                tf.compat.v1.logging.warning(
+                    f"{where}: CBFFilter(max_element_size={n}, false_positive_probability={p}) "
+                    f"needs {size} bytes of counters, more than BLOOM_FILTER_MAX_BYTES "
+                    f"({BLOOM_FILTER_MAX_BYTES}); counting exactly instead (no false positives).")
+                return attributes
             attributes["filter_counters"] = counters
             attributes["filter_hashes"] = max(1, round(counters / n * math.log(2)))
     return attributes
