@@ -163,6 +163,14 @@ class AdamAsyncOptimizer(tf.compat.v1.train.Optimizer):
         with tf.control_dependencies(updates):
             return _advance_beta_powers(beta1_power, beta2_power, beta1, beta2, tf.size(indices))
 
+    # Ref variables (what tf.disable_v2_behavior() makes, as DeepRec's
+    # scripts do) take the same rule: the updates above are Variable methods.
+    def _apply_dense(self, grad, var):
+        return self._resource_apply_dense(grad, var)
+
+    def _apply_sparse(self, grad, var):
+        return self._resource_apply_sparse(grad.values, var, grad.indices)
+
 
 def _advance_beta_powers(beta1_power, beta2_power, beta1, beta2, num_indices):
     """beta powers *= beta, when the apply had an index (DeepRec's N > 0)."""
@@ -352,6 +360,14 @@ class AdagradDecayOptimizer(tf.compat.v1.train.Optimizer):
         return tf.group(accumulator.scatter_update(tf.IndexedSlices(rows, indices)),
                         var.scatter_sub(tf.IndexedSlices(lr * grad / tf.sqrt(rows), indices)),
                         counted)
+
+    # Ref variables (what tf.disable_v2_behavior() makes, as DeepRec's
+    # scripts do) take the same rule: the updates above are Variable methods.
+    def _apply_dense(self, grad, var):
+        return self._resource_apply_dense(grad, var)
+
+    def _apply_sparse(self, grad, var):
+        return self._resource_apply_sparse(grad.values, var, grad.indices)
 
 
 optimizers.register_rule(

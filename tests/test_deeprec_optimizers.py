@@ -237,13 +237,16 @@ def test_tf_function_matches_deeprec_rule_with_an_empty_batch(deeprec, rng, uniq
                                    rtol=1e-5)
 
 
+@pytest.mark.parametrize("use_resource", [True, False], ids=["resource", "ref"])
 @pytest.mark.parametrize("optimizer", ["adam_async", "adagrad_decay"])
-def test_dense_gradient_matches_deeprec_rule(deeprec, rng, optimizer):
+def test_dense_gradient_matches_deeprec_rule(deeprec, rng, optimizer, use_resource):
+    """Resource variables, and the ref variables tf.disable_v2_behavior()
+  makes (DeepRec's scripts' dense layers)."""
     matrix = ref.random_matrix(rng, N_ROWS, DIM)
     reference = _reference(optimizer, matrix)
     with ref.graph_session() as sess:
         global_step = tf.compat.v1.train.get_or_create_global_step()
-        var = tf.Variable(matrix)
+        var = tf.compat.v1.Variable(matrix, use_resource=use_resource)
         weights = tf.compat.v1.placeholder(tf.float32, shape=[N_ROWS, DIM])
         opt = _make_optimizer(optimizer, global_step)
         train_op = opt.minimize(tf.reduce_sum(var * weights), global_step=global_step)
@@ -260,6 +263,39 @@ def test_dense_gradient_matches_deeprec_rule(deeprec, rng, optimizer):
             assert reference.dense_power >= 2
             assert sess.run(opt.get_slot(var, "accumulator_decay_power")).flat[0] == \
                 reference.dense_power
+
+
+@pytest.mark.parametrize("use_resource", [True, False], ids=["resource", "ref"])
+@pytest.mark.parametrize("optimizer", ["adam_async", "adagrad_decay"])
+def test_a_gathered_gradient_with_duplicates_matches_deeprec_sparse_rule(
+        deeprec, rng, optimizer, use_resource):
+    """tf.gather's IndexedSlices gradient, duplicate rows summed first (as
+  DeepRec's SparseApply kernels are given them), on resource and ref
+  variables; rows never gathered stay as they were."""
+    matrix = ref.random_matrix(rng, N_ROWS, DIM)
+    reference = _reference(optimizer, matrix)
+    with ref.graph_session() as sess:
+        global_step = tf.compat.v1.train.get_or_create_global_step()
+        var = tf.compat.v1.Variable(matrix, use_resource=use_resource)
+        ids = tf.compat.v1.placeholder(tf.int64, [None])
+        upstream = tf.compat.v1.placeholder(tf.float32, [None, DIM])
+        opt = _make_optimizer(optimizer, global_step)
+        train_op = opt.minimize(tf.reduce_sum(tf.gather(var, ids) * upstream),
+                                global_step=global_step)
+        sess.run(tf.compat.v1.global_variables_initializer())
+        for t in range(STEPS):
+            batch = rng.integers(0, N_ROWS // 2, size=2 * N_ROWS)  # duplicates, half the rows
+            up = rng.normal(size=(len(batch), DIM)).astype(np.float32)
+            sess.run(train_op, {ids: batch, upstream: up})
+            grads = {}
+            for row, g in zip(batch, up.astype(np.float64)):
+                grads[row] = grads.get(row, 0.0) + g
+            if optimizer == "adagrad_decay":
+                reference.sparse(grads, t)
+            else:
+                reference.sparse(grads)
+            np.testing.assert_allclose(sess.run(var), reference.value, rtol=RTOL, atol=ATOL)
+        np.testing.assert_array_equal(sess.run(var)[N_ROWS // 2:], matrix[N_ROWS // 2:])
 
 
 def _state(sess, opt, ev, var, slot_names):
