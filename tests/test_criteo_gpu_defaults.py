@@ -28,7 +28,8 @@ def test_gpu_defaults_train_1024_steps_from_memory_and_the_baseline_256():
     assert (args.source, args.schedule) == ("memory", "sequential")
     # Embeddings: near-0 accumulator (steps of about the rate); the tower: TF's 0.1.
     assert (args.learning_rate, args.initial_accumulator) == (0.05, 1e-6)
-    assert (args.dense_learning_rate, args.dense_initial_accumulator) == (0.01, 0.1)
+    assert (args.dense_learning_rate, args.dense_initial_accumulator) == (0.05, 0.1)
+    assert args.warmup_steps == 20
 
 
 def test_cpu_defaults_are_unchanged_text_and_interleaved():
