@@ -68,7 +68,7 @@ from benchmarks.criteo import reader  # noqa: E402
 from benchmarks.criteo import report  # noqa: E402
 from benchmarks.criteo import synthetic  # noqa: E402
 from benchmarks.criteo import training  # noqa: E402
-from benchmarks import results  # noqa: E402
+from benchmarks import results as results_md  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(REPO_ROOT, "benchmarks", "RESULTS.md")
@@ -574,6 +574,16 @@ def print_summary(record, meta, previous_runs):
     record["targets"] = [dict(target=w, met=bool(m), value=v) for w, m, v in checks]
 
 
+def append_record(record, runs=RUNS, results=RESULTS):
+    """Appends the run to runs.jsonl and its line to RESULTS.md's Criteo
+  history; a run of a current-table row's configuration rewrites that row too."""
+    report.append_run(runs, record)
+    results_md.append(report.results_line(record) + "\n", "criteo", results)
+    for row, cells in report.current_rows(record, results_md.commit()).items():
+        results_md.update_row(row, results, **cells)
+    print(f"appended to {os.path.relpath(runs)}")
+
+
 def main(argv=None):
     args = parse_args(argv)
     hvd = horovod_or_none()
@@ -673,13 +683,7 @@ def main(argv=None):
     with open(os.path.join(args.out_dir, "results_line.md"), "w") as f:
         f.write(report.results_line(record) + "\n")  # for runs whose tree is thrown away
     if not args.no_append:
-        report.append_run(RUNS, record)
-        # The run's line goes at the end of RESULTS.md's Criteo history; a run of
-        # a current-table row's configuration rewrites that row too.
-        results.append(report.results_line(record) + "\n", "criteo", RESULTS)
-        for row, cells in report.current_rows(record, results.commit()).items():
-            results.update_row(row, RESULTS, **cells)
-        print(f"appended to {os.path.relpath(RUNS)}")
+        append_record(record)
 
 
 if __name__ == "__main__":
