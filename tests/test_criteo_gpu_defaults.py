@@ -1,7 +1,7 @@
 """benchmarks/criteo/run.py --device gpu: its defaults, and its path run on the CPU at a tiny shape.
 
 References: the GPU defaults as docs/criteo.md states them (batches made in
-memory, each implementation alone, sok-ev 1024 steps and the baseline 256 at
+memory, each implementation alone, sok-ev 2048 steps and the baseline 128 at
 batch 65536), and the run's own record.
 """
 import json
@@ -22,9 +22,9 @@ def defaults(device, *argv):
     return args
 
 
-def test_gpu_defaults_train_1024_steps_from_memory_and_the_baseline_256():
+def test_gpu_defaults_train_2048_steps_from_memory_and_the_baseline_128():
     args = defaults("gpu")
-    assert (args.batch, args.train_lines // args.batch, args.baseline_steps) == (65536, 1024, 256)
+    assert (args.batch, args.train_lines // args.batch, args.baseline_steps) == (65536, 2048, 128)
     assert (args.source, args.schedule) == ("memory", "sequential")
     # Embeddings: near-0 accumulator (steps of about the rate); the tower: TF's 0.1.
     assert (args.learning_rate, args.initial_accumulator) == (0.05, 1e-6)

@@ -40,7 +40,7 @@ def test_batches_equal_the_text_readers_for_the_same_seed(both, split, workers, 
 
 def test_planted_model_and_vocabulary_are_the_text_data_sets(both):
     meta, data = both
-    assert data.planted == meta["planted"]
+    assert data.planted == {"eval": meta["planted"]["eval"]}
     assert data.vocabulary == meta["vocabulary"]
     assert data.lines == {"train": 2500, "eval": 700}
 

@@ -257,7 +257,7 @@ ROW_RUNS = {
               style="function",
               global_batch=65536,
               dim=128,
-              exchange_dtype="float32"), "synthetic seed 0: 67,108,864 train + 262,144 eval lines"),
+              exchange_dtype="float32"), "synthetic seed 0: 134,217,728 train + 262,144 eval lines"),
 }
 GPU_TARGET_SAMPLES_PER_SECOND = 1.9e6  # HugeCTR's per-GPU MLPerf figure
 

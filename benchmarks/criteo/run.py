@@ -89,8 +89,10 @@ AUC_MARGIN = {"cpu": 0.002, "gpu": 0.005}
 # tower takes such sign-like steps badly (the loss jumps, even at 0.005) and
 # keeps TensorFlow's 0.1, at 0.05 (on the CPU at this batch, 30 steps:
 # 0.01 learns slowly, AUC 0.667; 0.1 faster, 0.732, with spikes after a
-# 10-step warm-up, hence 20). sok-ev trains 1024 steps (~25 s at its 24.7 ms), the
-# baseline its first 256 (~46 s at 180 ms), both evaluated at step 256; the
+# 10-step warm-up, hence 20). sok-ev trains 2048 steps (~51 s at its 24.7 ms:
+# at this batch a smaller model's gap to the planted AUC fell from 0.026 after
+# 100 steps to 0.021 after 150, ~1/sqrt(steps)), the baseline its first 128
+# (~23 s at 180 ms), both evaluated at step 128; the
 # batches are made in memory (the text path cannot keep up), cardinalities
 # at 0.1 x Kaggle's (3.4M keys). CPU: a model and data set for a few minutes
 # on 2 cores. There Adagrad's initial accumulator is near PyTorch's 0: TensorFlow's
@@ -119,10 +121,10 @@ PRESETS = {
              cross_layers=3,
              cross_rank=512,
              warmup_steps=20,
-             train_lines=1024 * 65536,
+             train_lines=2048 * 65536,
              eval_lines=262_144,
              cardinality_scale=0.1,
-             baseline_steps=256,
+             baseline_steps=128,
              source="memory",
              schedule="sequential"),
     "cpu":
