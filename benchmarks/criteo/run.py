@@ -1,15 +1,17 @@
 """The Criteo benchmark: a CTR model trained with sok-ev and with stock TensorFlow, in one run.
 
 Both implementations train the same model (DLRM or DCNv2, Adagrad) on the same
-batches, one step each per batch, and are evaluated on the same held-out
-split:
+batches (in turn on the CPU; each alone on a GPU, the baseline on the first
+--baseline-steps only) and are evaluated on the same held-out split:
   sok_ev    26 Embedding Variables in one sok_ev.lookup_sparse call, sharded
             over the workers; only dense gradients are allreduced;
   baseline  26 hash-bucketed tf.Variables (2x the true cardinality),
             tf.nn.embedding_lookup_sparse, replicated (all gradients reduced).
 
-Prints eval AUC and logloss (sklearn), training samples/s (global batch /
-step time), embedding memory, and the targets of issue 10; writes curves.png,
+Prints, for each implementation, eval AUC and logloss (sklearn), training
+samples/s (global batch / step time), its end-to-end samples/s (input
+included) and its time waiting for input, embedding memory; the input
+pipeline's rate alone; and the targets of issues 10 and 53; writes curves.png,
 throughput.png, run.json and results_line.md into --out-dir; appends one line
 to benchmarks/RESULTS.md's Criteo history (and, for a run of the defaults on the
 CPU or with --device gpu, rewrites its rows of the current table) and one record
@@ -23,12 +25,15 @@ pyarrow), HugeCTR one-hot Raw (*.bin), TorchRec/MLPerf NumPy days
 (day_N_{dense,sparse,labels}.npy, any of the three names a day); --max-*-lines
 then count records. Otherwise a synthetic data set with a planted model
 (benchmarks/criteo/synthetic.py), generated once into --data-dir; the planted
-model's AUC on the eval split is printed with the rest.
+model's AUC on the eval split is printed with the rest; or (--source memory, the
+GPU default) the same rows made as arrays in memory (in_memory.py).
 
   python benchmarks/criteo/run.py                       # CPU defaults, a few minutes on 2 cores
   python benchmarks/criteo/run.py --model dcnv2 --style session
   horovodrun --gloo -np 2 -H localhost:2 python benchmarks/criteo/run.py
-  python benchmarks/criteo/run.py --device gpu          # GPU defaults: batch 65536, dim 128
+  python benchmarks/criteo/run.py --device gpu          # GPU defaults (~2 min on one H200):
+                                                        # batch 65536, dim 128, batches made
+                                                        # in memory, sok-ev 2048 steps
   python benchmarks/criteo/run.py --train-files kaggle_days_1-6.txt --eval-files kaggle_day_7.txt
   python benchmarks/criteo/run.py --train-files train/*.parquet --eval-files valid/*.parquet
   python benchmarks/criteo/run.py --train-files train_data.bin --eval-files test_data.bin

@@ -17,10 +17,14 @@ summed over the workers are those of the global batch's mean loss:
     would do.
 With one worker (hvd None) nothing is reduced.
 
-Both styles run the implementations on the same batches, one after the other
-(which one first alternates from step to step), each step timed on its own
-(`Style.train`), so a busy machine slows both alike and the input pipeline
-(which runs ahead, in parallel) is shared.
+Schedules (`train_and_evaluate`). 'interleaved' (the CPU default): the
+implementations take the same batches in turn (which one first alternates
+from step to step), each step timed on its own (`Style.train`), so a busy
+machine slows both alike and the input pipeline (which runs ahead, in
+parallel) is shared. 'sequential' (the GPU default): each implementation
+trains alone over its own pass of the input, so that its end-to-end rate
+and its waits for input are its own. Either way an implementation may stop
+early (`max_steps`) and is then evaluated at its last step.
 """
 import time
 from typing import Dict, List, Optional
