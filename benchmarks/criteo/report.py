@@ -250,14 +250,14 @@ ROW_RUNS = {
               global_batch=1024,
               dim=32,
               exchange_dtype="float32"), "synthetic seed 0: 2,000,000 train + 100,000 eval lines"),
-    "gpu":
-        (dict(device="gpu",
-              workers=1,
-              model="dlrm",
-              style="function",
-              global_batch=65536,
-              dim=128,
-              exchange_dtype="float32"), "synthetic seed 0: 134,217,728 train + 262,144 eval lines"),
+    "gpu": (dict(device="gpu",
+                 workers=1,
+                 model="dlrm",
+                 style="function",
+                 global_batch=65536,
+                 dim=128,
+                 exchange_dtype="float32"),
+            "synthetic seed 0: 134,217,728 train + 262,144 eval lines"),
 }
 GPU_TARGET_SAMPLES_PER_SECOND = 1.9e6  # HugeCTR's per-GPU MLPerf figure
 
