@@ -1,6 +1,7 @@
 """The pictures in docs/, drawn from recorded runs (benchmarks/criteo/runs.jsonl).
 
   .venv/bin/python benchmarks/plots.py          # rewrites docs/img/criteo_*.png
+  .venv/bin/python benchmarks/plots.py --all    # ... with oversubscribed runs too
 
 Each picture names the runs it shows by their date (runs.jsonl's "date", the
 key this script selects them by), machine and command; docs/criteo.md's
@@ -12,19 +13,19 @@ import sys
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.criteo import report  # noqa: E402  pylint: disable=wrong-import-position
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUNS = os.path.join(ROOT, "benchmarks", "criteo", "runs.jsonl")
 OUT = os.path.join(ROOT, "docs", "img")
 
 # The run whose curves are shown: the README's command on the 2-core machine.
 CURVES_RUN = "2026-11-25 12:31"
-# The runs whose samples/s are compared, with a label each.
-THROUGHPUT_RUNS = (
-    ("2026-11-25 12:31", "CPU, 1 worker, tf.function"),
-    ("2026-11-22 18:54", "CPU, 1 worker, Session"),
-    ("2026-11-22 18:44", "CPU, 2 Gloo workers"),
-    ("2026-11-25 10:29", "1 H200, batch 65536"),
-)
+# The runs whose samples/s are compared. Each is labelled from its record
+# (machine and device, workers, style, batch); the runs of one device share
+# a panel, so that only like is set beside like.
+THROUGHPUT_RUNS = ("2026-11-25 12:31", "2026-11-22 18:54", "2026-11-22 18:44", "2026-11-25 10:29")
 COLORS = {"sok_ev": "tab:blue", "baseline": "tab:orange"}
 LABELS = {"sok_ev": "sok-ev", "baseline": "hash-bucket tf.Variable baseline"}
 
@@ -74,27 +75,49 @@ def curves(plt, record, path):
     plt.close(fig)
 
 
-def throughput(plt, runs, path):
-    chosen = [(runs[date], label) for date, label in THROUGHPUT_RUNS]
-    fig, ax = plt.subplots(figsize=(8, 3))
-    y = np.arange(len(chosen))
-    for i, name in enumerate(("sok_ev", "baseline")):
-        values = [r["results"][name]["samples_per_second"] for r, _ in chosen]
-        pos = y + (i - 0.5) * 0.38
-        ax.barh(pos, values, 0.38, color=COLORS[name], label=LABELS[name])
-        for p, v in zip(pos, values):
-            ax.annotate(f" {v:,.0f}", (v, p), va="center", fontsize=7)
-    ax.set_yticks(y, [f"{label}\n{r['date']}" for r, label in chosen], fontsize=7)
-    ax.invert_yaxis()
-    ax.set_xscale("log")
-    ax.set_xlim(right=max(r["results"]["sok_ev"]["samples_per_second"] for r, _ in chosen) * 6)
-    ax.set_xlabel("training samples/s (step time; log scale)")
-    ax.grid(alpha=0.3, axis="x")
-    ax.legend(fontsize=7, loc="upper right")
-    ax.set_title(
-        "Criteo DLRM, synthetic data; CPU runs on 2 AMD EPYC cores, GPU run on 1 H200 "
-        "(benchmarks/criteo/runs.jsonl)",
-        fontsize=7)
+def throughput_panels(runs, dates=THROUGHPUT_RUNS, oversubscribed=False):
+    """[(device, [records])]: the chosen runs by device (CPU first), in the
+  order given; oversubscribed runs (report.oversubscribed) left out unless
+  asked for."""
+    chosen = [runs[date] for date in dates]
+    if not oversubscribed:
+        chosen = [r for r in chosen if not report.oversubscribed(r)]
+    return [(device, [r
+                      for r in chosen
+                      if r["device"] == device])
+            for device in ("cpu", "gpu")
+            if any(r["device"] == device for r in chosen)]
+
+
+def throughput(plt, runs, path, oversubscribed=False):
+    panels = throughput_panels(runs, oversubscribed=oversubscribed)
+    fig, axes = plt.subplots(len(panels),
+                             1,
+                             figsize=(8, 1.2 + 0.8 * sum(len(p) for _, p in panels)),
+                             squeeze=False,
+                             gridspec_kw=dict(height_ratios=[len(p) for _, p in panels]))
+    for ax, (device, chosen) in zip(axes[:, 0], panels):
+        y = np.arange(len(chosen))
+        for i, name in enumerate(("sok_ev", "baseline")):
+            values = [r["results"][name]["samples_per_second"] for r in chosen]
+            pos = y + (i - 0.5) * 0.38
+            ax.barh(pos,
+                    values,
+                    0.38,
+                    color=COLORS[name],
+                    label=LABELS[name],
+                    hatch=["//" if report.oversubscribed(r) else "" for r in chosen])
+            for p, v in zip(pos, values):
+                ax.annotate(f" {v:,.0f}", (v, p), va="center", fontsize=7)
+        ax.set_yticks(y, [report.run_label(r).replace(", batch", "\nbatch") for r in chosen],
+                      fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xlim(0, max(r["results"]["sok_ev"]["samples_per_second"] for r in chosen) * 1.7)
+        ax.set_title(f"{device.upper()} runs", fontsize=7)
+        ax.grid(alpha=0.3, axis="x")
+    axes[0, 0].legend(fontsize=7, loc="lower right")
+    axes[-1, 0].set_xlabel("training samples/s (step time)")
+    fig.suptitle("Criteo DLRM, synthetic data (benchmarks/criteo/runs.jsonl)", fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=80)
     plt.close(fig)
@@ -104,11 +127,13 @@ def main():
     import matplotlib  # pylint: disable=import-outside-toplevel
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+    # --all: the oversubscribed runs too (hatched, and labelled so).
+    oversubscribed = "--all" in sys.argv[1:]
     runs = load_runs()
     os.makedirs(OUT, exist_ok=True)
     written = [os.path.join(OUT, "criteo_curves.png"), os.path.join(OUT, "criteo_throughput.png")]
     curves(plt, runs[CURVES_RUN], written[0])
-    throughput(plt, runs, written[1])
+    throughput(plt, runs, written[1], oversubscribed)
     for path in written:
         print(f"{os.path.relpath(path, ROOT)}: {os.path.getsize(path):,} bytes")
     return 0

@@ -14,7 +14,7 @@ to_hash_bucket_fast(C, 2^63 - 1), hashed in the input pipeline for both) to
 26 [n, dim] float32 tensors, start from the same truncated-normal
 distribution, and report their memory.
 """
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 import tensorflow as tf
 
@@ -23,12 +23,42 @@ from benchmarks.criteo import reader
 _FLOAT_BYTES = 4
 
 
+def _check_hotness(caller, hotness):
+    if hotness is None:
+        return None
+    hotness = list(hotness)
+    if len(hotness) != reader.NUM_CATEGORICAL or min(hotness) < 1:
+        raise ValueError(f"{caller}: hotness needs {reader.NUM_CATEGORICAL} counts >= 1, got "
+                         f"{hotness}")
+    return hotness
+
+
 def _one_hot(ids):
     """[n, k] int64 ids -> k SparseTensors [n, 1], one id per sample each."""
     n = tf.shape(ids, out_type=tf.int64)[0]
     indices = tf.stack([tf.range(n), tf.zeros([n], tf.int64)], axis=1)
     shape = tf.stack([n, tf.constant(1, tf.int64)])
     return [tf.SparseTensor(indices, column, shape) for column in tf.unstack(ids, axis=1)]
+
+
+def _multi_hot(ids, hotness):
+    """[n, sum(hotness)] int64 ids, feature f's hotness[f] columns in turn ->
+  one SparseTensor [n, hotness[f]] per feature, every slot filled (MLPerf's
+  multi-hot features have a fixed hotness)."""
+    n = tf.shape(ids, out_type=tf.int64)[0]
+    out = []
+    for columns in tf.split(ids, list(hotness), axis=1):
+        h = columns.shape[1]
+        rows = tf.repeat(tf.range(n), h)
+        slots = tf.tile(tf.range(h, dtype=tf.int64), [n])
+        out.append(
+            tf.SparseTensor(tf.stack([rows, slots], axis=1), tf.reshape(columns, [-1]),
+                            tf.stack([n, tf.constant(h, tf.int64)])))
+    return out
+
+
+def _by_feature(ids, hotness):
+    return _one_hot(ids) if hotness is None else _multi_hot(ids, hotness)
 
 
 def sok_ev_bytes_per_key(dim: int, num_slots: int) -> int:
@@ -51,12 +81,15 @@ class SokEvEmbeddings:
                  stddev: float,
                  seed: int,
                  target_gpu: int = -1,
-                 exchange_dtype: str = "float32"):
+                 exchange_dtype: str = "float32",
+                 hotness: Optional[Sequence[int]] = None):
         """`sok`: the initialised sok_ev module; stddev: of the truncated normal
     initial rows (a key's row depends only on the seed and the key);
     exchange_dtype: lookup_sparse's (what rows and gradients cross the
-    workers as)."""
+    workers as); hotness: keys per feature (None: one; MLPerf's multi-hot:
+    formats.MLPERF_HOTNESS), summed per sample."""
         self._sok = sok
+        self.hotness = _check_hotness("SokEvEmbeddings", hotness)
         self._exchange_dtype = exchange_dtype
         self.dim = dim
         self.variables = []
@@ -70,9 +103,9 @@ class SokEvEmbeddings:
             self.variables.append(variable)
 
     def __call__(self, keys: tf.Tensor) -> List[tf.Tensor]:
-        """keys: [n, 26] int64 -> 26 [n, dim] float32."""
+        """keys: [n, 26] int64 ([n, sum(hotness)] multi-hot) -> 26 [n, dim] float32."""
         return self._sok.lookup_sparse(self.variables,
-                                       _one_hot(keys),
+                                       _by_feature(keys, self.hotness),
                                        combiners="sum",
                                        exchange_dtype=self._exchange_dtype)
 
@@ -90,9 +123,16 @@ class HashBucketEmbeddings:
 
     name = "baseline"
 
-    def __init__(self, dim: int, buckets: Sequence[int], stddev: float, seed: int):
-        """buckets: rows of each table (2 x the true cardinality)."""
+    def __init__(self,
+                 dim: int,
+                 buckets: Sequence[int],
+                 stddev: float,
+                 seed: int,
+                 hotness: Optional[Sequence[int]] = None):
+        """buckets: rows of each table (2 x the true cardinality); hotness: as
+    SokEvEmbeddings'."""
         self.dim = dim
+        self.hotness = _check_hotness("HashBucketEmbeddings", hotness)
         self.buckets = list(buckets)
         if len(self.buckets) != reader.NUM_CATEGORICAL:
             raise ValueError(f"HashBucketEmbeddings: buckets needs {reader.NUM_CATEGORICAL} "
@@ -104,12 +144,15 @@ class HashBucketEmbeddings:
         ]
 
     def __call__(self, keys: tf.Tensor) -> List[tf.Tensor]:
-        """keys: [n, 26] int64, >= 0 -> 26 [n, dim] float32."""
+        """keys: [n, 26] int64 ([n, sum(hotness)] multi-hot), >= 0 -> 26 [n, dim] float32."""
         # keys are uniform hashes, so key mod buckets is a hash bucket.
-        ids = tf.math.floormod(keys, tf.constant(self.buckets, tf.int64))
+        buckets = self.buckets if self.hotness is None else [
+            b for b, h in zip(self.buckets, self.hotness) for _ in range(h)
+        ]
+        ids = tf.math.floormod(keys, tf.constant(buckets, tf.int64))
         return [
             tf.nn.embedding_lookup_sparse(table, sparse, None, combiner="sum")
-            for table, sparse in zip(self.variables, _one_hot(ids))
+            for table, sparse in zip(self.variables, _by_feature(ids, self.hotness))
         ]
 
     def memory_bytes(self, num_slots: int) -> int:

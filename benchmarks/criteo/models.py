@@ -11,9 +11,13 @@ values without a broadcast.
     and embeddings), concatenated with the bottom output, then the top MLP.
   DCNv2 (Wang et al. 2020, stacked): x0 = [integers, embeddings]; cross
     layers x_{l+1} = x0 * (x_l W + b) + x_l, W full rank or low rank U V;
-    then the deep MLP and a final linear unit.
+    then the deep MLP and a final linear unit. With a bottom MLP (MLPerf's
+    DLRM-DCNv2: 512-256-128 on the integers, then 3 cross layers of rank 512
+    and the deep MLP 1024-1024-512-256), x0 = [bottom(integers), embeddings].
+    compute_dtype 'bfloat16' or 'float16' runs the cross and deep layers in
+    that type (mixed precision: the weights stay float32, the logit is float32).
 """
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 import tensorflow as tf
 
@@ -33,9 +37,10 @@ class _Dense:
         self.variables = [self.kernel] + ([self.bias] if bias else [])
 
     def __call__(self, x):
-        y = tf.matmul(x, self.kernel)
+        # Weights are float32; a bfloat16 or float16 x computes in its type.
+        y = tf.matmul(x, tf.cast(self.kernel, x.dtype))
         if self.bias is not None:
-            y += self.bias
+            y += tf.cast(self.bias, x.dtype)
         return tf.nn.relu(y) if self.relu else y
 
 
@@ -90,9 +95,20 @@ class DCNv2:
     """DCNv2's dense part. Args: dim, cross layers, cross rank (0 = full rank),
   deep MLP widths (a final linear unit follows)."""
 
-    def __init__(self, dim: int, cross_layers: int, cross_rank: int, deep: Sequence[int],
-                 seed: int):
-        width = reader.NUM_DENSE + reader.NUM_CATEGORICAL * dim
+    def __init__(self,
+                 dim: int,
+                 cross_layers: int,
+                 cross_rank: int,
+                 deep: Sequence[int],
+                 seed: int,
+                 bottom: Optional[Sequence[int]] = None,
+                 compute_dtype: str = "float32"):
+        if compute_dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError("DCNv2: compute_dtype must be float32, bfloat16 or float16, got "
+                             f"{compute_dtype!r}")
+        self.compute_dtype = tf.as_dtype(compute_dtype)
+        self.bottom = _MLP(reader.NUM_DENSE, bottom, 3 * seed + 3, "dcn/bottom") if bottom else None
+        width = (bottom[-1] if bottom else reader.NUM_DENSE) + reader.NUM_CATEGORICAL * dim
         self.cross = []
         for i in range(cross_layers):
             if cross_rank:
@@ -106,14 +122,16 @@ class DCNv2:
         self.deep = _MLP(width, deep, 3 * seed + 1, "dcn/deep")
         self.out = _Dense(deep[-1] if deep else width, 1, [3 * seed + 2, 0], "dcn/out", False)
         self.variables = ([v for layer in self.cross for d in layer for v in d.variables] +
-                          self.deep.variables + self.out.variables)
+                          self.deep.variables + self.out.variables +
+                          (self.bottom.variables if self.bottom else []))
 
     def __call__(self, dense: tf.Tensor, embeddings: List[tf.Tensor]) -> tf.Tensor:
-        x0 = tf.concat([dense] + list(embeddings), axis=1)
+        first = self.bottom(dense) if self.bottom else dense
+        x0 = tf.cast(tf.concat([first] + list(embeddings), axis=1), self.compute_dtype)
         x = x0
         for layer in self.cross:
             y = x
             for d in layer:
                 y = d(y)
             x = x0 * y + x
-        return tf.squeeze(self.out(self.deep(x)), axis=1)
+        return tf.squeeze(tf.cast(self.out(self.deep(x)), tf.float32), axis=1)

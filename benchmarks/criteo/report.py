@@ -10,8 +10,9 @@ import datetime
 import json
 import os
 import platform
+import re
 import textwrap
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import numpy as np
 
@@ -38,6 +39,42 @@ def machine() -> str:
         gpu = f", {len(gpus)}x {details.get('device_name', 'GPU')}"
     return (f"{platform.machine()}, {os.cpu_count()} cores ({cpu}){gpu}, "
             f"TensorFlow {tf.__version__}, Python {platform.python_version()}")
+
+
+def cores(record: Dict) -> Optional[int]:
+    """The machine's core count, from the record's `machine` ('x86_64, 2 cores (...)')."""
+    match = re.search(r"(\d+) cores", record.get("machine", ""))
+    return int(match.group(1)) if match else None
+
+
+def oversubscribed(record: Dict) -> bool:
+    """A CPU run whose workers have fewer than 2 cores each: each worker's
+  step, input pipeline and Horovod thread then take turns on one core, so its
+  samples/s measures the sharing more than the implementation."""
+    n = cores(record)
+    return record["device"] == "cpu" and record["workers"] > 1 and (n is None or
+                                                                    n < 2 * record["workers"])
+
+
+def device_name(record: Dict) -> str:
+    """'2-core AMD EPYC' for a CPU run, '1x NVIDIA H200' for a GPU run."""
+    machine = record.get("machine", "")
+    if record["device"] == "gpu":
+        match = re.search(r"(\d+)x ([^,]+)", machine)
+        return f"{record['workers']}x {match.group(2)}" if match else "GPU"
+    cpu = re.search(r"\(([^)]*)\)", machine)
+    model = cpu.group(1) if cpu else "CPU"
+    for word in ("(R)", "(TM)", "Processor", "Core", "CPU"):
+        model = model.replace(word, "")
+    return f"{cores(record)}-core {' '.join(model.split()[:3])}"
+
+
+def run_label(record: Dict) -> str:
+    """What a throughput plot calls a run: machine and device, workers, style,
+  batch, date; oversubscribed runs say so."""
+    label = (f"{device_name(record)} ({record['device'].upper()}), {record['workers']} "
+             f"worker(s), {record['style']}, batch {record['global_batch']}, {record['date']}")
+    return label + (" [oversubscribed]" if oversubscribed(record) else "")
 
 
 def title(record: Dict, workers: bool = True) -> str:
@@ -105,15 +142,32 @@ def plot_curves(path: str, curves: Dict, planted_auc, title: str) -> bool:
     return True
 
 
+def hardware(record: Dict) -> str:
+    """What runs must share to be compared: the CPU machine (its model and
+  cores) for CPU runs, the GPU model for GPU runs."""
+    if record["device"] == "gpu":
+        return device_name(dict(record, workers=1))
+    return record.get("machine", "").split(", TensorFlow")[0]
+
+
+def latest_by_workers(runs: List[Dict]) -> Dict[int, Dict]:
+    """{workers: the last run with that many} among the runs on the last
+  run's hardware (see `hardware`)."""
+    latest = {}
+    for run in runs:
+        if hardware(run) == hardware(runs[-1]):
+            latest[run["workers"]] = run
+    return latest
+
+
 def plot_throughput(path: str, runs: List[Dict], title: str) -> bool:
     """Bars of samples/s by worker count for each implementation (the last run
-  of each worker count); False (and no file) without matplotlib."""
+  of each worker count, on the last run's hardware); oversubscribed worker
+  counts are hatched and say so. False (and no file) without matplotlib."""
     plt = _pyplot()
     if plt is None:
         return False
-    latest = {}
-    for run in runs:
-        latest[run["workers"]] = run
+    latest = latest_by_workers(runs)
     workers = sorted(latest)
     names = sorted({n for r in latest.values() for n in r["results"]}, reverse=True)
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -121,14 +175,21 @@ def plot_throughput(path: str, runs: List[Dict], title: str) -> bool:
     for i, name in enumerate(names):
         values = [latest[w]["results"].get(name, {}).get("samples_per_second", 0) for w in workers]
         positions = np.arange(len(workers)) + (i - (len(names) - 1) / 2) * width
-        ax.bar(positions, values, width, color=COLORS.get(name), label=LABELS.get(name, name))
+        ax.bar(positions,
+               values,
+               width,
+               color=COLORS.get(name),
+               label=LABELS.get(name, name),
+               hatch=["//" if oversubscribed(latest[w]) else "" for w in workers])
         for x, v in zip(positions, values):
             ax.annotate(f"{v:,.0f}", (x, v), ha="center", va="bottom", fontsize=7)
-    ax.set_xticks(np.arange(len(workers)), [str(w) for w in workers])
+    ax.set_xticks(
+        np.arange(len(workers)),
+        [f"{w}\noversubscribed" if oversubscribed(latest[w]) else str(w) for w in workers])
     ax.set(xlabel="workers", ylabel="training samples/s (step time)")
     ax.grid(alpha=0.3, axis="y")
     ax.legend()
-    ax.set_title(title, fontsize=7)
+    ax.set_title(f"{device_name(runs[-1])} ({runs[-1]['device'].upper()}); {title}", fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -189,14 +250,14 @@ ROW_RUNS = {
               global_batch=1024,
               dim=32,
               exchange_dtype="float32"), "synthetic seed 0: 2,000,000 train + 100,000 eval lines"),
-    "gpu":
-        (dict(device="gpu",
-              workers=1,
-              model="dlrm",
-              style="function",
-              global_batch=65536,
-              dim=128,
-              exchange_dtype="float32"), "synthetic seed 0: 4,194,304 train + 262,144 eval lines"),
+    "gpu": (dict(device="gpu",
+                 workers=1,
+                 model="dlrm",
+                 style="function",
+                 global_batch=65536,
+                 dim=128,
+                 exchange_dtype="float32"),
+            "synthetic seed 0: 134,217,728 train + 262,144 eval lines"),
 }
 GPU_TARGET_SAMPLES_PER_SECOND = 1.9e6  # HugeCTR's per-GPU MLPerf figure
 

@@ -17,10 +17,14 @@ summed over the workers are those of the global batch's mean loss:
     would do.
 With one worker (hvd None) nothing is reduced.
 
-Both styles run the implementations on the same batches, one after the other
-(which one first alternates from step to step), each step timed on its own
-(`Style.train`), so a busy machine slows both alike and the input pipeline
-(which runs ahead, in parallel) is shared.
+Schedules (`train_and_evaluate`). 'interleaved' (the CPU default): the
+implementations take the same batches in turn (which one first alternates
+from step to step), each step timed on its own (`Style.train`), so a busy
+machine slows both alike and the input pipeline (which runs ahead, in
+parallel) is shared. 'sequential' (the GPU default): each implementation
+trains alone over its own pass of the input, so that its end-to-end rate
+and its waits for input are its own. Either way an implementation may stop
+early (`max_steps`) and is then evaluated at its last step.
 """
 import time
 from typing import Dict, List, Optional
@@ -51,7 +55,11 @@ class Implementation:
                  global_batch: int,
                  hvd=None,
                  initial_accumulator: float = 0.1,
-                 warmup_steps: int = 0):
+                 warmup_steps: int = 0,
+                 dense_learning_rate: Optional[float] = None,
+                 dense_initial_accumulator: Optional[float] = None):
+        """dense_*: Adagrad's settings for the tower, where they differ from
+    the embeddings' (None: the same)."""
         self.embeddings = embeddings
         self.tower = tower
         self.name = embeddings.name
@@ -60,13 +68,25 @@ class Implementation:
         # The step counts this implementation's updates; the learning rate
         # rises linearly to `learning_rate` over the first `warmup_steps`.
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"{self.name}_step")
-        rate = learning_rate
-        if warmup_steps:
-            rate = lambda: learning_rate * tf.minimum(  # noqa: E731
-                1.0,
-                tf.cast(self.step + 1, tf.float32) / warmup_steps)
-        self.optimizer = tf.compat.v1.train.AdagradOptimizer(
-            rate, initial_accumulator_value=initial_accumulator)
+
+        def adagrad(learning_rate, initial_accumulator):
+            rate = learning_rate
+            if warmup_steps:
+                rate = lambda: learning_rate * tf.minimum(  # noqa: E731
+                    1.0,
+                    tf.cast(self.step + 1, tf.float32) / warmup_steps)
+            return tf.compat.v1.train.AdagradOptimizer(
+                rate, initial_accumulator_value=initial_accumulator)
+
+        self.optimizer = adagrad(learning_rate, initial_accumulator)
+        self.dense_optimizer = None
+        if dense_learning_rate is not None or dense_initial_accumulator is not None:
+            # A wide tower takes Adagrad's first, sign-like steps of the
+            # embeddings' rate badly: the loss jumps (batch 65536, width 1024).
+            self.dense_optimizer = adagrad(
+                learning_rate if dense_learning_rate is None else dense_learning_rate,
+                initial_accumulator
+                if dense_initial_accumulator is None else dense_initial_accumulator)
         self.variables = list(embeddings.variables) + list(tower.variables)
 
     def logits(self, batch: Dict[str, tf.Tensor]) -> tf.Tensor:
@@ -88,7 +108,13 @@ class Implementation:
             grads = [g for g, _ in self.optimizer.compute_gradients(loss, var_list=self.variables)]
         totals = tf.stack([loss_sum, tf.cast(tf.shape(labels)[0], tf.float32)])
         grads, totals = self._allreduce(grads, totals)
-        train_op = self.optimizer.apply_gradients(zip(grads, self.variables))
+        if self.dense_optimizer is None:
+            train_op = self.optimizer.apply_gradients(zip(grads, self.variables))
+        else:
+            k = len(self.embeddings.variables)
+            train_op = tf.group(
+                self.optimizer.apply_gradients(zip(grads[:k], self.variables[:k])),
+                self.dense_optimizer.apply_gradients(zip(grads[k:], self.variables[k:])))
         with tf.control_dependencies([train_op]):
             train_op = self.step.assign_add(1)
         return train_op, totals[0] / tf.maximum(totals[1], 1.0)
@@ -170,14 +196,16 @@ class FunctionStyle:
         """One step of `name` on `batch`; returns the global batch's mean loss."""
         return float(self._train[name](batch))
 
-    def evaluate(self):
-        """(labels [N], {name: probabilities [N]}) over the eval split."""
-        labels, probabilities = [], {impl.name: [] for impl in self.implementations}
+    def evaluate(self, names: Optional[List[str]] = None):
+        """(labels [N], {name: probabilities [N]}) over the eval split, of the
+    implementations named (default: all)."""
+        names = names or [impl.name for impl in self.implementations]
+        labels, probabilities = [], {name: [] for name in names}
         for batch in self._iterate(self._eval_data, "eval"):
             inputs = {k: batch[k] for k in BATCH_SPEC}
             labels.append(batch["label"].numpy())
-            for impl in self.implementations:
-                probabilities[impl.name].append(self._predict[impl.name](inputs).numpy())
+            for name in names:
+                probabilities[name].append(self._predict[name](inputs).numpy())
         return np.concatenate(labels), {k: np.concatenate(v) for k, v in probabilities.items()}
 
     def keys_stored(self, impl: Implementation) -> int:
@@ -195,9 +223,10 @@ class SessionStyle:
         """implementations_fn: builds the implementations in the default graph."""
         self._files = files
         self.implementations = implementations_fn()
-        train_iterator = tf.compat.v1.data.make_one_shot_iterator(train_data)
+        # Initializable: each call of train_batches starts a new pass.
+        self._train_iterator = tf.compat.v1.data.make_initializable_iterator(train_data)
         self._eval_iterator = tf.compat.v1.data.make_initializable_iterator(eval_data)
-        nxt = train_iterator.get_next()
+        nxt = self._train_iterator.get_next()
         staged = {
             k:
                 tf.compat.v1.Variable(tf.zeros([0] + spec.shape[1:].as_list(), spec.dtype),
@@ -214,8 +243,9 @@ class SessionStyle:
             with tf.control_dependencies([train_op]):
                 self._train[impl.name] = tf.identity(loss)
         eval_batch = self._eval_iterator.get_next()
-        self._predict = [eval_batch["label"]
-                        ] + [impl.probabilities(eval_batch) for impl in self.implementations]
+        self._predict = (eval_batch["label"], {
+            impl.name: impl.probabilities(eval_batch) for impl in self.implementations
+        })
         self._keys = {
             impl.name: impl.keys_stored()
             for impl in self.implementations
@@ -231,6 +261,7 @@ class SessionStyle:
             _malformed_or_raise(error, self._files[split])
 
     def train_batches(self):
+        self.session.run(self._train_iterator.initializer)
         while True:
             try:
                 _, malformed = self._run(self._stage, "train")
@@ -242,18 +273,19 @@ class SessionStyle:
         del batch  # staged
         return float(self.session.run(self._train[name]))
 
-    def evaluate(self):
+    def evaluate(self, names: Optional[List[str]] = None):
+        names = names or [impl.name for impl in self.implementations]
         self.session.run(self._eval_iterator.initializer)
         out = []
         while True:
             try:
-                out.append(self._run(self._predict, "eval"))
+                out.append(
+                    self._run([self._predict[0]] + [self._predict[1][n] for n in names], "eval"))
             except tf.errors.OutOfRangeError:
                 break
         labels = np.concatenate([o[0] for o in out])
         return labels, {
-            impl.name: np.concatenate([o[i + 1] for o in out])
-            for i, impl in enumerate(self.implementations)
+            name: np.concatenate([o[i + 1] for o in out]) for i, name in enumerate(names)
         }
 
     def keys_stored(self, impl: Implementation) -> int:
@@ -285,11 +317,17 @@ def progress_bar(total: Optional[int], unit: str, disable: bool = False, **kwarg
 
 
 class Curves:
-    """What one implementation did: losses per step, step times, eval points."""
+    """What one implementation did: losses per step, step times, eval points,
+  and per step the time of the whole loop iteration that is its own (input
+  wait and bookkeeping included, the other implementations' steps left out)."""
 
     def __init__(self):
-        self.samples, self.loss, self.seconds = [], [], []
+        self.samples, self.loss, self.seconds, self.loop_seconds = [], [], [], []
+        self.input_seconds = 0.0
         self.eval_samples, self.eval_auc, self.eval_logloss = [], [], []
+
+
+SCHEDULES = ("interleaved", "sequential")
 
 
 def train_and_evaluate(style,
@@ -297,9 +335,12 @@ def train_and_evaluate(style,
                        eval_at: List[int],
                        metrics,
                        total_steps: Optional[int] = None,
-                       progress: bool = True) -> Dict:
-    """Runs every implementation on every training batch; evaluates after the
-  steps listed in `eval_at` (1-based step numbers) and after the last step.
+                       progress: bool = True,
+                       max_steps: Optional[Dict[str, int]] = None,
+                       schedule: str = "interleaved") -> Dict:
+    """Trains every implementation on the training batches; evaluates each
+  after the steps listed in `eval_at` (1-based step numbers), after its last
+  step, and at the end.
 
   Args:
     style: FunctionStyle or SessionStyle.
@@ -308,64 +349,109 @@ def train_and_evaluate(style,
     metrics: callable(labels, probabilities) -> (auc, logloss).
     total_steps: for the progress bar (None: unknown).
     progress: show a tqdm bar.
+    max_steps: {name: steps} for implementations that stop early (the first
+      batches, as the others see them); the rest train on every batch.
+    schedule: 'interleaved': one pass over the input, every implementation
+      training on each batch in turn (the input waits are shared);
+      'sequential': each implementation alone over its own pass, so its
+      end-to-end rate and input waits are its own.
 
   Returns:
-    {'curves': {name: Curves}, 'steps': int, 'malformed': lines skipped,
-     'step_end_seconds': [steps] seconds from the start to the end of each
-     step, evaluations left out, 'eval_seconds': float,
-     'input_seconds': time spent waiting for training batches}
-  """
-    names = [impl.name for impl in style.implementations]
-    curves = {name: Curves() for name in names}
-    malformed = steps = 0
-    eval_seconds = 0.0
+    {'curves': {name: Curves}, 'steps': the most steps any implementation
+     took, 'malformed': lines skipped (in the first pass), 'step_end_seconds':
+     [steps] seconds from the start to the end of each step of the first
+     pass, evaluations left out, 'eval_seconds': float, 'input_seconds': time
+     spent waiting for training batches, over all passes}
 
-    def evaluate():
+  Raises:
+    ValueError: an unknown schedule, or no training batch.
+  """
+    if schedule not in SCHEDULES:
+        raise ValueError(f"train_and_evaluate: schedule must be one of {SCHEDULES}, "
+                         f"got {schedule!r}")
+    names = [impl.name for impl in style.implementations]
+    limit = {name: (max_steps or {}).get(name) for name in names}
+    curves = {name: Curves() for name in names}
+    eval_seconds = 0.0
+    evaluated = {name: -1 for name in names}  # the step of each one's last evaluation
+
+    def evaluate(which, step):
         nonlocal eval_seconds
+        which = [name for name in which if evaluated[name] != step]
+        if not which:
+            return
         start = time.perf_counter()
-        labels, probabilities = style.evaluate()
-        for name in names:
+        labels, probabilities = style.evaluate(which)
+        for name in which:
             auc, logloss = metrics(labels, probabilities[name])
-            curves[name].eval_samples.append(steps * global_batch)
+            curves[name].eval_samples.append(step * global_batch)
             curves[name].eval_auc.append(auc)
             curves[name].eval_logloss.append(logloss)
+            evaluated[name] = step
         eval_seconds += time.perf_counter() - start
 
-    bar = progress_bar(total=total_steps, unit="step", disable=not progress)
-    start = time.perf_counter()
-    input_seconds = 0.0
-    step_end = []  # seconds since the start at the end of each step, evaluations left out
-    batches = style.train_batches()
-    while True:
-        t0 = time.perf_counter()
-        try:
-            batch, dropped = next(batches)
-        except StopIteration:
-            break
-        input_seconds += time.perf_counter() - t0
-        malformed += dropped
-        steps += 1
-        # Which implementation goes first alternates: the input pipeline starts
-        # parsing the next batch as this one is taken, and competes with it.
-        for name in (names if steps % 2 else names[::-1]):
-            t0 = time.perf_counter()
-            loss = style.train(name, batch)
-            curves[name].seconds.append(time.perf_counter() - t0)
-            curves[name].samples.append(steps * global_batch)
-            curves[name].loss.append(loss)
-        step_end.append(time.perf_counter() - start - eval_seconds)
-        bar.update(1)
-        bar.set_postfix({f"{name} loss": f"{curves[name].loss[-1]:.4f}" for name in names})
-        if steps in eval_at:
-            evaluate()
-    bar.close()
+    def one_pass(group):
+        """Trains the names in `group` over one pass of the input; returns
+    (steps, malformed, step end seconds)."""
+        bar = progress_bar(total=max([limit[n] or total_steps or 0 for n in group]) or None,
+                           unit="step",
+                           disable=not progress,
+                           desc=None if len(group) > 1 else group[0])
+        steps = malformed = 0
+        step_end = []
+        start = time.perf_counter()
+        evals_before = eval_seconds
+        batches = style.train_batches()
+        while True:
+            active = [n for n in group if limit[n] is None or steps < limit[n]]
+            if not active:
+                break
+            t_input = time.perf_counter()
+            try:
+                batch, dropped = next(batches)
+            except StopIteration:
+                break
+            waited = time.perf_counter() - t_input
+            malformed += dropped
+            steps += 1
+            others = 0.0
+            # Which implementation goes first alternates: the input pipeline starts
+            # parsing the next batch as this one is taken, and competes with it.
+            for name in (active if steps % 2 else active[::-1]):
+                t0 = time.perf_counter()
+                loss = style.train(name, batch)
+                took = time.perf_counter() - t0
+                others += took
+                c = curves[name]
+                c.seconds.append(took)
+                c.samples.append(steps * global_batch)
+                c.loss.append(loss)
+                c.input_seconds += waited
+            iteration = time.perf_counter() - t_input
+            for name in active:
+                curves[name].loop_seconds.append(iteration - others + curves[name].seconds[-1])
+            step_end.append(time.perf_counter() - start - (eval_seconds - evals_before))
+            bar.update(1)
+            bar.set_postfix({f"{name} loss": f"{curves[name].loss[-1]:.4f}" for name in active})
+            finished = [n for n in active if limit[n] == steps]
+            evaluate(active if steps in eval_at else finished, steps)
+        bar.close()
+        return steps, malformed, step_end
+
+    groups = [[name] for name in names] if schedule == "sequential" else [names]
+    passes = []
+    for group in groups:
+        passes.append(one_pass(group))
+        for name in group:
+            evaluate([name], len(curves[name].loss))
+    steps = max(p[0] for p in passes)
     if steps == 0:
         raise ValueError("no training batch: the training data has fewer lines than one "
                          f"global batch ({global_batch})")
-    evaluate()
     return dict(curves=curves,
                 steps=steps,
-                malformed=malformed,
-                step_end_seconds=step_end,
+                malformed=passes[0][1],
+                step_end_seconds=passes[0][2],
                 eval_seconds=eval_seconds,
-                input_seconds=input_seconds)
+                input_seconds=sum(c.input_seconds for c in curves.values())
+                if schedule == "sequential" else curves[names[0]].input_seconds)

@@ -63,9 +63,10 @@
 #                      Outputs peers.log, peers_results.md, probe.md (and
 #                      peers_smoke.log when SOK crashes) in $OUT
 #   criteo             benchmarks/criteo/run.py --device gpu (DLRM, batch
-#                      65536, 64 steps a side) on GPU 0, then under horovodrun
-#                      -np 2 over NCCL with 2+ GPUs; out dirs $OUT/criteo_gpu1
-#                      and criteo_gpu2 (results_line.md, run.json to bring back)
+#                      65536, sok-ev 2048 steps, the baseline 128) on GPU 0,
+#                      then under horovodrun -np 2 over NCCL with 2+ GPUs at
+#                      65536 a GPU; out dirs $OUT/criteo_gpu1 and criteo_gpu2
+#                      (results_line.md, run.json to bring back)
 # Dry run on a CPU machine (no kit; TensorFlow parts on the CPU, multi over
 # Gloo, harness and memcheck reduced to what runs without a GPU):
 #   SOK_EV_DEVICE_DRY_RUN=1 PYTHON=.venv-cuda/bin/python bash tests/gpu/run_on_device.sh
@@ -395,14 +396,15 @@ if has peers; then
 fi
 
 if has criteo; then
-    criteo=("$root/benchmarks/criteo/run.py" --device gpu --no-progress --train-lines 4194304
-        --eval-lines 262144 --evals 2)
+    # The GPU defaults: batches made in memory, sok-ev 2048 steps, the baseline 128.
+    criteo=("$root/benchmarks/criteo/run.py" --device gpu --no-progress)
     (cd "$run" && CUDA_VISIBLE_DEVICES=0 timeout -k 10 "$(limit 270)" "$PY" "${criteo[@]}" \
         --out-dir "$OUT/criteo_gpu1") >"$OUT/criteo.log" 2>&1
     rc=$?
     if ((gpus >= 2 && rc == 0)); then
+        # 65536 a GPU, as on one: the same lines in 1024 steps of 131072.
         (cd "$run" && timeout -k 10 "$(limit 270)" horovodrun --gloo -np 2 -H localhost:2 "$PY" \
-            "${criteo[@]}" --out-dir "$OUT/criteo_gpu2") >>"$OUT/criteo.log" 2>&1
+            "${criteo[@]}" --batch 131072 --out-dir "$OUT/criteo_gpu2") >>"$OUT/criteo.log" 2>&1
         rc=$?
     fi
     echo "$rc" >"$status/criteo.rc"
