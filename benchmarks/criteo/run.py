@@ -623,7 +623,12 @@ def main(argv=None):
                                        eval_data, files)
     # The pipeline's own rate, before training competes with it (Session
     # style: not measured, its dataset lives in the graph).
-    pipeline_rate = None if args.style == "session" else input_rate(train_data, args.batch)
+    pipeline_rate = None
+    if args.style != "session":
+        try:
+            pipeline_rate = input_rate(train_data, args.batch)
+        except tf.errors.InvalidArgumentError as error:  # a malformed record, named
+            training.malformed_or_raise(error, files["train"])
     result = training.train_and_evaluate(style,
                                          args.batch,
                                          eval_at,

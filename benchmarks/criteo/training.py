@@ -151,7 +151,9 @@ class Implementation:
         return count if self.hvd is None else self.hvd.allreduce(count, op=self.hvd.Sum)
 
 
-def _malformed_or_raise(error, files):
+def malformed_or_raise(error, files):
+    """Raises the reader's error naming the file and record a malformed
+  record's InvalidArgumentError stands for, or `error` itself."""
     translated = formats.malformed_error(error, files)
     if translated is None:
         raise error
@@ -184,7 +186,7 @@ class FunctionStyle:
             except StopIteration:
                 return
             except tf.errors.InvalidArgumentError as error:
-                _malformed_or_raise(error, self._files[split])
+                malformed_or_raise(error, self._files[split])
             yield batch
 
     def train_batches(self):
@@ -258,7 +260,7 @@ class SessionStyle:
         try:
             return self.session.run(fetches)
         except tf.errors.InvalidArgumentError as error:
-            _malformed_or_raise(error, self._files[split])
+            malformed_or_raise(error, self._files[split])
 
     def train_batches(self):
         self.session.run(self._train_iterator.initializer)
