@@ -1,0 +1,65 @@
+"""DeepRec's feature columns on 2 Horovod workers (feature_column_worker.py):
+a categorical_column_with_embedding + embedding_column read by input_layer
+in a TF1 graph, its Embedding Variable sharded over the workers (its
+default target_gpu, -1), trained with Adagrad on each worker's half of the
+global batches.
+
+The reference is one worker's training on the global batches: a dense
+tf.Variable holding the same rows, read by tf.nn.embedding_lookup_sparse
+with the same combiner and optimizer. After each step the union of the
+workers' shards must equal its rows at those keys, each key on one worker,
+and the keys must be exactly the ids the batches held so far.
+Launched over Gloo on CPUs, over NCCL in GPU mode (harness.GPUS).
+"""
+import os
+
+import numpy as np
+import pytest
+
+import harness
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKERS = 2
+
+
+@pytest.fixture(scope="module")
+def results():
+    harness.require_horovodrun()
+    result = harness.launch(os.path.join(HERE, "feature_column_worker.py"),
+                            WORKERS,
+                            timeout=harness.LAUNCH_TIMEOUT)
+    assert not result.timed_out, result.tail()
+    assert result.returncode == 0 and len(result.results) == WORKERS, result.tail()
+    if harness.GPUS:
+        assert result.nccl_ranks() == set(range(WORKERS)), result.tail()
+    return result.results
+
+
+def _steps(results):
+    steps = sorted({int(k.split("/")[1]) for k in results[0] if k.startswith("sok/")})
+    assert steps, "no step was recorded"
+    return steps
+
+
+def test_the_column_table_is_sharded_over_every_worker(results):
+    for r in range(WORKERS):
+        assert int(results[r]["target_gpu"]) == -1
+        assert len(results[r]["sok/0/keys"]) > 0, f"rank {r} owns no key"
+        for key in results[r][f"sok/{_steps(results)[-1]}/keys"]:
+            assert harness.owner_of(int(key), WORKERS) == r, f"rank {r} holds key {key}"
+
+
+def test_two_workers_train_the_column_as_one_worker_on_the_global_batch(results):
+    for t in _steps(results):
+        twin = results[0][f"twin/{t}/rows"]
+        keys = np.concatenate([results[r][f"sok/{t}/keys"] for r in range(WORKERS)])
+        rows = np.concatenate([results[r][f"sok/{t}/rows"] for r in range(WORKERS)])
+        assert len(set(keys.tolist())) == len(keys), f"step {t}: a key on both workers"
+        np.testing.assert_allclose(rows, twin[keys], rtol=2e-5, atol=2e-6, err_msg=f"step {t}")
+    # Every id of the batches was stored (the lookups insert), and training
+    # moved exactly the reference's rows of those ids.
+    last = _steps(results)[-1]
+    keys = np.concatenate([results[r][f"sok/{last}/keys"] for r in range(WORKERS)])
+    moved = ~np.isclose(results[0][f"twin/{last}/rows"], results[0]["initial_rows"]).all(axis=1)
+    assert moved.any(), "training moved no row"
+    np.testing.assert_array_equal(np.sort(keys), np.flatnonzero(moved))
