@@ -123,6 +123,18 @@ def raw_keys(t, ids):
     return (mixed & MASK63).astype(np.int64)
 
 
+def prefill(tf, sok, tables, rows, rank=0, size=1):
+    """One lookup inserting worker `rank`'s share of each table's `rows`
+  pre-filled keys (every size-th id, so that `size` workers fill each key
+  once); returns a float scalar of the rows read (run it to fill)."""
+    fill = []
+    for t in range(len(tables)):
+        keys = raw_keys(t, np.arange(rank, rows, size))
+        where = np.stack([np.arange(len(keys)), np.zeros(len(keys), np.int64)], 1)
+        fill.append(tf.SparseTensor(where, keys, [len(keys), 1]))
+    return tf.add_n([tf.reduce_sum(e) for e in sok.lookup_sparse(tables, fill)])
+
+
 def floor_bytes(args, hot, ids):
     """Bytes a step must move at least: each unique row read for the forward
     and read + written with its Adagrad slot for the update, each output

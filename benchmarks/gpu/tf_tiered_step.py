@@ -37,7 +37,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 # pylint: disable=wrong-import-position
 from tf_sparse_step import (ACCUMULATOR, add_workload_arguments, DIM, LR, TABLES, batch_ids,
-                            raw_keys, rows_per_table)
+                            prefill, raw_keys, rows_per_table)
 from results import command, machine, publish  # tf_sparse_step put benchmarks/ on the path
 
 SLOTS = 1  # Adagrad's accumulator
@@ -132,13 +132,7 @@ def run(tf, sok, args, hot, fraction, pipelined, values):
         train = tf.compat.v1.train.AdagradOptimizer(LR, ACCUMULATOR).minimize(loss)
         if pipelined:
             train = tf.group(train, prefetch)
-        fill = []
-        for t in range(TABLES):
-            keys = raw_keys(t, np.arange(rows))
-            fill.append(
-                tf.SparseTensor(np.stack(
-                    [np.arange(rows), np.zeros(rows, np.int64)], 1), keys, [rows, 1]))
-        fill_op = tf.add_n([tf.reduce_sum(e) for e in sok.lookup_sparse(tables, fill)])
+        fill_op = prefill(tf, sok, tables, rows)
         counters = [table.tier_counters() for table in tables]
         sess.run(tf.compat.v1.global_variables_initializer(), {holder: values})
         sess.run(fill_op)

@@ -76,7 +76,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 # pylint: disable=wrong-import-position
 from tf_sparse_step import (ACCUMULATOR, add_workload_arguments, DIM, LR, TABLES, batch_ids,
-                            raw_keys, rows_per_table)
+                            prefill, raw_keys, rows_per_table)
 from results import publish  # tf_sparse_step put benchmarks/ on the path
 import step_profile
 
@@ -287,15 +287,7 @@ def run_step(tf, hvd, sok, ops, args, hot, values, batch, rank, size):
             if args.loopback and not out["collectives_per_step"]:
                 raise RuntimeError(f"--loopback, but the step holds no collective: {sok.__file__} "
                                    "predates sok_ev.lookup.exchange_on_one_worker")
-            # Pre-fill: rank r inserts every size-th key of each table (one lookup).
-            fill = []
-            for t in range(TABLES):
-                keys = raw_keys(t, np.arange(rank, rows, size))
-                fill.append(
-                    tf.SparseTensor(
-                        np.stack([np.arange(len(keys)),
-                                  np.zeros(len(keys), np.int64)], 1), keys, [len(keys), 1]))
-            fill_op = tf.add_n([tf.reduce_sum(e) for e in sok.lookup_sparse(tables, fill)])
+            fill_op = prefill(tf, sok, tables, rows, rank, size)
             syncs = ops().sok_ev_gpu_host_syncs()
             sess.run(tf.compat.v1.global_variables_initializer(), {holder: values})
             sess.run(fill_op)
@@ -393,14 +385,7 @@ def run_step_function(tf, hvd, sok, ops, args, hot, values, batch, rank, size):
         optimizer.apply_gradients(zip(tape.gradient(loss, tables), tables))
         return loss
 
-    # Pre-fill as in graph mode: rank r inserts every size-th key of each table.
-    fill = []
-    for t in range(TABLES):
-        keys = raw_keys(t, np.arange(rank, rows, size))
-        fill.append(
-            tf.SparseTensor(np.stack(
-                [np.arange(len(keys)), np.zeros(len(keys), np.int64)], 1), keys, [len(keys), 1]))
-    sok.lookup_sparse(tables, fill)
+    prefill(tf, sok, tables, rows, rank, size)
     out["collectives_per_step"] = sum(
         1 for op in step.get_concrete_function(tf.constant(0)).graph.get_operations()
         if op.type.startswith("Horovod") or op.type == "SokEv>NcclAlltoall")
