@@ -6,31 +6,18 @@ hash-table layouts differ between them; the AUCs, log losses and every
 step's loss must not.
 """
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import criteo_run
 
 
 def run(tmp_path, name, *extra):
     out = tmp_path / name
-    command = [
-        sys.executable, "benchmarks/criteo/run.py", "--device", "cpu", "--train-lines", "6144",
-        "--eval-lines", "2048", "--batch", "512", "--dim", "8", "--bottom", "16", "--top", "32",
-        "1", "--evals", "2", "--no-append", "--no-progress", "--data-dir",
-        str(tmp_path / "data"), "--out-dir",
-        str(out), *extra
-    ]
-    result = subprocess.run(command,
-                            cwd=REPO_ROOT,
-                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
-                            capture_output=True,
-                            text=True,
-                            timeout=280)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    criteo_run.run_py_ok("--device", "cpu", "--train-lines", "6144", "--eval-lines", "2048",
+                         "--batch", "512", "--dim", "8", "--bottom", "16", "--top", "32", "1",
+                         "--evals", "2", "--no-append", "--no-progress", "--data-dir",
+                         tmp_path / "data", "--out-dir", out, *extra)
     return json.load(open(out / "run.json"))["results"]
 
 

@@ -10,12 +10,13 @@ worker's slice of each global batch equal to the text reader's.
 """
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
+
+import criteo_run
 
 from benchmarks.criteo import formats
 from benchmarks.criteo import reader
@@ -428,17 +429,10 @@ def test_run_py_trains_on_the_format(tmp_path, rng, fmt, style):
     lines = random_lines(rng, 1536)
     train = write(fmt, tmp_path, lines[:1024], "part0")
     evaluation = write(fmt, tmp_path, lines[1024:], "part1")
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    command = [
-        sys.executable, "benchmarks/criteo/run.py", "--style", style, "--device", "cpu", "--impl",
-        "sok_ev", "--format", fmt, "--train-files", train, "--eval-files", evaluation, "--batch",
-        "256", "--dim", "8", "--bottom", "16", "--top", "16", "1", "--evals", "1", "--no-append",
-        "--no-progress", "--out-dir",
-        str(tmp_path / "out")
-    ]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    result = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, timeout=280)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    criteo_run.run_py_ok("--style", style, "--device", "cpu", "--impl", "sok_ev", "--format", fmt,
+                         "--train-files", train, "--eval-files", evaluation, "--batch", "256",
+                         "--dim", "8", "--bottom", "16", "--top", "16", "1", "--evals", "1",
+                         "--no-append", "--no-progress", "--out-dir", tmp_path / "out")
     record = json.load(open(tmp_path / "out" / "run.json"))
     assert record["steps"] == 4 and record["malformed"] == 0
     assert 0 <= record["results"]["sok_ev"]["auc"] <= 1
@@ -450,16 +444,11 @@ def test_run_py_stops_naming_the_file_and_record(tmp_path, rng):
     lines[300] = "7" + lines[300][1:]
     train = write_raw(tmp_path / "train_data.bin", lines[:512])
     evaluation = write_raw(tmp_path / "test_data.bin", lines[512:])
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    command = [
-        sys.executable, "benchmarks/criteo/run.py", "--device", "cpu", "--impl", "sok_ev",
-        "--train-files", train, "--eval-files", evaluation, "--batch", "128", "--dim", "4",
-        "--bottom", "8", "--top", "8", "1", "--evals", "1", "--no-append", "--no-progress",
-        "--on-malformed", "raise", "--out-dir",
-        str(tmp_path / "out")
-    ]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    result = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, timeout=280)
+    result = criteo_run.run_py("--device", "cpu", "--impl", "sok_ev", "--train-files", train,
+                               "--eval-files", evaluation, "--batch", "128", "--dim", "4",
+                               "--bottom", "8", "--top", "8", "1", "--evals", "1", "--no-append",
+                               "--no-progress", "--on-malformed", "raise", "--out-dir",
+                               tmp_path / "out")
     assert result.returncode != 0
     assert (f"MalformedRecordError: {train}: record 301: malformed Criteo record "
             "(label 7 is not 0 or 1)") in result.stderr, result.stderr[-3000:]

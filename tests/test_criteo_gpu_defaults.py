@@ -6,10 +6,11 @@ batch 65536), and the run's own record.
 """
 import json
 import os
-import subprocess
 import sys
 
 import pytest
+
+import criteo_run
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO_ROOT, "benchmarks", "criteo"))
@@ -48,19 +49,10 @@ def test_session_style_reads_text_and_memory_with_it_is_refused():
 @pytest.mark.timeout(300)
 def test_gpu_path_on_the_cpu_reports_each_implementation_on_its_own(tmp_path):
     out = tmp_path / "out"
-    command = [
-        sys.executable, "benchmarks/criteo/run.py", "--device", "gpu", "--train-lines", "6144",
-        "--eval-lines", "2048", "--batch", "512", "--dim", "8", "--bottom", "16", "--top", "32",
-        "1", "--baseline-steps", "4", "--evals", "2", "--no-append", "--no-progress", "--out-dir",
-        str(out)
-    ]
-    result = subprocess.run(command,
-                            cwd=REPO_ROOT,
-                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
-                            capture_output=True,
-                            text=True,
-                            timeout=280)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    result = criteo_run.run_py_ok("--device", "gpu", "--train-lines", "6144", "--eval-lines",
+                                  "2048", "--batch", "512", "--dim", "8", "--bottom", "16", "--top",
+                                  "32", "1", "--baseline-steps", "4", "--evals", "2", "--no-append",
+                                  "--no-progress", "--out-dir", out)
     record = json.load(open(out / "run.json"))
     assert (record["source"], record["schedule"]) == ("memory", "sequential")
     assert "made in memory" in record["data"]

@@ -8,12 +8,11 @@ benchmarks/criteo/run.py, TF1 Session style): it finishes, prints both
 implementations, and writes its plots and run record.
 """
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+
+import criteo_run
 
 from benchmarks.criteo import embeddings
 from benchmarks.criteo import metrics
@@ -23,7 +22,6 @@ from benchmarks.criteo import report
 from benchmarks.criteo import synthetic
 from benchmarks.criteo import training
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DIM, BATCH = 8, 256
 
 
@@ -103,22 +101,12 @@ def test_baseline_row_is_key_mod_buckets_of_its_feature():
 
 @pytest.mark.timeout(300)
 def test_run_py_in_session_style_writes_numbers_and_plots(tmp_path):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     out = tmp_path / "out"
-    command = [
-        sys.executable, "benchmarks/criteo/run.py", "--style", "session", "--device", "cpu",
-        "--train-lines", "4096", "--eval-lines", "1024", "--batch", "512", "--dim", "8", "--bottom",
-        "16", "--top", "32", "1", "--evals", "2", "--no-append", "--no-progress", "--data-dir",
-        str(tmp_path / "data"), "--out-dir",
-        str(out)
-    ]
-    result = subprocess.run(command,
-                            cwd=REPO_ROOT,
-                            env=env,
-                            capture_output=True,
-                            text=True,
-                            timeout=280)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    result = criteo_run.run_py_ok("--style", "session", "--device", "cpu", "--train-lines", "4096",
+                                  "--eval-lines", "1024", "--batch", "512", "--dim", "8",
+                                  "--bottom", "16", "--top", "32", "1", "--evals", "2",
+                                  "--no-append", "--no-progress", "--data-dir", tmp_path / "data",
+                                  "--out-dir", out)
     for name in ("planted", "sok_ev", "baseline"):
         assert f"\n{name} " in result.stdout, result.stdout
     record = json.load(open(out / "run.json"))
