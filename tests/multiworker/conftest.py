@@ -37,17 +37,6 @@ def lookup_run():
                 (["--guards"] if workers == 2 else []),
                 timeout=harness.LAUNCH_TIMEOUT,
                 env={"SOK_EV_ROW_TRANSPORT": row_transport or ""})
-        result = launches[workers, row_transport]
-        assert not result.timed_out, (
-            f"{workers}-worker launch exceeded {harness.LAUNCH_TIMEOUT}s:\n"
-            f"{result.tail()}")
-        assert result.returncode == 0 and len(result.results) == workers, (
-            f"{workers}-worker launch failed (exit {result.returncode}):\n"
-            f"{result.tail()}")
-        if harness.GPUS and workers > 1:  # one rank's exchange needs no NCCL
-            assert result.nccl_ranks() == set(range(workers)), (
-                f"GPU mode, but NCCL ran on ranks {sorted(result.nccl_ranks())} of "
-                f"{workers}: the exchange did not use the GPUs:\n{result.tail()}")
-        return result
+        return launches[workers, row_transport].assert_completed(workers)
 
     return run

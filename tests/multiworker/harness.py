@@ -96,6 +96,20 @@ class Launch:
             line[1:line.index("]")].isdigit()
         }
 
+    def assert_completed(self, workers):
+        """Asserts that the launch of `workers` ranks ended in time, exit 0,
+    with every rank's results, and, in GPU mode with several ranks, with
+    NCCL at work on each (one rank's exchange needs none)."""
+        assert not self.timed_out, (f"{workers}-worker launch exceeded its time limit:\n"
+                                    f"{self.tail()}")
+        assert self.returncode == 0 and len(self.results) == workers, (
+            f"{workers}-worker launch failed (exit {self.returncode}):\n{self.tail()}")
+        if GPUS and workers > 1:
+            assert self.nccl_ranks() == set(
+                range(workers)), (f"GPU mode, but NCCL ran on ranks {sorted(self.nccl_ranks())} of "
+                                  f"{workers}: the exchange did not use the GPUs:\n{self.tail()}")
+        return self
+
 
 def _sok_ev_import_root():
     """Where this process imports sok_ev from, without importing it: the ranks

@@ -28,11 +28,7 @@ def results():
     result = harness.launch(os.path.join(HERE, "feature_column_worker.py"),
                             WORKERS,
                             timeout=harness.LAUNCH_TIMEOUT)
-    assert not result.timed_out, result.tail()
-    assert result.returncode == 0 and len(result.results) == WORKERS, result.tail()
-    if harness.GPUS:
-        assert result.nccl_ranks() == set(range(WORKERS)), result.tail()
-    return result.results
+    return result.assert_completed(WORKERS).results
 
 
 def _steps(results):

@@ -30,11 +30,7 @@ def launch(request):
                             WORKERS,
                             timeout=harness.LAUNCH_TIMEOUT,
                             env=KERAS[request.param])
-    assert not result.timed_out, result.tail()
-    assert result.returncode == 0 and len(result.results) == WORKERS, result.tail()
-    if harness.GPUS:
-        assert result.nccl_ranks() == set(range(WORKERS)), result.tail()
-    return request.param, result.results
+    return request.param, result.assert_completed(WORKERS).results
 
 
 def _steps(results):
