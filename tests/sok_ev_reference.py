@@ -16,6 +16,8 @@ import contextlib
 import dataclasses
 import os
 import re
+import subprocess
+import sys
 
 import numpy as np
 import tensorflow as tf
@@ -356,16 +358,27 @@ def sok_ev_import_root():
     return os.path.dirname(os.path.dirname(os.path.abspath(sok_ev.__file__)))
 
 
-def legacy_keras_env():
-    """The environment of a child process that runs under tf_keras
-  (TF_USE_LEGACY_KERAS=1, read at TensorFlow's import) and imports this
-  checkout's sok_ev and the tests' own modules."""
+def run_legacy_keras_worker(worker, out_path, seed, failure):
+    """Runs `worker OUT_PATH SEED` in a child process under tf_keras
+  (TF_USE_LEGACY_KERAS=1, read at TensorFlow's import), importing this
+  checkout's sok_ev and the tests' own modules; returns the arrays it wrote
+  to `out_path` (.npz). Asserts it exited 0, `failure` heading its stderr."""
     tests = os.path.dirname(os.path.abspath(__file__))
     inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    return dict(os.environ,
-                TF_USE_LEGACY_KERAS="1",
-                TF_CPP_MIN_LOG_LEVEL="2",
-                PYTHONPATH=os.pathsep.join([sok_ev_import_root(), tests] + inherited))
+    env = dict(os.environ,
+               TF_USE_LEGACY_KERAS="1",
+               TF_CPP_MIN_LOG_LEVEL="2",
+               PYTHONPATH=os.pathsep.join([sok_ev_import_root(), tests] + inherited))
+    result = subprocess.run(
+        [sys.executable, worker, out_path, str(seed)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False)
+    assert result.returncode == 0, f"{failure}:\n" + result.stderr[-6000:]
+    with np.load(out_path) as data:
+        return {key: data[key] for key in data.files}
 
 
 # ---------------------------------------------------------------------------

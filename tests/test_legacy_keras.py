@@ -26,8 +26,6 @@ Pinned down:
 """
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -49,18 +47,9 @@ TRAINED = {
 def legacy(tmp_path_factory, seed):
     """What the worker wrote, run once under TF_USE_LEGACY_KERAS=1."""
     path = str(tmp_path_factory.mktemp("legacy_keras") / "out.npz")
-    env = ref.legacy_keras_env()
-    result = subprocess.run([sys.executable, WORKER, path, str(seed)],
-                            env=env,
-                            capture_output=True,
-                            text=True,
-                            timeout=600,
-                            check=False)
-    assert result.returncode == 0, (
-        "the legacy Keras worker failed (request.sh installs tf_keras; is it importable?):\n" +
-        result.stderr[-6000:])
-    with np.load(path) as data:
-        return {key: data[key] for key in data.files}
+    return ref.run_legacy_keras_worker(
+        WORKER, path, seed,
+        "the legacy Keras worker failed (request.sh installs tf_keras; is it importable?)")
 
 
 @pytest.fixture(scope="module")

@@ -23,8 +23,6 @@ then training on alike.
 """
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -39,17 +37,8 @@ FIELDS = ("batch", "iterations", "rows", "kernel", "loss")
 def run(tmp_path_factory):
     """What the worker wrote: arrays and the json facts."""
     path = str(tmp_path_factory.mktemp("tf_keras_fit") / "out.npz")
-    env = ref.legacy_keras_env()
     seed = int(os.environ.get("SOK_EV_TEST_SEED", "0")) + 52
-    result = subprocess.run([sys.executable, WORKER, path, str(seed)],
-                            env=env,
-                            capture_output=True,
-                            text=True,
-                            timeout=600,
-                            check=False)
-    assert result.returncode == 0, "the tf_keras fit worker failed:\n" + result.stderr[-6000:]
-    with np.load(path) as data:
-        arrays = {key: data[key] for key in data.files}
+    arrays = ref.run_legacy_keras_worker(WORKER, path, seed, "the tf_keras fit worker failed")
     return arrays, json.loads(str(arrays["facts"]))
 
 
