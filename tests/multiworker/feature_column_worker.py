@@ -1,4 +1,4 @@
-"""One rank of tests/multiworker/test_feature_columns.py (launched by harness.launch).
+"""One rank of tests/multiworker/test_feature_columns_sharded.py (launched by harness.launch).
 
   python feature_column_worker.py --out DIR
 
