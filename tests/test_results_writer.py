@@ -160,6 +160,29 @@ def test_a_criteo_run_of_the_defaults_rewrites_its_rows():
     assert report.current_rows(_record(workers=2), "x") == {}
     assert report.current_rows(_record(style="session"), "x") == {}
     assert report.current_rows(_record(data="synthetic seed 1: 2,000,000 train"), "x") == {}
+    assert report.current_rows(_record(hotness="mlperf"), "x") == {}
+
+
+def test_a_gpu_run_with_mlperfs_hotness_rewrites_its_own_row_against_hugectrs_rate():
+    gpu = dict(device="gpu",
+               model="dcnv2",
+               global_batch=65536,
+               dim=128,
+               hotness="mlperf",
+               compute_dtype="bfloat16",
+               data="synthetic seed 0: 134,217,728 train + 262,144 eval lines, MLPerf hotness")
+    record = _record(**gpu)
+    record["results"]["sok_ev"]["samples_per_second"] = 2.431e6
+    rows = report.current_rows(record, "abc1234")
+    assert list(rows) == ["criteo-gpu-mlperf"]
+    row = rows["criteo-gpu-mlperf"]
+    assert row["figure"] == "2,431,000 samples/s (bfloat16 tower)"
+    assert (row["ratio"], row["met"]) == ("1.10× HugeCTR", "met")
+    record["results"]["sok_ev"]["samples_per_second"] = 2.0e6
+    assert report.current_rows(record, "x")["criteo-gpu-mlperf"]["met"] == "missed"
+    # One-hot DLRM on the GPU is the other row.
+    assert list(report.current_rows(_record(**dict(gpu, model="dlrm", hotness="one")),
+                                    "x")) == ["criteo-gpu"]
 
 
 def test_the_row_command_line():

@@ -30,5 +30,5 @@ def test_the_check_catches_a_twin(tmp_path):
     for folder in ("", "multiworker"):
         (tmp_path / folder).mkdir(exist_ok=True)
         (tmp_path / folder / "test_same.py").write_text("")
-    assert sorted(modules_by_basename(str(tmp_path))["test_same.py"]) == [
-        "multiworker/test_same.py", "test_same.py"]
+    assert sorted(modules_by_basename(
+        str(tmp_path))["test_same.py"]) == ["multiworker/test_same.py", "test_same.py"]

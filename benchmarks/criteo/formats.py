@@ -33,7 +33,7 @@ Formats, and how their dense values and keys relate to the text reader's
            uint32, which recovers hashes of 2^31 and above written by wrapping.
   raw_multihot, numpy_multihot  MLPerf DLRM-DCNv2's multi-hot Raw records and
            day_N_sparse_multi_hot.npz: readers with keys [n, 214] (see
-           `multihot_raw_dataset`, `numpy_dataset`), not wired into the models.
+           `multihot_raw_dataset`, `numpy_dataset`), for run.py --hotness mlperf.
 
 Sources: NVTabular's "Scaling Criteo: ETL with NVTabular" example (missing I
 filled with 0, then clipped and normalized; C Categorified to contiguous ids);
@@ -67,7 +67,7 @@ from benchmarks.criteo import reader
 NUM_DENSE = reader.NUM_DENSE
 NUM_CATEGORICAL = reader.NUM_CATEGORICAL
 FORMATS = ("text", "parquet", "raw", "numpy")
-# Readers tested, but not wired into the models (keys [n, 214]).
+# Multi-hot readers (keys [n, 214]): run.py --hotness mlperf.
 MULTIHOT_FORMATS = ("raw_multihot", "numpy_multihot")
 EXTENSIONS = {".parquet": "parquet", ".bin": "raw", ".raw": "raw", ".npy": "numpy"}
 

@@ -19,9 +19,21 @@ what `reader.criteo_dataset` makes of the text files:
 Memory: 160 bytes a line (26 int32 positions, 13 float32, a float32 label),
 plus 8 bytes per vocabulary key. `planted` holds the planted model's AUC,
 logloss and CTR on the eval split (as `synthetic.generate`'s meta.json).
+
+Multi-hot (`hotness`, e.g. MLPerf DLRM-DCNv2's formats.MLPERF_HOTNESS): each
+feature's key is followed by hotness_f - 1 companion keys of the same
+feature, as MLPerf's materialize_synthetic_multihot_dataset.py makes its
+multi-hot data set from the one-hot one with its 'uniform' distribution: a
+key's companions are the keys `rank + d mod V_f` for offsets d drawn once,
+uniform in [1, V_f), from a cache of COMPANION_CACHE rows indexed by the
+rank. So they are a fixed function of the first key, and the labels (planted
+on the first keys) stay learnable. An empty feature has only empty keys.
+Each feature's keys and companions are tabled once per rank (V_f x
+hotness_f int64; 0.7 GB at the GPU preset's cardinalities, mostly C21's 100);
+a batch is then one row gather per feature.
 """
 import multiprocessing
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -29,6 +41,50 @@ import tensorflow as tf
 from benchmarks.criteo import metrics
 from benchmarks.criteo import reader
 from benchmarks.criteo import synthetic
+
+COMPANION_CACHE = 4096  # rows of companion offsets per feature (MLPerf's cache)
+
+
+def companion_offsets(vocabulary, hotness, seed: int) -> np.ndarray:
+    """[COMPANION_CACHE, sum(hotness)] int64: for feature f's columns (hotness[f]
+  of them, in feature order), 0 for the key itself, then offsets uniform in
+  [1, V_f) (0 when V_f is 1)."""
+    rng = np.random.default_rng([seed, 0x6d6c70])
+    columns = []
+    for v, h in zip(vocabulary, hotness):
+        columns.append(np.zeros((COMPANION_CACHE, 1), np.int64))
+        if h > 1:
+            columns.append(
+                rng.integers(1, max(v, 2), (COMPANION_CACHE, h - 1), dtype=np.int64) % max(v, 1))
+    return np.concatenate(columns, axis=1)
+
+
+def multi_hot_key_tables(keys: np.ndarray, vocabulary, hotness, offsets: np.ndarray):
+    """Per feature f, [V_f + 1, hotness[f]] int64: row r holds the keys of rank r
+  and its companions (module docstring), the last row the key of '' repeated.
+  keys: the key of every vocabulary position, then of '' (`key_table()`);
+  offsets: companion_offsets(vocabulary, hotness, seed)."""
+    tables, start, column = [], 0, 0
+    for v, h in zip(vocabulary, hotness):
+        rank = np.arange(v, dtype=np.int64)[:, None]
+        d = offsets[np.arange(v) % COMPANION_CACHE, column:column + h]
+        rows = keys[start + (rank + d) % v]
+        tables.append(np.concatenate([rows, np.full((1, h), keys[-1], np.int64)]))
+        start, column = start + v, column + h
+    return tables
+
+
+def multi_hot_keys(positions: tf.Tensor, tables, vocabulary) -> tf.Tensor:
+    """positions [n, 26] int32 (start_f + rank, or sum(vocabulary) when empty)
+  -> keys [n, sum(hotness)] int64: one row gather per feature from
+  `tables` (multi_hot_key_tables', as tensors)."""
+    starts = np.cumsum([0] + [int(v) for v in vocabulary[:-1]])
+    columns = tf.unstack(positions, axis=1)
+    return tf.concat([
+        tf.gather(table, tf.minimum(column - int(start), int(v)))
+        for table, column, start, v in zip(tables, columns, starts, vocabulary)
+    ],
+                     axis=1)
 
 
 def _chunk(task):
@@ -51,7 +107,8 @@ class InMemoryData:
     """The train and eval splits of a synthetic data set, as arrays.
 
   Args: as `synthetic.generate` (seed, lines, cardinality_scale, zipf,
-  processes, progress), which writes the same rows as text.
+  processes, progress), which writes the same rows as text; hotness: keys per
+  feature (None: one), the first of each feature's being the text's.
   """
 
     def __init__(self,
@@ -61,7 +118,11 @@ class InMemoryData:
                  cardinality_scale: Optional[float] = None,
                  zipf: float = 1.1,
                  processes: int = 1,
-                 progress: Optional[Callable[[int], None]] = None):
+                 progress: Optional[Callable[[int], None]] = None,
+                 hotness: Optional[Sequence[int]] = None):
+        if hotness is not None and (len(hotness) != reader.NUM_CATEGORICAL or min(hotness) < 1):
+            raise ValueError(f"InMemoryData: hotness needs {reader.NUM_CATEGORICAL} counts >= 1, "
+                             f"got {hotness}")
         if train_lines < 1 or eval_lines < 1:
             raise ValueError(f"train_lines and eval_lines must be >= 1, got {train_lines}, "
                              f"{eval_lines}")
@@ -69,9 +130,13 @@ class InMemoryData:
             cardinality_scale = synthetic.default_cardinality_scale(train_lines + eval_lines)
         self.model = synthetic.PlantedModel(seed, cardinality_scale, zipf)  # checks arguments
         self.vocabulary = self.model.vocabulary
+        self.hotness = None if hotness is None else tuple(int(h) for h in hotness)
+        self._companions = (None if hotness is None else companion_offsets(
+            self.vocabulary, self.hotness, seed))
         offsets = np.cumsum([0] + self.vocabulary[:-1]).astype(np.int64)
         self._empty = int(sum(self.vocabulary))  # the table's last slot: the key of ''
         self._key_table = None
+        self._multi_hot_tables = None
         self._tensors = {}
         self.splits: Dict[str, Dict[str, np.ndarray]] = {}
         self.planted = {}
@@ -121,6 +186,19 @@ class InMemoryData:
                                                                  reader.KEY_SPACE)
         return self._key_table
 
+    def multi_hot_tables(self):
+        """multi_hot_key_tables as tensors (None when one-hot), made once: a
+    batch then takes one row gather per feature instead of computing its
+    companions (14M keys a batch of 65536)."""
+        if self.hotness is not None and self._multi_hot_tables is None:
+            keys = self.key_table().numpy()
+            with tf.device("/cpu:0"):
+                self._multi_hot_tables = [
+                    tf.constant(t) for t in multi_hot_key_tables(keys, self.vocabulary,
+                                                                 self.hotness, self._companions)
+                ]
+        return self._multi_hot_tables
+
     def tensors(self, split: str):
         """(positions, integers, label) of `split` as tensors, made once (the
     arrays are then dropped: the tensors hold the only copy)."""
@@ -141,7 +219,8 @@ class InMemoryData:
                 prefetch: int = 4) -> tf.data.Dataset:
         """Batches of `split` ('train' or 'eval') as the text reader yields them
     (label, dense, keys, malformed = 0; no 'categorical'), each worker's
-    slice of each global batch as `reader.worker_rows` cuts it.
+    slice of each global batch as `reader.worker_rows` cuts it. keys is
+    [n, 26] int64, or [n, sum(hotness)] with the companions of multi-hot.
 
     Raises:
       ValueError: an unknown split, or an argument out of range.
@@ -168,13 +247,15 @@ class InMemoryData:
         # looked up by TensorFlow, in parallel, with no Python in the way.
         arrays = self.tensors(split)
         table = self.key_table()
+        tables = self.multi_hot_tables()
 
         def batch(row_range):
             positions, integers, label = (x[row_range[0]:row_range[1]] for x in arrays)
             return {
                 "label": label,
                 "dense": tf.math.log1p(tf.maximum(integers, 0.0)),
-                "keys": tf.gather(table, positions),
+                "keys": (tf.gather(table, positions) if tables is None else multi_hot_keys(
+                    positions, tables, self.vocabulary)),
                 "malformed": tf.constant(0, tf.int64),
             }
 

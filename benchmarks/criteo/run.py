@@ -155,6 +155,26 @@ PRESETS = {
              schedule="interleaved"),
 }
 
+# --hotness mlperf: MLPerf DLRM-DCNv2's shape on a GPU (dim 128, bottom
+# 512-256-128, 3 cross layers of rank 512, deep 1024-1024-512-256; MLPerf
+# trains Adagrad too), over PRESETS. Its tables hold 40M rows at most each
+# (187.8M in all, 96 GB of float32 rows before Adagrad's slots); the synthetic
+# data's cardinalities at 0.1 x Kaggle's (3.4M keys, 3.5 GB with the slots)
+# fit one GPU with the baseline's tables beside them. On the CPU: PRESETS'
+# small model, with the bottom MLP.
+MLPERF_PRESETS = {
+    "gpu":
+        dict(dim={
+            "dlrm": 128,
+            "dcnv2": 128
+        },
+             bottom=[512, 256],
+             deep=[1024, 1024, 512, 256],
+             cross_layers=3,
+             cross_rank=512),
+    "cpu": {},
+}
+
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
@@ -218,6 +238,19 @@ def parse_args(argv=None):
                    help="Adagrad's initial accumulator for the dense tower "
                    "(default: --initial-accumulator)")
     m.add_argument("--warmup-steps", type=int, help="linear learning-rate warm-up steps")
+    m.add_argument("--hotness",
+                   choices=["one", "mlperf"],
+                   default="one",
+                   help="keys per feature: one, or MLPerf DLRM-DCNv2's multi-hot (214 a line, "
+                   "summed per feature; synthetic data gets companion keys, in_memory.py; files "
+                   "must be --format raw_multihot or numpy_multihot); with --model dcnv2 the "
+                   "tower gets MLPerf's bottom MLP (--bottom + dim) and, on a GPU, MLPerf's "
+                   "shape (MLPERF_PRESETS)")
+    m.add_argument("--compute-dtype",
+                   choices=["float32", "bfloat16"],
+                   default="float32",
+                   help="DCNv2: the cross and deep layers' type (mixed precision: float32 "
+                   "weights and logits)")
     m.add_argument("--embedding-stddev",
                    type=float,
                    default=0.05,
@@ -226,11 +259,12 @@ def parse_args(argv=None):
     d.add_argument("--train-files", nargs="+", help="real Criteo files to train on")
     d.add_argument("--eval-files", nargs="+", help="real Criteo files to evaluate on")
     d.add_argument("--format",
-                   choices=("auto",) + formats.FORMATS,
+                   choices=("auto",) + formats.FORMATS + formats.MULTIHOT_FORMATS,
                    default="auto",
                    help="of --train-files/--eval-files (auto: by extension: .parquet NVTabular "
                    "Parquet, .bin/.raw HugeCTR one-hot Raw, .npy TorchRec NumPy days, else "
-                   "Criteo text; see benchmarks/criteo/formats.py)")
+                   "Criteo text; the multi-hot ones go with --hotness mlperf; see "
+                   "benchmarks/criteo/formats.py)")
     d.add_argument("--cardinalities",
                    default="kaggle",
                    help="real data: distinct values per feature for the baseline's buckets "
@@ -268,7 +302,9 @@ def parse_args(argv=None):
 
 
 def apply_preset(args, device):
-    preset = PRESETS[device]
+    preset = dict(PRESETS[device])
+    if args.hotness == "mlperf":
+        preset.update(MLPERF_PRESETS[device])
     for key in ("batch", "initial_accumulator", "warmup_steps", "bottom", "top", "deep",
                 "cross_layers", "cross_rank", "train_lines", "eval_lines", "schedule",
                 "baseline_steps", "cardinality_scale", "dense_learning_rate",
@@ -276,11 +312,36 @@ def apply_preset(args, device):
         if getattr(args, key) is None:
             setattr(args, key, preset.get(key))
     if args.source is None:
-        # Arrays in memory need the tf.function style (a graph would embed them).
-        args.source = preset["source"] if args.style == "function" else "text"
+        # Arrays in memory need the tf.function style (a graph would embed them);
+        # multi-hot synthetic data exists only in memory.
+        memory = args.style == "function" and (preset["source"] == "memory" or
+                                               args.hotness == "mlperf")
+        args.source = "memory" if memory else "text"
     for key in ("dim", "learning_rate"):
         if getattr(args, key) is None:
             setattr(args, key, preset[key][args.model])
+
+
+def check_hotness(args):
+    """Exits naming the flags when --hotness and the data or model disagree."""
+    if args.train_files:
+        fmt = formats.format_of(args.train_files, args.format)
+        if (args.hotness == "mlperf") != (fmt in formats.MULTIHOT_FORMATS):
+            sys.exit(f"--hotness {args.hotness} does not match --format {fmt}: multi-hot files "
+                     f"({', '.join(formats.MULTIHOT_FORMATS)}) go with --hotness mlperf, "
+                     "one-hot ones with --hotness one")
+    elif args.hotness == "mlperf" and args.source != "memory":
+        sys.exit("--hotness mlperf on synthetic data needs --source memory and --style function "
+                 f"(multi-hot lines are made in memory), got --source {args.source} "
+                 f"--style {args.style}")
+    if args.compute_dtype != "float32" and args.model != "dcnv2":
+        sys.exit(f"--compute-dtype {args.compute_dtype} is for --model dcnv2, got --model "
+                 f"{args.model}")
+
+
+def hotness_of(args):
+    """Keys per feature for the embeddings (None: one)."""
+    return formats.MLPERF_HOTNESS if args.hotness == "mlperf" else None
 
 
 def horovod_or_none():
@@ -351,9 +412,12 @@ def prepare_data(args, rank):
                                       cardinality_scale=scale,
                                       zipf=args.zipf,
                                       processes=os.cpu_count() or 1,
-                                      progress=bar.update)
+                                      progress=bar.update,
+                                      hotness=hotness_of(args))
         bar.close()
         meta = dict(vocabulary=data.vocabulary, planted=data.planted, train_lines=args.train_lines)
+        if args.hotness == "mlperf":
+            description += f", MLPerf hotness ({formats.MULTIHOT_KEYS} keys a line)"
         return data, None, data.vocabulary, meta, description + ", made in memory"
     name = (f"synthetic_s{args.data_seed}_{args.train_lines}_{args.eval_lines}_"
             f"c{scale:.6g}_z{args.zipf:g}")
@@ -386,11 +450,14 @@ def build_implementations(args, cardinalities, hvd):
     def tower():
         if args.model == "dlrm":
             return models.DLRM(args.dim, args.bottom + [args.dim], args.top, seed=2 * args.seed)
+        # MLPerf's DLRM-DCNv2 puts a bottom MLP (ending at dim) on the integers.
         return models.DCNv2(args.dim,
                             args.cross_layers,
                             args.cross_rank,
                             args.deep,
-                            seed=2 * args.seed)
+                            seed=2 * args.seed,
+                            bottom=args.bottom + [args.dim] if args.hotness == "mlperf" else None,
+                            compute_dtype=args.compute_dtype)
 
     emb_seed = 1000 * (2 * args.seed + 1)
     out = []
@@ -401,14 +468,17 @@ def build_implementations(args, cardinalities, hvd):
                                                args.dim,
                                                args.embedding_stddev,
                                                emb_seed,
-                                               exchange_dtype=args.exchange_dtype), tower(),
+                                               exchange_dtype=args.exchange_dtype,
+                                               hotness=hotness_of(args)), tower(),
                 args.learning_rate, args.batch, hvd, args.initial_accumulator, args.warmup_steps,
                 args.dense_learning_rate, args.dense_initial_accumulator))
     if args.impl in ("both", "baseline"):
         out.append(
             training.Implementation(
                 embeddings_lib.HashBucketEmbeddings(args.dim, [2 * c for c in cardinalities],
-                                                    args.embedding_stddev, emb_seed), tower(),
+                                                    args.embedding_stddev,
+                                                    emb_seed,
+                                                    hotness=hotness_of(args)), tower(),
                 args.learning_rate, args.batch, hvd, args.initial_accumulator, args.warmup_steps,
                 args.dense_learning_rate, args.dense_initial_accumulator))
     return out
@@ -522,9 +592,10 @@ def summarize(args, result, style, hvd):
 def print_summary(record, meta, previous_runs):
     r = record["results"]
     planted = record.get("planted_auc")
-    print(f"\nCriteo {record['model']}, {record['style']}, {record['workers']} worker(s), "
-          f"global batch {record['global_batch']}, dim {record['dim']}, {record['steps']} steps; "
-          f"{record['data']}")
+    print(
+        f"\nCriteo {report.model_name(record)}, {record['style']}, {record['workers']} worker(s), "
+        f"global batch {record['global_batch']}, dim {record['dim']}, {record['steps']} steps; "
+        f"{record['data']}")
     if record["malformed"]:
         print(f"malformed lines skipped: {record['malformed']}")
     # samples/s: the step alone (global batch / step time); end to end: the
@@ -599,6 +670,7 @@ def main(argv=None):
     if device == "auto":
         device = "gpu" if tf.config.list_physical_devices("GPU") else "cpu"
     apply_preset(args, device)
+    check_hotness(args)
     if args.batch % workers:
         sys.exit(f"--batch {args.batch} must split evenly over {workers} workers")
     # Before TensorFlow's runtime starts: the generator forks worker processes.
@@ -652,6 +724,8 @@ def main(argv=None):
                   threads=args.threads,
                   global_batch=args.batch,
                   dim=args.dim,
+                  hotness=args.hotness,
+                  compute_dtype=args.compute_dtype,
                   learning_rate=args.learning_rate,
                   steps=result["steps"],
                   malformed=result["malformed"],
@@ -666,8 +740,10 @@ def main(argv=None):
                   source=args.source if meta is not None else args.format,
                   peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                   results=results)
+    # Records from before --hotness and --compute-dtype ran one-hot in float32.
     same = lambda r: all(  # noqa: E731
-        r.get(k) == record[k] for k in ("model", "style", "device", "global_batch", "dim", "data"))
+        r.get(k, report.RECORD_DEFAULTS.get(k)) == record[k] for k in
+        ("model", "style", "device", "global_batch", "dim", "data", "hotness", "compute_dtype"))
     previous = [r for r in report.read_runs(RUNS) if same(r)]
     print_summary(record, meta, previous)
     if pipeline_rate is not None:

@@ -45,6 +45,12 @@ BATCH_SPEC = {
 }
 
 
+def batch_spec(dataset: tf.data.Dataset) -> Dict[str, tf.TensorSpec]:
+    """BATCH_SPEC with the keys a line of `dataset` holds (26, or 214 multi-hot)."""
+    keys = dataset.element_spec["keys"].shape[-1]
+    return dict(BATCH_SPEC, keys=tf.TensorSpec([None, keys], tf.int64))
+
+
 class Implementation:
     """One model: embeddings + tower + Adagrad; builds its train and eval graphs."""
 
@@ -175,8 +181,9 @@ class FunctionStyle:
                 with tf.control_dependencies([train_op]):
                     return tf.identity(loss)
 
-            self._train[impl.name] = tf.function(train, input_signature=[BATCH_SPEC])
-            self._predict[impl.name] = tf.function(impl.probabilities, input_signature=[BATCH_SPEC])
+            spec = batch_spec(train_data)
+            self._train[impl.name] = tf.function(train, input_signature=[spec])
+            self._predict[impl.name] = tf.function(impl.probabilities, input_signature=[spec])
 
     def _iterate(self, dataset, split):
         iterator = iter(dataset)
@@ -235,7 +242,8 @@ class SessionStyle:
                                       trainable=False,
                                       use_resource=True,
                                       shape=spec.shape,
-                                      name=f"staged_{k}") for k, spec in BATCH_SPEC.items()
+                                      name=f"staged_{k}")
+            for k, spec in batch_spec(train_data).items()
         }
         self._stage = [tf.group([staged[k].assign(nxt[k]) for k in BATCH_SPEC]), nxt["malformed"]]
         batch = {k: v.read_value() for k, v in staged.items()}

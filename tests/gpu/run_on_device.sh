@@ -67,6 +67,11 @@
 #                      then under horovodrun -np 2 over NCCL with 2+ GPUs at
 #                      65536 a GPU; out dirs $OUT/criteo_gpu1 and criteo_gpu2
 #                      (results_line.md, run.json to bring back)
+#   criteo-mlperf      benchmarks/criteo/run.py --device gpu --model dcnv2
+#                      --hotness mlperf (MLPerf DLRM-DCNv2's shape and hotness,
+#                      both implementations) on GPU 0, then sok-ev alone with a
+#                      bfloat16 tower; out dirs $OUT/criteo_mlperf and
+#                      criteo_mlperf_bf16, log criteo-mlperf.log
 # Dry run on a CPU machine (no kit; TensorFlow parts on the CPU, multi over
 # Gloo, harness and memcheck reduced to what runs without a GPU):
 #   SOK_EV_DEVICE_DRY_RUN=1 PYTHON=.venv-cuda/bin/python bash tests/gpu/run_on_device.sh
@@ -411,6 +416,21 @@ if has criteo; then
     echo "criteo: exit $rc"
 fi
 
+if has criteo-mlperf; then
+    mlperf=("$root/benchmarks/criteo/run.py" --device gpu --no-progress --model dcnv2 --hotness mlperf)
+    (cd "$run" && CUDA_VISIBLE_DEVICES=0 timeout -k 10 "$(limit 270)" "$PY" "${mlperf[@]}" \
+        --out-dir "$OUT/criteo_mlperf") >"$OUT/criteo-mlperf.log" 2>&1
+    rc=$?
+    if ((rc == 0)); then
+        (cd "$run" && CUDA_VISIBLE_DEVICES=0 timeout -k 10 "$(limit 200)" "$PY" "${mlperf[@]}" \
+            --impl sok_ev --compute-dtype bfloat16 --out-dir "$OUT/criteo_mlperf_bf16") \
+            >>"$OUT/criteo-mlperf.log" 2>&1
+        rc=$?
+    fi
+    echo "$rc" >"$status/criteo-mlperf.rc"
+    echo "criteo-mlperf: exit $rc"
+fi
+
 # --- summary -------------------------------------------------------------------
 "$PY" - "$OUT" "$status" "$site" "$parts" "$dry" <<'EOF' | tee "$OUT/summary.txt"
 import os, re, sys
@@ -418,7 +438,7 @@ out, status, site, parts, dry = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[
 total = {"passed": 0, "failed": 0, "skipped": 0}
 lines = []
 for part in ["tf", "multi", "harness", "memcheck", "harness-sanitizer", "bench", "tf-bench",
-             "tf-tiered", "tf-scaling", "peers", "criteo"]:
+             "tf-tiered", "tf-scaling", "peers", "criteo", "criteo-mlperf"]:
     if part not in parts:
         continue
     path = os.path.join(out, part + ".log")
@@ -433,7 +453,7 @@ for part in ["tf", "multi", "harness", "memcheck", "harness-sanitizer", "bench",
         if not clean:
             notes.append(f"exit {rc}")
     elif part in ("harness-sanitizer", "bench", "tf-bench", "tf-tiered", "tf-scaling", "peers",
-                  "criteo"):
+                  "criteo", "criteo-mlperf"):
         count["passed" if rc == 0 else "failed"] = 1
     else:
         summary = [l for l in text.splitlines() if re.match(r"^=+ .* in [\d.]+s", l)]
