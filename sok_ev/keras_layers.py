@@ -17,8 +17,13 @@ the layer's `trainable_weights` (and `non_trainable_weights` when frozen) as
 tf_keras does for its own variables; its `train_step` calls
 `optimizer.minimize`, whose `apply_gradients` the same hook serves. tf_keras
 saves the tables with `model.save_weights(path)` in the TensorFlow format
-(a path not ending in `.h5`) or `tf.train.Checkpoint(model=model)`; its
-HDF5 formats read every weight as a dense array and fail on a table.
+(a path not ending in `.h5`), `model.save(directory)` (a SavedModel that
+`tf.keras.models.load_model` reads back with its tables) or
+`tf.train.Checkpoint(model=model)`. Its HDF5 formats read every weight as a
+dense array: `save_weights` / `load_weights` of an `.h5` path (or
+save_format='h5'), and `model.save` of one, with such a layer in the model
+raise ValueError naming the layer and those alternatives, before the file
+is touched.
 
 How `fit` trains the tables: Keras 3's `train_step` differentiates the loss
 with respect to `model.trainable_weights` and hands the pairs to
@@ -77,6 +82,12 @@ COMBINERS = lookup_lib.COMBINERS
 # TF_USE_LEGACY_KERAS=1, read when TensorFlow was imported).
 _LEGACY_KERAS = keras_optimizers.legacy_keras()
 _Layer = tf.keras.layers.Layer
+
+# What saves the tables of a model, in the refusals' messages.
+_SAVE_INSTEAD = ("model.save_weights('<path without .h5>') (TensorFlow format), "
+                 "model.save('<directory>') or tf.train.Checkpoint(model=model)" if _LEGACY_KERAS
+                 else "model.save_weights('*.weights.h5') or tf.train.Checkpoint(model=model)")
+_HDF5_SUFFIXES = (".h5", ".hdf5", ".keras")
 
 # What save_weights stores of a table: export_full()'s outputs, in order.
 _TABLE_ENTRIES = ("table_keys", "table_rows", "table_frequencies", "table_versions",
@@ -174,6 +185,8 @@ class Embedding(_Layer):
         # regularization losses); a table has none.
         variable.regularizer = None
         keras_optimizers.install_keras_optimizer_hook()
+        if _LEGACY_KERAS:
+            _install_hdf5_weights_guard()
 
     @property
     def key_dtype(self) -> tf.DType:
@@ -345,8 +358,44 @@ class Embedding(_Layer):
         raise NotImplementedError(
             f"sok_ev.keras.Embedding('{self.name}') cannot be serialized (model.save('*.keras'), "
             "get_config, clone_model): its table's initializer and options have no Keras "
-            "config. Rebuild the model in code and save its state with "
-            "model.save_weights('*.weights.h5') or tf.train.Checkpoint(model=model).")
+            f"config. Rebuild the model in code and save its state with {_SAVE_INSTEAD}.")
+
+
+def _tables_of(model) -> List[str]:
+    """Names of the sok_ev.keras.Embedding layers in `model`, nested ones included."""
+    layers = model._flatten_layers(include_self=False)  # pylint: disable=protected-access
+    return [layer.name for layer in layers if isinstance(layer, Embedding)]
+
+
+def _install_hdf5_weights_guard():
+    """tf_keras: Model.save, save_weights and load_weights of an HDF5 path
+  refuse a model holding tables (tf_keras would read each table as a dense
+  array and fail half way, leaving a partial file) before the file is
+  touched."""
+    model_class = tf.keras.Model
+    if getattr(model_class.save_weights, "_sok_ev_guard", False):
+        return
+
+    def guarded(method, verb):
+
+        def run(self, filepath, *args, **kwargs):
+            save_format = kwargs.get("save_format")
+            hdf5 = (str(save_format).lower() in ("h5", "hdf5", "keras")
+                    if save_format else str(filepath).lower().endswith(_HDF5_SUFFIXES))
+            tables = _tables_of(self) if hdf5 else []
+            if tables:
+                raise ValueError(
+                    f"model.{verb}({str(filepath)!r}): an HDF5 or .keras file cannot hold the "
+                    f"tables of sok_ev.keras.Embedding {tables} (a table has no dense value); "
+                    f"use {_SAVE_INSTEAD}.")
+            return method(self, filepath, *args, **kwargs)
+
+        run._sok_ev_guard = True  # pylint: disable=protected-access
+        run.__doc__ = method.__doc__
+        return run
+
+    for verb in ("save", "save_weights", "load_weights"):
+        setattr(model_class, verb, guarded(getattr(model_class, verb), verb))
 
 
 def _one_per_row(flat):

@@ -17,9 +17,10 @@ is lazy), SGD and Adagrad batches leave rows out, which must stay out.
 Pinned down: the four supported optimizers step for step, steps_per_execution
 3 (callbacks at steps 3 and 6), evaluate and predict, the refusal of other
 optimizers (naming the optimizer and the table, nothing stored, no step
-counted), and model.save_weights (TensorFlow format) and
+counted), and model.save_weights (TensorFlow format), ModelCheckpoint and
 tf.train.Checkpoint round trips: keys, rows, slots, frequencies and versions,
-then training on alike.
+then training on alike; a SavedModel directory loaded back predicting alike;
+HDF5 and .keras files refused naming the table, leaving no file.
 """
 import json
 import os
@@ -109,7 +110,7 @@ def test_an_unsupported_optimizer_is_refused_naming_it_and_the_table_before_anyt
     assert result["stored"] == 0 and result["iterations"] == 0
 
 
-@pytest.mark.parametrize("how", ["save_weights", "checkpoint"])
+@pytest.mark.parametrize("how", ["save_weights", "model_checkpoint", "checkpoint"])
 def test_saving_restores_the_table_with_slots_and_training_continues_identically(run, how):
     result = run[1][f"round_trip/{how}"]
     saved, restored = result["saved"], result["restored"]
@@ -121,3 +122,19 @@ def test_saving_restores_the_table_with_slots_and_training_continues_identically
     assert result["kernels"][0] == result["kernels"][1]
     assert result["after_restored"] == result["after_saved"]
     assert result["after_saved"]["rows"] != saved["rows"], "the last fit did not train"
+
+
+def test_a_saved_model_directory_loads_back_predicting_what_the_model_did(run):
+    result = run[1]["saved_model"]
+    np.testing.assert_array_equal(result["loaded"], result["predicted"])
+
+
+@pytest.mark.parametrize("call", [
+    "save(m.h5)", "save(m.keras)", "save_weights(w.h5)", "save_weights(w_fmt)", "load_weights(w.h5)"
+])
+def test_hdf5_files_are_refused_naming_the_table_and_what_saves_it_leaving_no_file(run, call):
+    result = run[1]["hdf5_refusals"][call]
+    assert "saved_table" in result["message"], result["message"]
+    assert "tf.train.Checkpoint(model=model)" in result["message"]
+    assert "model.save('<directory>')" in result["message"]
+    assert not result["file"]

@@ -129,12 +129,16 @@ def _round_trip(facts, rng, how, directory):
     data = twins.batches(rng, "ragged", np.int64, 5, BATCH, N_ROWS)
     (model, layer), _, _, _ = _models(rng, "ragged", matrix, kernel)
     model.compile(optimizer=twins.OPTIMIZERS["adam"](), loss="mse")
-    model.fit(twins.as_dataset(data[:3]), verbose=0)
+    path = os.path.join(directory, how)
+    # ModelCheckpoint saves through save_weights at the end of the epoch.
+    callbacks = ([tf.keras.callbacks.ModelCheckpoint(path, save_weights_only=True)]
+                 if how == "model_checkpoint" else [])
+    model.fit(twins.as_dataset(data[:3]), verbose=0, callbacks=callbacks)
     (fresh, fresh_layer), _, _, _ = _models(rng, "ragged", matrix, kernel)
     fresh.compile(optimizer=twins.OPTIMIZERS["adam"](), loss="mse")
-    path = os.path.join(directory, how)
-    if how == "save_weights":
-        model.save_weights(path)
+    if how in ("save_weights", "model_checkpoint"):
+        if how == "save_weights":
+            model.save_weights(path)
         fresh.load_weights(path)
     else:
         saved = tf.train.Checkpoint(model=model, optimizer=model.optimizer).write(path)
@@ -155,6 +159,33 @@ def _round_trip(facts, rng, how, directory):
     facts[f"round_trip/{how}"] = result
 
 
+def _saved_model_and_hdf5(facts, rng, directory):
+    """model.save(directory) read back by load_model predicts what the model
+  does; HDF5 saves and loads are refused, leaving no file."""
+    (model, _), _, _, _ = _models(rng, "dense_pooled", name="saved_table")
+    model.compile(optimizer=twins.OPTIMIZERS["adagrad"](), loss="mse")
+    data = twins.batches(rng, "dense_pooled", np.int64, 3, BATCH, N_ROWS)
+    model.fit(twins.as_dataset(data), verbose=0)
+    ids = data[0][0]
+    saved_model = os.path.join(directory, "saved_model")
+    model.save(saved_model)
+    loaded = tf.keras.models.load_model(saved_model)
+    facts["saved_model"] = dict(predicted=model.predict(ids, verbose=0).tolist(),
+                                loaded=loaded.predict(ids, verbose=0).tolist())
+    refusals = {}
+    for verb, name in [("save", "m.h5"), ("save", "m.keras"), ("save_weights", "w.h5"),
+                       ("save_weights", "w_fmt"), ("load_weights", "w.h5")]:
+        path = os.path.join(directory, "hdf5", name)
+        kwargs = dict(save_format="h5") if name == "w_fmt" else {}
+        try:
+            getattr(model, verb)(path, **kwargs)
+            message = "no error"
+        except ValueError as error:
+            message = str(error)
+        refusals[f"{verb}({name})"] = dict(message=message, file=os.path.exists(path))
+    facts["hdf5_refusals"] = refusals
+
+
 def main(path, seed):
     rng = np.random.default_rng(seed)
     sok_ev.init()
@@ -165,8 +196,10 @@ def main(path, seed):
         if case == "adagrad":
             _evaluate_and_predict(facts, rng, *trained)
     _refusals(facts, rng)
-    for how in ("save_weights", "checkpoint"):
-        _round_trip(facts, rng, how, os.path.dirname(os.path.abspath(path)))
+    directory = os.path.dirname(os.path.abspath(path))
+    for how in ("save_weights", "model_checkpoint", "checkpoint"):
+        _round_trip(facts, rng, how, directory)
+    _saved_model_and_hdf5(facts, rng, directory)
     out["facts"] = np.array(json.dumps(facts))
     np.savez(path, **out)
 
