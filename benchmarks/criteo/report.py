@@ -255,34 +255,23 @@ def results_line(record: Dict) -> str:
 
 # The rows of benchmarks/RESULTS.md's current table that a run stands for: a
 # run of run.py's defaults on the CPU, and of its --device gpu defaults.
+_ONE_WORKER = dict(workers=1, style="function", exchange_dtype="float32")
+_GPU_DATA = "synthetic seed 0: 134,217,728 train + 262,144 eval lines"
 ROW_RUNS = {
-    "cpu":
-        (dict(device="cpu",
-              workers=1,
-              model="dlrm",
-              style="function",
-              global_batch=1024,
-              dim=32,
-              hotness="one",
-              exchange_dtype="float32"), "synthetic seed 0: 2,000,000 train + 100,000 eval lines"),
-    "gpu": (dict(device="gpu",
-                 workers=1,
+    "cpu": (dict(_ONE_WORKER, device="cpu", model="dlrm", global_batch=1024, dim=32,
+                 hotness="one"), "synthetic seed 0: 2,000,000 train + 100,000 eval lines"),
+    "gpu": (dict(_ONE_WORKER,
+                 device="gpu",
                  model="dlrm",
-                 style="function",
                  global_batch=65536,
                  dim=128,
-                 hotness="one",
-                 exchange_dtype="float32"),
-            "synthetic seed 0: 134,217,728 train + 262,144 eval lines"),
-    "gpu-mlperf": (dict(device="gpu",
-                        workers=1,
+                 hotness="one"), _GPU_DATA),
+    "gpu-mlperf": (dict(_ONE_WORKER,
+                        device="gpu",
                         model="dcnv2",
-                        style="function",
                         global_batch=65536,
                         dim=128,
-                        hotness="mlperf",
-                        exchange_dtype="float32"),
-                   "synthetic seed 0: 134,217,728 train + 262,144 eval lines"),
+                        hotness="mlperf"), _GPU_DATA),
 }
 GPU_TARGET_SAMPLES_PER_SECOND = 1.9e6  # HugeCTR's per-GPU MLPerf figure
 # HugeCTR's train-only rate per H200 in MLPerf Training v5.0 (DLRM-DCNv2,

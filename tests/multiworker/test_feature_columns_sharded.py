@@ -47,11 +47,7 @@ def test_the_column_table_is_sharded_over_every_worker(results):
 
 def test_two_workers_train_the_column_as_one_worker_on_the_global_batch(results):
     for t in _steps(results):
-        twin = results[0][f"twin/{t}/rows"]
-        keys = np.concatenate([results[r][f"sok/{t}/keys"] for r in range(WORKERS)])
-        rows = np.concatenate([results[r][f"sok/{t}/rows"] for r in range(WORKERS)])
-        assert len(set(keys.tolist())) == len(keys), f"step {t}: a key on both workers"
-        np.testing.assert_allclose(rows, twin[keys], rtol=2e-5, atol=2e-6, err_msg=f"step {t}")
+        harness.assert_shards_equal_twin_rows(results, t, WORKERS)
     # Every id of the batches was stored (the lookups insert), and training
     # moved exactly the reference's rows of those ids.
     last = _steps(results)[-1]

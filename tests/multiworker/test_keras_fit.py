@@ -48,11 +48,7 @@ def test_each_keras_ran(launch):
 def test_two_worker_fit_equals_one_worker_on_the_global_batch_step_for_step(launch):
     _, results = launch
     for t in _steps(results):
-        twin = results[0][f"twin/{t}/rows"]
-        keys = np.concatenate([results[r][f"sok/{t}/keys"] for r in range(WORKERS)])
-        rows = np.concatenate([results[r][f"sok/{t}/rows"] for r in range(WORKERS)])
-        assert len(set(keys.tolist())) == len(keys), f"step {t}: a key on both workers"
-        np.testing.assert_allclose(rows, twin[keys], rtol=2e-5, atol=2e-6, err_msg=f"step {t}")
+        harness.assert_shards_equal_twin_rows(results, t, WORKERS)
         for r in range(WORKERS):
             for field in ("kernel", "bias"):
                 np.testing.assert_allclose(results[r][f"sok/{t}/{field}"],
