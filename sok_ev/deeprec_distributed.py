@@ -27,8 +27,8 @@ ValueError naming it, as in DeepRec.
 
 import logging
 
-import sok_ev
 from sok_ev import communication
+from sok_ev import initialization
 
 STRATEGIES = ("collective", "localized")
 
@@ -61,8 +61,8 @@ def enable_distributed_strategy(strategy="collective"):  # pylint: disable=redef
         hvd = communication._horovod()  # pylint: disable=protected-access
         if hvd is not None and not hvd.is_initialized():
             hvd.init()
-        sok_ev.init()
+        initialization.init()
         logging.getLogger("sok_ev").info(
-            "enable_distributed_strategy('collective'): %d worker(s)%s", sok_ev.world_size(),
-            "" if sok_ev.world_size() > 1 else "; grouped lookups run on this one worker")
+            "enable_distributed_strategy('collective'): %d worker(s)%s", communication.world_size(),
+            "" if communication.world_size() > 1 else "; grouped lookups run on this one worker")
     _state["strategy"] = strategy
