@@ -19,6 +19,7 @@ from sok_ev import keras_layers as keras  # sok_ev.keras: the Keras 3 layers
 from sok_ev import keras_optimizers
 from sok_ev import optimizers
 from sok_ev import warm_start
+from sok_ev.initialization import init
 from sok_ev.deeprec_api import install_deeprec_api
 from sok_ev.deeprec_checkpoint import export_deeprec_checkpoint
 from sok_ev.deeprec_checkpoint import restore_deeprec_checkpoint
@@ -53,44 +54,6 @@ try:
     _ops.ops()
 except ImportError:
     pass
-
-
-def init() -> None:
-    """Prepares sok-ev; call once, after `hvd.init()` when using Horovod.
-
-  Takes the rank and number of workers from Horovod if it is initialised
-  (one worker otherwise), and installs:
-  * with several workers, the guards that keep Embedding Variable gradients
-    out of Horovod's reductions (`sok_ev.embedding_gradients`);
-  * the narrow optimizer hook (`sok_ev.optimizers.install_optimizer_hook`),
-    so stock tf.compat.v1.train optimizers update Embedding Variables;
-  * the Keras optimizer hook (`sok_ev.keras_optimizers`), the same for
-    tf.keras.optimizers SGD, Adagrad, Adam and Ftrl;
-  * the tf.nn lookup dispatch (`sok_ev.dispatch`): tf.nn.embedding_lookup,
-    embedding_lookup_sparse and safe_embedding_lookup_sparse (and their
-    tf.compat.v1 forms) read Embedding Variables;
-  * the saver hook (`sok_ev.checkpoint.install_saver_hook`), so
-    tf.compat.v1.train.Saver saves and restores them on any number of
-    workers, and tf.compat.v1.train.init_from_checkpoint warm-starts them
-    (`sok_ev.warm_start`); and makes hvd.broadcast_variables check Embedding
-    Variables instead of copying them (`sok_ev.broadcast`).
-  Each leaves everything that is not an Embedding Variable to TensorFlow's
-  own code. Idempotent.
-
-  Raises:
-    RuntimeError: several processes were launched but Horovod is missing or
-      not initialised.
-  """
-    communication.init()
-    if communication.world_size() > 1:
-        embedding_gradients.install_allreduce_guards()
-    checkpoint.record_worker_topology()
-    checkpoint.install_saver_hook()
-    warm_start.install_hook()
-    broadcast.install_broadcast_guard()
-    optimizers.install_optimizer_hook()
-    keras_optimizers.install_keras_optimizer_hook()
-    dispatch.install_lookup_dispatch()
 
 
 def rank() -> int:

@@ -25,13 +25,20 @@ Saver) and `tf.compat.v1.train.MonitoredTrainingSession` take DeepRec's
 `tf.compat.v1.train.Saver.restore` read a checkpoint in DeepRec's Embedding
 Variable layout (sok_ev.deeprec_checkpoint); the module
 `tensorflow.python.data.experimental.ops.parquet_dataset_ops` holds DeepRec's
-ParquetDataset (sok_ev.parquet_dataset); to `tf.train` and
-`tf.compat.v1.train`: AdamAsyncOptimizer and AdagradDecayOptimizer
+ParquetDataset (sok_ev.parquet_dataset), and
+`tensorflow.python.ops.work_queue` DeepRec's WorkQueue (sok_ev.work_queue);
+to `tf.train` and `tf.compat.v1.train`: AdamAsyncOptimizer and AdagradDecayOptimizer
 (sok_ev.deeprec_optimizers); `tf.ConfigProto` and
 `tf.compat.v1.ConfigProto` take DeepRec's `graph_options.optimizer_options`
 fields (do_smart_stage, do_op_fusion, micro_batch_num, ...: accepted,
 without effect) and TensorFlow's sessions take such a config
-(sok_ev.deeprec_config). It also
+(sok_ev.deeprec_config); `tf.config.experimental` and
+`tf.compat.v1.config.experimental` have enable_distributed_strategy
+(sok_ev.deeprec_distributed: "collective" initialises Horovod and
+sok-ev's workers, so grouped lookups shard the tables);
+`tf.compat.v1.variable_scope` has DeepRec's `keep_weights(dtype=tf.float32)`
+(sok_ev.deeprec_bf16: variables asked for in bfloat16 are kept in float32
+and read through a cast). It also
 installs what
 lets DeepRec's training code run on Embedding Variables, as `sok_ev.init()`
 does on one worker: the dispatch of `tf.nn.embedding_lookup`,
@@ -53,7 +60,9 @@ from tensorflow.python.training import saver as saver_module
 
 from sok_ev import checkpoint
 from sok_ev import deeprec_checkpoint
+from sok_ev import deeprec_bf16
 from sok_ev import deeprec_config
+from sok_ev import deeprec_distributed
 from sok_ev import deeprec_optimizers
 from sok_ev import dispatch
 from sok_ev import deeprec_session
@@ -65,6 +74,7 @@ from sok_ev import optimizers
 from sok_ev import options
 from sok_ev import parquet_dataset
 from sok_ev import smart_stage
+from sok_ev import work_queue
 from sok_ev import warm_start
 
 # Name on tf / tf.compat.v1 -> sok_ev object.
@@ -172,6 +182,12 @@ def install_deeprec_api() -> None:
               for module, where in ((tf.train, "tf.train"), (tf.compat.v1.train,
                                                              "tf.compat.v1.train"))
               for name, value in _TRAIN_NAMES.items()]
+    # DeepRec's collective group embedding: Horovod + sok_ev.init().
+    names += [(module, "enable_distributed_strategy",
+               deeprec_distributed.enable_distributed_strategy, where)
+              for module, where in ((tf.config.experimental, "tf.config.experimental"),
+                                    (tf.compat.v1.config.experimental,
+                                     "tf.compat.v1.config.experimental"))]
     names.append(
         (tf.compat.v1.train, "Saver", incremental_saver.StockNameSaver, "tf.compat.v1.train"))
     names.append((tf.compat.v1.train, "MonitoredTrainingSession",
@@ -184,7 +200,10 @@ def install_deeprec_api() -> None:
     for owner, name, value, _ in names:
         setattr(owner, name, value)
     _install_config_pb2()
+    # variable_scope(...).keep_weights(dtype=tf.float32): DeepRec's BF16.
+    deeprec_bf16.install()
     parquet_dataset.install()
+    work_queue.install()
     dispatch.install_lookup_dispatch()
     optimizers.install_optimizer_hook()
     keras_optimizers.install_keras_optimizer_hook()

@@ -72,7 +72,9 @@ def ParquetDataset(  # pylint: disable=invalid-name
 
   Args:
     filenames: a path, a list of paths, or a string tensor / dataset of
-      them known when the dataset is made.
+      them known when the dataset is made; in a graph, also a dataset of
+      them read as it runs (a WorkQueue's input_dataset(): then each file is
+      batched on its own, as DeepRec does).
     batch_size: rows per batch (the last may be smaller unless drop_remainder).
     fields: column names (or objects with a `name`) to read; None reads all.
     partition_count, partition_index: this reader reads files
@@ -90,6 +92,14 @@ def ParquetDataset(  # pylint: disable=invalid-name
   """
     del num_parallel_reads, num_sequential_reads  # read in order: same rows
     pa, pq = _pyarrow()
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"ParquetDataset: batch_size must be an integer >= 1, got {batch_size!r}")
+    if not 0 <= partition_index < partition_count:
+        raise ValueError(f"ParquetDataset: partition_index must be in [0, partition_count), got "
+                         f"{partition_index!r} of {partition_count!r}")
+    if isinstance(filenames, tf.data.Dataset) and not tf.executing_eagerly():
+        return _lazy_files(pa, pq, filenames, batch_size, fields, partition_count, partition_index,
+                           drop_remainder)
     if isinstance(filenames, tf.data.Dataset):
         filenames = [
             f.decode() if isinstance(f, bytes) else f for f in filenames.as_numpy_iterator()
@@ -101,34 +111,15 @@ def ParquetDataset(  # pylint: disable=invalid-name
     filenames = [f.decode() if isinstance(f, bytes) else str(f) for f in filenames]
     if not filenames:
         raise ValueError("ParquetDataset: filenames is empty")
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"ParquetDataset: batch_size must be an integer >= 1, got {batch_size!r}")
-    if not 0 <= partition_index < partition_count:
-        raise ValueError(f"ParquetDataset: partition_index must be in [0, partition_count), got "
-                         f"{partition_index!r} of {partition_count!r}")
     files = filenames[partition_index::partition_count]
-    names = _field_names(fields)
-    schema = pq.read_schema(filenames[0])
-    if names is None:
-        names = list(schema.names)
-    signature = {}
-    for name in names:
-        if name not in schema.names:
-            raise ValueError(f"ParquetDataset: fields names column {name!r}, which "
-                             f"{filenames[0]!r} lacks (it has {list(schema.names)})")
-        dtype = _dtype_of(pa, schema.field(name), filenames[0])
-        signature[name] = tf.TensorSpec([None], dtype, name=name)
+    names, signature = _signature(pa, pq, filenames[0], fields)
 
     def batches():
         pending, size = [], 0
         for path in files:
-            table = pq.read_table(path, columns=names)
-            start = 0
-            while start < table.num_rows:
-                take = min(batch_size - size, table.num_rows - start)
-                pending.append(table.slice(start, take))
-                size += take
-                start += take
+            for part in _file_slices(pq, path, names, batch_size, size):
+                pending.append(part)
+                size += part.num_rows
                 if size == batch_size:
                     yield _to_numpy(pa.concat_tables(pending), names)
                     pending, size = [], 0
@@ -136,6 +127,59 @@ def ParquetDataset(  # pylint: disable=invalid-name
             yield _to_numpy(pa.concat_tables(pending), names)
 
     return tf.data.Dataset.from_generator(batches, output_signature=signature)
+
+
+def _signature(pa, pq, path, fields):
+    """(column names, {name: TensorSpec}) of the columns read from `path`."""
+    names = _field_names(fields)
+    schema = pq.read_schema(path)
+    if names is None:
+        names = list(schema.names)
+    signature = {}
+    for name in names:
+        if name not in schema.names:
+            raise ValueError(f"ParquetDataset: fields names column {name!r}, which "
+                             f"{path!r} lacks (it has {list(schema.names)})")
+        dtype = _dtype_of(pa, schema.field(name), path)
+        signature[name] = tf.TensorSpec([None], dtype, name=name)
+    return names, signature
+
+
+def _file_slices(pq, path, names, batch_size, pending=0):
+    """The rows of one file in slices that fill batches (the first fills
+  the `pending` rows' batch)."""
+    table = pq.read_table(path, columns=names)
+    start = 0
+    while start < table.num_rows:
+        take = min(batch_size - pending, table.num_rows - start)
+        yield table.slice(start, take)
+        start += take
+        pending = 0
+
+
+def _lazy_files(pa, pq, filenames, batch_size, fields, partition_count, partition_index,
+                drop_remainder):
+    """A graph's dataset of file names (e.g. a WorkQueue's), read as it
+  yields them: each file's rows in batches, as DeepRec reads each file
+  (`filenames.flat_map`); the columns are those of the first file known
+  (a WorkQueue's first work)."""
+    known = getattr(filenames, "sok_ev_work_queue_files", None)
+    if not known:
+        raise ValueError("ParquetDataset: in a graph, a dataset of file names is read as it "
+                         "runs, so its columns are not known when the dataset is made; pass "
+                         "the file names as a list or tensor, or a WorkQueue's input_dataset().")
+    names, signature = _signature(pa, pq, known[0], fields)
+    if partition_count > 1:
+        filenames = filenames.shard(partition_count, partition_index)
+
+    def one_file(path):
+        path = path.decode() if isinstance(path, bytes) else str(path)
+        for part in _file_slices(pq, path, names, batch_size):
+            if part.num_rows == batch_size or not drop_remainder:
+                yield _to_numpy(part, names)
+
+    return filenames.flat_map(lambda path: tf.data.Dataset.from_generator(
+        one_file, args=(path,), output_signature=signature))
 
 
 def _to_numpy(table, names):
