@@ -51,10 +51,6 @@ saves and restores Embedding Variables. With several workers,
 from Horovod and installs the multi-worker guards.
 """
 
-import importlib
-import sys
-import types
-
 import tensorflow as tf
 from tensorflow.python.training import saver as saver_module
 
@@ -63,6 +59,7 @@ from sok_ev import deeprec_checkpoint
 from sok_ev import deeprec_bf16
 from sok_ev import deeprec_config
 from sok_ev import deeprec_distributed
+from sok_ev import deeprec_modules
 from sok_ev import deeprec_optimizers
 from sok_ev import dispatch
 from sok_ev import deeprec_session
@@ -133,23 +130,12 @@ def _refuse_conflict(owner, name, value, where):
 
 def _install_config_pb2():
     """Makes `from tensorflow.core.framework.embedding import config_pb2` work."""
-    package_name, _, module_name = _CONFIG_PB2.rpartition(".")
-    package = sys.modules.get(package_name)
-    if package is None:
-        package = types.ModuleType(package_name, "DeepRec's embedding configuration (sok-ev).")
-        package.__path__ = []
-        sys.modules[package_name] = package
-        parent_name, _, child = package_name.rpartition(".")
-        setattr(importlib.import_module(parent_name), child, package)
-    if _CONFIG_PB2 not in sys.modules:
-        config_pb2 = types.ModuleType(_CONFIG_PB2,
-                                      "DeepRec's storage enums, provided by sok_ev.options.")
-        config_pb2.StorageType = options.StorageType
-        config_pb2.CacheType = options.CacheType
-        config_pb2.CacheStrategy = options.CacheStrategy
-        config_pb2.SlotType = options.SlotType
-        sys.modules[_CONFIG_PB2] = config_pb2
-    setattr(package, module_name, sys.modules[_CONFIG_PB2])
+    deeprec_modules.provide_module(_CONFIG_PB2,
+                                   "DeepRec's storage enums, provided by sok_ev.options.",
+                                   StorageType=options.StorageType,
+                                   CacheType=options.CacheType,
+                                   CacheStrategy=options.CacheStrategy,
+                                   SlotType=options.SlotType)
 
 
 def install_deeprec_api() -> None:

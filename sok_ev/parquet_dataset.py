@@ -12,12 +12,10 @@ makes that import work. Scalar columns of integers, floats, booleans and
 strings are read; a list column is refused naming it.
 """
 
-import importlib
-import sys
-import types
-
 import numpy as np
 import tensorflow as tf
+
+from sok_ev import deeprec_modules
 
 _MODULE = "tensorflow.python.data.experimental.ops.parquet_dataset_ops"
 
@@ -199,9 +197,6 @@ def _to_numpy(table, names):
 def install():
     """Makes `from tensorflow.python.data.experimental.ops import
   parquet_dataset_ops` give this module's ParquetDataset. Idempotent."""
-    if _MODULE not in sys.modules:
-        module = types.ModuleType(_MODULE, "DeepRec's ParquetDataset (sok_ev.parquet_dataset).")
-        module.ParquetDataset = ParquetDataset
-        sys.modules[_MODULE] = module
-    package_name, _, child = _MODULE.rpartition(".")
-    setattr(importlib.import_module(package_name), child, sys.modules[_MODULE])
+    deeprec_modules.provide_module(_MODULE,
+                                   "DeepRec's ParquetDataset (sok_ev.parquet_dataset).",
+                                   ParquetDataset=ParquetDataset)

@@ -19,11 +19,9 @@ parameter servers, which sok-ev does not have); give each its share of files.
 files, as in DeepRec, and is refused for anything else.
 """
 
-import importlib
-import sys
-import types
-
 import tensorflow as tf
+
+from sok_ev import deeprec_modules
 
 _MODULE = "tensorflow.python.ops.work_queue"
 
@@ -178,9 +176,6 @@ class WorkQueue:
 
 def install():
     """Makes `from tensorflow.python.ops.work_queue import WorkQueue` work."""
-    if _MODULE not in sys.modules:
-        module = types.ModuleType(_MODULE, "DeepRec's WorkQueue, provided by sok_ev.work_queue.")
-        module.WorkQueue = WorkQueue
-        sys.modules[_MODULE] = module
-        parent_name, _, child = _MODULE.rpartition(".")
-        setattr(importlib.import_module(parent_name), child, module)
+    deeprec_modules.provide_module(_MODULE,
+                                   "DeepRec's WorkQueue, provided by sok_ev.work_queue.",
+                                   WorkQueue=WorkQueue)
