@@ -25,6 +25,12 @@
   by "_" then "_shared_embedding") and kept in the graph collection of that
   name, as TensorFlow's v1 shared columns keep theirs. Other columns go to
   TensorFlow's own.
+* tf_keras's `DenseFeatures` (TF_USE_LEGACY_KERAS=1) takes the embedding
+  columns above (they are TensorFlow's v2 DenseColumns too): its build makes
+  each column's Embedding Variable in the layer (`create_state`; shared
+  columns share one per layer) and its call looks them up as `input_layer`
+  does. An indicator (or other v2) column over a
+  categorical_column_with_embedding one raises (`get_sparse_tensors`).
 * `input_layer(features, feature_columns, weight_collections=None,
   trainable=True, cols_to_vars=None, cols_to_output_tensors=None)`: the v1
   input layer, `[batch, sum of column widths]` float32 in the columns'
@@ -61,6 +67,7 @@ from tensorflow.python.feature_column import feature_column as _fc_v1
 from tensorflow.python.feature_column import feature_column_v2 as _fc_v2
 
 from sok_ev import embedding_variable
+from sok_ev import keras_optimizers
 from sok_ev import options
 from sok_ev.lookup import lookup_sparse
 
@@ -186,8 +193,18 @@ class EmbeddingCategoricalColumn(
         return 1
 
     def get_sparse_tensors(self, transformation_cache, state_manager):
-        return _fc_v2.CategoricalColumn.IdWeightPair(transformation_cache.get(self, state_manager),
-                                                     None)
+        """Refused: the v2 column machinery (indicator_column, linear models,
+    ...) would read the keys as ids of a one-bucket column; sok-ev's
+    embedding columns read them through `transformation_cache.get(column)`.
+
+    Raises:
+      ValueError: always, naming the column.
+    """
+        del transformation_cache, state_manager
+        raise ValueError(f"categorical_column_with_embedding('{self.key}') has no bucket count "
+                         "to read its ids by; sok-ev reads such a column only through "
+                         "embedding_column or shared_embedding_columns (optionally over "
+                         "weighted_categorical_column).")
 
     def _get_sparse_tensors(self, inputs, weight_collections=None, trainable=None):
         del weight_collections, trainable
@@ -318,6 +335,7 @@ def _current_group() -> Optional[str]:
 
 
 class EmbeddingVariableColumn(
+        _fc_v2.DenseColumn,
         _fc_v1._DenseColumn,  # pylint: disable=protected-access
         collections.namedtuple("EmbeddingVariableColumn",
                                ("categorical_column", "dimension", "combiner", "initializer",
@@ -325,7 +343,18 @@ class EmbeddingVariableColumn(
     """An embedding column over an EmbeddingCategoricalColumn, or over a
   weighted_categorical_column of one (see `embedding_column`, and
   `shared_embedding_columns` when `shared_name` is set). For the v1
-  `input_layer`; output `[batch, dimension]` float32."""
+  `input_layer` and Keras's `DenseFeatures` (tf_keras); output
+  `[batch, dimension]` float32.
+
+  In `DenseFeatures`, `create_state` makes the Embedding Variable,
+  `<layer name>/<column name>/embedding_weights` (a shared column's under its
+  first column's name), and tracks it as an attribute of the layer, so it is
+  in the layer's `trainable_weights` (`non_trainable_weights` if the column
+  or the layer is not trainable) and its checkpoints; shared columns share
+  one Embedding Variable within one layer. `get_dense_tensor` looks it up
+  as `_get_dense_tensor` does (`tf.nn.safe_embedding_lookup_sparse`, which
+  sok-ev dispatches to `sok_ev.lookup_sparse`).
+  """
 
     @property
     def source(self) -> EmbeddingCategoricalColumn:
@@ -342,15 +371,30 @@ class EmbeddingVariableColumn(
         return self.shared_name or self.name
 
     @property
+    def _is_v2_column(self):
+        return bool(getattr(self.categorical_column, "_is_v2_column", False))
+
+    @property
+    def parse_example_spec(self):
+        return self.categorical_column.parse_example_spec
+
+    @property
     def _parse_example_spec(self):
         return self.categorical_column._parse_example_spec  # pylint: disable=protected-access
+
+    def transform_feature(self, transformation_cache, state_manager):
+        return transformation_cache.get(self.categorical_column, state_manager)
 
     def _transform_feature(self, inputs):
         return inputs.get(self.categorical_column)
 
     @property
-    def _variable_shape(self):
+    def variable_shape(self):
         return tf.TensorShape([self.dimension])
+
+    @property
+    def _variable_shape(self):
+        return self.variable_shape
 
     def embedding_variable(self, weight_collections=None, trainable=True):
         """This column's Embedding Variable, created in the current variable
@@ -414,20 +458,103 @@ class EmbeddingVariableColumn(
             weights = tf.sparse.reorder(tf.sparse.retain(weights, keep))
         return ids, weights
 
-    def _get_dense_tensor(self, inputs, weight_collections=None, trainable=None):
-        """`[batch, dimension]`: the combined rows of each sample's keys."""
-        # The ids first: ids of the wrong kind raise before a variable exists.
-        pair = self.categorical_column._get_sparse_tensors(inputs)  # pylint: disable=protected-access
-        variable = self.embedding_variable(weight_collections, trainable)
+    def _lookup(self, variable, pair):
+        """`[batch, dimension]`: the combined rows of each sample's keys
+    (`pair`, the categorical column's IdWeightPair), for `input_layer` and
+    `DenseFeatures` alike."""
         return tf.nn.safe_embedding_lookup_sparse(variable,
                                                   pair.id_tensor,
                                                   pair.weight_tensor,
                                                   combiner=self.combiner,
                                                   max_norm=self.max_norm)
 
+    def _get_dense_tensor(self, inputs, weight_collections=None, trainable=None):
+        """`[batch, dimension]`: the combined rows of each sample's keys."""
+        # The ids first: ids of the wrong kind raise before a variable exists.
+        pair = self.categorical_column._get_sparse_tensors(inputs)  # pylint: disable=protected-access
+        variable = self.embedding_variable(weight_collections, trainable)
+        return self._lookup(variable, pair)
+
+    def create_state(self, state_manager):
+        """Makes the column's Embedding Variable for a feature layer
+    (`DenseFeatures`) and tracks it in the layer; a shared column finds the
+    one an earlier column of its `shared_name` made for the same layer.
+
+    Raises:
+      ValueError: a state manager without a layer, a shared Embedding
+        Variable of another dimension or key dtype (names both).
+    """
+        layer = getattr(state_manager, "_layer", None)
+        if layer is None:
+            raise ValueError(f"embedding column '{self.name}': its Embedding Variable is made "
+                             "for a Keras feature layer (DenseFeatures); this state manager "
+                             "has none.")
+        tables = _layer_tables(layer)
+        if self.shared_name and self.shared_name in tables:
+            variable = self._check_shared([tables[self.shared_name]])
+        else:
+            trainable = self.trainable and bool(getattr(state_manager, "_trainable", True))
+            # `<layer>/<column>/` (the scope the layer builds its columns in).
+            scope = tf.compat.v1.get_variable_scope().name or tf.get_current_name_scope()
+            named = tf.name_scope(scope + "/") if scope else contextlib.nullcontext()
+            # Eager, whatever graph the layer is built in: the table outlives
+            # traces (as sok_ev.keras.Embedding's).
+            with tf.init_scope(), named:
+                variable = embedding_variable.get_embedding_variable(
+                    "embedding_weights",
+                    embedding_dim=self.dimension,
+                    key_dtype=self.source.key_dtype,
+                    initializer=self.initializer,
+                    trainable=trainable,
+                    ev_option=self.source.ev_option)
+            # A table has no regularizer (Keras reads it of every weight).
+            variable.regularizer = None
+            # tf_keras tracks a tf.Variable attribute in the layer's
+            # (non_)trainable_weights and checkpoints.
+            setattr(layer, _table_attribute(self._var_scope_name), variable)
+            tables[self._var_scope_name] = variable
+        state_manager.add_resource(self, "embedding_weights", variable)
+        keras_optimizers.install_keras_optimizer_hook()
+
+    def get_dense_tensor(self, transformation_cache, state_manager):
+        """`[batch, dimension]`: the combined rows of each sample's keys, looked
+    up in the Embedding Variable `create_state` made."""
+        column = self.categorical_column
+        if isinstance(column, EmbeddingCategoricalColumn):
+            pair = _fc_v2.CategoricalColumn.IdWeightPair(
+                transformation_cache.get(column, state_manager), None)
+        else:  # a weighted_categorical_column of one: its (ids, weights)
+            pair = column.get_sparse_tensors(transformation_cache, state_manager)
+        variable = state_manager.get_resource(self, "embedding_weights")
+        return self._lookup(variable, pair)
+
+    def get_config(self):
+        raise NotImplementedError(
+            f"embedding column '{self.name}' over an Embedding Variable has no config (a "
+            "feature layer holding it cannot be saved as a Keras config); save the model's "
+            "weights with tf.train.Checkpoint or model.save_weights (TensorFlow format).")
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None, columns_by_name=None):
+        raise NotImplementedError("Embedding Variable columns are not made from a config.")
+
     @property
     def parents(self):
         return [self.categorical_column]
+
+
+def _layer_tables(layer) -> Dict[str, object]:
+    """{variable scope name: Embedding Variable} made for `layer`'s columns."""
+    tables = layer.__dict__.get("_sok_ev_column_tables")
+    if tables is None:
+        tables = {}
+        # Plain dict in __dict__: not a Keras-tracked attribute.
+        object.__setattr__(layer, "_sok_ev_column_tables", tables)
+    return tables
+
+
+def _table_attribute(scope_name: str) -> str:
+    return "sok_ev_" + "".join(c if c.isalnum() or c == "_" else "_" for c in scope_name)
 
 
 # Optimisation flags of DeepRec's embedding columns: accepted, change nothing.

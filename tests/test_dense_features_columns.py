@@ -1,0 +1,91 @@
+"""Keras `DenseFeatures` (tf_keras, TF_USE_LEGACY_KERAS=1) over sok-ev's
+Embedding Variable columns, trained by `model.fit`.
+
+TF_USE_LEGACY_KERAS must be set before TensorFlow is imported, so the models
+train in a subprocess (tests/dense_features_worker.py); this module checks
+what it wrote. The reference is the same model over TensorFlow's own
+`embedding_column(categorical_column_with_identity(...))` (weighted through
+`weighted_categorical_column`) on dense tables holding the same initial
+rows, compiled with the same optimizer and fed the same batches (duplicate
+ids, an empty row, ids never looked up); for shared columns, whose
+TensorFlow counterparts are not built under eager execution, one dense table
+looked up by `tf.nn.safe_embedding_lookup_sparse` per feature. After every
+step the tables' rows, the head's kernel, the loss and the optimizer's
+iterations must agree.
+"""
+import json
+import os
+
+import numpy as np
+import pytest
+
+import sok_ev_reference as ref
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dense_features_worker.py")
+CASES = ("sgd_mean", "adagrad_sum", "sgd_weighted_sqrtn", "adagrad_weighted_mean",
+         "adagrad_shared_mean")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """What the worker wrote: arrays and the json facts."""
+    path = str(tmp_path_factory.mktemp("dense_features") / "out.npz")
+    seed = int(os.environ.get("SOK_EV_TEST_SEED", "0")) + 71
+    arrays = ref.run_legacy_keras_worker(WORKER, path, seed, "the DenseFeatures worker failed")
+    return arrays, json.loads(str(arrays["facts"]))
+
+
+def test_the_worker_ran_tf_keras(run):
+    _, facts = run
+    assert facts["keras"].startswith("tf_keras"), facts["keras"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_fit_through_dense_features_equals_tensorflow_columns_on_dense_tables(run, case):
+    arrays, facts = run
+    got = {f: arrays[f"{case}/sok/{f}"] for f in ("batch", "iterations", "rows", "kernel", "loss")}
+    want = {f: arrays[f"{case}/tf/{f}"] for f in ("batch", "iterations", "rows", "kernel", "loss")}
+    assert len(got["batch"]) == len(want["batch"]) == 4
+    np.testing.assert_array_equal(got["iterations"], want["iterations"])
+    for field in ("rows", "kernel", "loss"):
+        np.testing.assert_allclose(got[field],
+                                   want[field],
+                                   rtol=2e-5,
+                                   atol=2e-6,
+                                   err_msg=f"{case}: {field}")
+    # The tables trained (rows moved), through sok-ev's Embedding Variables.
+    assert np.abs(got["rows"][-1] - arrays[f"{case}/sok/rows"][0]).max() > 1e-3
+    kinds = [kind for _, kind, _ in facts[f"{case}/sok/weights"]]
+    assert kinds.count("EmbeddingVariable") == facts[f"{case}/expected_tables"]
+    assert facts[f"{case}/sok/tables"] == facts[f"{case}/tf/tables"]
+
+
+def test_dense_features_names_the_tables_as_tensorflow_names_its_variables(run):
+    _, facts = run
+    sok = [name for name, _, _ in facts["sgd_mean/sok/weights"]]
+    tf_names = [name for name, _, _ in facts["sgd_mean/tf/weights"]]
+    assert sok == tf_names
+    assert sok[0] == "features/C1_embedding/embedding_weights:0"
+    shared = [
+        name for name, kind, _ in facts["adagrad_shared_mean/sok/weights"]
+        if kind == "EmbeddingVariable"
+    ]
+    assert shared == ["features/C1_shared_embedding/embedding_weights:0"]
+
+
+def test_checkpoint_of_the_model_restores_the_dense_features_table(run):
+    _, facts = run
+    assert facts["checkpoint"] == {
+        "keys": True,
+        "rows": True,
+        "count": facts["checkpoint"]["count"]
+    }
+    assert facts["checkpoint"]["count"] > 0
+
+
+def test_dense_features_refuses_config_and_indicator_over_an_embedding_column(run):
+    _, facts = run
+    assert "has no config" in facts["get_config"]
+    assert "tf.train.Checkpoint" in facts["get_config"]
+    assert "categorical_column_with_embedding('C1')" in facts["indicator"]
+    assert "embedding_column" in facts["indicator"]
