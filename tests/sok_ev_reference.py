@@ -14,6 +14,7 @@ Embedding Variable, and stock TF ops on it are the reference.
 """
 import contextlib
 import dataclasses
+import json
 import os
 import re
 import subprocess
@@ -379,6 +380,39 @@ def run_legacy_keras_worker(worker, out_path, seed, failure):
     assert result.returncode == 0, f"{failure}:\n" + result.stderr[-6000:]
     with np.load(out_path) as data:
         return {key: data[key] for key in data.files}
+
+
+def legacy_keras_facts(tmp_path_factory, worker, seed_offset, failure):
+    """run_legacy_keras_worker in a fresh temporary folder, with the suite's
+  seed (SOK_EV_TEST_SEED) plus `seed_offset`: (its arrays, the json "facts"
+  array it wrote, decoded)."""
+    name = os.path.splitext(os.path.basename(worker))[0]
+    path = str(tmp_path_factory.mktemp(name) / "out.npz")
+    seed = int(os.environ.get("SOK_EV_TEST_SEED", "0")) + seed_offset
+    arrays = run_legacy_keras_worker(worker, path, seed, failure)
+    return arrays, json.loads(str(arrays["facts"]))
+
+
+# What a Keras worker records after every callback step of a model.
+STEP_FIELDS = ("batch", "iterations", "rows", "kernel", "loss")
+
+
+def assert_same_steps(arrays, case, model, reference):
+    """`<case>/<model>/<field>` went through the steps of
+  `<case>/<reference>/<field>`: the same batches and iterations, and rows,
+  kernel and loss equal up to float32 rounding. Returns the steps' count."""
+    got = {f: arrays[f"{case}/{model}/{f}"] for f in STEP_FIELDS}
+    want = {f: arrays[f"{case}/{reference}/{f}"] for f in STEP_FIELDS}
+    assert len(got["batch"]) == len(want["batch"]) > 0
+    np.testing.assert_array_equal(got["batch"], want["batch"])
+    np.testing.assert_array_equal(got["iterations"], want["iterations"])
+    for field in ("rows", "kernel", "loss"):
+        np.testing.assert_allclose(got[field],
+                                   want[field],
+                                   rtol=2e-5,
+                                   atol=2e-6,
+                                   err_msg=f"{case}: {field}")
+    return len(got["batch"])
 
 
 # ---------------------------------------------------------------------------

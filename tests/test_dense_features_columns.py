@@ -13,7 +13,6 @@ looked up by `tf.nn.safe_embedding_lookup_sparse` per feature. After every
 step the tables' rows, the head's kernel, the loss and the optimizer's
 iterations must agree.
 """
-import json
 import os
 
 import numpy as np
@@ -29,10 +28,7 @@ CASES = ("sgd_mean", "adagrad_sum", "sgd_weighted_sqrtn", "adagrad_weighted_mean
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """What the worker wrote: arrays and the json facts."""
-    path = str(tmp_path_factory.mktemp("dense_features") / "out.npz")
-    seed = int(os.environ.get("SOK_EV_TEST_SEED", "0")) + 71
-    arrays = ref.run_legacy_keras_worker(WORKER, path, seed, "the DenseFeatures worker failed")
-    return arrays, json.loads(str(arrays["facts"]))
+    return ref.legacy_keras_facts(tmp_path_factory, WORKER, 71, "the DenseFeatures worker failed")
 
 
 def test_the_worker_ran_tf_keras(run):
@@ -43,18 +39,9 @@ def test_the_worker_ran_tf_keras(run):
 @pytest.mark.parametrize("case", CASES)
 def test_fit_through_dense_features_equals_tensorflow_columns_on_dense_tables(run, case):
     arrays, facts = run
-    got = {f: arrays[f"{case}/sok/{f}"] for f in ("batch", "iterations", "rows", "kernel", "loss")}
-    want = {f: arrays[f"{case}/tf/{f}"] for f in ("batch", "iterations", "rows", "kernel", "loss")}
-    assert len(got["batch"]) == len(want["batch"]) == 4
-    np.testing.assert_array_equal(got["iterations"], want["iterations"])
-    for field in ("rows", "kernel", "loss"):
-        np.testing.assert_allclose(got[field],
-                                   want[field],
-                                   rtol=2e-5,
-                                   atol=2e-6,
-                                   err_msg=f"{case}: {field}")
+    assert ref.assert_same_steps(arrays, case, "sok", "tf") == 4
     # The tables trained (rows moved), through sok-ev's Embedding Variables.
-    assert np.abs(got["rows"][-1] - arrays[f"{case}/sok/rows"][0]).max() > 1e-3
+    assert np.abs(arrays[f"{case}/sok/rows"][-1] - arrays[f"{case}/sok/rows"][0]).max() > 1e-3
     kinds = [kind for _, kind, _ in facts[f"{case}/sok/weights"]]
     assert kinds.count("EmbeddingVariable") == facts[f"{case}/expected_tables"]
     assert facts[f"{case}/sok/tables"] == facts[f"{case}/tf/tables"]

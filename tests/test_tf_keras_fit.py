@@ -22,7 +22,6 @@ tf.train.Checkpoint round trips: keys, rows, slots, frequencies and versions,
 then training on alike; a SavedModel directory loaded back predicting alike;
 HDF5 and .keras files refused naming the table, leaving no file.
 """
-import json
 import os
 
 import numpy as np
@@ -31,33 +30,12 @@ import pytest
 import sok_ev_reference as ref
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tf_keras_fit_worker.py")
-FIELDS = ("batch", "iterations", "rows", "kernel", "loss")
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """What the worker wrote: arrays and the json facts."""
-    path = str(tmp_path_factory.mktemp("tf_keras_fit") / "out.npz")
-    seed = int(os.environ.get("SOK_EV_TEST_SEED", "0")) + 52
-    arrays = ref.run_legacy_keras_worker(WORKER, path, seed, "the tf_keras fit worker failed")
-    return arrays, json.loads(str(arrays["facts"]))
-
-
-def _steps(arrays, case, model):
-    return {field: arrays[f"{case}/{model}/{field}"] for field in FIELDS}
-
-
-def _assert_same_steps(arrays, case):
-    got, want = _steps(arrays, case, "sok"), _steps(arrays, case, "twin")
-    assert len(got["batch"]) == len(want["batch"]) > 0
-    np.testing.assert_array_equal(got["batch"], want["batch"])
-    np.testing.assert_array_equal(got["iterations"], want["iterations"])
-    for field in ("rows", "kernel", "loss"):
-        np.testing.assert_allclose(got[field],
-                                   want[field],
-                                   rtol=2e-5,
-                                   atol=2e-6,
-                                   err_msg=f"{case}: {field}")
+    return ref.legacy_keras_facts(tmp_path_factory, WORKER, 52, "the tf_keras fit worker failed")
 
 
 def test_the_layers_are_tf_keras_layers_under_legacy_keras(run):
@@ -67,7 +45,7 @@ def test_the_layers_are_tf_keras_layers_under_legacy_keras(run):
 @pytest.mark.parametrize("case", ["sgd", "adagrad", "adam", "ftrl"])
 def test_fit_equals_the_tf_keras_embedding_model_step_for_step(run, case):
     arrays, _ = run
-    _assert_same_steps(arrays, case)
+    ref.assert_same_steps(arrays, case, "sok", "twin")
     rows = arrays[f"{case}/sok/rows"]
     assert not np.allclose(rows[0], rows[-1]), "training did not move the table"
     assert not np.allclose(rows[0], arrays[f"matrix/{case}"])
@@ -87,7 +65,7 @@ def test_fit_inserts_and_moves_only_the_rows_it_looked_up(run, case):
 @pytest.mark.parametrize("case", ["adagrad_steps_per_execution", "adam_steps_per_execution"])
 def test_fit_with_steps_per_execution_equals_the_twin_and_callbacks_see_each_execution(run, case):
     arrays, _ = run
-    _assert_same_steps(arrays, case)
+    ref.assert_same_steps(arrays, case, "sok", "twin")
     # tf_keras calls back once per execution of 3 steps, with its last step.
     np.testing.assert_array_equal(arrays[f"{case}/sok/batch"], [2, 5])
     np.testing.assert_array_equal(arrays[f"{case}/sok/iterations"], [3, 6])
