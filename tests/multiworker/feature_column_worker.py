@@ -1,6 +1,13 @@
 """One rank of tests/multiworker/test_feature_columns_sharded.py (launched by harness.launch).
 
-  python feature_column_worker.py --out DIR
+  python feature_column_worker.py --out DIR [--init sok_ev|collective]
+
+--init sok_ev: hvd.init() and sok_ev.init(), then install_deeprec_api().
+--init collective: as DeepRec's modelzoo scripts start with
+--group_embedding collective: install_deeprec_api(), then
+tf.config.experimental.enable_distributed_strategy(strategy="collective")
+(which starts Horovod and sok-ev), the column built inside
+tf.feature_column.group_embedding_column_scope.
 
 DeepRec's way, after sok_ev.install_deeprec_api(): in a TF1 graph, a
 categorical_column_with_embedding over int64 ids and an embedding_column
@@ -21,18 +28,26 @@ and "variable" (the column's Embedding Variable's name), "target_gpu" (its
 placement) and "initial_rows" (the rows both tables start from).
 """
 import argparse
+import contextlib
 
 import numpy as np
 import tensorflow as tf
 import horovod.tensorflow as hvd
 
 import harness  # noqa: F401  (arms the rank's deadline)
+import sok_ev
 
-hvd.init()
-import sok_ev  # pylint: disable=wrong-import-position
-
-sok_ev.init()
-sok_ev.install_deeprec_api()
+_parser = argparse.ArgumentParser()
+_parser.add_argument("--out", required=True)
+_parser.add_argument("--init", choices=["sok_ev", "collective"], default="sok_ev")
+ARGS = _parser.parse_args()
+if ARGS.init == "collective":
+    sok_ev.install_deeprec_api()
+    tf.config.experimental.enable_distributed_strategy(strategy="collective")
+else:
+    hvd.init()
+    sok_ev.init()
+    sok_ev.install_deeprec_api()
 RANK, WORKERS = hvd.rank(), hvd.size()
 N_ROWS, DIM, HOTNESS, GLOBAL_BATCH, STEPS = 40, 4, 3, 8, 4
 LR, ACCUMULATOR = 0.3, 0.1
@@ -76,9 +91,7 @@ def train(batches, build, read):
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", required=True)
-    out = parser.parse_args().out
+    out = ARGS.out
     matrix = np.random.default_rng(7).normal(size=(N_ROWS, DIM)).astype(np.float32)
     batches = global_batches()
     share = GLOBAL_BATCH // WORKERS
@@ -99,8 +112,11 @@ def main():
                                                        combiner="mean",
                                                        initializer=tf.constant_initializer(matrix))
         cols_to_vars = {}
-        output = tf.feature_column.input_layer({"item": ids}, [embedding],
-                                               cols_to_vars=cols_to_vars)
+        group = (tf.feature_column.group_embedding_column_scope(
+            name="items") if ARGS.init == "collective" else contextlib.nullcontext())
+        with group:
+            output = tf.feature_column.input_layer({"item": ids}, [embedding],
+                                                   cols_to_vars=cols_to_vars)
         (variable,) = cols_to_vars[embedding]
         results["variable"] = variable.name
         results["target_gpu"] = variable.target_gpu

@@ -9,6 +9,10 @@ tf.Variable holding the same rows, read by tf.nn.embedding_lookup_sparse
 with the same combiner and optimizer. After each step the union of the
 workers' shards must equal its rows at those keys, each key on one worker,
 and the keys must be exactly the ids the batches held so far.
+Each is run twice: started as sok-ev documents (hvd.init(), sok_ev.init()),
+and as DeepRec's modelzoo scripts start with --group_embedding collective
+(tf.config.experimental.enable_distributed_strategy("collective"), the
+column in a group_embedding_column_scope).
 Launched over Gloo on CPUs, over NCCL in GPU mode (harness.GPUS).
 """
 import os
@@ -22,11 +26,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 WORKERS = 2
 
 
-@pytest.fixture(scope="module")
-def results():
+# sok_ev: hvd.init() + sok_ev.init(); collective: DeepRec's
+# enable_distributed_strategy("collective") and group_embedding_column_scope.
+@pytest.fixture(scope="module", params=["sok_ev", "collective"])
+def results(request):
     harness.require_horovodrun()
     result = harness.launch(os.path.join(HERE, "feature_column_worker.py"),
                             WORKERS,
+                            args=["--init", request.param],
                             timeout=harness.LAUNCH_TIMEOUT)
     return result.assert_completed(WORKERS).results
 
