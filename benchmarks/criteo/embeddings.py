@@ -18,19 +18,10 @@ from typing import List, Optional, Sequence
 
 import tensorflow as tf
 
+from benchmarks.criteo import formats
 from benchmarks.criteo import reader
 
 _FLOAT_BYTES = 4
-
-
-def _check_hotness(caller, hotness):
-    if hotness is None:
-        return None
-    hotness = list(hotness)
-    if len(hotness) != reader.NUM_CATEGORICAL or min(hotness) < 1:
-        raise ValueError(f"{caller}: hotness needs {reader.NUM_CATEGORICAL} counts >= 1, got "
-                         f"{hotness}")
-    return hotness
 
 
 def _one_hot(ids):
@@ -89,7 +80,7 @@ class SokEvEmbeddings:
     workers as); hotness: keys per feature (None: one; MLPerf's multi-hot:
     formats.MLPERF_HOTNESS), summed per sample."""
         self._sok = sok
-        self.hotness = _check_hotness("SokEvEmbeddings", hotness)
+        self.hotness = formats.check_hotness("SokEvEmbeddings", hotness)
         self._exchange_dtype = exchange_dtype
         self.dim = dim
         self.variables = []
@@ -132,7 +123,7 @@ class HashBucketEmbeddings:
         """buckets: rows of each table (2 x the true cardinality); hotness: as
     SokEvEmbeddings'."""
         self.dim = dim
-        self.hotness = _check_hotness("HashBucketEmbeddings", hotness)
+        self.hotness = formats.check_hotness("HashBucketEmbeddings", hotness)
         self.buckets = list(buckets)
         if len(self.buckets) != reader.NUM_CATEGORICAL:
             raise ValueError(f"HashBucketEmbeddings: buckets needs {reader.NUM_CATEGORICAL} "

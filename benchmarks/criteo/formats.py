@@ -75,6 +75,22 @@ RAW_RECORD_BYTES = 4 * (1 + NUM_DENSE + NUM_CATEGORICAL)  # 160
 # MLPerf DLRM-DCNv2: keys per feature, in feature order.
 MLPERF_HOTNESS = (3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1)
 MULTIHOT_KEYS = sum(MLPERF_HOTNESS)  # 214
+
+
+def check_hotness(caller: str, hotness: Optional[Sequence[int]]) -> Optional[List[int]]:
+    """`hotness` (keys per feature, e.g. MLPERF_HOTNESS) as a list, or None.
+
+  Raises:
+    ValueError: not NUM_CATEGORICAL counts >= 1, naming `caller`.
+  """
+    if hotness is None:
+        return None
+    hotness = list(hotness)
+    if len(hotness) != NUM_CATEGORICAL or min(hotness) < 1:
+        raise ValueError(f"{caller}: hotness needs {NUM_CATEGORICAL} counts >= 1, got {hotness}")
+    return hotness
+
+
 MULTIHOT_RECORD_BYTES = 4 * (1 + NUM_DENSE + MULTIHOT_KEYS)  # 912
 
 PARQUET_COLUMNS = (["label"] + [f"I{i + 1}" for i in range(NUM_DENSE)] +

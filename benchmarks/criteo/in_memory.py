@@ -38,6 +38,7 @@ from typing import Callable, Dict, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
+from benchmarks.criteo import formats
 from benchmarks.criteo import metrics
 from benchmarks.criteo import reader
 from benchmarks.criteo import synthetic
@@ -120,9 +121,7 @@ class InMemoryData:
                  processes: int = 1,
                  progress: Optional[Callable[[int], None]] = None,
                  hotness: Optional[Sequence[int]] = None):
-        if hotness is not None and (len(hotness) != reader.NUM_CATEGORICAL or min(hotness) < 1):
-            raise ValueError(f"InMemoryData: hotness needs {reader.NUM_CATEGORICAL} counts >= 1, "
-                             f"got {hotness}")
+        hotness = formats.check_hotness("InMemoryData", hotness)
         if train_lines < 1 or eval_lines < 1:
             raise ValueError(f"train_lines and eval_lines must be >= 1, got {train_lines}, "
                              f"{eval_lines}")
@@ -130,7 +129,7 @@ class InMemoryData:
             cardinality_scale = synthetic.default_cardinality_scale(train_lines + eval_lines)
         self.model = synthetic.PlantedModel(seed, cardinality_scale, zipf)  # checks arguments
         self.vocabulary = self.model.vocabulary
-        self.hotness = None if hotness is None else tuple(int(h) for h in hotness)
+        self.hotness = None if hotness is None else tuple(hotness)
         self._companions = (None if hotness is None else companion_offsets(
             self.vocabulary, self.hotness, seed))
         offsets = np.cumsum([0] + self.vocabulary[:-1]).astype(np.int64)
