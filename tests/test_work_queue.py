@@ -25,6 +25,23 @@ def _take_all(queue, session, limit=100):
     raise AssertionError("the queue did not end")
 
 
+def _read_to_the_end(make_dataset):
+    """Every element of make_dataset() (built in a fresh graph, where the
+  queue's variables are initialised), read in a Session until it raises
+  OutOfRangeError."""
+    with tf.Graph().as_default():
+        iterator = tf.compat.v1.data.make_initializable_iterator(make_dataset())
+        element = iterator.get_next()
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            session.run(iterator.initializer)
+            read = []
+            with pytest.raises(tf.errors.OutOfRangeError):
+                while True:
+                    read.append(session.run(element))
+    return read
+
+
 def test_take_hands_out_every_epoch_in_order_then_out_of_range():
     with tf.Graph().as_default():
         queue = WorkQueue(["a", "b", "c"], num_epochs=2, shuffle=False, prefix="/d/")
@@ -55,18 +72,8 @@ def test_input_dataset_feeds_text_line_dataset_file_by_file(tmp_path):
         path.write_text("".join(f"{i},{j}\n" for j in range(4)))
         paths.append(str(path))
     expected = [f"{i},{j}".encode() for i in range(3) for j in range(4)] * 2
-    with tf.Graph().as_default():
-        queue = WorkQueue(paths, num_epochs=2, shuffle=False)
-        lines = tf.compat.v1.data.make_initializable_iterator(
-            tf.data.TextLineDataset(queue.input_dataset()))
-        line = lines.get_next()
-        with tf.compat.v1.Session() as session:
-            session.run(tf.compat.v1.global_variables_initializer())
-            session.run(lines.initializer)
-            read = []
-            with pytest.raises(tf.errors.OutOfRangeError):
-                while True:
-                    read.append(session.run(line))
+    read = _read_to_the_end(lambda: tf.data.TextLineDataset(
+        WorkQueue(paths, num_epochs=2, shuffle=False).input_dataset()))
     assert read == expected
 
 
@@ -80,18 +87,11 @@ def test_parquet_dataset_reads_a_work_queue_file_by_file(tmp_path):
         pq.write_table(table, path)
         paths.append(path)
     from tensorflow.python.data.experimental.ops import parquet_dataset_ops  # pylint: disable=import-outside-toplevel
-    with tf.Graph().as_default():
-        queue = WorkQueue(paths, shuffle=False)
-        batches = tf.compat.v1.data.make_initializable_iterator(
-            parquet_dataset_ops.ParquetDataset(queue.input_dataset(), batch_size=2))
-        batch = batches.get_next()
-        with tf.compat.v1.Session() as session:
-            session.run(tf.compat.v1.global_variables_initializer())
-            session.run(batches.initializer)
-            read = []
-            with pytest.raises(tf.errors.OutOfRangeError):
-                while True:
-                    read.append(session.run(batch)["x"].tolist())
+    read = [
+        batch["x"].tolist()
+        for batch in _read_to_the_end(lambda: parquet_dataset_ops.ParquetDataset(
+            WorkQueue(paths, shuffle=False).input_dataset(), batch_size=2))
+    ]
     # pyarrow's rows of each file, cut into batches of 2 per file.
     expected = []
     for path in paths:
