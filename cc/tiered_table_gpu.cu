@@ -203,11 +203,15 @@ Status TieredTable<Key>::make_resident(const GpuContext& context,
   const int64_t hits = n - static_cast<int64_t>(absent.size());
   counters_.hits += hits;
   counters_.misses += static_cast<int64_t>(absent.size());
-  if (absent.empty()) return Status::Ok();
+  const int64_t budget = budget_rows();
+  if (absent.empty() && hbm_size <= budget) return Status::Ok();
 
-  // Those in the host tier move in; the rest are new. Room first.
+  // Those in the host tier move in; the rest are new. Room first, also when
+  // every key hits but an earlier batch larger than the budget left HBM over
+  // it (a pre-fill, a restore's whole batch): else HBM would stay over the
+  // budget for as long as the keys asked for stay resident.
   Records moving;
-  if (host_->size() > 0) {
+  if (!absent.empty() && host_->size() > 0) {
     const int64_t width = row_width();
     const int64_t m = static_cast<int64_t>(absent.size());
     std::vector<float> rows(m * width);
@@ -225,7 +229,6 @@ Status TieredTable<Key>::make_resident(const GpuContext& context,
     }
   }
   const int64_t needed = hbm_size + static_cast<int64_t>(absent.size());
-  const int64_t budget = budget_rows();
   if (needed > budget) {
     // An eighth of the budget beyond what must go, so that the next calls
     // find room without a scan; never the keys of this call.

@@ -17,7 +17,8 @@
 // step of the last update) among the rows those keys do not use, ties
 // broken by the key. Rows of the keys asked for are never evicted in that
 // call, so when a batch has more keys than the budget holds, HBM holds them
-// all until a later call evicts them. An eviction frees an eighth of the
+// all until the next call, which evicts those it does not use (even when
+// every key it asks for hits). An eviction frees an eighth of the
 // budget more than it must, so that the whole-table scan that picks the
 // victims is not paid on every call.
 //

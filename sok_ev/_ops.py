@@ -10,6 +10,7 @@ import json
 import os
 
 import tensorflow as tf
+from tensorflow.python.ops import control_flow_util  # pylint: disable=no-name-in-module
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 LIBRARY_PATH = os.path.join(_HERE, "_sok_ev_ops.so")
@@ -56,7 +57,10 @@ def ops():
     ImportError: the library is missing or cannot be loaded by the installed
       TensorFlow (another TensorFlow, or a GPU build without the CUDA 12
       runtime). The message says what it was built for and what is installed.
+    ValueError: called while a function compiled by XLA is traced (see
+      `_refuse_xla`), before any op is built.
   """
+    _refuse_xla()
     global _library
     if _library is None:
         try:
@@ -76,6 +80,28 @@ def ops():
                               f"It was built for {describe_build(info)}; {installed} is "
                               f"installed. {hint}") from error
     return _library
+
+
+def _refuse_xla():
+    """Raises ValueError when the graph being built is compiled by XLA.
+
+  sok-ev's kernels have no XLA form. Without this check the failure comes
+  when the step first runs, as TensorFlow's "no registered OpKernel for
+  XLA_GPU_JIT" over the whole function. Keras makes that the default on a
+  GPU: `compile(jit_compile="auto")` picks XLA there when every layer
+  supports it (sok-ev's own layers refuse it; a user's layer that calls
+  sok-ev does not), while on a CPU-only machine it never does.
+  """
+    if tf.executing_eagerly():
+        return
+    graph = tf.compat.v1.get_default_graph()
+    if control_flow_util.GraphOrParentsInXlaContext(graph):
+        raise ValueError(
+            f"sok_ev's ops cannot be compiled by XLA, and {graph.name!r} is being compiled "
+            "with jit_compile=True. Build it without XLA: tf.function(jit_compile=False); in "
+            "Keras, model.compile(jit_compile=False), or set `self.supports_jit = False` in "
+            "the layer that calls sok_ev (on a GPU, Keras's default jit_compile='auto' picks "
+            "XLA when every layer supports it; sok_ev's own layers do not).")
 
 
 def host_memory_input(value, dtype):

@@ -71,10 +71,13 @@ def on_table_device(variable):
   is, whatever device scope encloses them. A graph table with no device of
   its own is placed by TensorFlow with every op that takes its handle, so
   one such op under an enclosing /cpu:0 scope (the checkpoint merge's) would
-  pin a GPU table to the CPU; colocating with the handle ignores that scope."""
+  pin a GPU table to the CPU. The scope clears the enclosing devices instead
+  of colocating with the handle: colocation would also tie the helper ops
+  built inside it (a string join, its constants; CPU kernels only) to the
+  table, and on a GPU TensorFlow then cannot place the table's group."""
     if variable.device or tf.executing_eagerly():
         return tf.device(variable.device)
-    return tf.compat.v1.colocate_with(variable.handle)
+    return tf.compat.v1.device(None)
 
 
 def _by_device(tables):

@@ -89,6 +89,9 @@ class DenseTwin(tf.keras.layers.Layer):
 
     def __init__(self, matrix, combiner=None, **kwargs):
         super().__init__(**kwargs)
+        # As sok-ev's layers: XLA has no kernels for the ragged ops below, and
+        # on a GPU compile(jit_compile="auto") would otherwise choose XLA.
+        self.supports_jit = False
         self.combiner = combiner
         self.embedding = tf.keras.layers.Embedding(
             matrix.shape[0],

@@ -183,6 +183,15 @@ def export_to_dict(keys, values):
     return {int(k): np.asarray(v) for k, v in zip(keys, values)}
 
 
+def in_key_order(keys, *columns):
+    """`keys` and each of `columns` (arrays of one row a key) sorted by key:
+  a GPU table exports its keys in no fixed order, not even between two
+  exports of an unchanged table."""
+    keys = np.asarray(keys).reshape(-1)
+    order = np.argsort(keys, kind="stable")
+    return [keys[order]] + [np.asarray(c)[order] for c in columns]
+
+
 def assert_rows_close(actual, expected, rtol, atol, what=""):
     """Compares two {key: row} dicts: same keys, rows within tolerance."""
     assert sorted(actual) == sorted(expected), (
@@ -359,17 +368,24 @@ def sok_ev_import_root():
     return os.path.dirname(os.path.dirname(os.path.abspath(sok_ev.__file__)))
 
 
+def child_env(*paths, **variables):
+    """os.environ for a test's child process: this process's sok_ev first on
+  PYTHONPATH, then `paths`, then the inherited PYTHONPATH (where a GPU
+  machine's TensorFlow lives); `variables` set on top (TF_CPP_MIN_LOG_LEVEL
+  defaults to 2)."""
+    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    env.update(variables)
+    env["PYTHONPATH"] = os.pathsep.join([sok_ev_import_root(), *paths] + inherited)
+    return env
+
+
 def run_legacy_keras_worker(worker, out_path, seed, failure):
     """Runs `worker OUT_PATH SEED` in a child process under tf_keras
   (TF_USE_LEGACY_KERAS=1, read at TensorFlow's import), importing this
   checkout's sok_ev and the tests' own modules; returns the arrays it wrote
   to `out_path` (.npz). Asserts it exited 0, `failure` heading its stderr."""
-    tests = os.path.dirname(os.path.abspath(__file__))
-    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env = dict(os.environ,
-               TF_USE_LEGACY_KERAS="1",
-               TF_CPP_MIN_LOG_LEVEL="2",
-               PYTHONPATH=os.pathsep.join([sok_ev_import_root(), tests] + inherited))
+    env = child_env(os.path.dirname(os.path.abspath(__file__)), TF_USE_LEGACY_KERAS="1")
     result = subprocess.run(
         [sys.executable, worker, out_path, str(seed)],
         env=env,

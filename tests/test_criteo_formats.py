@@ -113,9 +113,10 @@ def assert_like_text(got, text):
     assert len(got) == len(text)
     for g, t in zip(got, text):
         np.testing.assert_array_equal(g["label"], t["label"])
-        # One ulp: TensorFlow's log1p takes a vectorized or a scalar path by
-        # position in the tensor, and the two differ in the last bit.
-        np.testing.assert_array_max_ulp(g["dense"], t["dense"], maxulp=1)
+        # Both apply TensorFlow's log1p to the same floats, but it takes a
+        # vectorized or a scalar path by position in the tensor, and the two
+        # differ in the last bit, in the last two on an AVX-512 Xeon.
+        np.testing.assert_array_max_ulp(g["dense"], t["dense"], maxulp=2)
         np.testing.assert_array_equal(g["keys"], hex_keys(t["categorical"]))
         assert g["keys"].dtype == np.int64 and g["dense"].dtype == np.float32
         assert g["malformed"] == t["malformed"]

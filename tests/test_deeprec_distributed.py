@@ -5,13 +5,14 @@ process is one worker and the group embedding columns give what a stock
 mean-combined lookup of the same rows gives (NumPy reference). Run in a
 child process: it initialises Horovod.
 """
-import os
 import subprocess
 import sys
 import textwrap
 
 import pytest
 import tensorflow as tf
+
+import sok_ev_reference as ref
 
 import sok_ev
 from sok_ev import deeprec_distributed
@@ -58,7 +59,7 @@ _CHILD = textwrap.dedent("""
 
 
 def test_collective_strategy_alone_is_one_worker_and_looks_up_as_stock():
-    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(sok_ev.__file__)))
+    env = ref.child_env()
     for variable in ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "WORLD_SIZE"):
         env.pop(variable, None)
     result = subprocess.run([sys.executable, "-c", _CHILD],

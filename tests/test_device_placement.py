@@ -146,3 +146,25 @@ def test_checkpoint_ops_ask_for_no_device_of_their_own_for_a_graph_table_without
         }
         asked = {op.name: op.device for op in takers if op.device}
         assert asked == {}, f"ops taking the table's handle ask for a device: {asked}"
+
+
+def test_checkpoint_ops_tie_no_helper_op_to_a_graph_table_without_a_device(sok):
+    """The Savers' ops on a table with no device leave its placement to
+  TensorFlow without colocating anything with it: a colocated string join
+  (CPU kernels only) would force the table's whole group, its GPU lookup
+  included, onto one device that cannot run both, and every Session on a
+  GPU failed to place the graph. Only TensorFlow's optimizer colocates its
+  update with the variable, as it does for its own variables."""
+    with ref.graph_session() as sess:
+        ids = tf.compat.v1.sparse_placeholder(tf.int64)
+        table = sok.get_embedding_variable("kept_apart", embedding_dim=4)
+        loss = tf.reduce_sum(sok.lookup_sparse([table], [ids], combiners=["sum"])[0])
+        tf.compat.v1.train.AdagradOptimizer(0.1).minimize(loss)
+        sok.Saver(incremental_save_restore=True)
+        sok.Saver()
+        tag = f"loc:@{table.handle.op.name}".encode()
+        tied = [
+            op.name for op in sess.graph.get_operations() if tag in op.colocation_groups() and
+            op is not table.handle.op and not op.name.startswith("Adagrad/update_")
+        ]
+        assert tied == [], f"ops colocated with the table: {tied}"

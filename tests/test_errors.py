@@ -268,3 +268,20 @@ def test_a_no_permission_value_that_is_no_number_is_refused_naming_the_argument(
     with pytest.raises(ValueError) as error:
         sok.InitializerOption(default_value_no_permission=value)
     assert ref.error_names(error.value, "default_value_no_permission", repr(value))
+
+
+def test_a_lookup_in_a_function_compiled_by_xla_is_refused_before_anything_changes(
+        sok, rng, unique_name):
+    """sok-ev's kernels have no XLA form: tracing a lookup under
+  jit_compile=True raises ValueError naming jit_compile and the fix, and
+  inserts nothing; the same function without XLA runs."""
+    table = sok.get_embedding_variable(unique_name(), embedding_dim=4)
+    ids = tf.SparseTensor([[0, 0], [1, 0]], tf.constant(rng.integers(1, 100, 2), tf.int64), [2, 1])
+
+    def lookup():
+        return sok.lookup_sparse([table], [ids], combiners=["sum"])[0]
+
+    with pytest.raises(ValueError, match=r"jit_compile=True[\s\S]*jit_compile=False"):
+        tf.function(lookup, jit_compile=True)()
+    assert int(table.export()[0].shape[0]) == 0
+    assert tf.function(lookup)().shape == (2, 4)

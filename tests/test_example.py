@@ -30,10 +30,7 @@ def test_expected_numbers_start_at_loss_30():
 
 @pytest.mark.timeout(300)
 def test_example_runs_and_prints_adagrad_numbers():
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in [ref.sok_ev_import_root(), env.get("PYTHONPATH")] if p)
-    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    env = ref.child_env()
     result = subprocess.run([sys.executable, ref.EXAMPLE],
                             cwd=REPO_ROOT,
                             env=env,

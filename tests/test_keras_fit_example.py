@@ -15,9 +15,7 @@ EXAMPLE = os.path.join(REPO_ROOT, "python", "examples", "keras_fit_example.py")
 
 
 def test_keras_fit_example_trains_saves_and_exports(tmp_path):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in [ref.sok_ev_import_root(), env.get("PYTHONPATH")] if p)
+    env = ref.child_env()
     result = subprocess.run([
         sys.executable, EXAMPLE, "--steps", "60", "--batch", "256", "--out",
         str(tmp_path / "out"), "--export",

@@ -456,6 +456,46 @@ def test_a_model_whose_only_weights_are_tables_trains_like_keras_and_counts_each
     assert not np.allclose(_table_rows(layer), matrix)
 
 
+class _OwnLookup(keras.layers.Layer):
+    """A user's layer that calls sok_ev.lookup_sparse itself (SOK's habit)."""
+
+    def __init__(self, sok, table, supports_jit=True, **kwargs):
+        super().__init__(**kwargs)
+        self.lookup_sparse = sok.lookup_sparse
+        self.table = table
+        self.supports_jit = supports_jit
+
+    def call(self, ids):
+        return self.lookup_sparse([self.table], [tf.sparse.from_dense(ids)])[0]
+
+
+def test_a_users_layer_calling_sok_ev_under_xla_is_refused_naming_the_fix(sok, rng, unique_name):
+    """On a GPU, compile(jit_compile="auto") picks XLA when every layer
+  supports it, and a user's layer does by default; sok-ev's kernels have no
+  XLA form. The trace stops with a ValueError naming the fix, before the
+  table changes, instead of TensorFlow's "no registered OpKernel for
+  XLA_GPU_JIT" at the first step. (On this CPU machine "auto" never picks
+  XLA, so jit_compile=True stands for it.) The fix it names trains."""
+    table = sok.get_embedding_variable(unique_name(), embedding_dim=DIM)
+    batch = (tf.constant(_dense_ids(rng, np.int64)) + 1, tf.zeros([BATCH, 1]))
+
+    def model_of(layer):
+        ids = keras.Input((HOTNESS,), dtype="int64")
+        model = keras.Model(ids, keras.layers.Dense(1)(layer(ids)))
+        model.compile(optimizer=OPTIMIZERS["adagrad"](), loss="mse", jit_compile=True)
+        return model
+
+    with pytest.raises(ValueError, match="jit_compile=True") as error:
+        model_of(_OwnLookup(sok, table)).fit(keras_twins.as_dataset([batch]), verbose=0)
+    assert "supports_jit = False" in str(error.value)
+    assert "jit_compile=False" in str(error.value)
+    assert int(table.export()[0].shape[0]) == 0
+    model = model_of(_OwnLookup(sok, table, supports_jit=False))
+    assert model.jit_compile is False
+    model.fit(keras_twins.as_dataset([batch]), verbose=0)
+    assert int(table.export()[0].shape[0]) > 0
+
+
 def test_a_functional_model_refuses_xla_and_fits_like_its_keras_twin(sok, rng):
     """keras.Input(dtype='int32') ids into an int64 table (widened), pooled."""
     matrix = _matrix(rng)

@@ -10,7 +10,6 @@ serving inserts no key, and the export holds no optimizer slot. An export
 outside the context keeps the slots and loads for training. Run by
 tests/gpu/run_on_device.sh, the same tests exercise the GPU tables.
 """
-import os
 import subprocess
 import sys
 import textwrap
@@ -33,12 +32,7 @@ def _run_fresh(tmp_path, code):
     script = tmp_path / "fresh.py"
     script.write_text("import sys\nimport numpy as np\nimport tensorflow as tf\nimport sok_ev\n"
                       f"out = {str(tmp_path)!r}\n" + textwrap.dedent(code))
-    # The sok_ev under test first, then the rest of the path (where the
-    # device's TensorFlow lives).
-    path = [ref.sok_ev_import_root(), os.environ.get("PYTHONPATH")]
-    env = dict(os.environ,
-               PYTHONPATH=os.pathsep.join(p for p in path if p),
-               TF_CPP_MIN_LOG_LEVEL="2")
+    env = ref.child_env()
     result = subprocess.run([sys.executable, str(script)],
                             capture_output=True,
                             text=True,

@@ -33,11 +33,7 @@ def _cpu_child_env():
     """The environment of a child measuring the CPU table: the sok_ev these
   tests import (the checkout in CI, the installed wheel on the device), and no
   GPU, so its tables are host tables wherever the suite runs."""
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in [ref.sok_ev_import_root(), env.get("PYTHONPATH")] if p)
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    return env
+    return ref.child_env(CUDA_VISIBLE_DEVICES="")
 
 
 def _run_python(code, timeout=300):

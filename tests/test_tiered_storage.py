@@ -343,6 +343,25 @@ def test_a_batch_larger_than_the_budget_is_held_whole_then_written_back(sok, rng
 
 
 @needs_gpu
+def test_a_call_whose_keys_all_hit_brings_hbm_back_within_the_budget(sok, rng, unique_name):
+    """A pre-fill larger than the budget is held whole; the next lookup, of
+  keys that all hit, writes the rows it does not use back to host memory
+  (before, HBM stayed over the budget for as long as every key hit)."""
+    budget = 40
+    tiered, all_hbm = _pair(sok, unique_name, np.int64, hbm_dram(sok, budget_of_rows(budget)))
+    keys = rng.choice(10**6, 300, replace=False).astype(np.int64)
+    for batch in (keys, keys[:10]):
+        ids = tf.RaggedTensor.from_row_lengths(tf.constant(batch), [len(batch)])
+        a, b = sok.lookup_sparse([tiered, all_hbm], [ids, ids])
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    counters = tiered.tier_counters()
+    assert 10 <= counters["hbm_rows"] <= budget, counters
+    assert counters["hbm_rows"] + counters["host_rows"] == 300
+    assert counters["rows_to_hbm"] == 0
+    _assert_same_state(tiered, all_hbm)
+
+
+@needs_gpu
 def test_sparse_read_and_export_see_both_tiers(sok, rng, unique_name):
     tiered, all_hbm = _pair(sok, unique_name, np.int64, hbm_dram(sok, budget_of_rows(8)))
     _train(sok, (tiered, all_hbm), OPTIMIZERS["v1_sgd"], _draw_batches(rng, 10, 32, 500, np.int64),

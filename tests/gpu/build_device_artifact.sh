@@ -27,6 +27,15 @@ harness_build=$(mktemp -d)
 trap 'rm -rf "$harness_build"' EXIT
 bash cc/gpu_harness/build.sh "$harness_build" >/dev/null
 
+# tf_keras is no dependency of the kit's TensorFlow; its wheel travels in
+# .whl/ (git-ignored), the version request.sh installs here.
+keras_pin=$(grep -o 'tf_keras==[0-9.]*' request.sh | head -1)
+if ! ls .whl/tf_keras-*.whl >/dev/null 2>&1; then
+    echo "==> $keras_pin's wheel into .whl/ (carry it: carry=[\".device\", \".whl\"])"
+    grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >>.git/info/exclude
+    .venv-cuda/bin/python -m pip download -q --no-deps --only-binary=:all: -d .whl "$keras_pin"
+fi
+
 rm -rf "$out"
 mkdir -p "$out/wheel" "$out/harness"
 cp "$wheel" "$out/wheel/"
@@ -40,9 +49,9 @@ cp "$harness_build/libsokev_gpu.so" "$out/harness/"
 
 tree_kib=$( (git ls-files -z; git ls-files -z --others --exclude-standard) | xargs -0 du -k 2>/dev/null |
     awk '{s += $1} END {print s}')
-device_kib=$(du -sk "$out" | cut -f1)
+device_kib=$(du -sk "$out" .whl 2>/dev/null | awk '{s += $1} END {print s}')
 total_mib=$(((tree_kib + device_kib + 1023) / 1024))
 cat "$out/MANIFEST"
 echo "==> .device: $((device_kib / 1024)) MiB; with the working tree $total_mib MiB to carry (limit 64)"
 ((total_mib <= limit_mib)) || { echo "too large to carry in one device call" >&2; exit 1; }
-echo 'device call: run(command="bash tests/gpu/run_on_device.sh", carry=[".device"], timeout_s=600)'
+echo 'device call: run(command="bash tests/gpu/run_on_device.sh", carry=[".device", ".whl"], timeout_s=600)'

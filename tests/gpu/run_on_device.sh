@@ -23,7 +23,11 @@
 # ran, and a TensorFlow part that ran anything else counts as failed.
 #   tf        tests/ on GPU 0, without tests/gpu, tests/multiworker and the two
 #             checks of the build machine (test_formatting, test_gpu_code_compiles);
-#             SOK_EV_TF_TESTS="test_a.py test_b.py" runs only those files
+#             SOK_EV_TF_TESTS="test_a.py test_b.py" runs only those files;
+#             SOK_EV_TF_PROCESSES=3 runs three pytest processes on the GPU (a
+#             file each at a time), for a call shared with multi. Carry
+#             .whl (tf_keras's wheel) too, or tests/test_legacy_keras.py and
+#             the tf_keras cases cannot run: carry=[".device", ".whl"]
 #   multi     tests/multiworker/ under horovodrun over NCCL, one GPU per rank
 #             (harness.py's GPU mode; launches of more ranks than GPUs skip, so
 #             one GPU runs the one-worker cases: the multi-worker pipeline over
@@ -69,9 +73,10 @@
 #                      (results_line.md, run.json to bring back)
 #   criteo-mlperf      benchmarks/criteo/run.py --device gpu --model dcnv2
 #                      --hotness mlperf (MLPerf DLRM-DCNv2's shape and hotness,
-#                      both implementations) on GPU 0, then sok-ev alone with a
-#                      bfloat16 tower; out dirs $OUT/criteo_mlperf and
-#                      criteo_mlperf_bf16, log criteo-mlperf.log
+#                      both implementations; 512 steps, the baseline 64) on
+#                      GPU 0, then sok-ev alone with a bfloat16 tower; out
+#                      dirs $OUT/criteo_mlperf and criteo_mlperf_bf16, log
+#                      criteo-mlperf.log
 # Dry run on a CPU machine (no kit; TensorFlow parts on the CPU, multi over
 # Gloo, harness and memcheck reduced to what runs without a GPU):
 #   SOK_EV_DEVICE_DRY_RUN=1 PYTHON=.venv-cuda/bin/python bash tests/gpu/run_on_device.sh
@@ -132,6 +137,13 @@ run=$(mktemp -d /tmp/sokev_run.XXXX)
     log "pip could not install ${wheels[0]}"
     exit 2
 }
+# Test-only wheels the kit lacks (tf_keras for tests/test_legacy_keras.py and
+# the tf_keras cases), carried in .whl/ (git-ignored): carry=[".device", ".whl"].
+extra=("$root"/.whl/*.whl)
+if ((${#extra[@]})); then
+    "$PY" -m pip install -q --no-deps --no-index --no-compile --target "$site" "${extra[@]}" \
+        >>"$OUT/env.log" 2>&1 || log "pip could not install ${extra[*]}"
+fi
 export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
 (cd "$run" && "$PY" - "$site" <<'EOF') 2>&1 | tee -a "$OUT/env.log" | grep -E '^(sok_ev|ERROR)'
 import hashlib, importlib.metadata as md, sys
@@ -180,12 +192,15 @@ pytest_part() { # pytest_part NAME LIMIT_S PYTEST_ARGS...: runs from $run, logs 
 part_tf() {
     # SOK_EV_TF_TESTS (files under tests/, space-separated) narrows the part
     # to those files, for a short call after a small change.
-    local targets=("$root/tests") name
+    # SOK_EV_TF_PROCESSES > 1 runs that many pytest processes on the GPU, a
+    # file each at a time (pytest-xdist), when the part shares its call.
+    local targets=("$root/tests") name processes=${SOK_EV_TF_PROCESSES:-1} parallel=()
+    ((processes > 1)) && "$PY" -c "import xdist" 2>/dev/null && parallel=(-n "$processes" --dist loadfile)
     if [[ -n ${SOK_EV_TF_TESTS:-} ]]; then
         targets=()
         for name in $SOK_EV_TF_TESTS; do targets+=("$root/tests/$name"); done
     fi
-    CUDA_VISIBLE_DEVICES=$1 pytest_part tf 400 "${targets[@]}" --ignore="$root/tests/gpu" \
+    CUDA_VISIBLE_DEVICES=$1 pytest_part tf 400 "${parallel[@]}" "${targets[@]}" --ignore="$root/tests/gpu" \
         --ignore="$root/tests/multiworker" --ignore="$root/tests/test_formatting.py" \
         --ignore="$root/tests/test_gpu_code_compiles.py"
 }
@@ -417,7 +432,9 @@ if has criteo; then
 fi
 
 if has criteo-mlperf; then
-    mlperf=("$root/benchmarks/criteo/run.py" --device gpu --no-progress --model dcnv2 --hotness mlperf)
+    # A rate, not an AUC, is its target: 512 steps of 65536, the baseline 64.
+    mlperf=("$root/benchmarks/criteo/run.py" --device gpu --no-progress --model dcnv2 --hotness mlperf
+        --train-lines $((512 * 65536)) --baseline-steps 64)
     (cd "$run" && CUDA_VISIBLE_DEVICES=0 timeout -k 10 "$(limit 270)" "$PY" "${mlperf[@]}" \
         --out-dir "$OUT/criteo_mlperf") >"$OUT/criteo-mlperf.log" 2>&1
     rc=$?
