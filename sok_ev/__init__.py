@@ -15,6 +15,7 @@ from sok_ev import checkpoint
 from sok_ev import communication
 from sok_ev import dispatch
 from sok_ev import embedding_gradients
+from sok_ev import keras_jit
 from sok_ev import keras_layers as keras  # sok_ev.keras: the Keras 3 layers
 from sok_ev import keras_optimizers
 from sok_ev import optimizers

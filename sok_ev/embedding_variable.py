@@ -98,10 +98,12 @@ def _install_training_hooks():
     from sok_ev import communication
     if communication.initialized():
         return
+    from sok_ev import keras_jit
     from sok_ev import keras_optimizers
     from sok_ev import optimizers
     optimizers.install_optimizer_hook()
     keras_optimizers.install_keras_optimizer_hook()
+    keras_jit.install_keras_jit_guard()
 
 
 class EmbeddingVariable(variables.Variable, core.Tensor):

@@ -9,6 +9,7 @@ from sok_ev import checkpoint
 from sok_ev import communication
 from sok_ev import dispatch
 from sok_ev import embedding_gradients
+from sok_ev import keras_jit
 from sok_ev import keras_optimizers
 from sok_ev import optimizers
 from sok_ev import warm_start
@@ -24,7 +25,8 @@ def init() -> None:
   * the narrow optimizer hook (`sok_ev.optimizers.install_optimizer_hook`),
     so stock tf.compat.v1.train optimizers update Embedding Variables;
   * the Keras optimizer hook (`sok_ev.keras_optimizers`), the same for
-    tf.keras.optimizers SGD, Adagrad, Adam and Ftrl;
+    tf.keras.optimizers SGD, Adagrad, Adam and Ftrl, and Keras's refusal of
+    XLA for models whose layers hold Embedding Variables (`sok_ev.keras_jit`);
   * the tf.nn lookup dispatch (`sok_ev.dispatch`): tf.nn.embedding_lookup,
     embedding_lookup_sparse and safe_embedding_lookup_sparse (and their
     tf.compat.v1 forms) read Embedding Variables;
@@ -49,4 +51,5 @@ def init() -> None:
     broadcast.install_broadcast_guard()
     optimizers.install_optimizer_hook()
     keras_optimizers.install_keras_optimizer_hook()
+    keras_jit.install_keras_jit_guard()
     dispatch.install_lookup_dispatch()

@@ -457,43 +457,68 @@ def test_a_model_whose_only_weights_are_tables_trains_like_keras_and_counts_each
 
 
 class _OwnLookup(keras.layers.Layer):
-    """A user's layer that calls sok_ev.lookup_sparse itself (SOK's habit)."""
+    """A user's layer that calls sok_ev.lookup_sparse itself (SOK's habit),
+  holding its table as an attribute, or reaching it through a function."""
 
-    def __init__(self, sok, table, supports_jit=True, **kwargs):
+    def __init__(self, sok, table, hold_table=True, **kwargs):
         super().__init__(**kwargs)
         self.lookup_sparse = sok.lookup_sparse
-        self.table = table
-        self.supports_jit = supports_jit
+        if hold_table:
+            self.table = table
+        else:
+            self.get_table = lambda: table
 
     def call(self, ids):
-        return self.lookup_sparse([self.table], [tf.sparse.from_dense(ids)])[0]
+        table = self.table if hasattr(self, "table") else self.get_table()
+        return self.lookup_sparse([table], [tf.sparse.from_dense(ids)])[0]
 
 
-def test_a_users_layer_calling_sok_ev_under_xla_is_refused_naming_the_fix(sok, rng, unique_name):
+@pytest.fixture
+def looks_like_a_gpu_machine(monkeypatch):
+    """Keras's jit_compile="auto" as on a machine with a GPU: it asks
+  tf.config.list_physical_devices() for a device that is not a CPU."""
+    devices = tf.config.list_physical_devices()
+    fake = tf.config.PhysicalDevice(name="/physical_device:GPU:0", device_type="GPU")
+    monkeypatch.setattr(tf.config, "list_physical_devices", lambda *args: devices + [fake])
+
+
+def _own_lookup_model(layer, jit_compile):
+    ids = keras.Input((HOTNESS,), dtype="int64")
+    model = keras.Model(ids, keras.layers.Dense(1)(layer(ids)))
+    model.compile(optimizer=OPTIMIZERS["adagrad"](), loss="mse", jit_compile=jit_compile)
+    return model
+
+
+@pytest.mark.parametrize("jit_compile", ["auto", True])
+def test_a_users_layer_holding_a_table_trains_without_xla_on_a_gpu_machine(
+        sok, rng, unique_name, looks_like_a_gpu_machine, jit_compile):
     """On a GPU, compile(jit_compile="auto") picks XLA when every layer
   supports it, and a user's layer does by default; sok-ev's kernels have no
-  XLA form. The trace stops with a ValueError naming the fix, before the
-  table changes, instead of TensorFlow's "no registered OpKernel for
-  XLA_GPU_JIT" at the first step. (On this CPU machine "auto" never picks
-  XLA, so jit_compile=True stands for it.) The fix it names trains."""
+  XLA form. A layer holding an Embedding Variable counts as not supporting
+  it (sok_ev.keras_jit), so the model trains as it does on a CPU."""
     table = sok.get_embedding_variable(unique_name(), embedding_dim=DIM)
+    model = _own_lookup_model(_OwnLookup(sok, table), jit_compile)
+    assert model.jit_compile is False
     batch = (tf.constant(_dense_ids(rng, np.int64)) + 1, tf.zeros([BATCH, 1]))
+    model.fit(keras_twins.as_dataset([batch]), verbose=0)
+    assert int(table.export()[0].shape[0]) == len(np.unique(batch[0].numpy()))
 
-    def model_of(layer):
-        ids = keras.Input((HOTNESS,), dtype="int64")
-        model = keras.Model(ids, keras.layers.Dense(1)(layer(ids)))
-        model.compile(optimizer=OPTIMIZERS["adagrad"](), loss="mse", jit_compile=True)
-        return model
 
+def test_a_table_keras_cannot_see_under_xla_is_refused_naming_the_fix(sok, rng, unique_name,
+                                                                      looks_like_a_gpu_machine):
+    """A table reached through a function is not seen at compile, so "auto"
+  picks XLA; the trace then stops with a ValueError naming the fix, before
+  the table changes, instead of TensorFlow's "no registered OpKernel for
+  XLA_GPU_JIT" at the first step."""
+    table = sok.get_embedding_variable(unique_name(), embedding_dim=DIM)
+    model = _own_lookup_model(_OwnLookup(sok, table, hold_table=False), "auto")
+    assert model.jit_compile is True
+    batch = (tf.constant(_dense_ids(rng, np.int64)) + 1, tf.zeros([BATCH, 1]))
     with pytest.raises(ValueError, match="jit_compile=True") as error:
-        model_of(_OwnLookup(sok, table)).fit(keras_twins.as_dataset([batch]), verbose=0)
+        model.fit(keras_twins.as_dataset([batch]), verbose=0)
     assert "supports_jit = False" in str(error.value)
     assert "jit_compile=False" in str(error.value)
     assert int(table.export()[0].shape[0]) == 0
-    model = model_of(_OwnLookup(sok, table, supports_jit=False))
-    assert model.jit_compile is False
-    model.fit(keras_twins.as_dataset([batch]), verbose=0)
-    assert int(table.export()[0].shape[0]) > 0
 
 
 def test_a_functional_model_refuses_xla_and_fits_like_its_keras_twin(sok, rng):
