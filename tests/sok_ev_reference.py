@@ -189,7 +189,7 @@ def in_key_order(keys, *columns):
   exports of an unchanged table."""
     keys = np.asarray(keys).reshape(-1)
     order = np.argsort(keys, kind="stable")
-    return [keys[order]] + [np.asarray(c)[order] for c in columns]
+    return (keys[order],) + tuple(np.asarray(c)[order] for c in columns)
 
 
 def assert_rows_close(actual, expected, rtol, atol, what=""):

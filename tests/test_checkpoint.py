@@ -56,9 +56,7 @@ def _sparse_ids_placeholder(ids):
 
 def _sorted_export(full_export):
     """(keys, rows, frequencies, versions) ordered by key."""
-    keys, rows, frequencies, versions = (np.asarray(a) for a in full_export[:4])
-    order = np.argsort(keys)
-    return keys[order], rows[order], frequencies[order], versions[order]
+    return ref.in_key_order(*full_export[:4])
 
 
 def _assert_exports_equal(actual, expected, what):

@@ -393,7 +393,7 @@ def test_tf_train_checkpoint_restores_slots(deeprec, rng, unique_name, tmp_path)
         opt.apply_gradients(zip(tape.gradient(loss, [ev, var]), [ev, var]), global_step=global_step)
 
     def state():
-        return (ref.in_key_order(*(x.numpy() for x in opt.get_slot(ev, "m").export())) +
+        return (list(ref.in_key_order(*(x.numpy() for x in opt.get_slot(ev, "m").export()))) +
                 [opt.get_slot(ev, name).numpy() for name in ("beta1_power", "beta2_power")] +
                 [opt.get_slot(var, "v").numpy(), var.numpy()])
 

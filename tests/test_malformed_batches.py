@@ -26,9 +26,7 @@ MALFORMED = {
 
 
 def _state(ev_export):
-    keys, rows, frequencies = ev_export
-    order = np.argsort(keys)
-    return keys[order], rows[order], frequencies[order]
+    return ref.in_key_order(*ev_export)
 
 
 def _lookup_args(case):

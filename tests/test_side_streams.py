@@ -101,9 +101,7 @@ def _train(sok, mode, matrix, key_dtype, steps, prefix):
 
 
 def _sorted_by_key(export):
-    keys, rows, frequencies, versions = (np.asarray(x) for x in export)
-    order = np.argsort(keys, kind="stable")
-    return keys[order], rows[order], frequencies[order], versions[order]
+    return ref.in_key_order(*export)
 
 
 @pytest.mark.parametrize("mode", ["graph", "eager"])

@@ -18,9 +18,7 @@ DIM = 3
 
 
 def _sorted(export):
-    keys, rows, frequencies, versions = export[:4]
-    order = np.argsort(keys)
-    return keys[order], rows[order], frequencies[order], versions[order]
+    return ref.in_key_order(*export[:4])
 
 
 @pytest.fixture(scope="module")
