@@ -98,6 +98,9 @@ struct GpuContext {
   // buffer's first use after the home stream (gpu::order_after_home) and
   // frees a buffer only once the side stream's work on it is done.
   void* home_stream = nullptr;
+  // Threads for the core's host-side work (the host tier of a tiered
+  // table); null: the calling thread alone.
+  const CpuContext* host = nullptr;
 };
 
 }  // namespace sok_ev

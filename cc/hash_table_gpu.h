@@ -192,6 +192,9 @@ class HashTable {
 
   // For fused kernels. Valid until the next call that inserts or grows.
   TableView<Key> view() const;
+  // The device counters (TableCounters), for kernels and copies that read
+  // them in stream order.
+  const TableCounters* device_counters() const { return counters_; }
 
  private:
   HashTable(int64_t dim, const InitializerSpec& initializer, const HashTableOptions& options,

@@ -19,13 +19,38 @@ constexpr int kThreads = 256;
 // Host batches of the host tier's rows copied to the GPU by export_all.
 constexpr int64_t kExportBatch = 1 << 16;
 
-//   keys: (n,)  present: (n,) out, 1 where the key is in the table
+// What a residency check's kernels count on the device, copied to the
+// host in one piece.
+struct ResidencyCounts {
+  unsigned long long absent;     // keys written to the absent list
+  unsigned long long looked_up;  // keys checked
+  unsigned long long hbm_size;   // rows in HBM, read after the check
+};
+
+// Appends to `absent` the keys HBM lacks, a warp's misses with one atomic.
+// The first min(*count, n) keys are checked (all n when count is null).
+//   keys: (n,)  absent: (n,) out, counts->absent entries written
 template <typename Key>
-__global__ void contains_kernel(TableView<Key> table, const Key* keys, int64_t n,
-                                uint8_t* present) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    present[i] = find_row(table, keys[i]) >= 0 ? 1 : 0;
+__global__ void absent_keys_kernel(TableView<Key> table, const Key* keys, int64_t n,
+                                   const int64_t* count, Key* absent, ResidencyCounts* counts) {
+  int64_t end = n;
+  if (count != nullptr) end = *count < 0 ? 0 : (*count < n ? *count : n);
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    atomicAdd(&counts->looked_up, static_cast<unsigned long long>(end));
+  }
+  const int lane = threadIdx.x & 31;
+  // Whole warps step together, so the ballot sees every lane.
+  for (int64_t base = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) - lane; base < end;
+       base += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t i = base + lane;
+    const bool miss = i < end && find_row(table, keys[i]) < 0;
+    const unsigned misses = __ballot_sync(0xffffffffu, miss);
+    if (misses == 0) continue;
+    unsigned long long first = 0;
+    if (lane == 0)
+      first = atomicAdd(&counts->absent, static_cast<unsigned long long>(__popc(misses)));
+    first = __shfl_sync(0xffffffffu, first, 0);
+    if (miss) absent[first + __popc(misses & ((1u << lane) - 1))] = keys[i];
   }
 }
 
@@ -82,6 +107,12 @@ Status to_host(const GpuContext& context, const T* device, int64_t n, T* host) {
   return Status::Ok();
 }
 
+// The threads for the host tier's work: the framework's, else this one.
+const CpuContext& host_threads(const GpuContext& context) {
+  static const CpuContext serial = CpuContext::Serial();
+  return context.host != nullptr ? *context.host : serial;
+}
+
 Status out_of_device_memory(const std::string& name, const char* what, size_t bytes) {
   return Status::ResourceExhausted("Embedding Variable '" + name +
                                    "': out of GPU memory allocating " + std::to_string(bytes) +
@@ -89,6 +120,43 @@ Status out_of_device_memory(const std::string& name, const char* what, size_t by
 }
 
 }  // namespace
+
+template <typename Key>
+struct TieredTable<Key>::ResidencyCheck {
+  ~ResidencyCheck() {
+    if (host_counts != nullptr) cudaFreeHost(host_counts);
+    if (staging != nullptr) cudaFreeHost(staging);
+  }
+  // Pinned room for `rows` rows moving between the tiers (their values and
+  // slots, then frequencies, then versions): the copies run at the host
+  // link's rate, not a pageable copy's, and the host tier reads and writes
+  // them in place. Grows, never shrinks.
+  Status reserve(int64_t rows, int64_t width) {
+    if (rows <= staging_rows && width == staging_width) return Status::Ok();
+    if (staging != nullptr) cudaFreeHost(staging);
+    staging = nullptr;
+    staging_rows = 0;
+    const int64_t grown = rows + rows / 4;  // room for the next calls' growth
+    SOK_EV_CUDA_RETURN(
+        cudaMallocHost(&staging, grown * (width * sizeof(float) + 2 * sizeof(int64_t))));
+    staging_rows = grown;
+    staging_width = width;
+    return Status::Ok();
+  }
+  float* rows() const { return static_cast<float*>(staging); }
+  int64_t* frequencies() const {
+    return reinterpret_cast<int64_t*>(rows() + staging_rows * staging_width);
+  }
+  int64_t* versions() const { return frequencies() + staging_rows; }
+
+  void* staging = nullptr;
+  int64_t staging_rows = 0, staging_width = 0;
+  ResidencyCounts* host_counts = nullptr;  // pinned: the copy does not block the host
+  bool queued = false;
+  std::vector<KeySpan<Key>> spans;
+  std::unique_ptr<ScratchBuffer> absent;  // (sum of the spans' n,) Key, device
+  std::unique_ptr<ScratchBuffer> counts;  // ResidencyCounts, device
+};
 
 template <typename Key>
 TieredTable<Key>::TieredTable(HashTable<Key>* hbm, const StorageSpec& storage,
@@ -157,8 +225,125 @@ template <typename Key>
 Status TieredTable<Key>::make_resident(const GpuContext& context,
                                        const std::vector<KeySpan<Key>>& spans) const {
   if (!tiered()) return Status::Ok();
+  SOK_EV_RETURN_IF_ERROR(queue_residency_check(context, spans));
+  SOK_EV_RETURN_IF_ERROR(synchronize(stream_of(context)));
+  return finish_residency(context);
+}
+
+template <typename Key>
+Status TieredTable<Key>::queue_residency_check(const GpuContext& context,
+                                               const std::vector<KeySpan<Key>>& spans) const {
+  if (!tiered()) return Status::Ok();
+  SOK_EV_RETURN_IF_ERROR(make_check());
+  ResidencyCheck& check = *check_;
+  check.queued = false;
+  check.absent.reset();
+  check.counts.reset();
+  int64_t bound = 0;
+  for (const KeySpan<Key>& span : spans) bound += std::max<int64_t>(span.n, 0);
+  if (bound == 0) return Status::Ok();
   cudaStream_t stream = stream_of(context);
-  // The spans' keys on the host, each once, sorted.
+  check.absent.reset(new ScratchBuffer(context, bound * sizeof(Key)));
+  check.counts.reset(new ScratchBuffer(context, sizeof(ResidencyCounts)));
+  if (!check.absent->ok() || !check.counts->ok()) {
+    return out_of_device_memory(name_, "the keys of a tier lookup", bound * sizeof(Key));
+  }
+  ResidencyCounts* counts = static_cast<ResidencyCounts*>(check.counts->get());
+  Key* absent = static_cast<Key*>(check.absent->get());
+  SOK_EV_CUDA_RETURN(cudaMemsetAsync(counts, 0, sizeof(ResidencyCounts), stream));
+  for (const KeySpan<Key>& span : spans) {
+    if (span.n <= 0) continue;
+    absent_keys_kernel<Key><<<grid_for(span.n, kThreads), kThreads, 0, stream>>>(
+        hbm_->view(), span.keys, span.n, span.count, absent, counts);
+    SOK_EV_LAUNCH_CHECK("absent_keys");
+  }
+  SOK_EV_CUDA_RETURN(cudaMemcpyAsync(&counts->hbm_size, &hbm_->device_counters()->size,
+                                     sizeof(unsigned long long), cudaMemcpyDeviceToDevice, stream));
+  SOK_EV_CUDA_RETURN(cudaMemcpyAsync(check.host_counts, counts, sizeof(ResidencyCounts),
+                                     cudaMemcpyDeviceToHost, stream));
+  check.spans = spans;
+  check.queued = true;
+  return Status::Ok();
+}
+
+template <typename Key>
+Status TieredTable<Key>::make_check() const {
+  if (check_ != nullptr) return Status::Ok();
+  std::unique_ptr<ResidencyCheck> check(new ResidencyCheck);
+  SOK_EV_CUDA_RETURN(cudaMallocHost(&check->host_counts, sizeof(ResidencyCounts)));
+  check_ = std::move(check);
+  return Status::Ok();
+}
+
+template <typename Key>
+Status TieredTable<Key>::finish_residency(const GpuContext& context) const {
+  if (!tiered() || check_ == nullptr || !check_->queued) return Status::Ok();
+  ResidencyCheck& check = *check_;
+  check.queued = false;
+  const ResidencyCounts counts = *check.host_counts;
+  ++counters_.calls;
+  counters_.pcie_bytes += sizeof(ResidencyCounts);
+  // The absent keys on the host, each once (a key in two spans is listed
+  // twice), sorted.
+  std::vector<Key> absent(counts.absent);
+  SOK_EV_RETURN_IF_ERROR(to_host(context, static_cast<const Key*>(check.absent->get()),
+                                 static_cast<int64_t>(absent.size()), absent.data()));
+  if (!absent.empty()) SOK_EV_RETURN_IF_ERROR(synchronize(stream_of(context)));
+  counters_.pcie_bytes += static_cast<int64_t>(absent.size() * sizeof(Key));
+  check.absent.reset();
+  check.counts.reset();
+  counters_.hits += static_cast<int64_t>(counts.looked_up - counts.absent);
+  std::sort(absent.begin(), absent.end());
+  absent.erase(std::unique(absent.begin(), absent.end()), absent.end());
+  counters_.misses += static_cast<int64_t>(absent.size());
+  const int64_t hbm_size = static_cast<int64_t>(counts.hbm_size);
+  const int64_t budget = budget_rows();
+  if (absent.empty() && hbm_size <= budget) return Status::Ok();
+
+  // Room first, also when every key hits but an earlier batch larger than
+  // the budget left HBM over it (a pre-fill, a restore's whole batch): else
+  // HBM would stay over the budget for as long as the keys asked for stay
+  // resident. The rows written back are never absent keys' (those are not
+  // in HBM), so the host tier is read for the absent keys after.
+  const int64_t needed = hbm_size + static_cast<int64_t>(absent.size());
+  if (needed > budget) {
+    // The call's keys are kept; only now do they all cross to the host.
+    std::vector<Key> keep;
+    SOK_EV_RETURN_IF_ERROR(keys_of_spans(context, check.spans, &keep));
+    const int64_t hits = static_cast<int64_t>(keep.size() - absent.size());
+    // An eighth of the budget beyond what must go, so that the next calls
+    // find room without a scan; never the keys of this call.
+    const int64_t evictable = hbm_size - hits;
+    const int64_t count = std::min(evictable, needed - budget + budget / 8);
+    if (count > 0) SOK_EV_RETURN_IF_ERROR(evict(context, count, keep));
+  }
+  // Those in the host tier move in; the rest are new.
+  if (absent.empty() || host_->size() == 0) return Status::Ok();
+  const int64_t width = row_width();
+  const int64_t m = static_cast<int64_t>(absent.size());
+  SOK_EV_RETURN_IF_ERROR(check.reserve(m, width));
+  std::unique_ptr<bool[]> found(new bool[m]);
+  host_->find_records(host_threads(context), absent.data(), m, check.rows(), check.frequencies(),
+                      check.versions(), found.get());
+  // The found rows packed to the front, in place.
+  std::vector<Key> moving;
+  for (int64_t i = 0; i < m; ++i) {
+    if (!found[i]) continue;
+    const int64_t j = static_cast<int64_t>(moving.size());
+    if (j != i) {
+      std::copy(check.rows() + i * width, check.rows() + (i + 1) * width, check.rows() + j * width);
+      check.frequencies()[j] = check.frequencies()[i];
+      check.versions()[j] = check.versions()[i];
+    }
+    moving.push_back(absent[i]);
+  }
+  return bring_in(context, moving);
+}
+
+template <typename Key>
+Status TieredTable<Key>::keys_of_spans(const GpuContext& context,
+                                       const std::vector<KeySpan<Key>>& spans,
+                                       std::vector<Key>* keys) const {
   std::vector<int64_t> counts(spans.size());
   for (size_t s = 0; s < spans.size(); ++s) {
     counts[s] = spans[s].n;
@@ -166,77 +351,19 @@ Status TieredTable<Key>::make_resident(const GpuContext& context,
       SOK_EV_RETURN_IF_ERROR(to_host(context, spans[s].count, 1, &counts[s]));
     }
   }
-  SOK_EV_RETURN_IF_ERROR(synchronize(stream));
-  std::vector<Key> batch;
+  SOK_EV_RETURN_IF_ERROR(synchronize(stream_of(context)));
+  keys->clear();
   for (size_t s = 0; s < spans.size(); ++s) {
     const int64_t n = std::min(std::max<int64_t>(counts[s], 0), spans[s].n);
-    const size_t first = batch.size();
-    batch.resize(first + n);
-    SOK_EV_RETURN_IF_ERROR(to_host(context, spans[s].keys, n, batch.data() + first));
+    const size_t first = keys->size();
+    keys->resize(first + n);
+    SOK_EV_RETURN_IF_ERROR(to_host(context, spans[s].keys, n, keys->data() + first));
   }
-  SOK_EV_RETURN_IF_ERROR(synchronize(stream));
-  ++counters_.calls;
-  std::sort(batch.begin(), batch.end());
-  batch.erase(std::unique(batch.begin(), batch.end()), batch.end());
-  const int64_t n = static_cast<int64_t>(batch.size());
-  if (n == 0) return Status::Ok();
-
-  // Which of them HBM holds.
-  ScratchBuffer device_keys(context, n * sizeof(Key));
-  ScratchBuffer device_present(context, n);
-  if (!device_keys.ok() || !device_present.ok()) {
-    return out_of_device_memory(name_, "the keys of a tier lookup", n * (sizeof(Key) + 1));
-  }
-  SOK_EV_RETURN_IF_ERROR(to_device(context, batch.data(), n, device_keys.as<Key>()));
-  contains_kernel<Key><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
-      hbm_->view(), device_keys.as<Key>(), n, device_present.as<uint8_t>());
-  SOK_EV_LAUNCH_CHECK("contains");
-  std::vector<uint8_t> present(n);
-  SOK_EV_RETURN_IF_ERROR(to_host(context, device_present.as<uint8_t>(), n, present.data()));
-  int64_t hbm_size = 0;
-  SOK_EV_RETURN_IF_ERROR(hbm_->size(context, &hbm_size));  // syncs: present has landed
-  counters_.pcie_bytes += n * static_cast<int64_t>(sizeof(Key) + 1);
-  std::vector<Key> absent;
-  for (int64_t i = 0; i < n; ++i) {
-    if (!present[i]) absent.push_back(batch[i]);
-  }
-  const int64_t hits = n - static_cast<int64_t>(absent.size());
-  counters_.hits += hits;
-  counters_.misses += static_cast<int64_t>(absent.size());
-  const int64_t budget = budget_rows();
-  if (absent.empty() && hbm_size <= budget) return Status::Ok();
-
-  // Those in the host tier move in; the rest are new. Room first, also when
-  // every key hits but an earlier batch larger than the budget left HBM over
-  // it (a pre-fill, a restore's whole batch): else HBM would stay over the
-  // budget for as long as the keys asked for stay resident.
-  Records moving;
-  if (!absent.empty() && host_->size() > 0) {
-    const int64_t width = row_width();
-    const int64_t m = static_cast<int64_t>(absent.size());
-    std::vector<float> rows(m * width);
-    std::vector<int64_t> frequencies(m), versions(m);
-    std::unique_ptr<bool[]> found(new bool[m]);
-    host_->find_records(CpuContext::Serial(), absent.data(), m, rows.data(), frequencies.data(),
-                        versions.data(), found.get());
-    for (int64_t i = 0; i < m; ++i) {
-      if (!found[i]) continue;
-      moving.keys.push_back(absent[i]);
-      moving.rows.insert(moving.rows.end(), rows.begin() + i * width,
-                         rows.begin() + (i + 1) * width);
-      moving.frequencies.push_back(frequencies[i]);
-      moving.versions.push_back(versions[i]);
-    }
-  }
-  const int64_t needed = hbm_size + static_cast<int64_t>(absent.size());
-  if (needed > budget) {
-    // An eighth of the budget beyond what must go, so that the next calls
-    // find room without a scan; never the keys of this call.
-    const int64_t evictable = hbm_size - hits;
-    const int64_t count = std::min(evictable, needed - budget + budget / 8);
-    if (count > 0) SOK_EV_RETURN_IF_ERROR(evict(context, count, batch));
-  }
-  return bring_in(context, moving);
+  SOK_EV_RETURN_IF_ERROR(synchronize(stream_of(context)));
+  counters_.pcie_bytes += static_cast<int64_t>(keys->size() * sizeof(Key));
+  std::sort(keys->begin(), keys->end());
+  keys->erase(std::unique(keys->begin(), keys->end()), keys->end());
+  return Status::Ok();
 }
 
 template <typename Key>
@@ -290,8 +417,11 @@ Status TieredTable<Key>::evict(const GpuContext& context, int64_t count,
     victim_ids[i] = host_ids[candidates[i]];
   }
 
-  // Their rows to the host tier, then out of HBM.
+  // Their rows to the host tier, through the pinned staging, then out of HBM.
   const int64_t width = row_width();
+  SOK_EV_RETURN_IF_ERROR(make_check());
+  ResidencyCheck& check = *check_;
+  SOK_EV_RETURN_IF_ERROR(check.reserve(count, width));
   ScratchBuffer device_ids(context, count * sizeof(int64_t));
   ScratchBuffer rows(context, count * width * sizeof(float));
   ScratchBuffer frequencies(context, count * sizeof(int64_t));
@@ -305,20 +435,17 @@ Status TieredTable<Key>::evict(const GpuContext& context, int64_t count,
       view, device_ids.as<int64_t>(), count, rows.as<float>(), frequencies.as<int64_t>(),
       versions.as<int64_t>());
   SOK_EV_LAUNCH_CHECK("gather_rows");
-  std::vector<float> host_rows(count * width);
-  std::vector<int64_t> host_frequencies(count), host_versions(count);
-  SOK_EV_RETURN_IF_ERROR(to_host(context, rows.as<float>(), count * width, host_rows.data()));
-  SOK_EV_RETURN_IF_ERROR(
-      to_host(context, frequencies.as<int64_t>(), count, host_frequencies.data()));
-  SOK_EV_RETURN_IF_ERROR(to_host(context, versions.as<int64_t>(), count, host_versions.data()));
+  SOK_EV_RETURN_IF_ERROR(to_host(context, rows.as<float>(), count * width, check.rows()));
+  SOK_EV_RETURN_IF_ERROR(to_host(context, frequencies.as<int64_t>(), count, check.frequencies()));
+  SOK_EV_RETURN_IF_ERROR(to_host(context, versions.as<int64_t>(), count, check.versions()));
   SOK_EV_RETURN_IF_ERROR(synchronize(stream));
-  const CpuContext serial = CpuContext::Serial();
-  Status written = host_->insert_or_assign(serial, victims.data(), count, host_rows.data(),
-                                           host_frequencies.data(), host_versions.data());
+  const CpuContext& host = host_threads(context);
+  Status written = host_->insert_or_assign(host, victims.data(), count, check.rows(),
+                                           check.frequencies(), check.versions());
   if (!written.ok()) {
     // None of these keys was in the host tier before: remove what was
     // written, so both tiers are as they were.
-    host_->erase(serial, victims.data(), count);
+    host_->erase(host, victims.data(), count);
     if (written.code == Status::Code::kResourceExhausted) {
       written.message = "host memory tier of HBM_DRAM storage: " + written.message;
     }
@@ -335,12 +462,11 @@ Status TieredTable<Key>::evict(const GpuContext& context, int64_t count,
 }
 
 template <typename Key>
-Status TieredTable<Key>::bring_in(const GpuContext& context, const Records& records) const {
-  const std::vector<Key>& keys = records.keys;
+Status TieredTable<Key>::bring_in(const GpuContext& context, const std::vector<Key>& keys) const {
   const int64_t n = static_cast<int64_t>(keys.size());
   if (n == 0) return Status::Ok();
+  const ResidencyCheck& check = *check_;
   const int64_t width = row_width();
-  const CpuContext serial = CpuContext::Serial();
   ScratchBuffer device_keys(context, n * sizeof(Key));
   ScratchBuffer device_rows(context, n * width * sizeof(float));
   ScratchBuffer device_frequencies(context, n * sizeof(int64_t));
@@ -350,17 +476,15 @@ Status TieredTable<Key>::bring_in(const GpuContext& context, const Records& reco
                                 n * (width * sizeof(float) + 2 * sizeof(int64_t) + sizeof(Key)));
   }
   SOK_EV_RETURN_IF_ERROR(to_device(context, keys.data(), n, device_keys.as<Key>()));
+  SOK_EV_RETURN_IF_ERROR(to_device(context, check.rows(), n * width, device_rows.as<float>()));
   SOK_EV_RETURN_IF_ERROR(
-      to_device(context, records.rows.data(), n * width, device_rows.as<float>()));
-  SOK_EV_RETURN_IF_ERROR(
-      to_device(context, records.frequencies.data(), n, device_frequencies.as<int64_t>()));
-  SOK_EV_RETURN_IF_ERROR(
-      to_device(context, records.versions.data(), n, device_versions.as<int64_t>()));
+      to_device(context, check.frequencies(), n, device_frequencies.as<int64_t>()));
+  SOK_EV_RETURN_IF_ERROR(to_device(context, check.versions(), n, device_versions.as<int64_t>()));
   SOK_EV_RETURN_IF_ERROR(
       hbm_->insert_or_assign(context, device_keys.as<Key>(), n, device_rows.as<float>(),
                              device_frequencies.as<int64_t>(), device_versions.as<int64_t>()));
   SOK_EV_RETURN_IF_ERROR(synchronize(stream_of(context)));
-  host_->erase(serial, keys.data(), n);
+  host_->erase(host_threads(context), keys.data(), n);
   counters_.rows_to_hbm += n;
   counters_.pcie_bytes +=
       n * static_cast<int64_t>(width * sizeof(float) + 2 * sizeof(int64_t) + sizeof(Key));
@@ -393,7 +517,7 @@ Status TieredTable<Key>::erase(const GpuContext& context, const Key* keys, int64
   std::vector<Key> host_keys(std::max<int64_t>(n, 0));
   SOK_EV_RETURN_IF_ERROR(to_host(context, keys, n, host_keys.data()));
   SOK_EV_RETURN_IF_ERROR(synchronize(stream_of(context)));
-  const int64_t in_host = n > 0 ? host_->erase(CpuContext::Serial(), host_keys.data(), n) : 0;
+  const int64_t in_host = n > 0 ? host_->erase(host_threads(context), host_keys.data(), n) : 0;
   if (num_erased != nullptr) *num_erased = in_hbm + in_host;
   return Status::Ok();
 }

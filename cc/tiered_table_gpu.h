@@ -29,7 +29,8 @@
 //
 // Concurrency: as gpu::HashTable, calls must not overlap (the op layer
 // holds the variable's table lock). Each tiered call synchronises its
-// stream (the keys are read on the host).
+// stream once to learn how many of its keys HBM lacks; only when some are
+// absent, or HBM is over its budget, do keys cross to the host.
 #ifndef SOK_EV_CC_TIERED_TABLE_GPU_H_
 #define SOK_EV_CC_TIERED_TABLE_GPU_H_
 
@@ -94,7 +95,23 @@ class TieredTable {
   // neither tier, so that the HBM table's own calls on these keys then do
   // what they would on an all-HBM table. No-op without a budget. Const:
   // which tier holds a row is invisible to every call.
+  //
+  // It is queue_residency_check, a synchronisation of the stream, then
+  // finish_residency. A multi-table op calls the halves itself, so that it
+  // waits once for all of its tables.
   Status make_resident(const GpuContext& context, const std::vector<KeySpan<Key>>& spans) const;
+  // Queues on the stream HBM's check of the spans' keys: the keys it lacks
+  // are gathered on the GPU, and only their count (with HBM's row count)
+  // is copied to the host. Nothing is read on the host yet; the spans'
+  // memory must stay valid until finish_residency.
+  Status queue_residency_check(const GpuContext& context,
+                               const std::vector<KeySpan<Key>>& spans) const;
+  // The rest of make_resident, once the stream has been synchronised after
+  // queue_residency_check. When every key is in HBM and HBM is within its
+  // budget (the common case) nothing more crosses the host link; else the
+  // absent keys come to the host, and all of the call's keys only when rows
+  // must be written back.
+  Status finish_residency(const GpuContext& context) const;
 
   // HashTable::insert_or_assign over both tiers (a restore or import batch):
   // the keys' rows are written to HBM, which is then brought back within the
@@ -123,19 +140,22 @@ class TieredTable {
 
  private:
   TieredTable(HashTable<Key>* hbm, const StorageSpec& storage, const std::string& name);
+  // One call's residency check from queue to finish: its spans, the device
+  // buffers its kernels write, and the pinned host memory its counts land
+  // in (allocated once per table). Defined in the .cu.
+  struct ResidencyCheck;
+  // The spans' keys on the host, each once, sorted; synchronises the stream.
+  Status keys_of_spans(const GpuContext& context, const std::vector<KeySpan<Key>>& spans,
+                       std::vector<Key>* keys) const;
   // Writes `count` rows of HBM back to host memory, chosen by the cache
   // strategy among the rows whose keys are not in `keep` (host, sorted).
   Status evict(const GpuContext& context, int64_t count, const std::vector<Key>& keep) const;
-  // Rows read from the host tier: keys (n,), rows (n, row_width),
-  // frequencies and versions (n,).
-  struct Records {
-    std::vector<Key> keys;
-    std::vector<float> rows;
-    std::vector<int64_t> frequencies, versions;
-  };
-  // Moves the rows of `records` (read from the host tier) into HBM and
-  // removes them from the host tier.
-  Status bring_in(const GpuContext& context, const Records& records) const;
+  // Moves the rows of `keys`, read from the host tier into the residency
+  // check's staging (in key order), into HBM, and removes them from the
+  // host tier.
+  Status bring_in(const GpuContext& context, const std::vector<Key>& keys) const;
+  // check_, made on first use.
+  Status make_check() const;
 
   std::unique_ptr<HashTable<Key>> hbm_;
   std::unique_ptr<cpu::HashTable<Key>> host_;  // null without a budget
@@ -144,6 +164,9 @@ class TieredTable {
   // Where rows are changes nothing a caller sees, so const calls move
   // them; the counters count those calls.
   mutable TierCounters counters_;
+  // Reused by every call (calls on a table never overlap); null until the
+  // first check.
+  mutable std::unique_ptr<ResidencyCheck> check_;
 };
 
 }  // namespace gpu

@@ -105,6 +105,7 @@ def test_mlperf_on_the_cpu_makes_its_lines_in_memory():
     (["--train-files", "a.bin", "--eval-files", "b.bin", "--format", "raw_multihot"
      ], "--hotness one does not match --format raw_multihot"),
     (["--compute-dtype", "bfloat16"], "--compute-dtype bfloat16 is for --model dcnv2"),
+    (["--xla-tower", "--style", "session"], "--xla-tower needs --style function"),
 ])
 def test_mismatched_hotness_data_and_model_are_refused_naming_the_flags(argv, message, capsys):
     args = run.parse_args(argv)

@@ -11,6 +11,7 @@ import json
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import criteo_run
 
@@ -120,3 +121,25 @@ def test_run_py_in_session_style_writes_numbers_and_plots(tmp_path):
     assert (out / "throughput.png").stat().st_size > 10000
     line = report.results_line(record)
     assert record["command"] in line and record["date"] in line and "\n" not in line
+
+
+def test_a_tower_compiled_by_xla_trains_as_the_plain_tower(sok, data):
+    """--xla-tower: the tower's forward and backward run as one XLA program
+  inside the step, the embeddings' ops outside; the same loss and the same
+  updated weights as the plain tower, step after step."""
+    batches = list(reader.criteo_dataset([data["files"]["train"]], BATCH).take(3))
+
+    def implementation(xla_tower):
+        tower = models.DCNv2(DIM, cross_layers=2, cross_rank=4, deep=[16], seed=3)
+        table = embeddings.HashBucketEmbeddings(DIM, [64] * reader.NUM_CATEGORICAL, 0.05, seed=1)
+        return training.Implementation(table, tower, 0.05, BATCH, xla_tower=xla_tower)
+
+    plain, compiled = implementation(False), implementation(True)
+    for batch in batches:
+        losses = [
+            tf.function(lambda impl=impl: impl.train(batch, use_tape=True)[1])()
+            for impl in (plain, compiled)
+        ]
+        np.testing.assert_allclose(losses[1].numpy(), losses[0].numpy(), rtol=1e-5)
+    for a, b in zip(plain.variables, compiled.variables):
+        np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-4, atol=1e-6)

@@ -300,3 +300,35 @@ def test_sample_whose_weights_sum_to_zero_combines_and_trains_like_tf(sok, rng, 
     expected = {int(k): row for k, row in zip(uniq, dense.numpy())}
     ref.assert_rows_close(after, expected, 1e-5, 1e-6, "rows after one SGD step")
     assert all(np.all(np.isfinite(row)) for row in after.values())
+
+
+@pytest.mark.parametrize("splits_dtype", [tf.int32, tf.int64])
+@pytest.mark.parametrize("key_dtype", [tf.int32, tf.int64])
+def test_ragged_ids_and_weights_give_what_their_sparse_form_gives(sok, rng, unique_name,
+                                                                  splits_dtype, key_dtype):
+    """A rank-2 RaggedTensor is its SparseTensor (RaggedTensor.to_sparse):
+  the same lookup, in every form rows may take (ragged with empty rows,
+  uniform length, none)."""
+    from sok_ev import lookup  # pylint: disable=import-outside-toplevel
+    table = sok.get_embedding_variable(unique_name(), embedding_dim=4, key_dtype=key_dtype)
+    lengths = [3, 0, 1, 5, 0]
+    keys = rng.integers(-50, 50, sum(lengths)).astype(key_dtype.as_numpy_dtype)
+    weights = rng.random(sum(lengths)).astype(np.float32)
+    forms = [
+        tf.RaggedTensor.from_row_lengths(keys, tf.constant(lengths, splits_dtype)),
+        tf.RaggedTensor.from_uniform_row_length(keys[:8], tf.constant(2, splits_dtype)),
+        tf.RaggedTensor.from_row_lengths(keys[:0], tf.constant([], splits_dtype)),
+    ]
+    for ids in forms:
+        expected = ids.to_sparse()
+        actual = lookup._ragged_to_sparse(ids)  # pylint: disable=protected-access
+        for a, e in zip((actual.indices, actual.values, actual.dense_shape),
+                        (expected.indices, expected.values, expected.dense_shape)):
+            np.testing.assert_array_equal(a.numpy(), e.numpy())
+        ragged_weights = ids.with_flat_values(weights[:int(tf.size(ids.flat_values))])
+        np.testing.assert_array_equal(
+            sok.lookup_sparse([table], [ids], combiners="sum",
+                              sp_weights=[ragged_weights])[0].numpy(),
+            sok.lookup_sparse([table], [expected],
+                              combiners="sum",
+                              sp_weights=[ragged_weights.to_sparse()])[0].numpy())

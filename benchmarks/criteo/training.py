@@ -63,11 +63,14 @@ class Implementation:
                  initial_accumulator: float = 0.1,
                  warmup_steps: int = 0,
                  dense_learning_rate: Optional[float] = None,
-                 dense_initial_accumulator: Optional[float] = None):
+                 dense_initial_accumulator: Optional[float] = None,
+                 xla_tower: bool = False):
         """dense_*: Adagrad's settings for the tower, where they differ from
-    the embeddings' (None: the same)."""
+    the embeddings' (None: the same); xla_tower: the tower's forward (and so
+    its backward) compiled by XLA, the embeddings' ops outside it."""
         self.embeddings = embeddings
         self.tower = tower
+        self._tower_call = tf.function(tower.__call__, jit_compile=True) if xla_tower else tower
         self.name = embeddings.name
         self.global_batch = global_batch
         self.hvd = hvd
@@ -97,7 +100,7 @@ class Implementation:
 
     def logits(self, batch: Dict[str, tf.Tensor]) -> tf.Tensor:
         """[n] logits of a parsed batch."""
-        return self.tower(batch["dense"], self.embeddings(batch["keys"]))
+        return self._tower_call(batch["dense"], self.embeddings(batch["keys"]))
 
     def train(self, batch: Dict[str, tf.Tensor], use_tape: bool):
         """(train op, the global batch's mean loss). use_tape: gradients from a

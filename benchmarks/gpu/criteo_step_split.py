@@ -14,9 +14,25 @@ top [1024, 512, 256, 1], tf.compat.v1 Adagrad, as run.py's GPU preset):
           GPU memory;
   step hashing inside   hashing + the keyed step in one tf.function, as
           run.py's step was until 2026-11-25: serial, ~ hash + keyed.
-Run on a GPU machine with sok-ev installed, from the repository root:
-  python3 benchmarks/gpu/criteo_step_split.py
+With --mlperf, MLPerf DLRM-DCNv2's step of run.py --model dcnv2 --hotness
+mlperf instead (214 keys a sample from InMemoryData, dim 128, DCNv2 with 3
+cross layers of rank 512, bottom [512, 256], deep [1024, 1024, 512, 256]):
+  dense f32 / bf16   the DCNv2 tower's step with the embeddings given;
+  lookup             sok_ev.lookup_sparse of the 26 multi-hot features alone;
+  sparse             lookup, its gradient and Adagrad's update of the 26
+                     tables, with a loss that costs nothing (no tower);
+  step f32 / bf16    the whole step;
+each lookup also with the ids as ragged rows of fixed length instead of
+SparseTensors with [nnz, 2] indices (what run.py builds), and the bf16 tower
+also compiled by XLA (a jit_compile function inside the step);
+and the sparse part's bandwidth floor: the bytes it must move (each unique
+row read for the forward, read and written with its Adagrad slot for the
+update; each output written and each gradient read once; the keys read
+twice) over the device's copy rate measured here (x + 1 over 2 GiB).
+Run on a GPU machine with sok-ev installed:
+  python3 benchmarks/gpu/criteo_step_split.py [--mlperf]
 """
+import argparse
 import os
 import sys
 import time
@@ -24,9 +40,13 @@ import time
 import numpy as np
 import tensorflow as tf
 
-sys.path.append(os.getcwd())
+# Appended: the installed sok_ev, not the checkout's, is the one timed.
+sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 import sok_ev  # pylint: disable=wrong-import-position
+from benchmarks.criteo import formats  # pylint: disable=wrong-import-position
+from benchmarks.criteo import in_memory  # pylint: disable=wrong-import-position
 from benchmarks.criteo import models  # pylint: disable=wrong-import-position
+from benchmarks.criteo import reader  # pylint: disable=wrong-import-position
 
 BATCH, TABLES, DIM = 65536, 26, 128
 
@@ -42,8 +62,12 @@ def median_ms(function, calls=10):
     return float(np.median(times))
 
 
-def main():
-    sok_ev.init()
+def report(results):
+    for name, ms in results.items():
+        print(f"{name}: {ms:.2f} ms ({BATCH / ms * 1e3:,.0f} samples/s)", flush=True)
+
+
+def dlrm():
     rng = np.random.default_rng(0)
     strings = tf.constant(
         np.char.mod("%08x",
@@ -93,8 +117,150 @@ def main():
         "keyed (keys in host memory)": median_ms(lambda: keyed_step(keys)),
         "keyed (keys in GPU memory)": median_ms(lambda: keyed_step(keys_on_gpu)),
     }
-    for name, ms in results.items():
-        print(f"{name}: {ms:.2f} ms ({BATCH / ms * 1e3:,.0f} samples/s)", flush=True)
+    report(results)
+
+
+def copy_rate():
+    """Bytes read + written per second by x + 1 over 2 GiB of float32."""
+    with tf.device("/GPU:0"):
+        x = tf.zeros([1 << 29])
+    plus_one = tf.function(lambda: tf.reduce_max((x + 1.0)[:1]))
+    return 2 * 4 * (1 << 29) / (median_ms(plus_one) * 1e-3)
+
+
+def mlperf():
+    hotness = formats.MLPERF_HOTNESS
+    data = in_memory.InMemoryData(2 * BATCH,
+                                  BATCH,
+                                  cardinality_scale=0.1,
+                                  processes=os.cpu_count() or 1,
+                                  hotness=hotness)
+    batch = next(iter(data.dataset("train", BATCH)))
+    with tf.device("/GPU:0"):
+        keys = tf.identity(batch["keys"])
+        dense_features = tf.identity(batch["dense"])
+        labels = tf.identity(batch["label"])
+    dim = 128
+    tables = [
+        sok_ev.get_embedding_variable(f"C{f + 1}", embedding_dim=dim, key_dtype=tf.int64)
+        for f in range(reader.NUM_CATEGORICAL)
+    ]
+    rng = np.random.default_rng(0)
+    given = [tf.constant(rng.normal(size=(BATCH, dim)).astype(np.float32)) for _ in tables]
+    weights = [tf.constant(rng.normal(size=(1, dim)).astype(np.float32)) for _ in tables]
+    optimizer = tf.compat.v1.train.AdagradOptimizer(0.01)
+
+    def ids(ragged):
+        """The 26 features as lookup_sparse takes them: SparseTensors with
+    [nnz, 2] indices (embeddings.py's), or ragged rows of fixed length."""
+        out = []
+        for column in tf.split(keys, list(hotness), axis=1):
+            h = column.shape[1]
+            values = tf.reshape(column, [-1])
+            if ragged:
+                out.append(tf.RaggedTensor.from_uniform_row_length(values, h, validate=False))
+                continue
+            where = tf.stack([
+                tf.repeat(tf.range(BATCH, dtype=tf.int64), h),
+                tf.tile(tf.range(h, dtype=tf.int64), [BATCH])
+            ], 1)
+            out.append(tf.SparseTensor(where, values, [BATCH, h]))
+        return out
+
+    def steps(compute_dtype, ragged=False, xla=False):
+        """(the tower's step with the embeddings given, the whole step); xla:
+    the tower compiled by XLA inside the step (sok-ev's ops stay outside)."""
+        tower = models.DCNv2(dim,
+                             3,
+                             512, [1024, 1024, 512, 256],
+                             seed=0,
+                             bottom=[512, 256],
+                             compute_dtype=compute_dtype)
+        dense_optimizer = tf.compat.v1.train.AdagradOptimizer(0.01)
+
+        def tower_loss(dense, embeddings):
+            logits = tower(dense, embeddings)
+            return tf.reduce_sum(
+                tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits)) / BATCH
+
+        if xla:
+            tower_loss = tf.function(tower_loss, jit_compile=True)
+
+        @tf.function
+        def dense_step():
+            with tf.GradientTape() as tape:
+                tape.watch(given)
+                loss = tower_loss(dense_features, given)
+            grads = tape.gradient(loss, tower.variables)
+            dense_optimizer.apply_gradients(zip(grads, tower.variables))
+            return loss
+
+        @tf.function
+        def step():
+            with tf.GradientTape() as tape:
+                loss = tower_loss(dense_features, sok_ev.lookup_sparse(tables, ids(ragged), "sum"))
+            variables = tables + tower.variables
+            optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+            return loss
+
+        return dense_step, step
+
+    def lookup(ragged):
+        return tf.function(lambda: tf.add_n(
+            [tf.reduce_sum(e[:1]) for e in sok_ev.lookup_sparse(tables, ids(ragged), "sum")]))
+
+    def sparse(ragged):
+
+        @tf.function
+        def sparse_step():
+            with tf.GradientTape() as tape:
+                embeddings = sok_ev.lookup_sparse(tables, ids(ragged), "sum")
+                loss = tf.add_n([tf.reduce_sum(e * w) for e, w in zip(embeddings, weights)])
+            optimizer.apply_gradients(zip(tape.gradient(loss, tables), tables))
+            return loss
+
+        return sparse_step
+
+    dense32, step32 = steps("float32")
+    dense16, step16 = steps("bfloat16")
+    dense_xla, step_xla = steps("bfloat16", xla=True)
+    results = {
+        "dense f32": median_ms(dense32),
+        "dense bf16": median_ms(dense16),
+        "dense bf16, XLA tower": median_ms(dense_xla),
+        "lookup": median_ms(lookup(False)),
+        "lookup, ragged ids": median_ms(lookup(True)),
+        "sparse": median_ms(sparse(False)),
+        "sparse, ragged ids": median_ms(sparse(True)),
+        "step f32": median_ms(step32),
+        "step bf16": median_ms(step16),
+        "step bf16, XLA tower": median_ms(step_xla),
+    }
+    report(results)
+    columns = np.split(keys.numpy(), np.cumsum(hotness)[:-1], axis=1)
+    unique = sum(len(np.unique(c)) for c in columns)
+    nnz = BATCH * formats.MULTIHOT_KEYS
+    bags = BATCH * reader.NUM_CATEGORICAL
+    floor_bytes = unique * (4 * dim + 2 * 8 * dim) + 2 * bags * 4 * dim + 2 * nnz * 8
+    rate = copy_rate()
+    floor_ms = floor_bytes / rate * 1e3
+    print(
+        f"sparse floor: {unique:,} unique keys of {nnz:,}, {floor_bytes / 1e9:.2f} GB at "
+        f"{rate / 1e12:.2f} TB/s copy rate = {floor_ms:.2f} ms; sparse at "
+        f"{100 * floor_ms / results['sparse']:.0f}% of it ("
+        f"{100 * floor_ms / results['sparse, ragged ids']:.0f}% with ragged ids)",
+        flush=True)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--mlperf", action="store_true", help="MLPerf DLRM-DCNv2's step")
+    args = parser.parse_args(argv)
+    sok_ev.init()
+    if args.mlperf:
+        mlperf()
+    else:
+        dlrm()
 
 
 if __name__ == "__main__":

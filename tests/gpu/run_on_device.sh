@@ -75,9 +75,13 @@
 #   criteo-mlperf      benchmarks/criteo/run.py --device gpu --model dcnv2
 #                      --hotness mlperf (MLPerf DLRM-DCNv2's shape and hotness,
 #                      both implementations; 512 steps, the baseline 64) on
-#                      GPU 0, then sok-ev alone with a bfloat16 tower; out
+#                      GPU 0, then sok-ev alone with a bfloat16 tower that
+#                      XLA compiles (--xla-tower); out
 #                      dirs $OUT/criteo_mlperf and criteo_mlperf_bf16, log
 #                      criteo-mlperf.log
+#   criteo-split       benchmarks/gpu/criteo_step_split.py --mlperf on GPU 0:
+#                      where MLPerf DLRM-DCNv2's step goes (tower, lookup,
+#                      sparse update, floor); log criteo-split.log
 # Dry run on a CPU machine (no kit; TensorFlow parts on the CPU, multi over
 # Gloo, harness and memcheck reduced to what runs without a GPU):
 #   SOK_EV_DEVICE_DRY_RUN=1 PYTHON=.venv-cuda/bin/python bash tests/gpu/run_on_device.sh
@@ -457,12 +461,19 @@ if has criteo-mlperf; then
     rc=$?
     if ((rc == 0)); then
         (cd "$run" && CUDA_VISIBLE_DEVICES=0 timeout -k 10 "$(limit 200)" "$PY" "${mlperf[@]}" \
-            --impl sok_ev --compute-dtype bfloat16 --out-dir "$OUT/criteo_mlperf_bf16") \
+            --impl sok_ev --compute-dtype bfloat16 --xla-tower --out-dir "$OUT/criteo_mlperf_bf16") \
             >>"$OUT/criteo-mlperf.log" 2>&1
         rc=$?
     fi
     echo "$rc" >"$status/criteo-mlperf.rc"
     echo "criteo-mlperf: exit $rc"
+fi
+
+if has criteo-split; then
+    (cd "$run" && CUDA_VISIBLE_DEVICES=0 timeout -k 10 "$(limit 300)" "$PY" \
+        "$root/benchmarks/gpu/criteo_step_split.py" --mlperf) >"$OUT/criteo-split.log" 2>&1
+    echo "$?" >"$status/criteo-split.rc"
+    echo "criteo-split: exit $(cat "$status/criteo-split.rc")"
 fi
 
 # --- summary -------------------------------------------------------------------
@@ -472,7 +483,8 @@ out, status, site, parts, dry = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[
 total = {"passed": 0, "failed": 0, "skipped": 0}
 lines = []
 for part in ["tf", "multi", "harness", "memcheck", "harness-sanitizer", "bench", "tf-bench",
-             "tf-tiered", "tf-scaling", "peers", "criteo", "criteo-scaling", "criteo-mlperf"]:
+             "tf-tiered", "tf-scaling", "peers", "criteo", "criteo-scaling", "criteo-mlperf",
+             "criteo-split"]:
     if part not in parts:
         continue
     path = os.path.join(out, part + ".log")
@@ -487,7 +499,7 @@ for part in ["tf", "multi", "harness", "memcheck", "harness-sanitizer", "bench",
         if not clean:
             notes.append(f"exit {rc}")
     elif part in ("harness-sanitizer", "bench", "tf-bench", "tf-tiered", "tf-scaling", "peers",
-                  "criteo", "criteo-scaling", "criteo-mlperf"):
+                  "criteo", "criteo-scaling", "criteo-mlperf", "criteo-split"):
         count["passed" if rc == 0 else "failed"] = 1
     else:
         summary = [l for l in text.splitlines() if re.match(r"^=+ .* in [\d.]+s", l)]

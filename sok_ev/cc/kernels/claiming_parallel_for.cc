@@ -63,4 +63,14 @@ void ClaimingParallelFor(tensorflow::thread::ThreadPool* pool, int threads, int6
   blocks->all_done.wait(lock, [&] { return blocks->done == blocks->count; });
 }
 
+CpuContext PoolContext(tensorflow::thread::ThreadPool* pool) {
+  CpuContext context;
+  context.parallelism = pool->NumThreads();
+  context.parallel_for = [pool, threads = context.parallelism](int64_t total, int64_t cost_per_unit,
+                                                               const CpuContext::Work& work) {
+    ClaimingParallelFor(pool, threads, total, cost_per_unit, work);
+  };
+  return context;
+}
+
 }  // namespace sok_ev

@@ -28,6 +28,11 @@ namespace sok_ev {
 void ClaimingParallelFor(tensorflow::thread::ThreadPool* pool, int threads, int64_t total,
                          int64_t cost_per_unit, const CpuContext::Work& work);
 
+// The CpuContext whose parallel_for is ClaimingParallelFor over all of
+// `pool`'s threads (the CPU kernels' context, and the GPU kernels' for their
+// host-side work).
+CpuContext PoolContext(tensorflow::thread::ThreadPool* pool);
+
 }  // namespace sok_ev
 
 #endif  // SOK_EV_CC_KERNELS_CLAIMING_PARALLEL_FOR_H_

@@ -42,14 +42,8 @@ class Core<CPUDevice> {
   static constexpr bool kBackwardReadsOrder = false;
 
   explicit Core(tensorflow::OpKernelContext* context) : op_(context) {
-    tensorflow::thread::ThreadPool* pool =
-        context->device()->tensorflow_cpu_worker_threads()->workers;
-    num_threads_ = pool->NumThreads();
-    context_.parallelism = num_threads_;
-    context_.parallel_for = [pool, threads = num_threads_](int64_t total, int64_t cost_per_unit,
-                                                           const CpuContext::Work& work) {
-      ClaimingParallelFor(pool, threads, total, cost_per_unit, work);
-    };
+    context_ = PoolContext(context->device()->tensorflow_cpu_worker_threads()->workers);
+    num_threads_ = context_.parallelism;
   }
 
   // As below, but tables with the same non-null same_stream entry (one

@@ -39,6 +39,7 @@
 #include "cc/tiered_table_gpu.h"
 #include "cc/unique.h"
 #include "cc/unique_partition_gpu.h"
+#include "sok_ev/cc/kernels/claiming_parallel_for.h"
 #include "sok_ev/cc/kernels/export_buffers.h"
 #include "sok_ev/cc/kernels/scratch_vector.h"
 #include "sok_ev/cc/kernels/side_streams_gpu.h"
@@ -84,9 +85,12 @@ class Core<GPUDevice> {
 
   // On TF's compute stream of the op's GPU.
   explicit Core(tensorflow::OpKernelContext* context)
-      : op_(context), allocator_(DeviceAllocatorOf(context)) {
+      : op_(context),
+        allocator_(DeviceAllocatorOf(context)),
+        host_(PoolContext(context->device()->tensorflow_cpu_worker_threads()->workers)) {
     context_.stream = context->eigen_device<GPUDevice>().stream();
     context_.allocator = &allocator_;
+    context_.host = &host_;
   }
   Core(const Core&) = delete;
   Core& operator=(const Core&) = delete;
@@ -817,20 +821,27 @@ class Core<GPUDevice> {
 
   // Resident for the tables of a multi-table op: a table listed several
   // times makes all of its spans resident at once, so that no span's rows
-  // are written back to make room for another's.
+  // are written back to make room for another's. Every table's HBM check
+  // is queued first, so the op waits for the GPU once, not once a table.
   template <typename Key>
   absl::Status ResidentTables(const std::vector<std::pair<Table<Key>*, gpu::KeySpan<Key>>>& spans) {
+    std::vector<Table<Key>*> checked;
     for (size_t t = 0; t < spans.size(); ++t) {
       Table<Key>* table = spans[t].first;
-      if (!table->tiered()) continue;
-      bool first = true;
-      for (size_t u = 0; u < t; ++u) first = first && spans[u].first != table;
-      if (!first) continue;
+      if (!table->tiered() || std::find(checked.begin(), checked.end(), table) != checked.end()) {
+        continue;
+      }
       std::vector<gpu::KeySpan<Key>> of_table;
       for (size_t u = t; u < spans.size(); ++u) {
         if (spans[u].first == table) of_table.push_back(spans[u].second);
       }
-      TF_RETURN_IF_ERROR(ToTfStatus(table->make_resident(context_, of_table)));
+      TF_RETURN_IF_ERROR(ToTfStatus(table->queue_residency_check(context_, of_table)));
+      checked.push_back(table);
+    }
+    if (checked.empty()) return absl::OkStatus();
+    TF_RETURN_IF_ERROR(ToTfStatus(gpu::synchronize(stream())));
+    for (Table<Key>* table : checked) {
+      TF_RETURN_IF_ERROR(ToTfStatus(table->finish_residency(context_)));
     }
     return absl::OkStatus();
   }
@@ -851,8 +862,12 @@ class Core<GPUDevice> {
 
   // On a side stream `side` whose home is `home` (ForEachTable).
   Core(tensorflow::OpKernelContext* context, cudaStream_t side, cudaStream_t home)
-      : op_(context), allocator_(DeviceAllocatorOf(context)), home_(home) {
+      : op_(context),
+        allocator_(DeviceAllocatorOf(context)),
+        host_(PoolContext(context->device()->tensorflow_cpu_worker_threads()->workers)),
+        home_(home) {
     context_.stream = side;
+    context_.host = &host_;
     context_.home_stream = home;
     arena_ = std::make_unique<SideStreamArena>(DeviceAllocatorOf(context), context_);
     context_.allocator = arena_.get();
@@ -860,6 +875,7 @@ class Core<GPUDevice> {
 
   tensorflow::OpKernelContext* op_;
   TfGpuAllocator allocator_;  // the core's scratch memory on TF's stream
+  CpuContext host_;           // TF's CPU worker threads, for host-side work
   GpuContext context_;
   cudaStream_t home_ = nullptr;             // set on a side stream
   std::unique_ptr<SideStreamArena> arena_;  // a side stream's scratch memory
