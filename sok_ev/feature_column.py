@@ -11,6 +11,11 @@
   Fingerprint64 modulo 2**63 - 1) and an integer id is its own key (int32
   ids make an int32-keyed table). Dense inputs drop -1 and "" as the stock
   columns do.
+* `categorical_column_with_adaptive_embedding(key, hash_bucket_size,
+  dtype=tf.string, partition_num=None, ev_option=None)`: the same keys, and
+  beside the Embedding Variable a static `[hash_bucket_size, dimension]`
+  variable; `input_layer`'s `adaptive_mask_tensors` say, id by id, which of
+  the two it is read from (see the function).
 * `embedding_column(categorical_column, dimension, combiner="mean",
   initializer=None, max_norm=None, trainable=True, ...)`: over such a
   column, an Embedding Variable named `embedding_weights` in the column's
@@ -57,6 +62,7 @@ nothing.
 
 import collections
 import contextlib
+import dataclasses
 import math
 import sys
 import threading
@@ -87,14 +93,9 @@ STOCK = {
 
 # DeepRec's feature-column names sok-ev does not build -> what they are.
 REFUSED_FEATURES = {
-    "categorical_column_with_adaptive_embedding":
-        "adaptive embedding (a hash bucket beside the Embedding Variable)",
-    "categorical_column_with_multi_hash_bucket":
-        "multi-hash bucket columns",
-    "weighted_categorical_column_with_multi_hash_bucket":
-        "multi-hash bucket columns",
-    "coalesced_embedding_scope":
-        "coalesced (merged dense) embedding scopes",
+    "categorical_column_with_multi_hash_bucket": "multi-hash bucket columns",
+    "weighted_categorical_column_with_multi_hash_bucket": "multi-hash bucket columns",
+    "coalesced_embedding_scope": "coalesced (merged dense) embedding scopes",
 }
 
 
@@ -265,6 +266,89 @@ def categorical_column_with_embedding(key: str,
     return EmbeddingCategoricalColumn(key, dtype, partition_num, ev_option)
 
 
+class AdaptiveEmbeddingCategoricalColumn(EmbeddingCategoricalColumn):
+    """See `categorical_column_with_adaptive_embedding`: an
+  EmbeddingCategoricalColumn whose `embedding_column` also holds a static
+  `[hash_bucket_size, dimension]` variable, which `input_layer` reads for the
+  ids its `adaptive_mask_tensors` mark 0."""
+
+    def __new__(cls, key, dtype, partition_num, ev_option, hash_bucket_size):
+        column = super().__new__(cls, key, dtype, partition_num, ev_option)
+        column.hash_bucket_size = hash_bucket_size
+        return column
+
+    def __hash__(self):
+        return hash((self.key, self.dtype, self.partition_num, self.hash_bucket_size))
+
+    def __eq__(self, other):
+        return (isinstance(other, AdaptiveEmbeddingCategoricalColumn) and
+                tuple(self) == tuple(other) and self.hash_bucket_size == other.hash_bucket_size)
+
+    def __ne__(self, other):
+        return not self == other
+
+
+def categorical_column_with_adaptive_embedding(
+        key: str,
+        hash_bucket_size: int,
+        dtype=tf.string,
+        partition_num: Optional[int] = None,
+        ev_option: Optional[options.EmbeddingVariableOption] = None):
+    """DeepRec's adaptive embedding column: an Embedding Variable beside a
+  static hash-bucket variable.
+
+  `input_layer(..., adaptive_mask_tensors={key: mask})` reads each id from
+  the Embedding Variable where `mask` is 1 and from row `key mod
+  hash_bucket_size` of the static variable where it is 0 (`mask`: int,
+  one entry per value of the feature as fed: a SparseTensor's values, or a
+  dense feature's entries in row-major order, whose "" and -1 are dropped
+  with their mask entries; DeepRec's model zoo passes
+  `tf.ones([batch_size], tf.int32)` for its `[batch_size]` features). A key new to the Embedding Variable starts from the
+  static variable's initial row `key mod hash_bucket_size` (DeepRec copies
+  the row as trained so far; the two agree while no id was read from the
+  static variable, as with the model zoo's all-ones masks).
+
+  Args:
+    key, dtype, partition_num, ev_option: as
+      `categorical_column_with_embedding` (the keys are the same).
+    hash_bucket_size: rows of the static variable, a positive int.
+
+  Returns:
+    An AdaptiveEmbeddingCategoricalColumn, for `embedding_column`.
+
+  Raises:
+    ValueError: hash_bucket_size not a positive int, or the errors of
+      `categorical_column_with_embedding`; each names the column and value.
+  """
+    column = categorical_column_with_embedding(key, dtype, partition_num, ev_option)
+    if (isinstance(hash_bucket_size, bool) or not isinstance(hash_bucket_size, int) or
+            hash_bucket_size < 1):
+        raise ValueError(f"categorical_column_with_adaptive_embedding('{key}'): hash_bucket_size "
+                         f"must be a positive integer, got {hash_bucket_size!r}.")
+    return AdaptiveEmbeddingCategoricalColumn(column.key, column.dtype, column.partition_num,
+                                              column.ev_option, hash_bucket_size)
+
+
+class _HashRows:
+    """The initializer of an adaptive column's Embedding Variable: its
+  `[hash_bucket_size, dim]` default-value matrix (a new key takes row `key
+  mod hash_bucket_size`) is the static variable's initial value."""
+
+    def __init__(self, hash_variable):
+        self._hash_variable = hash_variable
+
+    def __call__(self, shape, dtype=tf.float32, partition_info=None):
+        del partition_info
+        # Eagerly the static variable holds its initial value still (both are
+        # made in one call); in a graph its initializer's output is read.
+        value = (self._hash_variable.read_value()
+                 if tf.executing_eagerly() else self._hash_variable.initial_value)
+        if list(shape) != value.shape.as_list():
+            raise ValueError(f"adaptive embedding: the static variable is {value.shape}, the "
+                             f"Embedding Variable's default values {list(shape)}")
+        return tf.cast(value, dtype)
+
+
 def _ev_source(column) -> Optional[EmbeddingCategoricalColumn]:
     """The categorical_column_with_embedding column `column` reads keys from:
   itself, or the one a weighted_categorical_column wraps; None if `column`
@@ -362,6 +446,11 @@ class EmbeddingVariableColumn(
         return _ev_source(self.categorical_column)
 
     @property
+    def adaptive(self) -> bool:
+        """Whether the keys come from a categorical_column_with_adaptive_embedding."""
+        return isinstance(self.source, AdaptiveEmbeddingCategoricalColumn)
+
+    @property
     def name(self):
         suffix = "shared_embedding" if self.shared_name else "embedding"
         return f"{self.categorical_column.name}_{suffix}"
@@ -424,6 +513,114 @@ class EmbeddingVariableColumn(
             tf.compat.v1.add_to_collection(self.shared_name, variable)
         return variable
 
+    def adaptive_variables(self, weight_collections=None, trainable=True):
+        """An adaptive column's two variables, made in the current variable
+    scope: the static `hash_embedding_weights` (`[hash_bucket_size,
+    dimension]`, a tf.Variable drawn from the column's initializer), then the
+    Embedding Variable `embedding_weights`, whose new keys start from the
+    static variable's initial rows. Returns (Embedding Variable, static)."""
+        source = self.source
+        trainable = self.trainable and trainable is not False
+        collections_ = list(weight_collections or [])
+        if collections_ and tf.compat.v1.GraphKeys.GLOBAL_VARIABLES not in collections_:
+            collections_.append(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+        hash_variable = tf.compat.v1.get_variable("hash_embedding_weights",
+                                                  [source.hash_bucket_size, self.dimension],
+                                                  tf.float32,
+                                                  initializer=self.initializer,
+                                                  trainable=trainable,
+                                                  collections=collections_ or None)
+        init = source.ev_option.init_option
+        ev_option = dataclasses.replace(
+            source.ev_option,
+            init_option=options.InitializerOption(
+                initializer=_HashRows(hash_variable),
+                default_value_dim=source.hash_bucket_size,
+                default_value_no_permission=init.default_value_no_permission))
+        variable = embedding_variable.get_embedding_variable("embedding_weights",
+                                                             embedding_dim=self.dimension,
+                                                             key_dtype=source.key_dtype,
+                                                             trainable=trainable,
+                                                             collections=collections_ or None,
+                                                             ev_option=ev_option)
+        return variable, hash_variable
+
+    def adaptive_dense_tensor(self, inputs, masks, weight_collections=None, trainable=None):
+        """`[batch, dimension]` of an adaptive column: each sample's ids read
+    from the Embedding Variable where `masks[key]` is 1 and from the static
+    variable (row `key mod hash_bucket_size`) where it is 0, combined
+    together by the column's combiner (ids < 0 dropped, as the safe lookup
+    drops them; an empty row gives zeros).
+
+    Raises:
+      ValueError: no mask for the column, a mask that is not integer, or a
+        weighted column (DeepRec's adaptive lookup takes no weights); each
+        names the column. At run time, InvalidArgumentError: a mask whose
+        size is not the number of ids, or an entry other than 0 and 1.
+    """
+        source = self.source
+        where = f"input_layer: adaptive embedding column '{self.name}'"
+        if self.categorical_column is not source:
+            raise ValueError(f"{where} is weighted ({self.categorical_column.name}); DeepRec's "
+                             "adaptive embedding takes no weights.")
+        if masks is None or source.key not in masks:
+            raise ValueError(f"{where} needs adaptive_mask_tensors['{source.key}']: one int "
+                             "per id, 1 to read it from the Embedding Variable, 0 from the "
+                             "static hash-bucket variable.")
+        mask = tf.reshape(tf.convert_to_tensor(masks[source.key]), [-1])
+        if not (mask.dtype.is_integer or mask.dtype == tf.bool):
+            raise ValueError(f"{where}: adaptive_mask_tensors['{source.key}'] must be integer "
+                             f"(0 or 1 per id), got {mask.dtype.name}.")
+        mask = tf.cast(mask, tf.int32)
+        # One entry per value as fed: a dense feature's every entry (its ""
+        # and -1 are dropped with their mask entries), a SparseTensor's values.
+        fed = inputs.get(source.key)
+        fed_values = fed.values if isinstance(fed, tf.SparseTensor) else tf.reshape(fed, [-1])
+        checks = [
+            tf.debugging.assert_equal(
+                tf.size(mask),
+                tf.size(fed_values),
+                message=f"{where}: adaptive_mask_tensors['{source.key}'] must hold one entry "
+                "per id of the feature"),
+            tf.debugging.assert_equal(tf.reduce_all(
+                tf.logical_or(tf.equal(mask, 0), tf.equal(mask, 1))),
+                                      True,
+                                      message=f"{where}: adaptive_mask_tensors['{source.key}'] "
+                                      "must hold only 0 and 1"),
+        ]
+        with tf.control_dependencies(checks):
+            mask = tf.identity(mask)
+        if not isinstance(fed, tf.SparseTensor):
+            mask = tf.boolean_mask(
+                mask, tf.not_equal(fed_values, "" if fed_values.dtype == tf.string else -1))
+        ids = self.categorical_column._get_sparse_tensors(inputs).id_tensor  # pylint: disable=protected-access
+        variable, hash_variable = self.adaptive_variables(weight_collections, trainable)
+        kept = tf.greater_equal(ids.values, 0)
+        from_table = tf.sparse.retain(ids, tf.logical_and(kept, tf.equal(mask, 1)))
+        from_hash = tf.sparse.retain(ids, tf.logical_and(kept, tf.equal(mask, 0)))
+        from_hash = tf.SparseTensor(
+            from_hash.indices,
+            tf.math.floormod(tf.cast(from_hash.values, tf.int64), source.hash_bucket_size),
+            from_hash.dense_shape)
+        total = tf.add(
+            tf.nn.safe_embedding_lookup_sparse(variable,
+                                               from_table,
+                                               None,
+                                               combiner="sum",
+                                               max_norm=self.max_norm),
+            tf.nn.safe_embedding_lookup_sparse(hash_variable,
+                                               from_hash,
+                                               None,
+                                               combiner="sum",
+                                               max_norm=self.max_norm))
+        if self.combiner == "sum":
+            return total
+        counts = tf.math.unsorted_segment_sum(tf.cast(kept, tf.float32), ids.indices[:, 0],
+                                              ids.dense_shape[0])
+        if self.combiner == "sqrtn":
+            counts = tf.sqrt(counts)
+        return tf.math.divide_no_nan(total, counts[:, None])
+
     def _check_shared(self, existing):
         if len(existing) > 1:
             raise ValueError(f"shared_embedding_columns: collection '{self.shared_name}' holds "
@@ -470,6 +667,11 @@ class EmbeddingVariableColumn(
 
     def _get_dense_tensor(self, inputs, weight_collections=None, trainable=None):
         """`[batch, dimension]`: the combined rows of each sample's keys."""
+        if self.adaptive:
+            raise ValueError(f"embedding column '{self.name}' is an adaptive embedding column: "
+                             "read it with tf.feature_column.input_layer(..., "
+                             "adaptive_mask_tensors=...) once sok_ev.install_deeprec_api() "
+                             "has run.")
         # The ids first: ids of the wrong kind raise before a variable exists.
         pair = self.categorical_column._get_sparse_tensors(inputs)  # pylint: disable=protected-access
         variable = self.embedding_variable(weight_collections, trainable)
@@ -484,6 +686,10 @@ class EmbeddingVariableColumn(
       ValueError: a state manager without a layer, a shared Embedding
         Variable of another dimension or key dtype (names both).
     """
+        if self.adaptive:
+            raise ValueError(f"embedding column '{self.name}': adaptive embedding columns are "
+                             "read by input_layer (with adaptive_mask_tensors), not by a Keras "
+                             "feature layer.")
         layer = getattr(state_manager, "_layer", None)
         if layer is None:
             raise ValueError(f"embedding column '{self.name}': its Embedding Variable is made "
@@ -692,6 +898,12 @@ def shared_embedding_columns(categorical_columns,
         other = [c.name for c in categorical_columns if c not in ev_columns]
         raise ValueError(f"{where}: {other} are not categorical_column_with_embedding columns; "
                          "an Embedding Variable can only be shared by such columns.")
+    adaptive = [
+        c.name for c in ev_columns if isinstance(_ev_source(c), AdaptiveEmbeddingCategoricalColumn)
+    ]
+    if adaptive:
+        raise ValueError(f"{where}: {adaptive} are adaptive embedding columns, which are not "
+                         "shared (use embedding_column).")
     key_dtypes = sorted({_ev_source(c).key_dtype.name for c in ev_columns})
     if len(key_dtypes) > 1:
         raise ValueError(f"{where}: the columns' keys differ in dtype ({key_dtypes}); one "
@@ -733,7 +945,8 @@ def input_layer(features,
                 weight_collections=None,
                 trainable=True,
                 cols_to_vars=None,
-                cols_to_output_tensors=None):
+                cols_to_output_tensors=None,
+                adaptive_mask_tensors=None):
     """TensorFlow's v1 `input_layer`, with the Embedding Variable columns of
   each `group_embedding_column_scope` looked up in one lookup_sparse call.
 
@@ -746,6 +959,12 @@ def input_layer(features,
     cols_to_vars: if a dict, filled with column -> its variables.
     cols_to_output_tensors: if a dict, filled with column -> its
       `[batch, width]` output.
+    adaptive_mask_tensors: DeepRec's: a dict of feature key -> int mask, one
+      entry per id, for the adaptive embedding columns (1: the Embedding
+      Variable, 0: the static variable; see
+      `categorical_column_with_adaptive_embedding`). Masks of other
+      columns are not read. Adaptive columns are looked up on their own,
+      also inside a group_embedding_column_scope.
 
   Returns:
     `[batch, sum of widths]` float32, the columns in name order.
@@ -785,7 +1004,10 @@ def input_layer(features,
         for column in ordered:
             with tf.compat.v1.variable_scope(None, default_name=column._var_scope_name):  # pylint: disable=protected-access
                 scopes[column] = tf.compat.v1.get_variable_scope().name
-                if isinstance(column, EmbeddingVariableColumn) and column.group:
+                if isinstance(column, EmbeddingVariableColumn) and column.adaptive:
+                    tensors[column] = column.adaptive_dense_tensor(builder, adaptive_mask_tensors,
+                                                                   weight_collections, trainable)
+                elif isinstance(column, EmbeddingVariableColumn) and column.group:
                     keys = column.sparse_keys(builder)  # checked before any variable
                     prepared[column] = (column.embedding_variable(weight_collections,
                                                                   trainable),) + keys
@@ -911,6 +1133,7 @@ def group_embedding_lookup_sparse(params,
 # Name on tf.feature_column / tf.compat.v1.feature_column -> sok-ev's.
 FEATURE_COLUMN_NAMES = {
     "categorical_column_with_embedding": categorical_column_with_embedding,
+    "categorical_column_with_adaptive_embedding": categorical_column_with_adaptive_embedding,
     "embedding_column": embedding_column,
     "shared_embedding_columns": shared_embedding_columns,
     "input_layer": input_layer,

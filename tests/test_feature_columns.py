@@ -456,10 +456,8 @@ def test_group_embedding_lookup_sparse_equals_dense_lookups(deeprec, rng, sok, u
 # --------------------------------------------------------------------------- refusals
 
 
-@pytest.mark.parametrize("name", [
-    "categorical_column_with_adaptive_embedding", "categorical_column_with_multi_hash_bucket",
-    "coalesced_embedding_scope"
-])
+@pytest.mark.parametrize("name",
+                         ["categorical_column_with_multi_hash_bucket", "coalesced_embedding_scope"])
 def test_deeprec_columns_not_built_are_refused_naming_them(deeprec, name):
     for module in (tf.feature_column, TF1.feature_column):
         with pytest.raises(ValueError) as error:
