@@ -22,6 +22,11 @@
 // budget more than it must, so that the whole-table scan that picks the
 // victims is not paid on every call.
 //
+// Rows moving between the tiers go through a pinned staging buffer per
+// table (grown as needed), and the host tier's lookups, inserts and erases
+// run on the context's host threads (GpuContext::host; the TF kernels pass
+// TensorFlow's CPU worker threads).
+//
 // Errors. Host memory that the system refuses for written-back rows fails
 // the call with ResourceExhausted naming the table; the rows already
 // written for it are removed from the host tier again and nothing in HBM
