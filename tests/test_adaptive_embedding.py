@@ -93,12 +93,12 @@ def _model(deeprec, id_dtype, combiner, static):
 
 
 @pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
-@pytest.mark.parametrize("id_dtype", ["string", "int64"])
+@pytest.mark.parametrize("id_dtype", ["string", "int64", "int32"])
 def test_each_id_reads_the_table_or_its_static_row_as_its_mask_says_and_trains_there(
         deeprec, rng, id_dtype, combiner):
     batch = ref.random_sparse_batch(rng, 6, 3, lambda n: rng.integers(-20, 40, size=n), np.int64)
     ids = (np.array([f"id{k}".encode() for k in batch.keys], object)
-           if id_dtype == "string" else batch.keys)
+           if id_dtype == "string" else batch.keys.astype(id_dtype))
     keys = _keys(ids)
     static = ref.random_matrix(rng, BUCKETS, DIM)
     masks = [rng.integers(0, 2, len(keys)) for _ in range(2)]
