@@ -418,6 +418,15 @@ def _current_group() -> Optional[str]:
 # --------------------------------------------------------------------------- dense columns
 
 
+def _with_global_variables(weight_collections) -> Optional[List[str]]:
+    """`weight_collections` with GLOBAL_VARIABLES added (a variable given
+  collections is in only those), or None when there are none."""
+    collections_ = list(weight_collections or [])
+    if collections_ and tf.compat.v1.GraphKeys.GLOBAL_VARIABLES not in collections_:
+        collections_.append(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+    return collections_ or None
+
+
 class EmbeddingVariableColumn(
         _fc_v2.DenseColumn,
         _fc_v1._DenseColumn,  # pylint: disable=protected-access
@@ -498,16 +507,14 @@ class EmbeddingVariableColumn(
             existing = tf.compat.v1.get_collection(self.shared_name)
             if existing:
                 return self._check_shared(existing)
-        collections_ = list(weight_collections or [])
-        if collections_ and tf.compat.v1.GraphKeys.GLOBAL_VARIABLES not in collections_:
-            collections_.append(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+        collections_ = _with_global_variables(weight_collections)
         variable = embedding_variable.get_embedding_variable("embedding_weights",
                                                              embedding_dim=self.dimension,
                                                              key_dtype=self.source.key_dtype,
                                                              initializer=self.initializer,
                                                              trainable=self.trainable and
                                                              trainable is not False,
-                                                             collections=collections_ or None,
+                                                             collections=collections_,
                                                              ev_option=self.source.ev_option)
         if self.shared_name:
             tf.compat.v1.add_to_collection(self.shared_name, variable)
@@ -521,15 +528,13 @@ class EmbeddingVariableColumn(
     static variable's initial rows. Returns (Embedding Variable, static)."""
         source = self.source
         trainable = self.trainable and trainable is not False
-        collections_ = list(weight_collections or [])
-        if collections_ and tf.compat.v1.GraphKeys.GLOBAL_VARIABLES not in collections_:
-            collections_.append(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+        collections_ = _with_global_variables(weight_collections)
         hash_variable = tf.compat.v1.get_variable("hash_embedding_weights",
                                                   [source.hash_bucket_size, self.dimension],
                                                   tf.float32,
                                                   initializer=self.initializer,
                                                   trainable=trainable,
-                                                  collections=collections_ or None)
+                                                  collections=collections_)
         init = source.ev_option.init_option
         ev_option = dataclasses.replace(
             source.ev_option,
@@ -541,7 +546,7 @@ class EmbeddingVariableColumn(
                                                              embedding_dim=self.dimension,
                                                              key_dtype=source.key_dtype,
                                                              trainable=trainable,
-                                                             collections=collections_ or None,
+                                                             collections=collections_,
                                                              ev_option=ev_option)
         return variable, hash_variable
 

@@ -183,6 +183,15 @@ def export_to_dict(keys, values):
     return {int(k): np.asarray(v) for k, v in zip(keys, values)}
 
 
+def deeprec_keys(ids):
+    """The int64 keys DeepRec derives from feature ids (the reference
+  mapping): strings hash to Fingerprint64 modulo 2**63 - 1, integers are
+  their own keys."""
+    if ids.dtype == object:
+        return tf.strings.to_hash_bucket_fast(ids, 2**63 - 1).numpy()
+    return ids.astype(np.int64)
+
+
 def in_key_order(keys, *columns):
     """`keys` and each of `columns` (arrays of one row a key) sorted by key:
   a GPU table exports its keys in no fixed order, not even between two

@@ -32,13 +32,6 @@ def deeprec(sok):
     return TF1
 
 
-def _keys(ids):
-    """DeepRec's keys of the ids: Fingerprint64 mod 2**63 - 1 for strings."""
-    if ids.dtype == object:
-        return tf.strings.to_hash_bucket_fast(ids, 2**63 - 1).numpy()
-    return ids.astype(np.int64)
-
-
 class Reference:
     """The adaptive model in NumPy: a dict table beside the static rows.
   Ids below 0 are dropped (as tf.nn.safe_embedding_lookup_sparse drops them)
@@ -99,7 +92,7 @@ def test_each_id_reads_the_table_or_its_static_row_as_its_mask_says_and_trains_t
     batch = ref.random_sparse_batch(rng, 6, 3, lambda n: rng.integers(-20, 40, size=n), np.int64)
     ids = (np.array([f"id{k}".encode() for k in batch.keys], object)
            if id_dtype == "string" else batch.keys.astype(id_dtype))
-    keys = _keys(ids)
+    keys = ref.deeprec_keys(ids)
     static = ref.random_matrix(rng, BUCKETS, DIM)
     masks = [rng.integers(0, 2, len(keys)) for _ in range(2)]
     masks.append(1 - masks[0])  # ids read from the static rows now read the table
@@ -133,7 +126,7 @@ def test_the_model_zoos_all_ones_masks_train_and_survive_a_saver_round_trip(deep
     values = np.array([[f"v{k}".encode()] for k in rng.integers(0, 5, batch_size)], object)
     values[3, 0] = b""  # an empty feature: its id and its mask entry are dropped
     static = ref.random_matrix(rng, BUCKETS, DIM)
-    keys = _keys(values[:, 0])
+    keys = ref.deeprec_keys(values[:, 0])
     with tf.Graph().as_default():
         column = _model(deeprec, "string", "mean", static)
         out = deeprec.feature_column.input_layer(

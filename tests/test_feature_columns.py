@@ -66,13 +66,6 @@ def _ids_of(keys, id_dtype):
     return keys.astype(id_dtype)
 
 
-def _deeprec_keys(ids):
-    """The keys DeepRec derives from ids (the reference mapping)."""
-    if ids.dtype == object:
-        return tf.strings.to_hash_bucket_fast(ids, 2**63 - 1).numpy()
-    return ids.astype(np.int64)
-
-
 def _batch(rng, id_dtype, draw=N_ROWS * 3):
     batch = ref.random_sparse_batch(rng, 6, 3, lambda n: rng.integers(0, draw, size=n), np.int64)
     return batch, _ids_of(batch.keys, id_dtype)
@@ -128,7 +121,7 @@ def test_integer_ids_are_their_own_keys(deeprec, rng, id_dtype):
 
 def _stock_model(deeprec, batches, keys, matrices, combiner, max_norm):
     """The reference: stock identity columns over each key's position among
-    its column's keys (`keys[name]`, from _deeprec_keys), stock embedding
+    its column's keys (`keys[name]`, from ref.deeprec_keys), stock embedding
     columns on dense variables holding the keys' initial rows (DeepRec: key
     k starts at matrix[k mod N])."""
     features, columns, uniques = {}, [], []
@@ -182,7 +175,7 @@ def test_input_layer_equals_stock_columns_before_and_after_a_training_step(
     batches = {name: _batch(rng, id_dtype) for name in ("a", "b")}
     matrices = {name: ref.random_matrix(rng, N_ROWS, DIM) for name in batches}
     upstream = rng.normal(size=(6, 2 * DIM)).astype(np.float32)
-    keys = {name: _deeprec_keys(ids) for name, (_, ids) in batches.items()}
+    keys = {name: ref.deeprec_keys(ids) for name, (_, ids) in batches.items()}
     with tf.Graph().as_default():
         columns = [
             _ev_column(deeprec, name, id_dtype, matrices[name], combiner=combiner)

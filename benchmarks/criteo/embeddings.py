@@ -32,7 +32,7 @@ def _one_hot(ids):
     return [tf.SparseTensor(indices, column, shape) for column in tf.unstack(ids, axis=1)]
 
 
-def _multi_hot(ids, hotness):
+def multi_hot_ids(ids, hotness):
     """[n, sum(hotness)] int64 ids, feature f's hotness[f] columns in turn ->
   one SparseTensor [n, hotness[f]] per feature, every slot filled (MLPerf's
   multi-hot features have a fixed hotness)."""
@@ -49,7 +49,7 @@ def _multi_hot(ids, hotness):
 
 
 def _by_feature(ids, hotness):
-    return _one_hot(ids) if hotness is None else _multi_hot(ids, hotness)
+    return _one_hot(ids) if hotness is None else multi_hot_ids(ids, hotness)
 
 
 def sok_ev_bytes_per_key(dim: int, num_slots: int) -> int:

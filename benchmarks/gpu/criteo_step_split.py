@@ -43,6 +43,7 @@ import tensorflow as tf
 # Appended: the installed sok_ev, not the checkout's, is the one timed.
 sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 import sok_ev  # pylint: disable=wrong-import-position
+from benchmarks.criteo import embeddings  # pylint: disable=wrong-import-position
 from benchmarks.criteo import formats  # pylint: disable=wrong-import-position
 from benchmarks.criteo import in_memory  # pylint: disable=wrong-import-position
 from benchmarks.criteo import models  # pylint: disable=wrong-import-position
@@ -151,21 +152,17 @@ def mlperf():
     optimizer = tf.compat.v1.train.AdagradOptimizer(0.01)
 
     def ids(ragged):
-        """The 26 features as lookup_sparse takes them: SparseTensors with
-    [nnz, 2] indices (embeddings.py's), or ragged rows of fixed length."""
-        out = []
-        for column in tf.split(keys, list(hotness), axis=1):
-            h = column.shape[1]
-            values = tf.reshape(column, [-1])
-            if ragged:
-                out.append(tf.RaggedTensor.from_uniform_row_length(values, h, validate=False))
-                continue
-            where = tf.stack([
-                tf.repeat(tf.range(BATCH, dtype=tf.int64), h),
-                tf.tile(tf.range(h, dtype=tf.int64), [BATCH])
-            ], 1)
-            out.append(tf.SparseTensor(where, values, [BATCH, h]))
-        return out
+        """The 26 features as lookup_sparse takes them: run.py's SparseTensors
+    with [nnz, 2] indices (embeddings.multi_hot_ids), or ragged rows of fixed
+    length."""
+        if not ragged:
+            return embeddings.multi_hot_ids(keys, hotness)
+        return [
+            tf.RaggedTensor.from_uniform_row_length(tf.reshape(column, [-1]),
+                                                    column.shape[1],
+                                                    validate=False)
+            for column in tf.split(keys, list(hotness), axis=1)
+        ]
 
     def steps(compute_dtype, ragged=False, xla=False):
         """(the tower's step with the embeddings given, the whole step); xla:
