@@ -134,6 +134,37 @@ def xspace_step_stats(xspace):
     return stats, sorted(unattributed)
 
 
+def trace_function(tf, run, steps):
+    """Runs `run(s)` for s < steps (tf.function steps) under TensorFlow's
+  profiler (tf.profiler.experimental, which a Session's RunOptions cannot
+  reach) and reads its record back.
+
+  Returns:
+    xspace_step_stats()'s (StepStats, unattributed stat names), or None when
+    the profiler wrote no .xplane.pb.
+  """
+    import glob  # pylint: disable=import-outside-toplevel
+    import os  # pylint: disable=import-outside-toplevel
+    import shutil  # pylint: disable=import-outside-toplevel
+    import tempfile  # pylint: disable=import-outside-toplevel
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2  # pylint: disable=import-outside-toplevel
+    logdir = tempfile.mkdtemp(prefix="sok_ev_fn_trace_")
+    try:
+        tf.profiler.experimental.start(logdir)
+        for s in range(steps):
+            run(s)
+        tf.profiler.experimental.stop()
+        paths = glob.glob(os.path.join(logdir, "plugins", "profile", "*", "*.xplane.pb"))
+        if not paths:
+            return None
+        xspace = xplane_pb2.XSpace()
+        with open(paths[0], "rb") as f:
+            xspace.ParseFromString(f.read())
+        return xspace_step_stats(xspace)
+    finally:
+        shutil.rmtree(logdir, ignore_errors=True)
+
+
 def _annotation(event, stat_name):
     """The op annotation ("name:Type", its "#...#" suffix cut) of a profiler
   GPU event, or None."""
@@ -223,6 +254,22 @@ def print_timeline(timeline, label="", min_launch_ms=0.02):
                   f"{ms:7.3f} ms  {op}")
     for at, idle, before, after in timeline["gaps"]:
         print(f"[timeline{label}]   idle {idle:.3f} ms at {at:.3f}: {before} -> {after}")
+
+
+def print_top(timeline, label, top=25):
+    """gpu_timeline()'s dict, the largest first: the GPU's span and busy time,
+  the `top` ops by kernel time, the GPU ops by host time (an op that waits
+  on the host for its GPU work, or works on the host, shows there), and the
+  10 longest idle gaps."""
+    print(f"[trace {label}] kernels span {timeline['span_ms']:.2f} ms, GPU busy "
+          f"{timeline['busy_ms']:.2f} ms, first kernel at {timeline['first_kernel_ms']:.2f} ms")
+    for title, windows in (("kernels", timeline["ops"]), ("host", timeline["launches"])):
+        for op, (first, last, count, ms) in sorted(windows.items(),
+                                                   key=lambda item: -item[1][3])[:top]:
+            print(f"[trace {label}]   {title} {ms:8.3f} ms {count:5d}x "
+                  f"{first:8.2f} .. {last:8.2f} ms  {op[:160]}")
+    for at, idle, before, after in sorted(timeline["gaps"], key=lambda gap: -gap[1])[:10]:
+        print(f"[trace {label}]   idle {idle:.3f} ms at {at:.2f}: {before[:100]} -> {after[:100]}")
 
 
 def save_and_print_timeline(step_stats, path, label=""):

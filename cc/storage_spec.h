@@ -58,7 +58,14 @@ struct TierCounters {
   int64_t calls = 0;         // calls that made keys resident
   int64_t hbm_rows = 0;      // rows in HBM now
   int64_t host_rows = 0;     // rows in host memory now
-  static constexpr int kFields = 8;
+  // Host wall time of the moves, in microseconds (cumulative), so a slow
+  // step can be split: choosing the rows to write back (the call's keys and
+  // HBM's index listed to the host), writing them back, bringing rows in
+  // (the host tier's lookup, the copy, HBM's insert).
+  int64_t choose_us = 0;
+  int64_t write_back_us = 0;
+  int64_t bring_in_us = 0;
+  static constexpr int kFields = 11;
 };
 
 }  // namespace sok_ev

@@ -2,6 +2,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <numeric>
 #include <string>
 #include <utility>
@@ -118,6 +119,21 @@ Status out_of_device_memory(const std::string& name, const char* what, size_t by
                                    "': out of GPU memory allocating " + std::to_string(bytes) +
                                    " bytes for " + what);
 }
+
+// Host wall time added to a TierCounters field (microseconds): lap() adds
+// what passed since the last lap, or since it was made.
+class Stopwatch {
+ public:
+  void lap(int64_t* total_us) {
+    const Clock::time_point now = Clock::now();
+    *total_us += std::chrono::duration_cast<std::chrono::microseconds>(now - last_).count();
+    last_ = now;
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point last_ = Clock::now();
+};
 
 }  // namespace
 
@@ -308,8 +324,10 @@ Status TieredTable<Key>::finish_residency(const GpuContext& context) const {
   const int64_t needed = hbm_size + static_cast<int64_t>(absent.size());
   if (needed > budget) {
     // The call's keys are kept; only now do they all cross to the host.
+    Stopwatch stopwatch;
     std::vector<Key> keep;
     SOK_EV_RETURN_IF_ERROR(keys_of_spans(context, check.spans, &keep));
+    stopwatch.lap(&counters_.choose_us);
     const int64_t hits = static_cast<int64_t>(keep.size() - absent.size());
     // An eighth of the budget beyond what must go, so that the next calls
     // find room without a scan; never the keys of this call.
@@ -319,6 +337,7 @@ Status TieredTable<Key>::finish_residency(const GpuContext& context) const {
   }
   // Those in the host tier move in; the rest are new.
   if (absent.empty() || host_->size() == 0) return Status::Ok();
+  Stopwatch stopwatch;
   const int64_t width = row_width();
   const int64_t m = static_cast<int64_t>(absent.size());
   SOK_EV_RETURN_IF_ERROR(check.reserve(m, width));
@@ -337,7 +356,9 @@ Status TieredTable<Key>::finish_residency(const GpuContext& context) const {
     }
     moving.push_back(absent[i]);
   }
-  return bring_in(context, moving);
+  const Status brought = bring_in(context, moving);
+  stopwatch.lap(&counters_.bring_in_us);
+  return brought;
 }
 
 template <typename Key>
@@ -370,6 +391,7 @@ template <typename Key>
 Status TieredTable<Key>::evict(const GpuContext& context, int64_t count,
                                const std::vector<Key>& keep) const {
   cudaStream_t stream = stream_of(context);
+  Stopwatch stopwatch;
   int64_t stored = 0;
   SOK_EV_RETURN_IF_ERROR(hbm_->size(context, &stored));
   if (stored == 0) return Status::Ok();
@@ -416,6 +438,7 @@ Status TieredTable<Key>::evict(const GpuContext& context, int64_t count,
     victims[i] = host_keys[candidates[i]];
     victim_ids[i] = host_ids[candidates[i]];
   }
+  stopwatch.lap(&counters_.choose_us);
 
   // Their rows to the host tier, through the pinned staging, then out of HBM.
   const int64_t width = row_width();
@@ -455,6 +478,7 @@ Status TieredTable<Key>::evict(const GpuContext& context, int64_t count,
   SOK_EV_RETURN_IF_ERROR(to_device(context, victims.data(), count, device_ids.as<Key>()));
   SOK_EV_RETURN_IF_ERROR(hbm_->erase(context, device_ids.as<Key>(), count, nullptr));
   SOK_EV_RETURN_IF_ERROR(synchronize(stream));
+  stopwatch.lap(&counters_.write_back_us);
   counters_.rows_to_host += count;
   counters_.pcie_bytes +=
       count * static_cast<int64_t>(width * sizeof(float) + 3 * sizeof(int64_t) + sizeof(Key));

@@ -62,7 +62,7 @@ _NO_TIERS = {"hbm_bytes": 0, "cache_strategy": 1}
 
 # The fields of SokEv>EmbeddingVariableTierCounters, in order.
 TIER_COUNTER_NAMES = ("hits", "misses", "rows_to_hbm", "rows_to_host", "pcie_bytes", "calls",
-                      "hbm_rows", "host_rows")
+                      "hbm_rows", "host_rows", "choose_us", "write_back_us", "bring_in_us")
 
 
 def _check_gpu_placement(handle, name):
@@ -262,9 +262,11 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
     not), rows_to_hbm and rows_to_host (rows moved each way), pcie_bytes
     (bytes the tiers copied between host and GPU), calls (lookups and
     updates that made keys resident), all since the table was made; and
-    hbm_rows and host_rows (rows in each tier now). A table without tiers
-    counts nothing: its rows are hbm_rows on a GPU, host_rows on the CPU.
-    Read it twice to get a step's share (e.g. pcie_bytes per step)."""
+    hbm_rows and host_rows (rows in each tier now); choose_us, write_back_us
+    and bring_in_us (host microseconds spent choosing rows to write back,
+    writing them back and bringing rows in). A table without tiers counts
+    nothing: its rows are hbm_rows on a GPU, host_rows on the CPU. Read it
+    twice to get a step's share (e.g. pcie_bytes per step)."""
         with tf.device(self._handle.device):
             counters = ops().sok_ev_embedding_variable_tier_counters(self._handle)
         if context.executing_eagerly():

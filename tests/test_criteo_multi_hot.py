@@ -52,3 +52,41 @@ def test_sok_ev_multi_hot_is_the_sum_of_its_one_hot_lookups(sok):
 def test_hotness_is_checked_by_name():
     with pytest.raises(ValueError, match="HashBucketEmbeddings: hotness needs 26 counts >= 1"):
         embeddings.HashBucketEmbeddings(DIM, [4] * 26, 0.05, seed=0, hotness=[1] * 25)
+
+
+@pytest.mark.parametrize("batch_on_gpu", [False, True], ids=["host-batch", "gpu-batch"])
+@pytest.mark.parametrize("hotness", [None, HOTNESS], ids=["one-hot", "mlperf"])
+def test_the_features_are_cut_from_the_id_batch_where_it_lies(hotness, batch_on_gpu):
+    """TensorFlow's GPU kernels of Unpack (tf.unstack) and SplitV (tf.split)
+  take no int64: a batch in GPU memory cut by them went to the host and back
+  every step (MLPerf's 14M ids: about 13 ms a step on an H200, 2026-11-29),
+  so it is cut by ops a GPU runs; a batch in host memory is cut on the host.
+  The cut runs with soft placement off, on GPU:0 where a GPU is visible and
+  the batch is there (an op without a GPU kernel fails the run); each
+  feature's SparseTensor is checked against NumPy's slice of the batch."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    rng = np.random.default_rng(7)
+    widths = [1] * reader.NUM_CATEGORICAL if hotness is None else list(hotness)
+    batch = keys(rng, n=6)[:, :sum(widths)]
+    gpu = batch_on_gpu and bool(tf.config.list_physical_devices("GPU"))
+    graph = tf.Graph()
+    with graph.as_default(), tf.device("/GPU:0" if gpu else "/CPU:0"):
+        ids = tf.constant(batch)
+        features = embeddings._by_feature(ids, hotness, batch_on_gpu)  # pylint: disable=protected-access
+    cuts = [op for op in graph.get_operations() if op.type in ("Unpack", "Split", "SplitV")]
+    if batch_on_gpu:
+        assert cuts == []
+    else:
+        assert cuts and all("CPU" in op.device for op in cuts), [(op.type, op.device) for op in cuts
+                                                                ]
+    config = tf.compat.v1.ConfigProto(allow_soft_placement=False)
+    with tf.compat.v1.Session(graph=graph, config=config) as sess:
+        got = sess.run(features)
+    start = 0
+    for feature, h in zip(got, widths):
+        expected = batch[:, start:start + h]
+        start += h
+        np.testing.assert_array_equal(feature.dense_shape, [len(batch), h])
+        np.testing.assert_array_equal(feature.values, expected.reshape(-1))
+        np.testing.assert_array_equal(feature.indices,
+                                      np.argwhere(np.ones_like(expected, dtype=bool)))

@@ -29,8 +29,11 @@ and the sparse part's bandwidth floor: the bytes it must move (each unique
 row read for the forward, read and written with its Adagrad slot for the
 update; each output written and each gradient read once; the keys read
 twice) over the device's copy rate measured here (x + 1 over 2 GiB).
+With --trace, one call each of the lookup, the sparse part and the XLA step
+is traced by TensorFlow's profiler: the ops by GPU kernel time and the
+longest idle gaps.
 Run on a GPU machine with sok-ev installed:
-  python3 benchmarks/gpu/criteo_step_split.py [--mlperf]
+  python3 benchmarks/gpu/criteo_step_split.py [--mlperf [--trace]]
 """
 import argparse
 import os
@@ -48,6 +51,7 @@ from benchmarks.criteo import formats  # pylint: disable=wrong-import-position
 from benchmarks.criteo import in_memory  # pylint: disable=wrong-import-position
 from benchmarks.criteo import models  # pylint: disable=wrong-import-position
 from benchmarks.criteo import reader  # pylint: disable=wrong-import-position
+from benchmarks import step_profile  # pylint: disable=wrong-import-position
 
 BATCH, TABLES, DIM = 65536, 26, 128
 
@@ -61,6 +65,17 @@ def median_ms(function, calls=10):
         np.asarray(function())  # waits for the result
         times.append((time.perf_counter() - start) * 1e3)
     return float(np.median(times))
+
+
+def print_trace(name, function):
+    """One call of `function` (already warm) under TensorFlow's profiler,
+  printed by step_profile.print_top."""
+    traced = step_profile.trace_function(tf, lambda _: np.asarray(function()), 1)
+    if traced is None:
+        print(f"[trace {name}] the profiler wrote no record", flush=True)
+        return
+    step_profile.print_top(step_profile.gpu_timeline(traced[0]), name)
+    sys.stdout.flush()
 
 
 def report(results):
@@ -129,7 +144,7 @@ def copy_rate():
     return 2 * 4 * (1 << 29) / (median_ms(plus_one) * 1e-3)
 
 
-def mlperf():
+def mlperf(trace=False):
     hotness = formats.MLPERF_HOTNESS
     data = in_memory.InMemoryData(2 * BATCH,
                                   BATCH,
@@ -156,12 +171,12 @@ def mlperf():
     with [nnz, 2] indices (embeddings.multi_hot_ids), or ragged rows of fixed
     length."""
         if not ragged:
-            return embeddings.multi_hot_ids(keys, hotness)
+            return embeddings.multi_hot_ids(keys, hotness, batch_on_gpu=True)
         return [
             tf.RaggedTensor.from_uniform_row_length(tf.reshape(column, [-1]),
                                                     column.shape[1],
                                                     validate=False)
-            for column in tf.split(keys, list(hotness), axis=1)
+            for column in embeddings.feature_columns(keys, list(hotness), batch_on_gpu=True)
         ]
 
     def steps(compute_dtype, ragged=False, xla=False):
@@ -221,19 +236,23 @@ def mlperf():
     dense32, step32 = steps("float32")
     dense16, step16 = steps("bfloat16")
     dense_xla, step_xla = steps("bfloat16", xla=True)
-    results = {
-        "dense f32": median_ms(dense32),
-        "dense bf16": median_ms(dense16),
-        "dense bf16, XLA tower": median_ms(dense_xla),
-        "lookup": median_ms(lookup(False)),
-        "lookup, ragged ids": median_ms(lookup(True)),
-        "sparse": median_ms(sparse(False)),
-        "sparse, ragged ids": median_ms(sparse(True)),
-        "step f32": median_ms(step32),
-        "step bf16": median_ms(step16),
-        "step bf16, XLA tower": median_ms(step_xla),
+    timed = {
+        "dense f32": dense32,
+        "dense bf16": dense16,
+        "dense bf16, XLA tower": dense_xla,
+        "lookup": lookup(False),
+        "lookup, ragged ids": lookup(True),
+        "sparse": sparse(False),
+        "sparse, ragged ids": sparse(True),
+        "step f32": step32,
+        "step bf16": step16,
+        "step bf16, XLA tower": step_xla,
     }
+    results = {name: median_ms(function) for name, function in timed.items()}
     report(results)
+    if trace:
+        for name in ("lookup", "sparse", "step bf16, XLA tower"):
+            print_trace(name, timed[name])
     columns = np.split(keys.numpy(), np.cumsum(hotness)[:-1], axis=1)
     unique = sum(len(np.unique(c)) for c in columns)
     nnz = BATCH * formats.MULTIHOT_KEYS
@@ -252,10 +271,14 @@ def mlperf():
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--mlperf", action="store_true", help="MLPerf DLRM-DCNv2's step")
+    parser.add_argument("--trace",
+                        action="store_true",
+                        help="with --mlperf: one traced call of the lookup, the sparse part and "
+                        "the XLA step, their ops by GPU kernel time")
     args = parser.parse_args(argv)
     sok_ev.init()
     if args.mlperf:
-        mlperf()
+        mlperf(args.trace)
     else:
         dlrm()
 

@@ -39,13 +39,10 @@ to $OUT/tf_sparse_step_results.md).
 import argparse
 import datetime
 import gc
-import glob
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -373,27 +370,17 @@ def trace_function_steps(tf, args, hot, run):
     if not args.trace_steps:
         return
     import step_profile  # pylint: disable=import-outside-toplevel
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2  # pylint: disable=import-outside-toplevel
-    logdir = tempfile.mkdtemp(prefix="sok_ev_fn_trace_")
-    tf.profiler.experimental.start(logdir)
-    for s in range(args.trace_steps):
-        run(s)
-    tf.profiler.experimental.stop()
-    paths = glob.glob(os.path.join(logdir, "plugins", "profile", "*", "*.xplane.pb"))
-    if not paths:
-        print(f"[timeline] tf.function {hot}-hot: the profiler wrote no .xplane.pb in {logdir}")
+    traced = step_profile.trace_function(tf, run, args.trace_steps)
+    if traced is None:
+        print(f"[timeline] tf.function {hot}-hot: the profiler wrote no .xplane.pb")
         return
-    xspace = xplane_pb2.XSpace()
-    with open(paths[0], "rb") as f:
-        xspace.ParseFromString(f.read())
-    stats, unattributed = step_profile.xspace_step_stats(xspace)
+    stats, unattributed = traced
     if unattributed:
         print(f"[timeline] kernels without an op annotation; their stats: {unattributed}")
     with open(os.path.join(args.json_dir, f"tf_sparse_step_fn_trace_{hot}hot.pb"), "wb") as f:
         f.write(stats.SerializeToString())
     step_profile.print_timeline(step_profile.gpu_timeline(stats),
                                 f" tf.function {hot}-hot, {args.trace_steps} steps")
-    shutil.rmtree(logdir, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------- PyTorch

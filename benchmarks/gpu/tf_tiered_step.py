@@ -28,6 +28,7 @@ the GPU and back). It prints the table and appends it to benchmarks/RESULTS.md
 import argparse
 import datetime
 import os
+import subprocess
 import sys
 import time
 
@@ -39,10 +40,25 @@ sys.path.insert(0, HERE)
 from tf_sparse_step import (ACCUMULATOR, add_workload_arguments, DIM, LR, TABLES, batch_ids,
                             prefill, raw_keys, rows_per_table)
 from results import command, machine, publish  # tf_sparse_step put benchmarks/ on the path
+import step_profile
 
 SLOTS = 1  # Adagrad's accumulator
 COPY_BYTES = 256 << 20  # the host link's copy, each way
-MOVED = ("hits", "misses", "rows_to_hbm", "rows_to_host", "pcie_bytes")
+MOVED = ("hits", "misses", "rows_to_hbm", "rows_to_host", "pcie_bytes", "choose_us",
+         "write_back_us", "bring_in_us")
+# The pinned host link, measured by PyTorch in a child process (TensorFlow
+# exposes no pinned host buffer; the tiers stage their rows in pinned memory).
+PINNED_PROBE = """
+import time, torch
+host = torch.ones(%d // 4, pin_memory=True)
+device = torch.empty_like(host, device="cuda")
+rates = []
+for _ in range(5):
+    torch.cuda.synchronize(); start = time.perf_counter()
+    device.copy_(host, non_blocking=True); host.copy_(device, non_blocking=True)
+    torch.cuda.synchronize(); rates.append(2 * host.numel() * 4 / (time.perf_counter() - start))
+print(sorted(rates)[2])
+"""
 
 
 def parse_args(argv=None):
@@ -57,6 +73,10 @@ def parse_args(argv=None):
                         dest="prefetch",
                         action="store_false",
                         help="time the tiered runs without LookupPipeline only")
+    parser.add_argument("--trace",
+                        action="store_true",
+                        help="one more step of each tiered run traced: its ops by GPU kernel "
+                        "time and by host time (benchmarks/step_profile.py)")
     parser.add_argument("--dry-run-on-cpu",
                         action="store_true",
                         help="run on a machine without GPU (only fraction 1 can run there)")
@@ -80,7 +100,7 @@ def storage_option(sok, args, fraction):
 
 def host_link_rate(tf, device):
     """Bytes/s of a pageable host tensor copied to `device` and back (the
-  mean of both ways), as the tiers copy rows."""
+  mean of both ways)."""
     # The host tensor exists before the clock starts: building it from NumPy
     # is a host copy of its own, which the first version timed too.
     with tf.device("/CPU:0"):
@@ -96,6 +116,20 @@ def host_link_rate(tf, device):
         _ = on_device.numpy()
         rates.append(COPY_BYTES / (time.perf_counter() - start))
     return float(np.median(rates))
+
+
+def pinned_link_rate():
+    """Bytes/s of a pinned host buffer copied to the GPU and back (the
+  median of 5), or None where PyTorch with CUDA is not there to measure it."""
+    try:
+        out = subprocess.run([sys.executable, "-c", PINNED_PROBE % COPY_BYTES],
+                             capture_output=True,
+                             text=True,
+                             timeout=120,
+                             check=True)
+        return float(out.stdout.split()[-1])
+    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+        return None
 
 
 def run(tf, sok, args, hot, fraction, pipelined, values):
@@ -152,6 +186,11 @@ def run(tf, sok, args, hot, fraction, pipelined, values):
             sess.run([train, loss], feed(s))
             times.append(time.perf_counter() - start)
         after = sess.run(counters)
+        if args.trace and fraction < 1:
+            _, stats = step_profile.traced(lambda options, metadata: sess.run(
+                [train, loss], feed(args.steps + 3), options=options, run_metadata=metadata))
+            step_profile.print_top(step_profile.gpu_timeline(stats),
+                                   f"{hot}-hot, budget {fraction:g}, prefetch {pipelined}", 12)
         moved = {
             k: sum(int(a[k]) - int(b[k]) for a, b in zip(after, before)) / args.steps for k in MOVED
         }
@@ -173,7 +212,9 @@ def main():
     if args.dry_run_on_cpu and any(f < 1 for f in fractions):
         raise ValueError(f"--fractions {args.fractions}: HBM_DRAM tables need a GPU; a CPU dry "
                          "run times fraction 1 only")
-    link = host_link_rate(tf, "/CPU:0" if args.dry_run_on_cpu else "/GPU:0")
+    pageable = host_link_rate(tf, "/CPU:0" if args.dry_run_on_cpu else "/GPU:0")
+    pinned = None if args.dry_run_on_cpu else pinned_link_rate()
+    link = pinned or pageable
     state_gb = TABLES * state_bytes_per_table(args) / 1e9
     lines = [
         f"\n## TF step with HBM + host tiers, {datetime.date.today()}", "",
@@ -181,11 +222,15 @@ def main():
         f"{args.rows} keys pre-filled ({state_gb:.2f} GB of values and Adagrad slots), Zipf 1.1, "
         f"Adagrad, graph mode, {args.strategy}; median ms a step of {args.steps}. Budget: the "
         "fraction of each table's state HBM may hold. Counters a step, summed over tables. "
-        f"Host link (a {COPY_BYTES >> 20} MB pageable copy each way, this process): "
-        f"{link / 1e9:.1f} GB/s; PCIe floor = bytes over PCIe ÷ that rate.", "",
+        f"Host link, {COPY_BYTES >> 20} MB each way: pageable (TensorFlow, this process) "
+        f"{pageable / 1e9:.1f} GB/s, pinned (PyTorch, a child process) "
+        f"{'not measured' if pinned is None else f'{pinned / 1e9:.1f} GB/s'}; PCIe floor = "
+        f"bytes over PCIe ÷ the {'pinned' if pinned else 'pageable'} rate (the tiers stage rows "
+        "in pinned memory). Host ms: the tiers' host time a step, summed over tables: choosing "
+        "rows to write back / writing them back / bringing rows in.", "",
         "| hotness | budget | prefetch | ms/step | ratio to all-HBM | hit rate | rows to HBM | "
-        "rows to host | PCIe MB/step | PCIe floor (ms) | HBM rows / host rows |",
-        "|---|---|---|---|---|---|---|---|---|---|---|"
+        "rows to host | PCIe MB/step | PCIe floor (ms) | host ms | HBM rows / host rows |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|"
     ]
     for hot in [int(h) for h in args.hotness.split(",")]:
         ids = batch_ids(args, hot)
@@ -205,6 +250,8 @@ def main():
                     f"{hit_rate} | "
                     f"{moved['rows_to_hbm']:,.0f} | {moved['rows_to_host']:,.0f} | "
                     f"{moved['pcie_bytes'] / 1e6:.1f} | {moved['pcie_bytes'] / link * 1e3:.2f} | "
+                    f"{moved['choose_us'] / 1e3:.1f} / {moved['write_back_us'] / 1e3:.1f} / "
+                    f"{moved['bring_in_us'] / 1e3:.1f} | "
                     f"{moved['hbm_rows']:,} / {moved['host_rows']:,} |")
                 print(lines[-1], flush=True)
     text = "\n".join(lines) + "\n"

@@ -79,9 +79,10 @@
 #                      XLA compiles (--xla-tower); out
 #                      dirs $OUT/criteo_mlperf and criteo_mlperf_bf16, log
 #                      criteo-mlperf.log
-#   criteo-split       benchmarks/gpu/criteo_step_split.py --mlperf on GPU 0:
+#   criteo-split       benchmarks/gpu/criteo_step_split.py --mlperf --trace on GPU 0:
 #                      where MLPerf DLRM-DCNv2's step goes (tower, lookup,
-#                      sparse update, floor); log criteo-split.log
+#                      sparse update, floor; one traced call of each part,
+#                      its ops by kernel time); log criteo-split.log
 # Dry run on a CPU machine (no kit; TensorFlow parts on the CPU, multi over
 # Gloo, harness and memcheck reduced to what runs without a GPU):
 #   SOK_EV_DEVICE_DRY_RUN=1 PYTHON=.venv-cuda/bin/python bash tests/gpu/run_on_device.sh
@@ -205,7 +206,7 @@ part_tf() {
         targets=()
         for name in $SOK_EV_TF_TESTS; do targets+=("$root/tests/$name"); done
     fi
-    CUDA_VISIBLE_DEVICES=$1 pytest_part tf 400 "${parallel[@]}" "${targets[@]}" --ignore="$root/tests/gpu" \
+    CUDA_VISIBLE_DEVICES=$1 pytest_part tf 540 "${parallel[@]}" "${targets[@]}" --ignore="$root/tests/gpu" \
         --ignore="$root/tests/multiworker" --ignore="$root/tests/test_formatting.py" \
         --ignore="$root/tests/test_gpu_code_compiles.py"
 }
@@ -471,7 +472,7 @@ fi
 
 if has criteo-split; then
     (cd "$run" && CUDA_VISIBLE_DEVICES=0 timeout -k 10 "$(limit 300)" "$PY" \
-        "$root/benchmarks/gpu/criteo_step_split.py" --mlperf) >"$OUT/criteo-split.log" 2>&1
+        "$root/benchmarks/gpu/criteo_step_split.py" --mlperf --trace) >"$OUT/criteo-split.log" 2>&1
     echo "$?" >"$status/criteo-split.rc"
     echo "criteo-split: exit $(cat "$status/criteo-split.rc")"
 fi

@@ -192,6 +192,32 @@ def test_versions_and_eviction():
     assert table.size() == 100
 
 
+@pytest.mark.parametrize("more_new_keys_than_erased", [True, False])
+def test_one_launch_takes_every_erased_row_once_then_fresh_rows(more_new_keys_than_erased):
+    """Thousands of inserts in one launch pop the free-row stack together
+  (an HBM_DRAM table brings a batch's rows back from host memory so): each
+  erased row goes to exactly one new key, the rest come from the arena, and
+  no two keys share a row."""
+    table = sg.HashTable(4, torch.int64, init="constant", a=0.0)
+    first = RNG.choice(1 << 40, 50_000, replace=False).astype(np.int64)
+    ids = torch.empty(len(first), dtype=torch.int64, device="cuda")
+    table.find_or_insert_rows(tensor(first), ids)
+    erased_keys = first[:20_000]
+    erased_ids = set(ids[:20_000].cpu().numpy().tolist())
+    assert table.erase(tensor(erased_keys)) == len(erased_keys)
+    fresh = np.setdiff1d(RNG.choice(1 << 40, 40_000, replace=False).astype(np.int64), first)
+    fresh = fresh[:30_000 if more_new_keys_than_erased else 10_000]
+    fresh_ids = torch.empty(len(fresh), dtype=torch.int64, device="cuda")
+    table.find_or_insert_rows(tensor(fresh), fresh_ids)
+    got = fresh_ids.cpu().numpy()
+    kept = set(ids[20_000:].cpu().numpy().tolist())
+    assert len(set(got.tolist())) == len(got), "two new keys share a row"
+    assert not kept & set(got.tolist()), "a new key took a live key's row"
+    reused = erased_ids & set(got.tolist())
+    assert len(reused) == min(len(got), len(erased_ids)), "erased rows not all reused"
+    assert table.size() == len(first) - len(erased_keys) + len(fresh)
+
+
 def test_rejects_bad_dim():
     with pytest.raises(sg.SokevError, match="dim"):
         sg.HashTable(0, torch.int64)

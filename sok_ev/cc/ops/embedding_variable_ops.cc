@@ -76,13 +76,14 @@ REGISTER_OP("SokEv>EmbeddingVariableTierCounters")
     .Output("counters: int64")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
-      c->set_output(0, c->Vector(8));
+      c->set_output(0, c->Vector(11));
       return absl::OkStatus();
     })
     .Doc(
         "The table's tier counters (cc/storage_spec.h TierCounters): hits, "
         "misses, rows_to_hbm, rows_to_host, pcie_bytes, calls (cumulative), "
-        "hbm_rows, host_rows (now).");
+        "hbm_rows, host_rows (now), choose_us, write_back_us, bring_in_us "
+        "(cumulative host time of the moves).");
 
 REGISTER_OP("SokEv>EmbeddingVariableSize")
     .Input("resource: resource")
