@@ -134,18 +134,19 @@ def append(section, benchmark, results=RESULTS):
     """Appends `section` to `benchmark`'s history in `results` (never rewrites
   what is there)."""
     with open(results) as f:
-        text = f.read()
+        text = add_entry(f.read(), section, benchmark)
+    # Written only once the new text exists: an error leaves the file whole.
     with open(results, "w") as f:
-        f.write(add_entry(text, section, benchmark))
+        f.write(text)
     print(f"appended to {os.path.relpath(results, REPO_ROOT)} ({benchmark})")
 
 
 def update_row(row, results=RESULTS, **cells):
     """Rewrites cells of the current table's row `row` in `results`."""
     with open(results) as f:
-        text = f.read()
+        text = set_row(f.read(), row, **cells)
     with open(results, "w") as f:
-        f.write(set_row(text, row, **cells))
+        f.write(text)
     print(f"updated row {row} of {os.path.relpath(results, REPO_ROOT)}")
 
 

@@ -62,3 +62,30 @@ def test_bad_arguments_are_named(both):
         data.dataset("train", 8, num_workers=2, worker_index=2)
     with pytest.raises(ValueError, match="train_lines and eval_lines must be >= 1, got 0, 5"):
         in_memory.InMemoryData(0, 5)
+
+
+@pytest.mark.parametrize("hotness", [None, "mlperf"])
+def test_a_batch_built_where_the_data_lies_is_the_datasets_batch(hotness):
+    """InMemoryData.batches: what a step builds itself from the arrays (run.py
+  --batches-on-gpu) equals what the tf.data pipeline yields for the same
+  rows, on GPU:0 where TensorFlow sees a GPU (positions int64 there, cut by
+  ops with GPU kernels: soft placement off), else on the CPU."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    from benchmarks.criteo import formats  # pylint: disable=import-outside-toplevel
+    data = in_memory.InMemoryData(**LINES,
+                                  hotness=None if hotness is None else formats.MLPERF_HOTNESS)
+    device = "/GPU:0" if tf.config.list_physical_devices("GPU") else "/CPU:0"
+    rows, build = data.batches("train", 512, num_workers=2, worker_index=1, device=device)
+    expected = list(data.dataset("train", 512, num_workers=2, worker_index=1))
+    assert len(rows) == len(expected) == -(-LINES["train_lines"] // 512)
+    soft = tf.config.get_soft_device_placement()
+    tf.config.set_soft_device_placement(False)
+    try:
+        built = tf.function(build, input_signature=[tf.TensorSpec([2], tf.int32)])
+        for row_range, batch in zip(rows, expected):
+            got = built(tf.constant(row_range, tf.int32))
+            assert device.split(":")[0][1:] in got["keys"].device
+            for key in ("label", "dense", "keys", "malformed"):
+                np.testing.assert_array_equal(got[key].numpy(), batch[key].numpy(), err_msg=key)
+    finally:
+        tf.config.set_soft_device_placement(soft)

@@ -143,3 +143,41 @@ def test_a_tower_compiled_by_xla_trains_as_the_plain_tower(sok, data):
         np.testing.assert_allclose(losses[1].numpy(), losses[0].numpy(), rtol=1e-5)
     for a, b in zip(plain.variables, compiled.variables):
         np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-4, atol=1e-6)
+
+
+def test_steps_that_build_their_own_batches_train_as_steps_given_the_datasets():
+    """run.py --batches-on-gpu: FunctionStyle given InMemoryData.batches (each
+  step builds its batch from a row range) trains the same model to the same
+  losses and weights as FunctionStyle given the tf.data pipeline, and
+  evaluates the same labels and probabilities."""
+    from benchmarks.criteo import in_memory  # pylint: disable=import-outside-toplevel
+    data = in_memory.InMemoryData(2048, 512, seed=5, cardinality_scale=1e-4)
+
+    def implementations():
+        tower = models.DLRM(DIM, [16, DIM], [16, 1], seed=3)
+        table = embeddings.HashBucketEmbeddings(DIM, [64] * reader.NUM_CATEGORICAL, 0.05, seed=1)
+        return [training.Implementation(table, tower, 0.05, BATCH)]
+
+    given = training.FunctionStyle(implementations(), data.dataset("train", BATCH),
+                                   data.dataset("eval", BATCH), {})
+    built = training.FunctionStyle(implementations(),
+                                   None,
+                                   None, {},
+                                   device_batches={
+                                       "train": data.batches("train", BATCH),
+                                       "eval": data.batches("eval", BATCH)
+                                   })
+    steps = 0
+    for (a, dropped_a), (b, dropped_b) in zip(given.train_batches(), built.train_batches()):
+        assert dropped_a == dropped_b == 0
+        np.testing.assert_allclose(built.train("baseline", b),
+                                   given.train("baseline", a),
+                                   rtol=1e-6)
+        steps += 1
+    assert steps == 2048 // BATCH
+    for a, b in zip(given.implementations[0].variables, built.implementations[0].variables):
+        np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-5, atol=1e-7)
+    labels_a, predicted_a = given.evaluate()
+    labels_b, predicted_b = built.evaluate()
+    np.testing.assert_array_equal(labels_b, labels_a)
+    np.testing.assert_allclose(predicted_b["baseline"], predicted_a["baseline"], rtol=1e-5)

@@ -99,6 +99,20 @@ def test_append_and_publish_write_the_file(tmp_path):
     assert (tmp_path / "dry.md").read_text() == "## run C\n"
 
 
+def test_a_refused_row_or_entry_leaves_the_file_as_it_was(tmp_path):
+    """A cell name that is not a column once truncated the file: it was opened
+  for writing before the new text existed."""
+    path = tmp_path / "RESULTS.md"
+    path.write_text(SAMPLE)
+    with pytest.raises(ValueError, match="unknown columns"):
+        results.update_row("speed", str(path), **{"met?": "met"})
+    with pytest.raises(ValueError, match="no row"):
+        results.update_row("nonexistent", str(path), figure="1 ms")
+    with pytest.raises(ValueError):
+        results.append("## run\n", "no-such-history", str(path))
+    assert path.read_text() == SAMPLE
+
+
 def test_the_repository_file_has_every_section_and_well_formed_rows():
     with open(results.RESULTS) as f:
         text = f.read()

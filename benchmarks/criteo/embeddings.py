@@ -97,13 +97,16 @@ class SokEvEmbeddings:
                  seed: int,
                  target_gpu: int = -1,
                  exchange_dtype: str = "float32",
-                 hotness: Optional[Sequence[int]] = None):
+                 hotness: Optional[Sequence[int]] = None,
+                 batch_on_gpu: bool = False):
         """`sok`: the initialised sok_ev module; stddev: of the truncated normal
     initial rows (a key's row depends only on the seed and the key);
     exchange_dtype: lookup_sparse's (what rows and gradients cross the
     workers as); hotness: keys per feature (None: one; MLPerf's multi-hot:
-    formats.MLPERF_HOTNESS), summed per sample."""
+    formats.MLPERF_HOTNESS), summed per sample; batch_on_gpu: the key batches
+    lie in GPU memory (feature_columns)."""
         self._sok = sok
+        self.batch_on_gpu = batch_on_gpu
         self.hotness = formats.check_hotness("SokEvEmbeddings", hotness)
         self._exchange_dtype = exchange_dtype
         self.dim = dim
@@ -120,7 +123,7 @@ class SokEvEmbeddings:
     def __call__(self, keys: tf.Tensor) -> List[tf.Tensor]:
         """keys: [n, 26] int64 ([n, sum(hotness)] multi-hot) -> 26 [n, dim] float32."""
         return self._sok.lookup_sparse(self.variables,
-                                       _by_feature(keys, self.hotness),
+                                       _by_feature(keys, self.hotness, self.batch_on_gpu),
                                        combiners="sum",
                                        exchange_dtype=self._exchange_dtype)
 
@@ -143,10 +146,12 @@ class HashBucketEmbeddings:
                  buckets: Sequence[int],
                  stddev: float,
                  seed: int,
-                 hotness: Optional[Sequence[int]] = None):
-        """buckets: rows of each table (2 x the true cardinality); hotness: as
-    SokEvEmbeddings'."""
+                 hotness: Optional[Sequence[int]] = None,
+                 batch_on_gpu: bool = False):
+        """buckets: rows of each table (2 x the true cardinality); hotness and
+    batch_on_gpu: as SokEvEmbeddings'."""
         self.dim = dim
+        self.batch_on_gpu = batch_on_gpu
         self.hotness = formats.check_hotness("HashBucketEmbeddings", hotness)
         self.buckets = list(buckets)
         if len(self.buckets) != reader.NUM_CATEGORICAL:
@@ -167,7 +172,8 @@ class HashBucketEmbeddings:
         ids = tf.math.floormod(keys, tf.constant(buckets, tf.int64))
         return [
             tf.nn.embedding_lookup_sparse(table, sparse, None, combiner="sum")
-            for table, sparse in zip(self.variables, _by_feature(ids, self.hotness))
+            for table, sparse in zip(self.variables,
+                                     _by_feature(ids, self.hotness, self.batch_on_gpu))
         ]
 
     def memory_bytes(self, num_slots: int) -> int:

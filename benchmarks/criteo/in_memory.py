@@ -32,6 +32,7 @@ Each feature's keys and companions are tabled once per rank (V_f x
 hotness_f int64; 0.7 GB at the GPU preset's cardinalities, mostly C21's 100);
 a batch is then one row gather per feature.
 """
+import contextlib
 import multiprocessing
 from typing import Callable, Dict, Optional, Sequence
 
@@ -75,12 +76,17 @@ def multi_hot_key_tables(keys: np.ndarray, vocabulary, hotness, offsets: np.ndar
     return tables
 
 
+def _is_cpu(device: str) -> bool:
+    return tf.DeviceSpec.from_string(device).device_type in (None, "CPU", "cpu")
+
+
 def multi_hot_keys(positions: tf.Tensor, tables, vocabulary) -> tf.Tensor:
-    """positions [n, 26] int32 (start_f + rank, or sum(vocabulary) when empty)
+    """positions [n, 26] int32 or int64 (start_f + rank, or sum(vocabulary) when empty)
   -> keys [n, sum(hotness)] int64: one row gather per feature from
   `tables` (multi_hot_key_tables', as tensors)."""
     starts = np.cumsum([0] + [int(v) for v in vocabulary[:-1]])
-    columns = tf.unstack(positions, axis=1)
+    # Strided slices, not tf.unstack: Unpack has no GPU kernel for integers.
+    columns = [positions[:, f] for f in range(len(vocabulary))]
     return tf.concat([
         tf.gather(table, tf.minimum(column - int(start), int(v)))
         for table, column, start, v in zip(tables, columns, starts, vocabulary)
@@ -137,6 +143,7 @@ class InMemoryData:
         self._key_table = None
         self._multi_hot_tables = None
         self._tensors = {}
+        self._device_key_tables = {}
         self.splits: Dict[str, Dict[str, np.ndarray]] = {}
         self.planted = {}
         pool = multiprocessing.get_context("fork").Pool(processes) if processes > 1 else None
@@ -198,28 +205,52 @@ class InMemoryData:
                 ]
         return self._multi_hot_tables
 
-    def tensors(self, split: str):
-        """(positions, integers, label) of `split` as tensors, made once (the
-    arrays are then dropped: the tensors hold the only copy)."""
+    def tensors(self, split: str, device: str = "/cpu:0"):
+        """(positions, integers, label) of `split` as tensors on `device`,
+    made once. On the CPU the arrays are then dropped (the tensors hold the
+    only copy); elsewhere the CPU tensors are copied, with the positions as
+    int64 (a GPU keeps int32 tensors in host memory, so the batches' gathers
+    would read them through a copy every step)."""
         if split not in self._tensors:
             arrays = self.splits[split]
             with tf.device("/cpu:0"):  # where tf.data runs
                 self._tensors[split] = tuple(
                     tf.constant(arrays.pop(name)) for name in ("positions", "integers", "label"))
-        return self._tensors[split]
+        if _is_cpu(device):
+            return self._tensors[split]
+        if (split, device) not in self._tensors:
+            positions, integers, label = self._tensors[split]
+            with tf.device(device):
+                self._tensors[split, device] = (tf.cast(positions, tf.int64), tf.identity(integers),
+                                                tf.identity(label))
+        return self._tensors[split, device]
 
-    def dataset(self,
+    def _key_tables(self, device):
+        """(key_table(), multi_hot_tables()) on `device`, copied once."""
+        if _is_cpu(device):
+            return self.key_table(), self.multi_hot_tables()
+        if device not in self._device_key_tables:
+            with tf.device(device):
+                tables = self.multi_hot_tables()
+                self._device_key_tables[device] = (tf.identity(
+                    self.key_table()), None if tables is None else [tf.identity(t) for t in tables])
+        return self._device_key_tables[device]
+
+    def batches(self,
                 split: str,
                 batch_size: int,
                 num_workers: int = 1,
                 worker_index: int = 0,
                 drop_remainder: bool = False,
                 max_lines: Optional[int] = None,
-                prefetch: int = 4) -> tf.data.Dataset:
-        """Batches of `split` ('train' or 'eval') as the text reader yields them
-    (label, dense, keys, malformed = 0; no 'categorical'), each worker's
-    slice of each global batch as `reader.worker_rows` cuts it. keys is
-    [n, 26] int64, or [n, sum(hotness)] with the companions of multi-hot.
+                device: str = "/cpu:0"):
+        """(rows, build): the batches of `split` as `dataset` yields them, made
+    where the data lies. rows: [batches, 2] int64, each batch's [start, end)
+    lines (this worker's slice of each global batch, as
+    `reader.worker_rows` cuts it); build(row_range): that batch (label,
+    dense, keys, malformed = 0) from TensorFlow ops on the tensors of
+    `device` (`tensors`), so a step that builds its own batch on a GPU
+    copies nothing from the host but the two ints of its row range.
 
     Raises:
       ValueError: an unknown split, or an argument out of range.
@@ -244,20 +275,41 @@ class InMemoryData:
                         np.int64).reshape(-1, 2)
         # The arrays become tensors once; every batch is then sliced and
         # looked up by TensorFlow, in parallel, with no Python in the way.
-        arrays = self.tensors(split)
-        table = self.key_table()
-        tables = self.multi_hot_tables()
+        arrays = self.tensors(split, device)
+        table, tables = self._key_tables(device)
 
-        def batch(row_range):
-            positions, integers, label = (x[row_range[0]:row_range[1]] for x in arrays)
-            return {
-                "label": label,
-                "dense": tf.math.log1p(tf.maximum(integers, 0.0)),
-                "keys": (tf.gather(table, positions) if tables is None else multi_hot_keys(
-                    positions, tables, self.vocabulary)),
-                "malformed": tf.constant(0, tf.int64),
-            }
+        def build(row_range):
+            # tf.data places its own functions: a device scope only for a step's.
+            with contextlib.nullcontext() if _is_cpu(device) else tf.device(device):
+                positions, integers, label = (x[row_range[0]:row_range[1]] for x in arrays)
+                return {
+                    "label": label,
+                    "dense": tf.math.log1p(tf.maximum(integers, 0.0)),
+                    "keys": (tf.gather(table, positions) if tables is None else multi_hot_keys(
+                        positions, tables, self.vocabulary)),
+                    "malformed": tf.constant(0, tf.int64),
+                }
 
+        return rows, build
+
+    def dataset(self,
+                split: str,
+                batch_size: int,
+                num_workers: int = 1,
+                worker_index: int = 0,
+                drop_remainder: bool = False,
+                max_lines: Optional[int] = None,
+                prefetch: int = 4) -> tf.data.Dataset:
+        """Batches of `split` ('train' or 'eval') as the text reader yields them
+    (label, dense, keys, malformed = 0; no 'categorical'), each worker's
+    slice of each global batch as `reader.worker_rows` cuts it. keys is
+    [n, 26] int64, or [n, sum(hotness)] with the companions of multi-hot.
+
+    Raises:
+      ValueError: an unknown split, or an argument out of range.
+    """
+        rows, batch = self.batches(split, batch_size, num_workers, worker_index, drop_remainder,
+                                   max_lines)
         return (tf.data.Dataset.from_tensor_slices(rows).map(batch,
                                                              num_parallel_calls=tf.data.AUTOTUNE,
                                                              deterministic=True).prefetch(prefetch))

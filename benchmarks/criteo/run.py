@@ -294,6 +294,11 @@ def parse_args(argv=None):
                    help="synthetic: files in Criteo's text format, parsed as real files are "
                    "(CPU default), or the same rows made as arrays in memory, no text "
                    "(GPU default; --style function)")
+    d.add_argument("--batches-on-gpu",
+                   action="store_true",
+                   help="--source memory on a GPU, --style function: the arrays held in GPU "
+                   "memory and each step building its own batch there, so that no batch crosses "
+                   "from the host on the step's path")
     args = p.parse_args(argv)
     if bool(args.train_files) != bool(args.eval_files):
         p.error("--train-files and --eval-files go together")
@@ -426,7 +431,8 @@ def prepare_data(args, rank):
         meta = dict(vocabulary=data.vocabulary, planted=data.planted, train_lines=args.train_lines)
         if args.hotness == "mlperf":
             description += f", MLPerf hotness ({formats.MULTIHOT_KEYS} keys a line)"
-        return data, None, data.vocabulary, meta, description + ", made in memory"
+        made = ", made in memory" + (", batches built on the GPU" if args.batches_on_gpu else "")
+        return data, None, data.vocabulary, meta, description + made
     name = (f"synthetic_s{args.data_seed}_{args.train_lines}_{args.eval_lines}_"
             f"c{scale:.6g}_z{args.zipf:g}")
     directory = os.path.join(args.data_dir, name)
@@ -477,7 +483,8 @@ def build_implementations(args, cardinalities, hvd):
                                                args.embedding_stddev,
                                                emb_seed,
                                                exchange_dtype=args.exchange_dtype,
-                                               hotness=hotness_of(args)), tower(),
+                                               hotness=hotness_of(args),
+                                               batch_on_gpu=args.batches_on_gpu), tower(),
                 args.learning_rate, args.batch, hvd, args.initial_accumulator, args.warmup_steps,
                 args.dense_learning_rate, args.dense_initial_accumulator, args.xla_tower))
     if args.impl in ("both", "baseline"):
@@ -486,7 +493,8 @@ def build_implementations(args, cardinalities, hvd):
                 embeddings_lib.HashBucketEmbeddings(args.dim, [2 * c for c in cardinalities],
                                                     args.embedding_stddev,
                                                     emb_seed,
-                                                    hotness=hotness_of(args)), tower(),
+                                                    hotness=hotness_of(args),
+                                                    batch_on_gpu=args.batches_on_gpu), tower(),
                 args.learning_rate, args.batch, hvd, args.initial_accumulator, args.warmup_steps,
                 args.dense_learning_rate, args.dense_initial_accumulator, args.xla_tower))
     return out
@@ -539,6 +547,43 @@ def end_to_end(result, batch):
     if len(ends) <= WARMUP_STEPS:
         return len(ends) * batch / ends[-1]
     return (len(ends) - WARMUP_STEPS) * batch / (ends[-1] - ends[WARMUP_STEPS - 1])
+
+
+def device_batches(args, data, hvd):
+    """--batches-on-gpu: {'train': (rows, build), 'eval': (rows, build)} of
+  `data` (in_memory.InMemoryData) on GPU:0, as `datasets` cuts them."""
+    workers, rank = (hvd.size(), hvd.rank()) if hvd else (1, 0)
+    return {
+        "train":
+            data.batches("train",
+                         args.batch,
+                         num_workers=workers,
+                         worker_index=rank,
+                         drop_remainder=True,
+                         max_lines=args.max_train_lines,
+                         device="/GPU:0"),
+        "eval":
+            data.batches("eval",
+                         args.eval_batch or max(args.batch, 16384),
+                         max_lines=args.max_eval_lines,
+                         device="/GPU:0"),
+    }
+
+
+def device_batch_rate(rows, build, batch, batches=32):
+    """Global-batch samples/s of building batches alone (--batches-on-gpu):
+  `batches` builds of a tf.function, each waited for (the first, which
+  traces it, left out)."""
+    built = tf.function(lambda row_range: tf.reduce_sum(build(row_range)["keys"][:1]),
+                        input_signature=[training.ROW_RANGE])
+    ranges = [tf.constant(r, tf.int32) for r in rows[:batches + 1]]
+    if not ranges:
+        return None
+    built(ranges[0]).numpy()
+    start = time.perf_counter()
+    for row_range in ranges[1:]:
+        built(row_range).numpy()
+    return (len(ranges) - 1) * batch / max(time.perf_counter() - start, 1e-9)
 
 
 def input_rate(dataset, batch, batches=32):
@@ -679,6 +724,10 @@ def main(argv=None):
         device = "gpu" if tf.config.list_physical_devices("GPU") else "cpu"
     apply_preset(args, device)
     check_hotness(args)
+    if args.batches_on_gpu and (device != "gpu" or args.source != "memory" or
+                                args.style != "function"):
+        sys.exit("--batches-on-gpu needs a GPU, --source memory and --style function, got "
+                 f"device {device}, --source {args.source}, --style {args.style}")
     if args.batch % workers:
         sys.exit(f"--batch {args.batch} must split evenly over {workers} workers")
     # Before TensorFlow's runtime starts: the generator forks worker processes.
@@ -697,6 +746,13 @@ def main(argv=None):
         train_data, eval_data = datasets(args, train_files, eval_files, hvd)
         style = training.SessionStyle(lambda: build_implementations(args, cardinalities, hvd),
                                       train_data, eval_data, files, config)
+    elif args.batches_on_gpu:
+        batches = device_batches(args, train_files, hvd)
+        style = training.FunctionStyle(build_implementations(args, cardinalities, hvd),
+                                       None,
+                                       None,
+                                       files,
+                                       device_batches=batches)
     else:
         train_data, eval_data = datasets(args, train_files, eval_files, hvd)
         style = training.FunctionStyle(build_implementations(args, cardinalities, hvd), train_data,
@@ -704,7 +760,9 @@ def main(argv=None):
     # The pipeline's own rate, before training competes with it (Session
     # style: not measured, its dataset lives in the graph).
     pipeline_rate = None
-    if args.style != "session":
+    if args.batches_on_gpu:
+        pipeline_rate = device_batch_rate(*batches["train"], args.batch)
+    elif args.style != "session":
         try:
             pipeline_rate = input_rate(train_data, args.batch)
         except tf.errors.InvalidArgumentError as error:  # a malformed record, named

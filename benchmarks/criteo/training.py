@@ -169,13 +169,28 @@ def malformed_or_raise(error, files):
     raise translated from None
 
 
-class FunctionStyle:
-    """TF2: eager variables, one tf.function per implementation and task."""
+# A batch's [start, end) lines, given to a step that builds its own batch
+# (int32: TensorFlow keeps int32 in host memory, where slicing reads it).
+ROW_RANGE = tf.TensorSpec([2], tf.int32)
 
-    def __init__(self, implementations: List[Implementation], train_data: tf.data.Dataset,
-                 eval_data: tf.data.Dataset, files: Dict[str, List[str]]):
+
+class FunctionStyle:
+    """TF2: eager variables, one tf.function per implementation and task.
+
+  With `device_batches` ({'train': (rows, build), 'eval': (rows, build)},
+  in_memory.InMemoryData.batches on a GPU), each step is given its batch's
+  row range and builds the batch itself where the data lies; train_data and
+  eval_data are not read."""
+
+    def __init__(self,
+                 implementations: List[Implementation],
+                 train_data: Optional[tf.data.Dataset],
+                 eval_data: Optional[tf.data.Dataset],
+                 files: Dict[str, List[str]],
+                 device_batches=None):
         self.implementations = implementations
         self._train_data, self._eval_data, self._files = train_data, eval_data, files
+        self._device_batches = device_batches
         self._train, self._predict = {}, {}
         for impl in implementations:
 
@@ -184,6 +199,18 @@ class FunctionStyle:
                 with tf.control_dependencies([train_op]):
                     return tf.identity(loss)
 
+            if device_batches:
+                build_train, build_eval = device_batches["train"][1], device_batches["eval"][1]
+
+                def predict(row_range, impl=impl, build=build_eval):
+                    batch = build(row_range)
+                    return batch["label"], impl.probabilities(batch)
+
+                self._train[impl.name] = tf.function(
+                    lambda row_range, train=train, build=build_train: train(build(row_range)),
+                    input_signature=[ROW_RANGE])
+                self._predict[impl.name] = tf.function(predict, input_signature=[ROW_RANGE])
+                continue
             spec = batch_spec(train_data)
             self._train[impl.name] = tf.function(train, input_signature=[spec])
             self._predict[impl.name] = tf.function(impl.probabilities, input_signature=[spec])
@@ -201,6 +228,10 @@ class FunctionStyle:
 
     def train_batches(self):
         """Yields (batch handle, lines dropped as malformed) per training step."""
+        if self._device_batches:
+            for row_range in self._device_batches["train"][0]:
+                yield tf.constant(row_range, tf.int32), 0
+            return
         for batch in self._iterate(self._train_data, "train"):
             yield {k: batch[k] for k in BATCH_SPEC}, int(batch["malformed"])
 
@@ -213,6 +244,15 @@ class FunctionStyle:
     implementations named (default: all)."""
         names = names or [impl.name for impl in self.implementations]
         labels, probabilities = [], {name: [] for name in names}
+        if self._device_batches:
+            for row_range in self._device_batches["eval"][0]:
+                row_range = tf.constant(row_range, tf.int32)
+                for i, name in enumerate(names):
+                    label, predicted = self._predict[name](row_range)
+                    if i == 0:
+                        labels.append(label.numpy())
+                    probabilities[name].append(predicted.numpy())
+            return np.concatenate(labels), {k: np.concatenate(v) for k, v in probabilities.items()}
         for batch in self._iterate(self._eval_data, "eval"):
             inputs = {k: batch[k] for k in BATCH_SPEC}
             labels.append(batch["label"].numpy())

@@ -79,6 +79,10 @@
 #                      XLA compiles (--xla-tower); out
 #                      dirs $OUT/criteo_mlperf and criteo_mlperf_bf16, log
 #                      criteo-mlperf.log
+#   criteo-gpu-batches run.py's MLPerf step (sok-ev alone, bfloat16, XLA tower,
+#                      40 steps) with batches from tf.data in host memory,
+#                      then built by each step in GPU memory
+#                      (--batches-on-gpu); log criteo-gpu-batches.log
 #   criteo-split       benchmarks/gpu/criteo_step_split.py --mlperf --trace on GPU 0:
 #                      where MLPerf DLRM-DCNv2's step goes (tower, lookup,
 #                      sparse update, floor; one traced call of each part,
@@ -470,6 +474,25 @@ if has criteo-mlperf; then
     echo "criteo-mlperf: exit $rc"
 fi
 
+if has criteo-gpu-batches; then
+    # The same 40 steps twice: batches from tf.data in host memory, then
+    # built by each step from arrays in GPU memory (--batches-on-gpu).
+    steps40=("$root/benchmarks/criteo/run.py" --device gpu --no-progress --model dcnv2 --hotness mlperf
+        --impl sok_ev --compute-dtype bfloat16 --xla-tower --train-lines $((40 * 65536))
+        --eval-lines 65536 --evals 1 --no-append)
+    rc=0
+    for variant in host gpu; do
+        ((rc == 0)) || break
+        extra=()
+        [[ $variant == gpu ]] && extra=(--batches-on-gpu)
+        (cd "$run" && CUDA_VISIBLE_DEVICES=0 timeout -k 10 "$(limit 200)" "$PY" "${steps40[@]}" \
+            "${extra[@]}" --out-dir "$OUT/criteo_batches_$variant") >>"$OUT/criteo-gpu-batches.log" 2>&1
+        rc=$?
+    done
+    echo "$rc" >"$status/criteo-gpu-batches.rc"
+    echo "criteo-gpu-batches: exit $rc"
+fi
+
 if has criteo-split; then
     (cd "$run" && CUDA_VISIBLE_DEVICES=0 timeout -k 10 "$(limit 300)" "$PY" \
         "$root/benchmarks/gpu/criteo_step_split.py" --mlperf --trace) >"$OUT/criteo-split.log" 2>&1
@@ -485,7 +508,7 @@ total = {"passed": 0, "failed": 0, "skipped": 0}
 lines = []
 for part in ["tf", "multi", "harness", "memcheck", "harness-sanitizer", "bench", "tf-bench",
              "tf-tiered", "tf-scaling", "peers", "criteo", "criteo-scaling", "criteo-mlperf",
-             "criteo-split"]:
+             "criteo-split", "criteo-gpu-batches"]:
     if part not in parts:
         continue
     path = os.path.join(out, part + ".log")
@@ -500,7 +523,8 @@ for part in ["tf", "multi", "harness", "memcheck", "harness-sanitizer", "bench",
         if not clean:
             notes.append(f"exit {rc}")
     elif part in ("harness-sanitizer", "bench", "tf-bench", "tf-tiered", "tf-scaling", "peers",
-                  "criteo", "criteo-scaling", "criteo-mlperf", "criteo-split"):
+                  "criteo", "criteo-scaling", "criteo-mlperf", "criteo-split",
+                  "criteo-gpu-batches"):
         count["passed" if rc == 0 else "failed"] = 1
     else:
         summary = [l for l in text.splitlines() if re.match(r"^=+ .* in [\d.]+s", l)]
