@@ -115,6 +115,29 @@ def test_mismatched_hotness_data_and_model_are_refused_naming_the_flags(argv, me
     assert message in str(exit_info.value)
 
 
+@pytest.mark.parametrize("argv, device, message", [
+    (["--batches-on-gpu"], "cpu", "got device cpu"),
+    (["--batches-on-gpu", "--source", "text"], "gpu", "--source text"),
+    (["--batches-on-gpu", "--style", "session", "--source", "text"], "gpu", "--style session"),
+])
+def test_batches_on_gpu_without_a_gpu_or_in_memory_data_is_refused_naming_why(
+        argv, device, message):
+    args = run.parse_args(argv)
+    run.apply_preset(args, device)
+    with pytest.raises(SystemExit) as exit_info:
+        run.check_batches_on_gpu(args, device)
+    assert "--batches-on-gpu needs a GPU, --source memory and --style function" in str(
+        exit_info.value)
+    assert message in str(exit_info.value)
+
+
+def test_batches_on_gpu_is_accepted_with_the_gpu_presets_memory_source():
+    args = run.parse_args(["--batches-on-gpu", "--hotness", "mlperf", "--model", "dcnv2"])
+    run.apply_preset(args, "gpu")
+    run.check_batches_on_gpu(args, "gpu")  # no exit
+    assert (args.source, args.style) == ("memory", "function")
+
+
 @pytest.mark.timeout(300)
 def test_dcnv2_with_mlperf_hotness_trains_both_implementations(tmp_path):
     out = tmp_path / "out"

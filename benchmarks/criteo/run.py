@@ -549,6 +549,15 @@ def end_to_end(result, batch):
     return (len(ends) - WARMUP_STEPS) * batch / (ends[-1] - ends[WARMUP_STEPS - 1])
 
 
+def check_batches_on_gpu(args, device):
+    """Exits naming the flags when --batches-on-gpu cannot apply (it needs a
+  GPU, --source memory and --style function)."""
+    if args.batches_on_gpu and (device != "gpu" or args.source != "memory" or
+                                args.style != "function"):
+        sys.exit("--batches-on-gpu needs a GPU, --source memory and --style function, got "
+                 f"device {device}, --source {args.source}, --style {args.style}")
+
+
 def device_batches(args, data, hvd):
     """--batches-on-gpu: {'train': (rows, build), 'eval': (rows, build)} of
   `data` (in_memory.InMemoryData) on GPU:0, as `datasets` cuts them."""
@@ -724,10 +733,7 @@ def main(argv=None):
         device = "gpu" if tf.config.list_physical_devices("GPU") else "cpu"
     apply_preset(args, device)
     check_hotness(args)
-    if args.batches_on_gpu and (device != "gpu" or args.source != "memory" or
-                                args.style != "function"):
-        sys.exit("--batches-on-gpu needs a GPU, --source memory and --style function, got "
-                 f"device {device}, --source {args.source}, --style {args.style}")
+    check_batches_on_gpu(args, device)
     if args.batch % workers:
         sys.exit(f"--batch {args.batch} must split evenly over {workers} workers")
     # Before TensorFlow's runtime starts: the generator forks worker processes.
