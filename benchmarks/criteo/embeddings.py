@@ -27,12 +27,13 @@ _FLOAT_BYTES = 4
 def feature_columns(ids, widths, batch_on_gpu=False):
     """[n, sum(widths)] ids -> feature f's widths[f] columns, [n, widths[f]] each.
 
-  A batch in host memory (run.py's, from tf.data) is cut on the host, whose
-  outputs TensorFlow stages in pinned memory for their copies to the GPU. A
-  batch already in GPU memory is cut there by strided slices: the GPU
-  kernels of SplitV (tf.split) and Unpack (tf.unstack) take no int64, so
-  those ops would copy it to the host and back (MLPerf's 14M ids: the lookup
-  took 21 ms, 8 ms cut on the GPU; H200, 2026-11-29)."""
+  A batch in host memory (run.py's, from tf.data) is cut on the host, and
+  TensorFlow copies the pieces to the GPU itself: cut on the GPU, the whole
+  batch first crossed TensorFlow's pageable copy (MLPerf's step: 52 ms, 45 ms
+  cut on the host). A batch already in GPU memory is cut there by strided
+  slices: the GPU kernels of SplitV (tf.split) and Unpack (tf.unstack) take
+  no int64, so those ops would copy it to the host and back (MLPerf's 14M
+  ids: the lookup took 21 ms, 8 ms cut on the GPU; H200, 2026-11-29)."""
     if not batch_on_gpu:
         with tf.device("/CPU:0"):
             return tf.split(ids, widths, axis=1)
