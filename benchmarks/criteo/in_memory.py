@@ -256,12 +256,12 @@ class InMemoryData:
       ValueError: an unknown split, or an argument out of range.
     """
         if split not in self.splits:
-            raise ValueError(f"InMemoryData.dataset: split must be one of {sorted(self.splits)}, "
+            raise ValueError(f"InMemoryData: split must be one of {sorted(self.splits)}, "
                              f"got {split!r}")
         if batch_size < 1:
-            raise ValueError(f"InMemoryData.dataset: batch_size must be >= 1, got {batch_size}")
+            raise ValueError(f"InMemoryData: batch_size must be >= 1, got {batch_size}")
         if not 0 <= worker_index < num_workers:
-            raise ValueError(f"InMemoryData.dataset: worker_index must be in [0, {num_workers}), "
+            raise ValueError(f"InMemoryData: worker_index must be in [0, {num_workers}), "
                              f"got {worker_index}")
         total = self.lines[split] if max_lines is None else min(max_lines, self.lines[split])
         starts = np.arange(0, total, batch_size)
