@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cub/device/device_radix_sort.cuh>
 #include <numeric>
 #include <string>
 #include <utility>
@@ -55,16 +56,35 @@ __global__ void absent_keys_kernel(TableView<Key> table, const Key* keys, int64_
   }
 }
 
-// Every stored key with its row id and its cache score (frequency for LFU,
-// version for LRU), in no particular order.
+// Marks the HBM rows of a span's keys: the rows a call uses, which its
+// write-back must not choose. The first min(*count, n) keys (all n when
+// count is null); keys HBM lacks mark nothing.
+//   keys: (n,)  marks: (row_capacity,) uint8, 1 = kept
 template <typename Key>
-__global__ void list_rows_kernel(TableView<Key> table, int64_t slots, bool by_frequency,
-                                 int64_t capacity, Key* keys, int64_t* scores, int64_t* row_ids,
-                                 unsigned long long* cursor) {
+__global__ void mark_rows_kernel(TableView<Key> table, const Key* keys, int64_t n,
+                                 const int64_t* count, uint8_t* marks) {
+  int64_t end = n;
+  if (count != nullptr) end = *count < 0 ? 0 : (*count < n ? *count : n);
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < end;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int32_t row = find_row(table, keys[i]);
+    if (row >= 0) marks[row] = 1;
+  }
+}
+
+// The rows a write-back may choose: every stored key whose row is not
+// marked (marks null: none is), with its row id and cache score (frequency
+// for LFU, version for LRU), in no particular order. *cursor ends at the
+// number of such rows; at most `capacity` are written.
+template <typename Key>
+__global__ void list_candidates_kernel(TableView<Key> table, int64_t slots, bool by_frequency,
+                                       const uint8_t* marks, int64_t capacity, Key* keys,
+                                       int64_t* scores, int32_t* row_ids,
+                                       unsigned long long* cursor) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < slots;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int32_t row = table.states[i];
-    if (row < 0) continue;
+    if (row < 0 || (marks != nullptr && marks[row])) continue;
     const unsigned long long position = atomicAdd(cursor, 1ULL);
     if (position >= static_cast<unsigned long long>(capacity)) continue;
     keys[position] = table.keys[i];
@@ -73,10 +93,26 @@ __global__ void list_rows_kernel(TableView<Key> table, int64_t slots, bool by_fr
   }
 }
 
+__global__ void iota_kernel(int32_t* out, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    out[i] = static_cast<int32_t>(i);
+  }
+}
+
+// out[i] = values[order[i]]
+template <typename T>
+__global__ void gather_by_kernel(const T* values, const int32_t* order, int64_t n, T* out) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    out[i] = values[order[i]];
+  }
+}
+
 // Whole rows, frequencies and versions of row ids, a warp a row.
 //   row_ids: (n,)  rows: (n, row_width) out  frequencies, versions: (n,) out
 template <typename Key>
-__global__ void gather_rows_kernel(TableView<Key> table, const int64_t* row_ids, int64_t n,
+__global__ void gather_rows_kernel(TableView<Key> table, const int32_t* row_ids, int64_t n,
                                    float* rows, int64_t* frequencies, int64_t* versions) {
   const int lane = threadIdx.x & 31;
   for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5; i < n;
@@ -172,6 +208,15 @@ struct TieredTable<Key>::ResidencyCheck {
   std::vector<KeySpan<Key>> spans;
   std::unique_ptr<ScratchBuffer> absent;  // (sum of the spans' n,) Key, device
   std::unique_ptr<ScratchBuffer> counts;  // ResidencyCounts, device
+};
+
+template <typename Key>
+struct TieredTable<Key>::Victims {
+  int64_t count = 0;
+  std::unique_ptr<ScratchBuffer> keys;     // (count,) Key, device
+  std::unique_ptr<ScratchBuffer> row_ids;  // (count,) int32 HBM arena rows, device
+  Key* key_data() const { return static_cast<Key*>(keys->get()); }
+  int32_t* row_id_data() const { return static_cast<int32_t*>(row_ids->get()); }
 };
 
 template <typename Key>
@@ -300,16 +345,30 @@ Status TieredTable<Key>::finish_residency(const GpuContext& context) const {
   ++counters_.calls;
   counters_.pcie_bytes += sizeof(ResidencyCounts);
   // The absent keys on the host, each once (a key in two spans is listed
-  // twice), sorted.
+  // twice), sorted on the GPU first.
   std::vector<Key> absent(counts.absent);
-  SOK_EV_RETURN_IF_ERROR(to_host(context, static_cast<const Key*>(check.absent->get()),
-                                 static_cast<int64_t>(absent.size()), absent.data()));
-  if (!absent.empty()) SOK_EV_RETURN_IF_ERROR(synchronize(stream_of(context)));
+  if (!absent.empty()) {
+    const int n = static_cast<int>(absent.size());
+    ScratchBuffer sorted(context, n * sizeof(Key));
+    size_t sort_bytes = 0;
+    SOK_EV_CUDA_RETURN(cub::DeviceRadixSort::SortKeys(
+        nullptr, sort_bytes, static_cast<const Key*>(check.absent->get()), sorted.as<Key>(), n, 0,
+        int(sizeof(Key) * 8), stream_of(context)));
+    ScratchBuffer temp(context, sort_bytes);
+    if (!sorted.ok() || !temp.ok()) {
+      return out_of_device_memory(name_, "sorting the keys HBM lacks",
+                                  n * sizeof(Key) + sort_bytes);
+    }
+    SOK_EV_CUDA_RETURN(cub::DeviceRadixSort::SortKeys(
+        temp.get(), sort_bytes, static_cast<const Key*>(check.absent->get()), sorted.as<Key>(), n,
+        0, int(sizeof(Key) * 8), stream_of(context)));
+    SOK_EV_RETURN_IF_ERROR(to_host(context, sorted.as<Key>(), n, absent.data()));
+    SOK_EV_RETURN_IF_ERROR(synchronize(stream_of(context)));
+  }
   counters_.pcie_bytes += static_cast<int64_t>(absent.size() * sizeof(Key));
   check.absent.reset();
   check.counts.reset();
   counters_.hits += static_cast<int64_t>(counts.looked_up - counts.absent);
-  std::sort(absent.begin(), absent.end());
   absent.erase(std::unique(absent.begin(), absent.end()), absent.end());
   counters_.misses += static_cast<int64_t>(absent.size());
   const int64_t hbm_size = static_cast<int64_t>(counts.hbm_size);
@@ -320,20 +379,12 @@ Status TieredTable<Key>::finish_residency(const GpuContext& context) const {
   // the budget left HBM over it (a pre-fill, a restore's whole batch): else
   // HBM would stay over the budget for as long as the keys asked for stay
   // resident. The rows written back are never absent keys' (those are not
-  // in HBM), so the host tier is read for the absent keys after.
+  // in HBM), so the host tier is read for the absent keys after. An eighth
+  // of the budget beyond what must go, so that the next calls find room
+  // without a scan; never the rows of this call's keys.
   const int64_t needed = hbm_size + static_cast<int64_t>(absent.size());
   if (needed > budget) {
-    // The call's keys are kept; only now do they all cross to the host.
-    Stopwatch stopwatch;
-    std::vector<Key> keep;
-    SOK_EV_RETURN_IF_ERROR(keys_of_spans(context, check.spans, &keep));
-    stopwatch.lap(&counters_.choose_us);
-    const int64_t hits = static_cast<int64_t>(keep.size() - absent.size());
-    // An eighth of the budget beyond what must go, so that the next calls
-    // find room without a scan; never the keys of this call.
-    const int64_t evictable = hbm_size - hits;
-    const int64_t count = std::min(evictable, needed - budget + budget / 8);
-    if (count > 0) SOK_EV_RETURN_IF_ERROR(evict(context, count, keep));
+    SOK_EV_RETURN_IF_ERROR(evict(context, needed - budget + budget / 8, check.spans));
   }
   // Those in the host tier move in; the rest are new.
   if (absent.empty() || host_->size() == 0) return Status::Ok();
@@ -344,144 +395,168 @@ Status TieredTable<Key>::finish_residency(const GpuContext& context) const {
   std::unique_ptr<bool[]> found(new bool[m]);
   host_->find_records(host_threads(context), absent.data(), m, check.rows(), check.frequencies(),
                       check.versions(), found.get());
-  // The found rows packed to the front, in place.
-  std::vector<Key> moving;
-  for (int64_t i = 0; i < m; ++i) {
-    if (!found[i]) continue;
-    const int64_t j = static_cast<int64_t>(moving.size());
-    if (j != i) {
-      std::copy(check.rows() + i * width, check.rows() + (i + 1) * width, check.rows() + j * width);
-      check.frequencies()[j] = check.frequencies()[i];
-      check.versions()[j] = check.versions()[i];
+  // The found rows packed to the front in place: each row not found takes
+  // the last found one (few keys are new, so few rows move).
+  int64_t end = m;
+  for (int64_t i = 0; i < end;) {
+    if (found[i]) {
+      ++i;
+      continue;
     }
-    moving.push_back(absent[i]);
+    if (i == --end) break;
+    std::copy(check.rows() + end * width, check.rows() + (end + 1) * width,
+              check.rows() + i * width);
+    check.frequencies()[i] = check.frequencies()[end];
+    check.versions()[i] = check.versions()[end];
+    absent[i] = absent[end];
+    found[i] = found[end];
   }
-  const Status brought = bring_in(context, moving);
+  absent.resize(end);
+  const Status brought = bring_in(context, absent);
   stopwatch.lap(&counters_.bring_in_us);
   return brought;
 }
 
 template <typename Key>
-Status TieredTable<Key>::keys_of_spans(const GpuContext& context,
-                                       const std::vector<KeySpan<Key>>& spans,
-                                       std::vector<Key>* keys) const {
-  std::vector<int64_t> counts(spans.size());
-  for (size_t s = 0; s < spans.size(); ++s) {
-    counts[s] = spans[s].n;
-    if (spans[s].count != nullptr && spans[s].n > 0) {
-      SOK_EV_RETURN_IF_ERROR(to_host(context, spans[s].count, 1, &counts[s]));
+Status TieredTable<Key>::choose_victims(const GpuContext& context, int64_t count,
+                                        const std::vector<KeySpan<Key>>& keep,
+                                        Victims* victims) const {
+  cudaStream_t stream = stream_of(context);
+  victims->count = 0;
+  int64_t stored = 0;
+  SOK_EV_RETURN_IF_ERROR(hbm_->size(context, &stored));
+  if (stored == 0 || count <= 0) return Status::Ok();
+  const TableView<Key> view = hbm_->view();
+  const int64_t slots = static_cast<int64_t>(view.bucket_mask + 1) * kBucketSlots;
+  // The call's rows are marked on the GPU, so its keys never cross to the host.
+  const bool marking = !keep.empty();
+  ScratchBuffer marks(context, marking ? hbm_->row_capacity() : 0);
+  ScratchBuffer keys(context, stored * sizeof(Key));
+  ScratchBuffer scores(context, stored * sizeof(int64_t));
+  ScratchBuffer row_ids(context, stored * sizeof(int32_t));
+  ScratchBuffer cursor(context, sizeof(unsigned long long));
+  if (!marks.ok() || !keys.ok() || !scores.ok() || !row_ids.ok() || !cursor.ok()) {
+    return out_of_device_memory(name_, "choosing rows to write back",
+                                hbm_->row_capacity() + stored * (sizeof(Key) + 12));
+  }
+  if (marking) {
+    SOK_EV_CUDA_RETURN(cudaMemsetAsync(marks.get(), 0, hbm_->row_capacity(), stream));
+    for (const KeySpan<Key>& span : keep) {
+      if (span.n <= 0) continue;
+      mark_rows_kernel<Key><<<grid_for(span.n, kThreads), kThreads, 0, stream>>>(
+          view, span.keys, span.n, span.count, marks.as<uint8_t>());
+      SOK_EV_LAUNCH_CHECK("mark_rows");
     }
   }
-  SOK_EV_RETURN_IF_ERROR(synchronize(stream_of(context)));
-  keys->clear();
-  for (size_t s = 0; s < spans.size(); ++s) {
-    const int64_t n = std::min(std::max<int64_t>(counts[s], 0), spans[s].n);
-    const size_t first = keys->size();
-    keys->resize(first + n);
-    SOK_EV_RETURN_IF_ERROR(to_host(context, spans[s].keys, n, keys->data() + first));
+  SOK_EV_CUDA_RETURN(cudaMemsetAsync(cursor.get(), 0, sizeof(unsigned long long), stream));
+  list_candidates_kernel<Key><<<grid_for(slots, kThreads), kThreads, 0, stream>>>(
+      view, slots, storage_.cache_strategy == CacheStrategy::kLfu,
+      marking ? marks.as<uint8_t>() : nullptr, stored, keys.as<Key>(), scores.as<int64_t>(),
+      row_ids.as<int32_t>(), cursor.as<unsigned long long>());
+  SOK_EV_LAUNCH_CHECK("list_candidates");
+  unsigned long long listed = 0;
+  SOK_EV_RETURN_IF_ERROR(to_host(context, cursor.as<unsigned long long>(), 1, &listed));
+  SOK_EV_RETURN_IF_ERROR(synchronize(stream));
+  counters_.pcie_bytes += sizeof(listed);
+  const int64_t candidates = std::min<int64_t>(static_cast<int64_t>(listed), stored);
+  count = std::min(count, candidates);
+  if (count == 0) return Status::Ok();
+
+  // The lowest (score, key) first: sorted by key, then stably by score.
+  const int n = static_cast<int>(candidates);
+  ScratchBuffer order_in(context, n * sizeof(int32_t));
+  ScratchBuffer by_key(context, n * sizeof(int32_t));
+  ScratchBuffer order(context, n * sizeof(int32_t));
+  ScratchBuffer sorted_keys(context, n * sizeof(Key));
+  ScratchBuffer scores_by_key(context, n * sizeof(int64_t));
+  ScratchBuffer sorted_scores(context, n * sizeof(int64_t));
+  size_t key_sort_bytes = 0, score_sort_bytes = 0;
+  SOK_EV_CUDA_RETURN(cub::DeviceRadixSort::SortPairs(
+      nullptr, key_sort_bytes, keys.as<Key>(), sorted_keys.as<Key>(), order_in.as<int32_t>(),
+      by_key.as<int32_t>(), n, 0, int(sizeof(Key) * 8), stream));
+  SOK_EV_CUDA_RETURN(cub::DeviceRadixSort::SortPairs(
+      nullptr, score_sort_bytes, scores_by_key.as<int64_t>(), sorted_scores.as<int64_t>(),
+      by_key.as<int32_t>(), order.as<int32_t>(), n, 0, 64, stream));
+  ScratchBuffer temp(context, std::max(key_sort_bytes, score_sort_bytes));
+  victims->keys.reset(new ScratchBuffer(context, count * sizeof(Key)));
+  victims->row_ids.reset(new ScratchBuffer(context, count * sizeof(int32_t)));
+  if (!order_in.ok() || !by_key.ok() || !order.ok() || !sorted_keys.ok() || !scores_by_key.ok() ||
+      !sorted_scores.ok() || !temp.ok() || !victims->keys->ok() || !victims->row_ids->ok()) {
+    return out_of_device_memory(name_, "sorting rows to write back",
+                                n * (3 * sizeof(int32_t) + sizeof(Key) + 16));
   }
-  SOK_EV_RETURN_IF_ERROR(synchronize(stream_of(context)));
-  counters_.pcie_bytes += static_cast<int64_t>(keys->size() * sizeof(Key));
-  std::sort(keys->begin(), keys->end());
-  keys->erase(std::unique(keys->begin(), keys->end()), keys->end());
+  iota_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(order_in.as<int32_t>(), n);
+  SOK_EV_LAUNCH_CHECK("iota");
+  SOK_EV_CUDA_RETURN(cub::DeviceRadixSort::SortPairs(
+      temp.get(), key_sort_bytes, keys.as<Key>(), sorted_keys.as<Key>(), order_in.as<int32_t>(),
+      by_key.as<int32_t>(), n, 0, int(sizeof(Key) * 8), stream));
+  gather_by_kernel<int64_t><<<grid_for(n, kThreads), kThreads, 0, stream>>>(
+      scores.as<int64_t>(), by_key.as<int32_t>(), n, scores_by_key.as<int64_t>());
+  SOK_EV_LAUNCH_CHECK("gather_scores");
+  SOK_EV_CUDA_RETURN(cub::DeviceRadixSort::SortPairs(
+      temp.get(), score_sort_bytes, scores_by_key.as<int64_t>(), sorted_scores.as<int64_t>(),
+      by_key.as<int32_t>(), order.as<int32_t>(), n, 0, 64, stream));
+  gather_by_kernel<Key><<<grid_for(count, kThreads), kThreads, 0, stream>>>(
+      keys.as<Key>(), order.as<int32_t>(), count, victims->key_data());
+  SOK_EV_LAUNCH_CHECK("gather_victim_keys");
+  gather_by_kernel<int32_t><<<grid_for(count, kThreads), kThreads, 0, stream>>>(
+      row_ids.as<int32_t>(), order.as<int32_t>(), count, victims->row_id_data());
+  SOK_EV_LAUNCH_CHECK("gather_victim_rows");
+  victims->count = count;
   return Status::Ok();
 }
 
 template <typename Key>
 Status TieredTable<Key>::evict(const GpuContext& context, int64_t count,
-                               const std::vector<Key>& keep) const {
+                               const std::vector<KeySpan<Key>>& keep) const {
   cudaStream_t stream = stream_of(context);
   Stopwatch stopwatch;
-  int64_t stored = 0;
-  SOK_EV_RETURN_IF_ERROR(hbm_->size(context, &stored));
-  if (stored == 0) return Status::Ok();
-  const TableView<Key> view = hbm_->view();
-  const int64_t slots = static_cast<int64_t>(view.bucket_mask + 1) * kBucketSlots;
-  ScratchBuffer keys(context, stored * sizeof(Key));
-  ScratchBuffer scores(context, stored * sizeof(int64_t));
-  ScratchBuffer row_ids(context, stored * sizeof(int64_t));
-  ScratchBuffer cursor(context, sizeof(unsigned long long));
-  if (!keys.ok() || !scores.ok() || !row_ids.ok() || !cursor.ok()) {
-    return out_of_device_memory(name_, "choosing rows to write back",
-                                stored * (sizeof(Key) + 2 * sizeof(int64_t)));
-  }
-  SOK_EV_CUDA_RETURN(cudaMemsetAsync(cursor.get(), 0, sizeof(unsigned long long), stream));
-  list_rows_kernel<Key><<<grid_for(slots, kThreads), kThreads, 0, stream>>>(
-      view, slots, storage_.cache_strategy == CacheStrategy::kLfu, stored, keys.as<Key>(),
-      scores.as<int64_t>(), row_ids.as<int64_t>(), cursor.as<unsigned long long>());
-  SOK_EV_LAUNCH_CHECK("list_rows");
-  std::vector<Key> host_keys(stored);
-  std::vector<int64_t> host_scores(stored), host_ids(stored);
-  SOK_EV_RETURN_IF_ERROR(to_host(context, keys.as<Key>(), stored, host_keys.data()));
-  SOK_EV_RETURN_IF_ERROR(to_host(context, scores.as<int64_t>(), stored, host_scores.data()));
-  SOK_EV_RETURN_IF_ERROR(to_host(context, row_ids.as<int64_t>(), stored, host_ids.data()));
-  SOK_EV_RETURN_IF_ERROR(synchronize(stream));
-  counters_.pcie_bytes += stored * static_cast<int64_t>(sizeof(Key) + 2 * sizeof(int64_t));
-
-  // The lowest (score, key) among the rows not kept.
-  std::vector<int64_t> candidates;
-  candidates.reserve(stored);
-  for (int64_t i = 0; i < stored; ++i) {
-    if (!std::binary_search(keep.begin(), keep.end(), host_keys[i])) candidates.push_back(i);
-  }
-  count = std::min<int64_t>(count, static_cast<int64_t>(candidates.size()));
-  if (count == 0) return Status::Ok();
-  auto lower = [&](int64_t a, int64_t b) {
-    return host_scores[a] != host_scores[b] ? host_scores[a] < host_scores[b]
-                                            : host_keys[a] < host_keys[b];
-  };
-  std::nth_element(candidates.begin(), candidates.begin() + (count - 1), candidates.end(), lower);
-  candidates.resize(count);
-  std::vector<Key> victims(count);
-  std::vector<int64_t> victim_ids(count);
-  for (int64_t i = 0; i < count; ++i) {
-    victims[i] = host_keys[candidates[i]];
-    victim_ids[i] = host_ids[candidates[i]];
-  }
+  Victims victims;
+  SOK_EV_RETURN_IF_ERROR(choose_victims(context, count, keep, &victims));
   stopwatch.lap(&counters_.choose_us);
+  count = victims.count;
+  if (count == 0) return Status::Ok();
 
   // Their rows to the host tier, through the pinned staging, then out of HBM.
   const int64_t width = row_width();
   SOK_EV_RETURN_IF_ERROR(make_check());
   ResidencyCheck& check = *check_;
   SOK_EV_RETURN_IF_ERROR(check.reserve(count, width));
-  ScratchBuffer device_ids(context, count * sizeof(int64_t));
   ScratchBuffer rows(context, count * width * sizeof(float));
   ScratchBuffer frequencies(context, count * sizeof(int64_t));
   ScratchBuffer versions(context, count * sizeof(int64_t));
-  if (!device_ids.ok() || !rows.ok() || !frequencies.ok() || !versions.ok()) {
+  if (!rows.ok() || !frequencies.ok() || !versions.ok()) {
     return out_of_device_memory(name_, "rows written back to host memory",
-                                count * (width * sizeof(float) + 3 * sizeof(int64_t)));
+                                count * (width * sizeof(float) + 2 * sizeof(int64_t)));
   }
-  SOK_EV_RETURN_IF_ERROR(to_device(context, victim_ids.data(), count, device_ids.as<int64_t>()));
   gather_rows_kernel<Key><<<grid_for(count * 32, kThreads), kThreads, 0, stream>>>(
-      view, device_ids.as<int64_t>(), count, rows.as<float>(), frequencies.as<int64_t>(),
+      hbm_->view(), victims.row_id_data(), count, rows.as<float>(), frequencies.as<int64_t>(),
       versions.as<int64_t>());
   SOK_EV_LAUNCH_CHECK("gather_rows");
+  std::vector<Key> victim_keys(count);
+  SOK_EV_RETURN_IF_ERROR(to_host(context, victims.key_data(), count, victim_keys.data()));
   SOK_EV_RETURN_IF_ERROR(to_host(context, rows.as<float>(), count * width, check.rows()));
   SOK_EV_RETURN_IF_ERROR(to_host(context, frequencies.as<int64_t>(), count, check.frequencies()));
   SOK_EV_RETURN_IF_ERROR(to_host(context, versions.as<int64_t>(), count, check.versions()));
   SOK_EV_RETURN_IF_ERROR(synchronize(stream));
   const CpuContext& host = host_threads(context);
-  Status written = host_->insert_or_assign(host, victims.data(), count, check.rows(),
+  Status written = host_->insert_or_assign(host, victim_keys.data(), count, check.rows(),
                                            check.frequencies(), check.versions());
   if (!written.ok()) {
     // None of these keys was in the host tier before: remove what was
     // written, so both tiers are as they were.
-    host_->erase(host, victims.data(), count);
+    host_->erase(host, victim_keys.data(), count);
     if (written.code == Status::Code::kResourceExhausted) {
       written.message = "host memory tier of HBM_DRAM storage: " + written.message;
     }
     return written;
   }
-  // The keys to erase reuse the row-id buffer (int64 holds either key type).
-  SOK_EV_RETURN_IF_ERROR(to_device(context, victims.data(), count, device_ids.as<Key>()));
-  SOK_EV_RETURN_IF_ERROR(hbm_->erase(context, device_ids.as<Key>(), count, nullptr));
+  SOK_EV_RETURN_IF_ERROR(hbm_->erase(context, victims.key_data(), count, nullptr));
   SOK_EV_RETURN_IF_ERROR(synchronize(stream));
   stopwatch.lap(&counters_.write_back_us);
   counters_.rows_to_host += count;
   counters_.pcie_bytes +=
-      count * static_cast<int64_t>(width * sizeof(float) + 3 * sizeof(int64_t) + sizeof(Key));
+      count * static_cast<int64_t>(width * sizeof(float) + 2 * sizeof(int64_t) + sizeof(Key));
   return Status::Ok();
 }
 

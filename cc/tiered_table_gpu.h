@@ -114,8 +114,8 @@ class TieredTable {
   // The rest of make_resident, once the stream has been synchronised after
   // queue_residency_check. When every key is in HBM and HBM is within its
   // budget (the common case) nothing more crosses the host link; else the
-  // absent keys come to the host, and all of the call's keys only when rows
-  // must be written back.
+  // absent keys come to the host (the rows written back are chosen on the
+  // GPU, so the call's other keys never do).
   Status finish_residency(const GpuContext& context) const;
 
   // HashTable::insert_or_assign over both tiers (a restore or import batch):
@@ -149,12 +149,17 @@ class TieredTable {
   // buffers its kernels write, and the pinned host memory its counts land
   // in (allocated once per table). Defined in the .cu.
   struct ResidencyCheck;
-  // The spans' keys on the host, each once, sorted; synchronises the stream.
-  Status keys_of_spans(const GpuContext& context, const std::vector<KeySpan<Key>>& spans,
-                       std::vector<Key>* keys) const;
-  // Writes `count` rows of HBM back to host memory, chosen by the cache
-  // strategy among the rows whose keys are not in `keep` (host, sorted).
-  Status evict(const GpuContext& context, int64_t count, const std::vector<Key>& keep) const;
+  // The rows one write-back moves, chosen on the GPU. Defined in the .cu.
+  struct Victims;
+  // The `count` HBM rows that the cache strategy ranks lowest (by score,
+  // then key) among those whose keys are not in the `keep` spans (fewer
+  // when fewer are not kept). Rows are ranked and sorted on the GPU: only
+  // their number crosses to the host here. Synchronises the stream.
+  Status choose_victims(const GpuContext& context, int64_t count,
+                        const std::vector<KeySpan<Key>>& keep, Victims* victims) const;
+  // Writes choose_victims' rows back to host memory and erases them from HBM.
+  Status evict(const GpuContext& context, int64_t count,
+               const std::vector<KeySpan<Key>>& keep) const;
   // Moves the rows of `keys`, read from the host tier into the residency
   // check's staging (in key order), into HBM, and removes them from the
   // host tier.

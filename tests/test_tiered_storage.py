@@ -363,6 +363,47 @@ def test_a_call_whose_keys_all_hit_brings_hbm_back_within_the_budget(sok, rng, u
 
 
 @needs_gpu
+@pytest.mark.parametrize("key_dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("strategy", ["LFU", "LRU"])
+def test_a_write_back_takes_the_lowest_ranked_rows_that_the_call_does_not_use(
+        sok, rng, unique_name, strategy, key_dtype):
+    """DeepRec's cache strategies: the rows written back are those of lowest
+  frequency (LFU) or oldest update step (LRU), ties broken by the lower key
+  (negative keys included), among the rows whose keys the call does not
+  ask for; as many as take HBM an eighth of the budget below it. The
+  reference ranks the table's own exported scores with NumPy."""
+    budget = 24
+    tiered, _ = _pair(sok, unique_name, key_dtype,
+                      hbm_dram(sok, budget_of_rows(budget), getattr(sok.CacheStrategy, strategy)))
+    old = rng.choice(np.arange(-10**4, 10**4), 20, replace=False).astype(key_dtype)
+    optimizer = V1.GradientDescentOptimizer(0.1)
+    step = tf.Variable(0, dtype=tf.int64)
+    for batch in [old] + [rng.choice(old, rng.integers(4, 16)) for _ in range(3)]:
+        ids = tf.RaggedTensor.from_row_lengths(tf.constant(batch), [len(batch)])
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(sok.lookup_sparse([tiered], [ids])[0])
+        optimizer.apply_gradients(zip(tape.gradient(loss, [tiered]), [tiered]), global_step=step)
+    assert tiered.tier_counters()["hbm_rows"] == 20
+
+    keys, _, frequencies, versions = (t.numpy() for t in tiered.export_full()[:4])
+    scores = frequencies if strategy == "LFU" else versions
+    assert len(np.unique(scores)) < len(scores)  # ties, for the key to break
+    new = (rng.choice(10**4, 10, replace=False) + 10**4).astype(key_dtype)
+    asked = rng.permutation(np.concatenate([old[:4], old[:2], new, new[:3]]))
+    candidates = np.flatnonzero(~np.isin(keys, asked))
+    count = min(len(candidates), 20 + len(new) - budget + budget // 8)
+    ranked = candidates[np.lexsort((keys[candidates], scores[candidates]))]
+    written_back = np.sort(keys[ranked[:count]])
+
+    ids = tf.RaggedTensor.from_row_lengths(tf.constant(asked), [7, 0, len(asked) - 7])
+    sok.lookup_sparse([tiered], [ids])
+    counters = tiered.tier_counters()
+    assert (counters["host_rows"], counters["hbm_rows"]) == (count, 20 - count + len(new))
+    exported = tiered.export_full()[0].numpy()  # HBM's keys first, then host memory's
+    np.testing.assert_array_equal(np.sort(exported[counters["hbm_rows"]:]), written_back)
+
+
+@needs_gpu
 def test_a_lookup_whose_keys_all_hit_waits_once_for_all_its_tables_and_copies_no_keys(
         sok, rng, unique_name):
     """HBM's residency check runs on the GPU: when every key is in HBM, a

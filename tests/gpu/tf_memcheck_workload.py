@@ -10,8 +10,10 @@ dim 4) with duplicated keys, empty rows and new keys in every step, their
 gradients, the fused apply of Adagrad, Adam and Ftrl, and an export; in a
 Session and in a tf.function; and the many-worker row message packed and
 unpacked (rows of whole float4s and of odd widths, with and without
-positions), combined and written in place at both ends. It fails unless every SokEv op ran on GPU:0 (--allow-cpu: the
-CPU dry run of the device script).
+positions), combined and written in place at both ends; and, on a GPU,
+HBM_DRAM tables whose rows cross between the tiers every step. It fails
+unless every SokEv op ran on GPU:0 (--allow-cpu: the CPU dry run of the
+device script).
 
   python tests/gpu/tf_memcheck_workload.py [--allow-cpu]
 """
@@ -114,6 +116,42 @@ def run_tf_function(rng, expected_device):
         assert embedding.device.endswith(expected_device[len("/device:"):]), embedding.device
         assert np.isfinite(embedding.numpy()).all()
     print(f"tf.function: {STEPS} steps, outputs on {embeddings[0].device}")
+
+
+def run_tiered(rng):
+    """HBM_DRAM tables (a budget of 8 rows each; LFU for one, LRU for the
+  other) trained with Adagrad beside the same tables all in HBM, keys new in
+  every step: rows are chosen, written back and brought in every step, and
+  every table ends with the all-HBM table's rows, frequencies and versions."""
+    strategies = [sok_ev.CacheStrategy.LFU, sok_ev.CacheStrategy.LRU]
+    tiered, all_hbm = [], []
+    for i, t in enumerate(TABLES):
+        storage = sok_ev.StorageOption(storage_type=sok_ev.StorageType.HBM_DRAM,
+                                       storage_size=[8 * 4 * t["dim"] * 2],
+                                       cache_strategy=strategies[i])
+        for tables, option in ((tiered, sok_ev.EmbeddingVariableOption(storage_option=storage)),
+                               (all_hbm, None)):
+            tables.append(
+                sok_ev.get_embedding_variable(
+                    f"tiered_{i}_{option is None}",
+                    embedding_dim=t["dim"],
+                    key_dtype=tf.as_dtype(t["key_dtype"]),
+                    initializer=tf.compat.v1.truncated_normal_initializer(seed=i),
+                    ev_option=option))
+    optimizer = OPTIMIZERS["adagrad"]()
+    evs = tiered + all_hbm
+    for s in range(STEPS + 2):
+        ids = [batch.sp_ids() for batch in _batches(rng, s)] * 2
+        with tf.GradientTape() as tape:
+            loss = _loss(sok_ev.lookup_sparse(evs, ids, [t["combiner"] for t in TABLES] * 2))
+        optimizer.apply_gradients(zip(tape.gradient(loss, evs), evs))
+    for a, b in zip(tiered, all_hbm):
+        counters = a.tier_counters()
+        assert counters["rows_to_host"] > 0 and counters["rows_to_hbm"] > 0, counters
+        for x, y in zip(ref.in_key_order(*(v.numpy() for v in a.export_full()[:4])),
+                        ref.in_key_order(*(v.numpy() for v in b.export_full()[:4]))):
+            np.testing.assert_array_equal(x, y)
+    print(f"tiered: {STEPS + 2} steps, rows moved both ways, the same state as all in HBM")
 
 
 def run_row_messages(rng):
@@ -253,6 +291,8 @@ def main():
     for name, make_optimizer in OPTIMIZERS.items():
         run_session(rng, name, make_optimizer, expected)
     run_tf_function(rng, expected)
+    if gpus:
+        run_tiered(rng)
     run_row_messages(rng)
     run_owner_row_messages(rng)
     run_owned_key_runs(rng)
