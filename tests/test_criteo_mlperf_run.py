@@ -155,3 +155,30 @@ def test_dcnv2_with_mlperf_hotness_trains_both_implementations(tmp_path):
     # Multi-hot stores companions too: more keys than one-hot's 26 a line could reach.
     assert record["results"]["sok_ev"]["keys_stored"] > 0
     assert "Criteo dcnv2, MLPerf hotness, bfloat16" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "device, argv, data_bytes, gpu_memory, expected",
+    [
+        ("gpu", [], 10 * 2**30, 141 * 10**9, True),
+        ("gpu", [], 40 * 10**9, 141 * 10**9, False),  # more than a quarter of the GPU
+        ("gpu", [], 10 * 2**30, None, False),  # the driver could not say
+        ("gpu", ["--style", "session"], 10 * 2**30, 141 * 10**9, False),
+        ("gpu", ["--source", "text"], 10 * 2**30, 141 * 10**9, False),
+        ("cpu", [], 10 * 2**30, None, False),
+        ("gpu", ["--no-batches-on-gpu"], 10 * 2**30, 141 * 10**9, False),  # asked for: kept
+        ("gpu", ["--batches-on-gpu"], 40 * 10**9, 141 * 10**9, True),
+    ])
+def test_batches_are_built_on_the_gpu_by_default_where_they_apply_and_fit(
+        device, argv, data_bytes, gpu_memory, expected):
+    args = run.parse_args(argv)
+    run.apply_preset(args, device)
+    run.resolve_batches_on_gpu(args, device, data_bytes, gpu_memory)
+    assert args.batches_on_gpu is expected
+
+
+def test_in_memory_data_counts_the_bytes_its_arrays_take_on_a_device(one_and_multi):
+    # positions int32 (26), integers float32 (13), label float32, a line
+    lines = LINES["train_lines"] + LINES["eval_lines"]
+    for data in one_and_multi:
+        assert data.nbytes == lines * 4 * (26 + 13 + 1)

@@ -180,6 +180,9 @@ class InMemoryData:
                 pool.close()
                 pool.join()
         self.lines = {split: len(x["label"]) for split, x in self.splits.items()}
+        # What `tensors` places on a device: the splits' arrays (the key
+        # tables are a vocabulary's worth, small beside them).
+        self.nbytes = sum(a.nbytes for split in self.splits.values() for a in split.values())
 
     def key_table(self) -> tf.Tensor:
         """[sum V_f + 1] int64: the reader's key of every vocabulary string,

@@ -42,6 +42,7 @@ GPU default) the same rows made as arrays in memory (in_memory.py).
   python benchmarks/criteo/run.py --impl sok_ev --train-files day_{0..22}.gz --eval-files day_23.gz
 """
 import argparse
+import ctypes
 import fcntl
 import json
 import os
@@ -295,10 +296,13 @@ def parse_args(argv=None):
                    "(CPU default), or the same rows made as arrays in memory, no text "
                    "(GPU default; --style function)")
     d.add_argument("--batches-on-gpu",
-                   action="store_true",
+                   action=argparse.BooleanOptionalAction,
+                   default=None,
                    help="--source memory on a GPU, --style function: the arrays held in GPU "
                    "memory and each step building its own batch there, so that no batch crosses "
-                   "from the host on the step's path")
+                   "from the host on the step's path (default: on where it applies and the "
+                   "arrays take at most a quarter of the GPU's memory; --no-batches-on-gpu: "
+                   "tf.data batches cut on the host)")
     args = p.parse_args(argv)
     if bool(args.train_files) != bool(args.eval_files):
         p.error("--train-files and --eval-files go together")
@@ -431,8 +435,7 @@ def prepare_data(args, rank):
         meta = dict(vocabulary=data.vocabulary, planted=data.planted, train_lines=args.train_lines)
         if args.hotness == "mlperf":
             description += f", MLPerf hotness ({formats.MULTIHOT_KEYS} keys a line)"
-        made = ", made in memory" + (", batches built on the GPU" if args.batches_on_gpu else "")
-        return data, None, data.vocabulary, meta, description + made
+        return data, None, data.vocabulary, meta, description + ", made in memory"
     name = (f"synthetic_s{args.data_seed}_{args.train_lines}_{args.eval_lines}_"
             f"c{scale:.6g}_z{args.zipf:g}")
     directory = os.path.join(args.data_dir, name)
@@ -552,10 +555,37 @@ def end_to_end(result, batch):
 def check_batches_on_gpu(args, device):
     """Exits naming the flags when --batches-on-gpu cannot apply (it needs a
   GPU, --source memory and --style function)."""
-    if args.batches_on_gpu and (device != "gpu" or args.source != "memory" or
-                                args.style != "function"):
+    if args.batches_on_gpu is True and (device != "gpu" or args.source != "memory" or
+                                        args.style != "function"):
         sys.exit("--batches-on-gpu needs a GPU, --source memory and --style function, got "
                  f"device {device}, --source {args.source}, --style {args.style}")
+
+
+def gpu_memory_bytes():
+    """The first visible GPU's memory in bytes, from CUDA's driver; None when
+  the driver cannot say (no GPU, no libcuda). Call it after the data's worker
+  processes have forked: it initialises CUDA in this process."""
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+        device, total = ctypes.c_int(), ctypes.c_size_t()
+        if (cuda.cuInit(0) or cuda.cuDeviceGet(ctypes.byref(device), 0) or
+                cuda.cuDeviceTotalMem_v2(ctypes.byref(total), device)):
+            return None
+        return total.value
+    except (OSError, AttributeError):
+        return None
+
+
+def resolve_batches_on_gpu(args, device, data_bytes, gpu_memory):
+    """Sets --batches-on-gpu's default when it was not given: on where it
+  applies (check_batches_on_gpu) and the data's arrays (data_bytes) take at
+  most a quarter of the GPU's memory (gpu_memory bytes; None: not known, so
+  off), leaving the rest to the tables and the model. It measured 1.22x the
+  host-cut batches' samples/s on one H200 (benchmarks/RESULTS.md, criteo)."""
+    if args.batches_on_gpu is not None:
+        return
+    applies = device == "gpu" and args.source == "memory" and args.style == "function"
+    args.batches_on_gpu = bool(applies and gpu_memory is not None and data_bytes <= gpu_memory // 4)
 
 
 def device_batches(args, data, hvd):
@@ -738,6 +768,12 @@ def main(argv=None):
         sys.exit(f"--batch {args.batch} must split evenly over {workers} workers")
     # Before TensorFlow's runtime starts: the generator forks worker processes.
     train_files, eval_files, cardinalities, meta, description = prepare_data(args, rank)
+    if args.batches_on_gpu is None:
+        data_bytes = train_files.nbytes if args.source == "memory" else 0
+        resolve_batches_on_gpu(args, device, data_bytes,
+                               gpu_memory_bytes() if device == "gpu" else None)
+    if args.batches_on_gpu:
+        description += ", batches built on the GPU"
     config = configure_devices(args, hvd)
     files = {"train": train_files, "eval": eval_files}
     lines = args.max_train_lines or (None if meta is None else meta["train_lines"])
