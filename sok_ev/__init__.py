@@ -34,6 +34,7 @@ from sok_ev.lookup_pipeline import LookupPipeline
 from sok_ev.optimizers import EmbeddingVariableSlot
 from sok_ev.optimizers import OptimizerWrapper
 from sok_ev.optimizers import SUPPORTED_OPTIMIZERS
+from sok_ev.partitioned_variable import PartitionedEmbeddingVariable
 from sok_ev.options import CacheStrategy
 from sok_ev.options import CBFFilter
 from sok_ev.options import CheckpointOption
@@ -85,6 +86,7 @@ __all__ = [
     "StorageOption",
     "StorageType",
     "OptimizerWrapper",
+    "PartitionedEmbeddingVariable",
     "SUPPORTED_OPTIMIZERS",
     "export_deeprec_checkpoint",
     "get_embedding_variable",

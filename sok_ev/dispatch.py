@@ -6,10 +6,15 @@ Nearly all DeepRec code reads Embedding Variables through these three calls
 `sok_ev.init()` and `sok_ev.install_deeprec_api()`) registers the functions
 below with TensorFlow's type-based dispatch (`tf.experimental.
 dispatch_for_api`), so each of the six APIs runs them when `params` is an
-Embedding Variable, or a list holding exactly one. Every lookup goes through
+Embedding Variable, a list of them, or a partitioned one
+(sok_ev.PartitionedEmbeddingVariable). Every lookup goes through
 `sok_ev.lookup_sparse`: missing keys are inserted (DeepRec's training
 lookup), the tables may be sharded over workers, and the gradient reaches
-the Embedding Variable as IndexedSlices keyed by its raw keys.
+the Embedding Variable as IndexedSlices keyed by its raw keys. Several
+Embedding Variables are the parts of one, as DeepRec reads a partitioned
+Embedding Variable (or a list of them): key k goes, unchanged, to part
+(k mod 1000) mod N, whatever the partition_strategy
+(sok_ev.partitioned_variable).
 
 The results equal TensorFlow's on a dense `tf.Variable` holding the same
 rows, with these DeepRec semantics:
@@ -29,24 +34,58 @@ import tensorflow as tf
 from tensorflow.python.util import dispatch as tf_dispatch
 
 from sok_ev import lookup
+from sok_ev import partitioned_variable
 from sok_ev.embedding_variable import EmbeddingVariable
+from sok_ev.partitioned_variable import PartitionedEmbeddingVariable
 
 COMBINERS = ("mean", "sqrtn", "sum")
 
 # What `params` may be for the dispatch to apply.
-_PARAMS = typing.Union[EmbeddingVariable, typing.List[EmbeddingVariable]]
+_PARAMS = typing.Union[EmbeddingVariable, typing.List[EmbeddingVariable],
+                       PartitionedEmbeddingVariable]
 
 _installed = []
 
 
-def _single_table(params, api):
-    """The one Embedding Variable in `params` (a variable or a list of one)."""
-    tables = list(params) if isinstance(params, (list, tuple)) else [params]
-    if len(tables) != 1:
-        raise ValueError(f"{api}: params holds {len(tables)} Embedding Variables; pass one. "
-                         "sok-ev does not partition an Embedding Variable into several: it "
-                         "shards a table over workers with target_gpu=-1.")
-    return tables[0]
+def _tables(params, api):
+    """The Embedding Variables in `params` (one, a list, or a partitioned
+  one's parts), checked to be parts of one table: the same embedding_dim
+  and key_dtype."""
+    tables = list(params) if isinstance(params,
+                                        (list, tuple, PartitionedEmbeddingVariable)) else [params]
+    if not tables:
+        raise ValueError(f"{api}: params is empty; pass an Embedding Variable")
+    for i, table in enumerate(tables):
+        if not isinstance(table, EmbeddingVariable):
+            raise TypeError(f"{api}: params[{i}] is a {type(table).__name__}; params holding "
+                            "an Embedding Variable must hold Embedding Variables only")
+        if (table.embedding_dim, table.key_dtype) != (tables[0].embedding_dim, tables[0].key_dtype):
+            raise ValueError(f"{api}: the parts of params differ: '{tables[0].name}' has "
+                             f"embedding_dim {tables[0].embedding_dim} and key_dtype "
+                             f"{tables[0].key_dtype.name}, '{table.name}' "
+                             f"{table.embedding_dim} and {table.key_dtype.name}")
+    return tables
+
+
+def _rows(tables, keys, max_norm):
+    """Each key's row, `shape(keys) + [embedding_dim]`, from one table or
+  from the parts of a partitioned one."""
+    if len(tables) == 1:
+        return embedding_lookup(tables[0], keys, max_norm=max_norm)
+    flat = tf.reshape(keys, [-1])
+    parts = partitioned_variable.part_of_keys(flat, len(tables))
+    positions = tf.range(tf.size(flat))
+    keys_by_part = tf.dynamic_partition(flat, parts, len(tables))
+    positions_by_part = tf.dynamic_partition(positions, parts, len(tables))
+    rows = [
+        embedding_lookup(table, part_keys, max_norm=max_norm)
+        for table, part_keys in zip(tables, keys_by_part)
+    ]
+    dim = tables[0].embedding_dim
+    out = tf.reshape(tf.dynamic_stitch(positions_by_part, rows),
+                     tf.concat([tf.shape(keys), [dim]], 0))
+    out.set_shape(keys.shape.concatenate([dim]))
+    return out
 
 
 def _keys(table, ids, api, argument):
@@ -76,10 +115,11 @@ def _check_combiner(combiner, api):
                          f"{combiner!r}")
 
 
-def _combine(table, sample_ids, keys, weights, combiner, num_samples, max_norm):
+def _combine(tables, sample_ids, keys, weights, combiner, num_samples, max_norm):
     """Looks up `keys` and combines them per sample: `[num_samples, dim]`.
 
   Args:
+    tables: one Embedding Variable, or the parts of a partitioned one.
     sample_ids: `[nnz]` int64, sorted: the sample each key belongs to.
     keys: `[nnz]` keys of the table's key_dtype.
     weights: None or `[nnz]` float weights.
@@ -88,10 +128,10 @@ def _combine(table, sample_ids, keys, weights, combiner, num_samples, max_norm):
       combining (tf.nn's max_norm).
   """
     nnz = tf.size(keys, out_type=tf.int64)
-    if max_norm is not None:
-        # TensorFlow's own combine over the clipped rows of the unique keys.
+    if max_norm is not None or len(tables) > 1:
+        # TensorFlow's own combine over the (clipped) rows of the unique keys.
         unique_keys, index = tf.unique(keys, out_idx=tf.int64)
-        rows = embedding_lookup(table, unique_keys, max_norm=max_norm)
+        rows = _rows(tables, unique_keys, max_norm)
         positions = tf.stack([sample_ids, tf.range(nnz)], axis=1)
         shape = tf.stack([num_samples, tf.maximum(nnz, 1)])
         out = tf.nn.embedding_lookup_sparse(
@@ -108,7 +148,7 @@ def _combine(table, sample_ids, keys, weights, combiner, num_samples, max_norm):
     shape = tf.stack([num_samples, tf.maximum(tf.reduce_max(tf.concat([hotness, [1]], 0)), 1)])
     sp_weights = None if weights is None else tf.SparseTensor(indices, tf.cast(weights, tf.float32),
                                                               shape)
-    return lookup.lookup_sparse([table], [tf.SparseTensor(indices, keys, shape)], [combiner],
+    return lookup.lookup_sparse([tables[0]], [tf.SparseTensor(indices, keys, shape)], [combiner],
                                 [sp_weights])[0]
 
 
@@ -133,7 +173,8 @@ def embedding_lookup(params, ids, max_norm=None, name=None):
     """`tf.nn.embedding_lookup` for an Embedding Variable.
 
   Args:
-    params: an Embedding Variable, or a list holding one.
+    params: an Embedding Variable, a list of them or a
+      PartitionedEmbeddingVariable (the parts of one).
     ids: int32/int64 keys of any shape `S`, or a tf.RaggedTensor of them.
     max_norm: None, or clip each row to this l2 norm.
     name: the name scope.
@@ -143,14 +184,18 @@ def embedding_lookup(params, ids, max_norm=None, name=None):
     for ragged ids a RaggedTensor of their row splits, as TensorFlow.
 
   Raises:
-    ValueError: params holds several variables.
+    ValueError: parts of different embedding_dim or key_dtype.
     TypeError: ids of a dtype other than the table's key_dtype (or int32
       into an int64 table).
   """
     api = "tf.nn.embedding_lookup"
-    table = _single_table(params, api)
+    tables = _tables(params, api)
+    table = tables[0]
     if isinstance(ids, tf.RaggedTensor):
-        return ids.with_flat_values(embedding_lookup(table, ids.flat_values, max_norm, name))
+        return ids.with_flat_values(embedding_lookup(tables, ids.flat_values, max_norm, name))
+    if len(tables) > 1:
+        with tf.name_scope(name or "embedding_lookup"):
+            return _rows(tables, _keys(table, ids, api, "ids"), max_norm)
     with tf.name_scope(name or "embedding_lookup"):
         keys = _keys(table, ids, api, "ids")
         flat = tf.reshape(keys, [-1])
@@ -177,7 +222,8 @@ def embedding_lookup_sparse(params,
     """`tf.nn.embedding_lookup_sparse` for an Embedding Variable.
 
   Args:
-    params: an Embedding Variable, or a list holding one.
+    params: an Embedding Variable, a list of them or a
+      PartitionedEmbeddingVariable (the parts of one).
     sp_ids: `[d0, ...]` SparseTensor (or rank-2 RaggedTensor) of keys, in
       canonical order; the first index is the sample.
     sp_weights: None, or float weights with the same indices.
@@ -190,20 +236,21 @@ def embedding_lookup_sparse(params,
     float32 `[last sample with a key + 1, embedding_dim]`, as TensorFlow.
 
   Raises:
-    ValueError: an unknown combiner, or params holding several variables.
+    ValueError: an unknown combiner, or parts that differ.
     TypeError: sp_ids not sparse or ragged, or of the wrong key dtype.
   """
     del allow_fast_lookup
     api = "tf.nn.embedding_lookup_sparse"
     combiner = "mean" if combiner is None else combiner
     _check_combiner(combiner, api)
-    table = _single_table(params, api)
+    tables = _tables(params, api)
+    table = tables[0]
     sp_ids = _as_sparse(sp_ids, api, "sp_ids")
     sp_weights = _as_sparse(sp_weights, api, "sp_weights")
     with tf.name_scope(name or "embedding_lookup_sparse"):
         sample_ids = tf.cast(sp_ids.indices[:, 0], tf.int64)
         num_samples = tf.reduce_max(tf.concat([sample_ids, [-1]], 0)) + 1
-        return _combine(table, sample_ids, _keys(table, sp_ids.values, api, "sp_ids"),
+        return _combine(tables, sample_ids, _keys(table, sp_ids.values, api, "sp_ids"),
                         None if sp_weights is None else sp_weights.values, combiner, num_samples,
                         max_norm)
 
@@ -220,7 +267,8 @@ def safe_embedding_lookup_sparse(embedding_weights,
     """`tf.nn.safe_embedding_lookup_sparse` for an Embedding Variable.
 
   Args:
-    embedding_weights: an Embedding Variable, or a list holding one.
+    embedding_weights: an Embedding Variable, a list of them or a
+      PartitionedEmbeddingVariable (the parts of one).
     sparse_ids: `[d0, ..., dn]` SparseTensor (or rank-2 RaggedTensor) of
       keys; ids < 0 are dropped.
     sparse_weights: None, or float weights with the same indices; weights
@@ -236,13 +284,14 @@ def safe_embedding_lookup_sparse(embedding_weights,
     float32 `[d0, ..., d(n-1), embedding_dim]`.
 
   Raises:
-    ValueError: an unknown combiner, or several variables.
+    ValueError: an unknown combiner, or parts that differ.
     TypeError: ids not sparse or ragged, or of the wrong key dtype.
   """
     del allow_fast_lookup
     api = "tf.nn.safe_embedding_lookup_sparse"
     _check_combiner(combiner, api)
-    table = _single_table(embedding_weights, api)
+    tables = _tables(embedding_weights, api)
+    table = tables[0]
     sparse_ids = _as_sparse(sparse_ids, api, "sparse_ids")
     sparse_weights = _as_sparse(sparse_weights, api, "sparse_weights")
     with tf.name_scope(name or "safe_embedding_lookup_sparse"):
@@ -272,7 +321,7 @@ def safe_embedding_lookup_sparse(embedding_weights,
                 flat_weights, _ = tf.sparse.fill_empty_rows(flat_weights,
                                                             tf.cast(1, flat_weights.dtype))
         weights = None if flat_weights is None else flat_weights.values
-        result = _combine(table, flat_ids.indices[:, 0], flat_ids.values, weights, combiner,
+        result = _combine(tables, flat_ids.indices[:, 0], flat_ids.values, weights, combiner,
                           flat_ids.dense_shape[0], max_norm)
         out = tf.reshape(result, tf.concat([outer_shape, [table.embedding_dim]], 0))
         rank = sparse_ids.dense_shape.shape[0]
@@ -291,7 +340,7 @@ def _embedding_lookup_v1(params,
                          name=None,
                          validate_indices=True,
                          max_norm=None):
-    del partition_strategy, validate_indices  # one table: nothing to partition
+    del partition_strategy, validate_indices  # parts are routed as DeepRec routes them
     return embedding_lookup(params, ids, max_norm=max_norm, name=name)
 
 
@@ -326,8 +375,8 @@ def _safe_embedding_lookup_sparse_v1(embedding_weights,
 
 def install_lookup_dispatch() -> None:
     """Makes the six tf.nn / tf.compat.v1.nn embedding lookups run the
-  functions of this module when their params is an Embedding Variable (or a
-  list of one). Other params are untouched. Idempotent.
+  functions of this module when their params is an Embedding Variable, a
+  list of them or a partitioned one. Other params are untouched. Idempotent.
 
   Uses TensorFlow's type-based dispatch; because an Embedding Variable is not
   a CompositeTensor, its class is first registered as a dispatchable type
@@ -337,6 +386,7 @@ def install_lookup_dispatch() -> None:
     if _installed:
         return
     tf_dispatch.register_dispatchable_type(EmbeddingVariable)
+    tf_dispatch.register_dispatchable_type(PartitionedEmbeddingVariable)
     targets = (
         (tf.nn.embedding_lookup, embedding_lookup, "params"),
         (tf.compat.v1.nn.embedding_lookup, _embedding_lookup_v1, "params"),

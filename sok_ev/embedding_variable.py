@@ -27,6 +27,7 @@ from tensorflow.python.types import core
 
 from sok_ev import initializers
 from sok_ev import options as options_lib
+from sok_ev import partitioned_variable
 from sok_ev._ops import ops
 
 # Every Embedding Variable built in graph mode, so that lookups and tools
@@ -881,13 +882,20 @@ def get_embedding_variable(name: str,
       (sok_ev.options.check_supported).
     target_gpu: -1 (default) shards the table over all workers; k places it
       whole on worker k. Also settable later as `var.target_gpu`.
-    regularizer, caching_device, partitioner, custom_getter, constraint,
+    partitioner: None, or a TensorFlow partitioner (e.g.
+      tf.compat.v1.fixed_size_partitioner(4)): as in DeepRec, the variable
+      is then N Embedding Variables `<name>/part_<i>`, N the partitioner's
+      answer for a `[sys.maxsize, embedding_dim]` variable, key k living in
+      part (k mod 1000) mod N (sok_ev.partitioned_variable). A variable
+      scope's partitioner is not applied (a warning says so).
+    regularizer, caching_device, custom_getter, constraint,
     init_data_source: DeepRec arguments sok-ev does not support; anything
       but the default raises ValueError. validate_shape is accepted and
       ignored (the shape is always [embedding_dim]).
 
   Returns:
-    An EmbeddingVariable.
+    An EmbeddingVariable; with a partitioner, a
+    sok_ev.PartitionedEmbeddingVariable of its parts.
 
   Raises:
     ValueError: an empty name, collections that is not a list, tuple or set,
@@ -911,7 +919,6 @@ def get_embedding_variable(name: str,
     unsupported = {
         "regularizer": regularizer,
         "caching_device": caching_device,
-        "partitioner": partitioner,
         "custom_getter": custom_getter,
         "constraint": constraint,
         "init_data_source": init_data_source
@@ -919,9 +926,7 @@ def get_embedding_variable(name: str,
     for argument, value in unsupported.items():
         if value is not None:
             raise ValueError(f"get_embedding_variable('{name}'): {argument}={value!r} "
-                             "is not supported by sok-ev; leave it None. (Sharding "
-                             "over workers is set with target_gpu instead of a "
-                             "partitioner.)")
+                             "is not supported by sok-ev; leave it None.")
     del validate_shape
     _warn_of_scope_settings_it_ignores(name)
     # A string is iterable: it would become one collection per letter.
@@ -987,6 +992,22 @@ def get_embedding_variable(name: str,
         # truncated_normal_initializer(), mean 0, stddev 1.
         initializer = tf.compat.v1.truncated_normal_initializer()
     initializer = initializers.as_instance(initializer, f"get_embedding_variable('{name}')")
+    if partitioner is not None:
+        count = partitioned_variable.num_partitions(partitioner, embedding_dim,
+                                                    f"get_embedding_variable('{name}')")
+        parts = [
+            get_embedding_variable(f"{name}/part_{i}",
+                                   embedding_dim,
+                                   key_dtype,
+                                   initializer=initializer,
+                                   trainable=trainable,
+                                   collections=collections,
+                                   steps_to_live=steps_to_live,
+                                   ev_option=ev_option,
+                                   target_gpu=target_gpu) for i in range(count)
+        ]
+        shared = parts[0].name.rsplit("/part_0", 1)[0]
+        return partitioned_variable.PartitionedEmbeddingVariable(shared, parts)
 
     def create(full_name):
         return EmbeddingVariable(full_name, embedding_dim, key_dtype, initializer,

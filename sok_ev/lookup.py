@@ -34,6 +34,7 @@ from sok_ev import embedding_gradients
 from sok_ev import row_exchange
 from sok_ev._ops import host_memory_input, ops
 from sok_ev.embedding_variable import EmbeddingVariable
+from sok_ev.partitioned_variable import PartitionedEmbeddingVariable
 
 COMBINERS = ("sum", "mean", "sqrtn")
 
@@ -127,6 +128,12 @@ def _check_arguments(params, indices, combiners, sp_weights):
         raise ValueError("lookup_sparse: params is empty; pass one Embedding "
                          "Variable per table")
     for t, variable in enumerate(params):
+        if isinstance(variable, PartitionedEmbeddingVariable):
+            raise TypeError(f"lookup_sparse: params[{t}] is a partitioned Embedding Variable "
+                            f"('{variable.name}', {len(variable)} parts: made with a "
+                            "partitioner); lookup_sparse takes unpartitioned ones, sharded over "
+                            "the workers by target_gpu. Read it with "
+                            "tf.nn.embedding_lookup_sparse, or drop the partitioner.")
         if not isinstance(variable, EmbeddingVariable):
             raise TypeError(f"lookup_sparse: params[{t}] must be an Embedding "
                             "Variable (sok_ev.get_embedding_variable), got "

@@ -1,12 +1,12 @@
 """Bad inputs fail early with a clear error naming the argument and the value.
 
-Pinned down for get_embedding_variable (embedding_dim, key_dtype,
-partitioner), target_gpu (set to no integer or below -1), lookup_sparse (key
-dtype mismatch, float keys, list lengths, combiner, SparseTensor rank --
-also fed at run time where it was unknown --, sp_weights whose indices,
-batch or row splits are not the ids', non-EV params, target_gpu out of
-range) and the optimizer hook (unsupported optimizers list the supported
-ones).
+Pinned down for get_embedding_variable (embedding_dim, key_dtype, a
+partitioner that cannot split it), target_gpu (set to no integer or below
+-1), lookup_sparse (key dtype mismatch, float keys, list lengths, combiner,
+SparseTensor rank -- also fed at run time where it was unknown --,
+sp_weights whose indices, batch or row splits are not the ids', non-EV or
+partitioned params, target_gpu out of range) and the optimizer hook
+(unsupported optimizers list the supported ones).
 """
 import numpy as np
 import pytest
@@ -39,11 +39,15 @@ def test_key_dtype_other_than_int32_or_int64_is_rejected(sok, unique_name, key_d
     assert ref.error_names(error.value, "key_dtype", key_dtype.name)
 
 
-def test_partitioner_is_rejected(sok, unique_name):
+@pytest.mark.parametrize("partitioner", [
+    tf.compat.v1.fixed_size_partitioner(2, axis=1),
+    tf.compat.v1.fixed_size_partitioner(5000), "4"
+],
+                         ids=["along_axis_1", "5000_parts", "not_callable"])
+def test_a_partitioner_that_cannot_split_an_embedding_variable_is_rejected(
+        sok, unique_name, partitioner):
     with pytest.raises(ValueError) as error:
-        sok.get_embedding_variable(unique_name(),
-                                   embedding_dim=4,
-                                   partitioner=tf.compat.v1.fixed_size_partitioner(2))
+        sok.get_embedding_variable(unique_name(), embedding_dim=4, partitioner=partitioner)
     assert ref.error_names(error.value, "partitioner")
 
 

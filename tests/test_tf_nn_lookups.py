@@ -305,11 +305,21 @@ def test_tf_nn_lookup_of_int64_ids_into_an_int32_ev_names_both_dtypes(sok, uniqu
     assert ref.error_names(error.value, "int64", "int32", "ids")
 
 
-def test_tf_nn_lookup_over_several_evs_is_refused(sok, unique_name):
-    evs = [sok.get_embedding_variable(unique_name(), embedding_dim=DIM) for _ in range(2)]
-    with pytest.raises(ValueError) as error:
-        tf.nn.embedding_lookup(evs, tf.constant([1, 2], tf.int64))
-    assert ref.error_names(error.value, "params", "2 Embedding Variables")
+def test_tf_nn_lookup_over_several_evs_reads_them_as_deeprecs_parts(sok, unique_name):
+    """As DeepRec reads a partitioned Embedding Variable: key k, unchanged,
+  from evs[(k mod 1000) mod 2] (tests/test_partitioned_variable.py has the
+  rest)."""
+    evs = [
+        sok.get_embedding_variable(unique_name(),
+                                   embedding_dim=DIM,
+                                   initializer=tf.constant_initializer(float(i))) for i in range(2)
+    ]
+    keys = np.array([1, 2, 7, -3, 1001], np.int64)
+    part = np.mod(np.mod(keys, 1000), 2)
+    rows = tf.nn.embedding_lookup(evs, tf.constant(keys)).numpy()
+    np.testing.assert_array_equal(rows, np.repeat(part[:, None], DIM, 1))
+    for p, ev in enumerate(evs):
+        np.testing.assert_array_equal(np.sort(ev.export()[0].numpy()), np.sort(keys[part == p]))
 
 
 def test_tf_nn_lookup_sparse_refuses_an_unknown_combiner(sok, rng, unique_name):
