@@ -20,18 +20,20 @@ same for one call.
 
 Supported, with the arithmetic of the same Keras optimizer applied to each
 looked-up row (duplicate keys summed first):
-  SGD (momentum 0), Adagrad, Adam (amsgrad False), Ftrl.
+  SGD (momentum 0), Adagrad, Adam (amsgrad False), Ftrl, RMSprop.
 Keras updates a dense variable from a dense view of its gradient, so rows
 outside the batch still move under Adam (their moments decay) and can move
-under Ftrl. sok-ev is lazy, as DeepRec: only the rows of the batch's keys
-change, with Keras's formulas, and Adam's bias correction uses the
-optimizer's step count (`iterations + 1`) for every row. SGD and Adagrad
-equal Keras on a dense variable row for row.
+under Ftrl and RMSprop (its velocity decays, and with momentum the row
+keeps its last step). sok-ev is lazy, as DeepRec: only the rows of the
+batch's keys change, with Keras's formulas, and Adam's bias correction uses
+the optimizer's step count (`iterations + 1`) for every row. SGD and Adagrad
+equal Keras on a dense variable row for row; RMSprop does while every row is
+in every batch.
 
 Keras's Adagrad divides by sqrt(accumulator + epsilon); the fused kernel
 divides by sqrt(accumulator), so the table's `accumulator` slot holds
 Keras's accumulator plus epsilon (it starts at initial_accumulator_value +
-epsilon), which gives Keras's update exactly. tf_keras's SGD, Adagrad, Adam and Ftrl have the
+epsilon), which gives Keras's update exactly. tf_keras's SGD, Adagrad, Adam, Ftrl and RMSprop have the
 same formulas; its Adam's `adaptive_epsilon` must stay False.
 
 Slots live in the Embedding Variable's table, in columns named
@@ -82,6 +84,8 @@ class _KerasRule:
     hyperparameters: Callable[[object, tf.Tensor, tf.Tensor], list]
     # Settings of this class without a fused form: name -> value it must have.
     required: Tuple[Tuple[str, object], ...] = ()
+    # The op's boolean attributes for this optimizer (use_nesterov, centered).
+    flags: Callable[[object], Dict[str, bool]] = lambda o: {}
 
 
 def _adam_hyperparameters(o, lr, t):
@@ -115,6 +119,15 @@ def _rules():
         keras.Ftrl:
             _KerasRule("ftrl", lambda o: [("accum", o.initial_accumulator_value), ("linear", 0.0)],
                        _ftrl_hyperparameters),
+        # The fused RMSProp is TensorFlow 1's, whose arithmetic is Keras's:
+        # the momentum slot holds the last step (the increment when momentum
+        # is 0) and epsilon is added under the square root.
+        keras.RMSprop:
+            _KerasRule("rmsprop",
+                       lambda o: [("velocity", 0.0), ("momentum", 0.0)] +
+                       ([("average_gradient", 0.0)] if o.centered else []),
+                       lambda o, lr, t: [lr, o.rho, o.momentum, o.epsilon],
+                       flags=lambda o: {"centered": bool(o.centered)}),
     }
 
 
@@ -164,9 +177,10 @@ def _rule_for(optimizer, variable):
 
 def _keras_default_name(cls) -> str:
     """The name Keras 3 gives an unnamed optimizer of `cls` before making it
-  unique: the class name in snake case, which for the classes sok-ev updates
-  (SGD, Adagrad, Adam, Ftrl: one word each) is the class name lower-cased."""
-    return cls.__name__.lower()
+  unique: the class name in snake case, as Keras writes it (`SGD` -> `sgd`,
+  `Adagrad` -> `adagrad`, `RMSprop` -> `rm_sprop`)."""
+    name = re.sub(r"(.)([A-Z][a-z]+)", r"\1_\2", cls.__name__)
+    return re.sub(r"([a-z])([A-Z])", r"\1_\2", name).lower()
 
 
 def slot_prefix(optimizer) -> str:
@@ -269,7 +283,7 @@ def _update(optimizer, rule, tables):
     step = tf.cast(tf.convert_to_tensor(optimizer.iterations) + 1, tf.float32)
     updates = optimizers.fused_update(tables, rule.op_name,
                                       rule.hyperparameters(optimizer, lr, step), slots,
-                                      _iterations_clock(optimizer))
+                                      _iterations_clock(optimizer), **rule.flags(optimizer))
     _claim_columns(optimizer, variables, columns)
     return updates
 

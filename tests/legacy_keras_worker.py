@@ -35,12 +35,14 @@ from sok_ev import keras_optimizers
 N_ROWS, DIM, STEPS = 12, 3, 3
 KERAS = tf.keras.optimizers
 # Each optimizer's dense Keras update equals sok-ev's lazy one row for row
-# for STEPS steps: SGD and Adagrad always; Adam on its first step only (later,
-# Keras's dense Adam also moves rows outside the batch).
+# for STEPS steps: SGD and Adagrad always; Adam and RMSprop on their first
+# step only (later, Keras's dense Adam also moves rows outside the batch, and
+# its dense RMSprop decays their velocity).
 OPTIMIZERS = {
     "sgd": (lambda: KERAS.SGD(0.3), STEPS),
     "adagrad": (lambda: KERAS.Adagrad(0.2, initial_accumulator_value=0.3), STEPS),
     "adam": (lambda: KERAS.Adam(0.05, beta_1=0.8, beta_2=0.9, epsilon=1e-6), 1),
+    "rmsprop": (lambda: KERAS.RMSprop(0.05, rho=0.8, momentum=0.5, epsilon=1e-6, centered=True), 1),
 }
 V1_OPTIMIZERS = {
     "v1_sgd": lambda: tf.compat.v1.train.GradientDescentOptimizer(0.3),

@@ -1,7 +1,7 @@
 """Keras 3 optimizers (tf.keras.optimizers) update Embedding Variables.
 
 After sok_ev.init(), `opt.apply_gradients(zip(grads, vars))` of a Keras
-SGD, Adagrad, Adam or Ftrl updates Embedding Variables with the fused kernel
+SGD, Adagrad, Adam, Ftrl or RMSprop updates Embedding Variables with the fused kernel
 (sok_ev/keras_optimizers.py), eagerly and in tf.function.
 
 References (each step looks up a random ragged batch with duplicate keys and
@@ -14,6 +14,8 @@ empty samples; rows start at M[k]):
   update for rows consistent with it; zero rows are).
 * Adam: DeepRec's lazy Adam in NumPy (Keras's dense Adam also moves rows
   outside the batch); and on the first step, Keras's dense Adam itself.
+* RMSprop (plain, with momentum, centered): Keras's formulas applied lazily
+  in NumPy; and Keras's dense RMSprop itself on batches holding every row.
 * Checkpoints: the same dense tf.Variable and Keras optimizer, written with
   tf.train.Checkpoint and read into freshly built objects (whose Keras
   auto-names differ from the writers'), then trained on.
@@ -193,6 +195,79 @@ def test_keras_adam_first_step_equals_keras_on_a_dense_variable(sok, rng, unique
     _assert_trajectories_equal(got, expected, batches, rtol=1e-5, atol=1e-6)
 
 
+RMSPROP = {
+    "rmsprop":
+        dict(learning_rate=0.05, rho=0.8, epsilon=1e-6),
+    "rmsprop_momentum":
+        dict(learning_rate=0.05, rho=0.8, momentum=0.7, epsilon=1e-6),
+    "rmsprop_centered_momentum":
+        dict(learning_rate=0.05, rho=0.8, momentum=0.7, epsilon=1e-6, centered=True),
+}
+
+
+def _lazy_rmsprop(matrix,
+                  batches,
+                  upstreams,
+                  learning_rate,
+                  rho,
+                  epsilon,
+                  momentum=0.0,
+                  centered=False):
+    """Keras's RMSprop applied lazily, in float64 NumPy: only the rows of the
+  batch's keys change (velocity, average gradient and momentum included)."""
+    value = matrix.astype(np.float64).copy()
+    velocity, average, step = (np.zeros_like(value) for _ in range(3))
+    history = []
+    for batch, upstream in zip(batches, upstreams):
+        for key, g in ref.numpy_batch_gradient(matrix.shape, batch, upstream).items():
+            velocity[key] = rho * velocity[key] + (1 - rho) * g * g
+            denominator = velocity[key] + epsilon
+            if centered:
+                average[key] = rho * average[key] + (1 - rho) * g
+                denominator = denominator - average[key]**2
+            step[key] = momentum * step[key] + learning_rate * g / np.sqrt(denominator)
+            value[key] -= step[key]
+        history.append(value.copy())
+    return history
+
+
+def _covering_batches(rng, steps=STEPS):
+    """Batches in which every key of [0, N_ROWS) appears (with duplicates and
+  empty samples): on them Keras's dense updates are lazy ones."""
+    batches = []
+    while len(batches) < steps:
+        batch = ref.random_sparse_batch(rng, 16, 4, lambda n: np.resize(rng.permutation(N_ROWS), n),
+                                        np.int64)
+        if len(np.unique(batch.keys)) == N_ROWS:
+            batches.append(batch)
+    return batches
+
+
+@pytest.mark.parametrize("mode", ["eager", "tf_function"])
+@pytest.mark.parametrize("optimizer", sorted(RMSPROP))
+def test_keras_rmsprop_updates_an_ev_like_a_dense_variable_when_every_row_is_in_the_batch(
+        sok, rng, unique_name, mode, optimizer):
+    matrix = ref.random_matrix(rng, N_ROWS, DIM)
+    batches = _covering_batches(rng)
+    upstreams = _upstreams(rng, batches)
+    make = lambda: KERAS.RMSprop(**RMSPROP[optimizer])
+    got = _train_ev(sok, unique_name(), matrix, make, batches, upstreams, mode)
+    expected = _train_dense(matrix, make, batches, upstreams)
+    _assert_trajectories_equal(got, expected, batches, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("optimizer", sorted(RMSPROP))
+def test_keras_rmsprop_on_an_ev_updates_only_the_rows_of_the_batch(sok, rng, unique_name,
+                                                                   optimizer):
+    matrix = ref.random_matrix(rng, N_ROWS, DIM)
+    batches = _batches(rng, steps=5)
+    upstreams = _upstreams(rng, batches)
+    got = _train_ev(sok, unique_name(), matrix, lambda: KERAS.RMSprop(**RMSPROP[optimizer]),
+                    batches, upstreams, "eager")
+    expected = _lazy_rmsprop(matrix, batches, upstreams, **RMSPROP[optimizer])
+    _assert_trajectories_equal(got, expected, batches, rtol=1e-5, atol=1e-6)
+
+
 def test_keras_optimizer_updates_evs_and_dense_variables_together(sok, rng, unique_name):
     """One apply_gradients with an Embedding Variable and a dense variable:
     both updated, the step counted once (Adam's bias correction sees it)."""
@@ -283,14 +358,14 @@ def _apply_once(sok, ev, opt):
     opt.apply_gradients(zip(tape.gradient(loss, [ev]), [ev]))
 
 
-@pytest.mark.parametrize("optimizer", ["RMSprop", "Nadam", "Adamax", "AdamW", "Adadelta", "Lion"])
+@pytest.mark.parametrize("optimizer", ["Nadam", "Adamax", "AdamW", "Adadelta", "Lion"])
 def test_unsupported_keras_optimizer_raises_listing_the_supported_ones(sok, unique_name, optimizer):
     ev = sok.get_embedding_variable(unique_name(), embedding_dim=DIM)
     with pytest.raises(TypeError) as error:
         _apply_once(sok, ev, getattr(KERAS, optimizer)(0.1))
     assert ref.error_names(error.value, optimizer, ev.name, "tf.keras.optimizers.SGD",
                            "tf.keras.optimizers.Adagrad", "tf.keras.optimizers.Adam",
-                           "tf.keras.optimizers.Ftrl")
+                           "tf.keras.optimizers.Ftrl", "tf.keras.optimizers.RMSprop")
     assert int(ev.total_count()) == 2  # the lookup inserted; nothing was applied
 
 
@@ -393,6 +468,7 @@ def _columns(ev):
     ("Adagrad", "adagrad", ["accumulator"]),
     ("Adam", "adam", ["m", "v"]),
     ("Ftrl", "ftrl", ["accum", "linear"]),
+    ("RMSprop", "rm_sprop", ["velocity", "momentum"]),
 ])
 def test_keras_slot_columns_drop_the_auto_name_suffix(sok, unique_name, optimizer, default, slots):
     from sok_ev import keras_optimizers  # pylint: disable=import-outside-toplevel

@@ -10,7 +10,7 @@ suite's sok_ev first on its path; this module checks what it wrote.
 Pinned down:
 * `sok_ev.init()` and `sok_ev.install_deeprec_api()` work, and hook tf_keras's
   `Optimizer.apply_gradients`;
-* tf_keras's SGD and Adagrad (3 steps) and Adam (first step) update an
+* tf_keras's SGD and Adagrad (3 steps), Adam and RMSprop (first step) update an
   Embedding Variable and a dense kernel exactly as the same tf_keras
   optimizer updates a dense tf.Variable holding the same rows (the
   reference), eagerly and in tf.function; the step is counted once;
@@ -36,7 +36,7 @@ WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "legacy_keras_
 # (optimizer, mode) -> steps compared.
 TRAINED = {
     **{
-        (name, mode): steps for name, steps in (("sgd", 3), ("adagrad", 3), ("adam", 1)) for mode in ("eager", "tf_function")
+        (name, mode): steps for name, steps in (("sgd", 3), ("adagrad", 3), ("adam", 1), ("rmsprop", 1)) for mode in ("eager", "tf_function")
     },
     ("v1_sgd", "graph"): 3,
     ("v1_adagrad", "graph"): 3,
