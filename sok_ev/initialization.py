@@ -25,7 +25,7 @@ def init() -> None:
   * the narrow optimizer hook (`sok_ev.optimizers.install_optimizer_hook`),
     so stock tf.compat.v1.train optimizers update Embedding Variables;
   * the Keras optimizer hook (`sok_ev.keras_optimizers`), the same for
-    tf.keras.optimizers SGD, Adagrad, Adam, Ftrl and RMSprop, and Keras's refusal of
+    tf.keras.optimizers SGD, Adagrad, Adam, AdamW, Ftrl and RMSprop, and Keras's refusal of
     XLA for models whose layers hold Embedding Variables (`sok_ev.keras_jit`);
   * the tf.nn lookup dispatch (`sok_ev.dispatch`): tf.nn.embedding_lookup,
     embedding_lookup_sparse and safe_embedding_lookup_sparse (and their

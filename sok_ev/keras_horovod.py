@@ -37,7 +37,7 @@ def DistributedOptimizer(optimizer):  # pylint: disable=invalid-name
 
   Args:
     optimizer: a tf.keras optimizer (Keras 3's or tf_keras's). Its tables'
-      updates are the fused ones of SGD, Adagrad, Adam, Ftrl and RMSprop.
+      updates are the fused ones of SGD, Adagrad, Adam, AdamW, Ftrl and RMSprop.
 
   Returns:
     `optimizer` itself, marked: its class, name, slots and checkpoints stay

@@ -34,7 +34,7 @@ their `weights` (so to the model's `trainable_weights`), and nothing else:
 The gradient of a table is tf.IndexedSlices keyed by raw ids, and
 `sok_ev.keras_optimizers`'s hook on `Optimizer.apply` (installed when a layer
 is created, as by `sok_ev.init()`) updates it with the fused kernel and leaves
-the dense weights to Keras. SGD, Adagrad, Adam, Ftrl and RMSprop are supported; any
+the dense weights to Keras. SGD, Adagrad, Adam, AdamW, Ftrl and RMSprop are supported; any
 other optimizer raises at the first training step, naming the optimizer and
 the table (`<layer name>/embeddings`), before anything changes.
 

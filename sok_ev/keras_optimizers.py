@@ -20,7 +20,7 @@ same for one call.
 
 Supported, with the arithmetic of the same Keras optimizer applied to each
 looked-up row (duplicate keys summed first):
-  SGD (momentum 0), Adagrad, Adam (amsgrad False), Ftrl, RMSprop.
+  SGD (momentum 0), Adagrad, Adam and AdamW (amsgrad False), Ftrl, RMSprop.
 Keras updates a dense variable from a dense view of its gradient, so rows
 outside the batch still move under Adam (their moments decay) and can move
 under Ftrl and RMSprop (its velocity decays, and with momentum the row
@@ -42,22 +42,27 @@ with the table. The prefix must be the same when a checkpoint is restored
 into freshly built objects, but Keras 3 names unnamed optimizers uniquely per
 process (`adagrad`, `adagrad_1`, ...), by creation order. So the prefix is
 the optimizer's name with Keras's `_<n>` suffix dropped when the rest is the
-name Keras gives the class (`sgd`, `adagrad`, `adam`, `ftrl`); any other
-name is kept as is. Two live optimizers that would use the same column of
+name Keras gives the class (`sgd`, `adagrad`, `adam`, `adam_w`, `ftrl`,
+`rm_sprop`); any other name is kept as is. Two live optimizers that would use the same column of
 one Embedding Variable (two unnamed Adagrads on one table, say) raise a
 ValueError at the update: give one an explicit `name=`.
 
+Keras's decoupled weight decay (`weight_decay` of any of them; AdamW, Adam
+with a decay of 4e-3 by default) is applied as Keras applies it, `row -= row
+* weight_decay * lr` before the update, to the rows of the batch's keys only
+(a dense variable decays every row), and not to variables the optimizer
+excludes (`exclude_from_weight_decay`).
+
 Refused with a ValueError naming the setting (they have no fused form yet):
-clipnorm, clipvalue, global_clipnorm, weight_decay, use_ema,
-gradient_accumulation_steps and loss_scale_factor when an Embedding Variable
-is among the variables. The loss-scale optimizer
+clipnorm, clipvalue, global_clipnorm, use_ema, gradient_accumulation_steps
+and loss_scale_factor when an Embedding Variable is among the variables. The loss-scale optimizer
 (`tf.keras.optimizers.LossScaleOptimizer`; tf_keras's
 `tf.keras.mixed_precision.LossScaleOptimizer`) overrides `apply` (or
 `apply_gradients`): it unscales and checks gradients in Keras's dense path,
 so the hook also wraps it, to raise a ValueError when an Embedding Variable
 is among the variables; dense-only use is untouched. Any other Keras
-optimizer (including subclasses such as AdamW) raises a TypeError listing
-the supported ones.
+optimizer (subclasses included: they may change the arithmetic) raises a
+TypeError listing the supported ones.
 """
 
 import dataclasses
@@ -119,6 +124,10 @@ def _rules():
         keras.Ftrl:
             _KerasRule("ftrl", lambda o: [("accum", o.initial_accumulator_value), ("linear", 0.0)],
                        _ftrl_hyperparameters),
+        # AdamW is Adam with a weight_decay (4e-3) by default: see _weight_decay.
+        keras.AdamW:
+            _KerasRule("adam", lambda o: [("m", 0.0), ("v", 0.0)], _adam_hyperparameters,
+                       (("amsgrad", False),)),
         # The fused RMSProp is TensorFlow 1's, whose arithmetic is Keras's:
         # the momentum slot holds the last step (the increment when momentum
         # is 0) and epsilon is added under the square root.
@@ -141,7 +150,6 @@ _UNSUPPORTED_SETTINGS = {
     "clipnorm": (None, 0),
     "clipvalue": (None, 0),
     "global_clipnorm": (None, 0),
-    "weight_decay": (None, 0),
     "use_ema": (False,),
     "gradient_accumulation_steps": (None, 1),
     "loss_scale_factor": (None, 1),
@@ -165,6 +173,9 @@ def _rule_for(optimizer, variable):
                         f"optimizers {', '.join(optimizers.SUPPORTED_OPTIMIZERS)}).")
     settings = dict(_UNSUPPORTED_SETTINGS)
     settings.update({name: (value,) for name, value in rule.required})
+    if not hasattr(optimizer, "_use_weight_decay"):
+        # An optimizer whose decay sok-ev cannot ask about a variable.
+        settings["weight_decay"] = (None, 0)
     for name, allowed in settings.items():
         value = getattr(optimizer, name, None)
         if value not in allowed:
@@ -268,8 +279,30 @@ def _current_learning_rate(optimizer) -> tf.Tensor:
     return tf.convert_to_tensor(optimizer.learning_rate)
 
 
+def _weight_decay(optimizer, tables, lr):
+    """Keras's decoupled weight decay (`weight_decay`, AdamW's 4e-3 by
+  default), before the optimizer's own update and lazily, as every update of
+  a table is: each row of the batch's keys becomes `row - row * weight_decay
+  * lr` (Keras's formula, which a dense variable applies to every row), by
+  the fused SGD update of the gradient `row * weight_decay`. Variables the
+  optimizer excludes (`exclude_from_weight_decay`) are left. Returns the
+  update ops."""
+    decay = getattr(optimizer, "weight_decay", None)
+    if not decay:
+        return []
+    pairs = []
+    for grad, variable in tables:
+        if not optimizer._use_weight_decay(variable):  # pylint: disable=protected-access
+            continue
+        keys, _ = tf.unique(tf.cast(grad.indices, variable.key_dtype))
+        rows = variable.sparse_read(keys)
+        pairs.append((tf.IndexedSlices(rows * tf.cast(decay, tf.float32), keys), variable))
+    return optimizers.fused_update(pairs, "sgd", [lr], [], _iterations_clock(optimizer))
+
+
 def _update(optimizer, rule, tables):
-    """The fused update of every `(grad, variable)` pair in `tables`.
+    """The fused update of every `(grad, variable)` pair in `tables`, after
+  their weight decay.
 
   Raises:
     ValueError: another live optimizer uses the same slot columns of one of
@@ -281,9 +314,11 @@ def _update(optimizer, rule, tables):
     _check_column_owners(optimizer, variables, columns)
     lr = tf.cast(_current_learning_rate(optimizer), tf.float32)
     step = tf.cast(tf.convert_to_tensor(optimizer.iterations) + 1, tf.float32)
-    updates = optimizers.fused_update(tables, rule.op_name,
-                                      rule.hyperparameters(optimizer, lr, step), slots,
-                                      _iterations_clock(optimizer), **rule.flags(optimizer))
+    decays = _weight_decay(optimizer, tables, lr)
+    with tf.control_dependencies(decays):
+        updates = optimizers.fused_update(tables, rule.op_name,
+                                          rule.hyperparameters(optimizer, lr, step), slots,
+                                          _iterations_clock(optimizer), **rule.flags(optimizer))
     _claim_columns(optimizer, variables, columns)
     return updates
 

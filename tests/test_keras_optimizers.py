@@ -1,7 +1,7 @@
 """Keras 3 optimizers (tf.keras.optimizers) update Embedding Variables.
 
 After sok_ev.init(), `opt.apply_gradients(zip(grads, vars))` of a Keras
-SGD, Adagrad, Adam, Ftrl or RMSprop updates Embedding Variables with the fused kernel
+SGD, Adagrad, Adam, AdamW, Ftrl or RMSprop updates Embedding Variables with the fused kernel
 (sok_ev/keras_optimizers.py), eagerly and in tf.function.
 
 References (each step looks up a random ragged batch with duplicate keys and
@@ -16,6 +16,9 @@ empty samples; rows start at M[k]):
   outside the batch); and on the first step, Keras's dense Adam itself.
 * RMSprop (plain, with momentum, centered): Keras's formulas applied lazily
   in NumPy; and Keras's dense RMSprop itself on batches holding every row.
+* Weight decay (AdamW; weight_decay of SGD, Adagrad, Adam, RMSprop): Keras on
+  a dense variable on batches holding every row; lazily in NumPy for SGD;
+  a variable excluded from it trains as with plain Adam.
 * Checkpoints: the same dense tf.Variable and Keras optimizer, written with
   tf.train.Checkpoint and read into freshly built objects (whose Keras
   auto-names differ from the writers'), then trained on.
@@ -268,6 +271,64 @@ def test_keras_rmsprop_on_an_ev_updates_only_the_rows_of_the_batch(sok, rng, uni
     _assert_trajectories_equal(got, expected, batches, rtol=1e-5, atol=1e-6)
 
 
+WEIGHT_DECAY = {
+    "adamw": lambda: KERAS.AdamW(weight_decay=0.05, **ADAM),
+    "adam_weight_decay": lambda: KERAS.Adam(weight_decay=0.05, **ADAM),
+    "sgd_weight_decay": lambda: KERAS.SGD(0.3, weight_decay=0.1),
+    "adagrad_weight_decay": lambda: KERAS.Adagrad(0.2, weight_decay=0.1),
+    "rmsprop_weight_decay": lambda: KERAS.RMSprop(weight_decay=0.1, **RMSPROP["rmsprop"]),
+}
+
+
+@pytest.mark.parametrize("mode", ["eager", "tf_function"])
+@pytest.mark.parametrize("optimizer", sorted(WEIGHT_DECAY))
+def test_keras_weight_decay_updates_an_ev_like_a_dense_variable_when_every_row_is_in_the_batch(
+        sok, rng, unique_name, mode, optimizer):
+    """Keras decays every row of a dense variable (row -= row * wd * lr)
+  before its update; sok-ev the rows of the batch: the same on batches
+  holding every row."""
+    matrix = ref.random_matrix(rng, N_ROWS, DIM)
+    batches = _covering_batches(rng)
+    upstreams = _upstreams(rng, batches)
+    got = _train_ev(sok, unique_name(), matrix, WEIGHT_DECAY[optimizer], batches, upstreams, mode)
+    expected = _train_dense(matrix, WEIGHT_DECAY[optimizer], batches, upstreams)
+    _assert_trajectories_equal(got, expected, batches, rtol=1e-5, atol=1e-6)
+
+
+def test_keras_weight_decay_leaves_the_rows_outside_the_batch(sok, rng, unique_name):
+    """SGD with weight decay, lazily, in NumPy: a looked-up row becomes
+  row - lr * (wd * row) - lr * gradient; the others keep their value."""
+    lr, decay = 0.3, 0.1
+    matrix = ref.random_matrix(rng, N_ROWS, DIM)
+    batches = _batches(rng, steps=4)
+    upstreams = _upstreams(rng, batches)
+    got = _train_ev(sok, unique_name(), matrix, lambda: KERAS.SGD(lr, weight_decay=decay), batches,
+                    upstreams, "eager")
+    value = matrix.astype(np.float64).copy()
+    expected = []
+    for batch, upstream in zip(batches, upstreams):
+        for key, g in ref.numpy_batch_gradient(matrix.shape, batch, upstream).items():
+            value[key] -= lr * decay * value[key]
+            value[key] -= lr * g
+        expected.append(value.copy())
+    _assert_trajectories_equal(got, expected, batches, rtol=1e-5, atol=1e-6)
+
+
+def test_an_ev_excluded_from_weight_decay_trains_as_without_it(sok, rng, unique_name):
+    matrix = ref.random_matrix(rng, N_ROWS, DIM)
+    batches = _batches(rng, steps=3)
+    upstreams = _upstreams(rng, batches)
+
+    def excluding():
+        optimizer = KERAS.AdamW(weight_decay=0.05, **ADAM)
+        optimizer.exclude_from_weight_decay(var_names=["excluded"])
+        return optimizer
+
+    got = _train_ev(sok, "excluded", matrix, excluding, batches, upstreams, "eager")
+    expected = _lazy_adam(matrix, batches, upstreams)
+    _assert_trajectories_equal(got, expected, batches, rtol=1e-5, atol=1e-6)
+
+
 def test_keras_optimizer_updates_evs_and_dense_variables_together(sok, rng, unique_name):
     """One apply_gradients with an Embedding Variable and a dense variable:
     both updated, the step counted once (Adam's bias correction sees it)."""
@@ -358,7 +419,7 @@ def _apply_once(sok, ev, opt):
     opt.apply_gradients(zip(tape.gradient(loss, [ev]), [ev]))
 
 
-@pytest.mark.parametrize("optimizer", ["Nadam", "Adamax", "AdamW", "Adadelta", "Lion"])
+@pytest.mark.parametrize("optimizer", ["Nadam", "Adamax", "Adadelta", "Lion", "Lamb"])
 def test_unsupported_keras_optimizer_raises_listing_the_supported_ones(sok, unique_name, optimizer):
     ev = sok.get_embedding_variable(unique_name(), embedding_dim=DIM)
     with pytest.raises(TypeError) as error:
@@ -375,7 +436,6 @@ def test_unsupported_keras_optimizer_raises_listing_the_supported_ones(sok, uniq
     ("clipnorm", lambda: KERAS.Adagrad(0.1, clipnorm=1.0)),
     ("clipvalue", lambda: KERAS.SGD(0.1, clipvalue=0.5)),
     ("global_clipnorm", lambda: KERAS.Adam(0.1, global_clipnorm=1.0)),
-    ("weight_decay", lambda: KERAS.Adam(0.1, weight_decay=0.01)),
     ("use_ema", lambda: KERAS.Ftrl(0.1, use_ema=True)),
     ("gradient_accumulation_steps", lambda: KERAS.SGD(0.1, gradient_accumulation_steps=2)),
 ])
@@ -469,6 +529,7 @@ def _columns(ev):
     ("Adam", "adam", ["m", "v"]),
     ("Ftrl", "ftrl", ["accum", "linear"]),
     ("RMSprop", "rm_sprop", ["velocity", "momentum"]),
+    ("AdamW", "adam_w", ["m", "v"]),
 ])
 def test_keras_slot_columns_drop_the_auto_name_suffix(sok, unique_name, optimizer, default, slots):
     from sok_ev import keras_optimizers  # pylint: disable=import-outside-toplevel

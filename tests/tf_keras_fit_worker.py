@@ -34,7 +34,7 @@ FITS = {
     "adam_steps_per_execution": ("adam", "dense_pooled", np.int64, 6, 3),
 }
 REFUSED = {
-    "RMSprop": lambda: tf.keras.optimizers.RMSprop(0.1),
+    "Adadelta": lambda: tf.keras.optimizers.Adadelta(0.1),
     "SGD_momentum": lambda: tf.keras.optimizers.SGD(0.1, momentum=0.9),
 }
 
