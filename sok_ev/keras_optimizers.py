@@ -20,7 +20,8 @@ same for one call.
 
 Supported, with the arithmetic of the same Keras optimizer applied to each
 looked-up row (duplicate keys summed first):
-  SGD (momentum 0), Adagrad, Adam and AdamW (amsgrad False), Ftrl, RMSprop.
+  SGD (momentum and nesterov too), Adagrad, Adam and AdamW (amsgrad False),
+  Ftrl, RMSprop.
 Keras updates a dense variable from a dense view of its gradient, so rows
 outside the batch still move under Adam (their moments decay) and can move
 under Ftrl and RMSprop (its velocity decays, and with momentum the row
@@ -91,6 +92,8 @@ class _KerasRule:
     required: Tuple[Tuple[str, object], ...] = ()
     # The op's boolean attributes for this optimizer (use_nesterov, centered).
     flags: Callable[[object], Dict[str, bool]] = lambda o: {}
+    # Whether the op is given the gradient times this step's learning rate.
+    gradient_times_lr: bool = False
 
 
 def _adam_hyperparameters(o, lr, t):
@@ -109,11 +112,23 @@ def _ftrl_hyperparameters(o, lr, t):
     ]
 
 
+# Keras's SGD with momentum keeps m = momentum * m - lr * g and adds m (plus,
+# with nesterov, momentum * m - lr * g instead). TensorFlow 1's fused
+# Momentum keeps a = momentum * a + g' and subtracts lr' * a (nesterov: lr' *
+# g' + lr' * momentum * a): given g' = lr * g and lr' = 1 its slot is -m, bit
+# for bit, and it takes Keras's steps, learning rate schedules included.
+_SGD_MOMENTUM = _KerasRule("momentum",
+                           lambda o: [("momentum", 0.0)],
+                           lambda o, lr, t: [1.0, o.momentum],
+                           flags=lambda o: {"use_nesterov": bool(o.nesterov)},
+                           gradient_times_lr=True)
+
+
 def _rules():
     keras = tf.keras.optimizers
     return {
         keras.SGD:
-            _KerasRule("sgd", lambda o: [], lambda o, lr, t: [lr], (("momentum", 0.0),)),
+            _KerasRule("sgd", lambda o: [], lambda o, lr, t: [lr]),
         keras.Adagrad:
             _KerasRule("adagrad",
                        lambda o: [("accumulator", o.initial_accumulator_value + o.epsilon)],
@@ -166,6 +181,8 @@ def _rule_for(optimizer, variable):
     ValueError: a setting without a fused form (names it and its value).
   """
     rule = _rules().get(type(optimizer))
+    if rule is not None and type(optimizer) is tf.keras.optimizers.SGD and optimizer.momentum:
+        rule = _SGD_MOMENTUM
     if rule is None:
         raise TypeError(f"{type(optimizer).__name__} cannot update Embedding Variable "
                         f"'{variable.name}': sok-ev has fused updates for the Keras optimizers "
@@ -315,6 +332,8 @@ def _update(optimizer, rule, tables):
     lr = tf.cast(_current_learning_rate(optimizer), tf.float32)
     step = tf.cast(tf.convert_to_tensor(optimizer.iterations) + 1, tf.float32)
     decays = _weight_decay(optimizer, tables, lr)
+    if rule.gradient_times_lr:
+        tables = [(tf.IndexedSlices(g.values * lr, g.indices, g.dense_shape), v) for g, v in tables]
     with tf.control_dependencies(decays):
         updates = optimizers.fused_update(tables, rule.op_name,
                                           rule.hyperparameters(optimizer, lr, step), slots,

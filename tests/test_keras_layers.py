@@ -37,9 +37,10 @@ OPTIMIZERS = {
     "ftrl": lambda: keras.optimizers.Ftrl(0.2, l1_regularization_strength=0.01),
     "rmsprop": lambda: keras.optimizers.RMSprop(0.05, rho=0.8, momentum=0.5, epsilon=1e-6),
     "adamw": lambda: keras.optimizers.AdamW(0.05, weight_decay=0.1, epsilon=1e-6),
+    "sgd_nesterov": lambda: keras.optimizers.SGD(0.1, momentum=0.8, nesterov=True),
 }
 # Optimizers that move rows a dense Keras variable has outside the batch.
-NOT_LAZY_ON_DENSE = ("adam", "ftrl", "rmsprop", "adamw")
+NOT_LAZY_ON_DENSE = ("adam", "ftrl", "rmsprop", "adamw", "sgd_nesterov")
 
 # ---------------------------------------------------------------------------
 # Batches
@@ -567,7 +568,7 @@ def test_evaluate_and_predict_equal_the_keras_model_and_leave_trained_rows_alone
 @pytest.mark.parametrize("optimizer", [
     lambda: keras.optimizers.Nadam(0.1),
     lambda: keras.optimizers.Lion(0.1),
-    lambda: keras.optimizers.SGD(0.1, momentum=0.9),
+    lambda: keras.optimizers.Adafactor(0.1),
 ])
 def test_an_unsupported_optimizer_is_refused_naming_it_and_the_layer_before_anything_changes(
         sok, rng, optimizer):

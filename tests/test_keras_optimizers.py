@@ -16,6 +16,8 @@ empty samples; rows start at M[k]):
   outside the batch); and on the first step, Keras's dense Adam itself.
 * RMSprop (plain, with momentum, centered): Keras's formulas applied lazily
   in NumPy; and Keras's dense RMSprop itself on batches holding every row.
+* SGD with momentum (nesterov, a schedule): Keras on a dense variable on
+  batches holding every row; lazily in NumPy.
 * Weight decay (AdamW; weight_decay of SGD, Adagrad, Adam, RMSprop): Keras on
   a dense variable on batches holding every row; lazily in NumPy for SGD;
   a variable excluded from it trains as with plain Adam.
@@ -271,6 +273,51 @@ def test_keras_rmsprop_on_an_ev_updates_only_the_rows_of_the_batch(sok, rng, uni
     _assert_trajectories_equal(got, expected, batches, rtol=1e-5, atol=1e-6)
 
 
+SGD_MOMENTUM = {
+    "sgd_momentum":
+        lambda: KERAS.SGD(0.2, momentum=0.8),
+    "sgd_nesterov":
+        lambda: KERAS.SGD(0.2, momentum=0.8, nesterov=True),
+    "sgd_momentum_schedule":
+        lambda: KERAS.SGD(KERAS.schedules.ExponentialDecay(0.3, decay_steps=1, decay_rate=0.5),
+                          momentum=0.9),
+}
+
+
+@pytest.mark.parametrize("mode", ["eager", "tf_function"])
+@pytest.mark.parametrize("optimizer", sorted(SGD_MOMENTUM))
+def test_keras_sgd_momentum_updates_an_ev_like_a_dense_variable_when_every_row_is_in_the_batch(
+        sok, rng, unique_name, mode, optimizer):
+    """Keras's m = momentum * m - lr * g, row += m (nesterov: row +=
+  momentum * m - lr * g), a learning rate schedule included."""
+    matrix = ref.random_matrix(rng, N_ROWS, DIM)
+    batches = _covering_batches(rng)
+    upstreams = _upstreams(rng, batches)
+    got = _train_ev(sok, unique_name(), matrix, SGD_MOMENTUM[optimizer], batches, upstreams, mode)
+    expected = _train_dense(matrix, SGD_MOMENTUM[optimizer], batches, upstreams)
+    _assert_trajectories_equal(got, expected, batches, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_keras_sgd_momentum_on_an_ev_moves_only_the_rows_of_the_batch(sok, rng, unique_name,
+                                                                      nesterov):
+    lr, momentum = 0.2, 0.8
+    matrix = ref.random_matrix(rng, N_ROWS, DIM)
+    batches = _batches(rng, steps=5)
+    upstreams = _upstreams(rng, batches)
+    got = _train_ev(sok, unique_name(), matrix,
+                    lambda: KERAS.SGD(lr, momentum=momentum, nesterov=nesterov), batches, upstreams,
+                    "eager")
+    value, m = matrix.astype(np.float64).copy(), np.zeros(matrix.shape)
+    expected = []
+    for batch, upstream in zip(batches, upstreams):
+        for key, g in ref.numpy_batch_gradient(matrix.shape, batch, upstream).items():
+            m[key] = momentum * m[key] - lr * g
+            value[key] += momentum * m[key] - lr * g if nesterov else m[key]
+        expected.append(value.copy())
+    _assert_trajectories_equal(got, expected, batches, rtol=1e-5, atol=1e-6)
+
+
 WEIGHT_DECAY = {
     "adamw": lambda: KERAS.AdamW(weight_decay=0.05, **ADAM),
     "adam_weight_decay": lambda: KERAS.Adam(weight_decay=0.05, **ADAM),
@@ -431,7 +478,6 @@ def test_unsupported_keras_optimizer_raises_listing_the_supported_ones(sok, uniq
 
 
 @pytest.mark.parametrize("setting,make", [
-    ("momentum", lambda: KERAS.SGD(0.1, momentum=0.9)),
     ("amsgrad", lambda: KERAS.Adam(0.1, amsgrad=True)),
     ("clipnorm", lambda: KERAS.Adagrad(0.1, clipnorm=1.0)),
     ("clipvalue", lambda: KERAS.SGD(0.1, clipvalue=0.5)),

@@ -35,7 +35,7 @@ FITS = {
 }
 REFUSED = {
     "Adadelta": lambda: tf.keras.optimizers.Adadelta(0.1),
-    "SGD_momentum": lambda: tf.keras.optimizers.SGD(0.1, momentum=0.9),
+    "Adamax": lambda: tf.keras.optimizers.Adamax(0.1),
 }
 
 
