@@ -54,9 +54,13 @@ with a decay of 4e-3 by default) is applied as Keras applies it, `row -= row
 (a dense variable decays every row), and not to variables the optimizer
 excludes (`exclude_from_weight_decay`).
 
+Keras's `clipnorm` and `clipvalue` clip a table's gradient as they clip a
+dense variable's: on its rows summed by key, by the optimizer's own clipping.
+
 Refused with a ValueError naming the setting (they have no fused form yet):
-clipnorm, clipvalue, global_clipnorm, use_ema, gradient_accumulation_steps
-and loss_scale_factor when an Embedding Variable is among the variables. The loss-scale optimizer
+global_clipnorm (Keras would take the norm of the dense gradients alone),
+use_ema, gradient_accumulation_steps and loss_scale_factor when an Embedding
+Variable is among the variables. The loss-scale optimizer
 (`tf.keras.optimizers.LossScaleOptimizer`; tf_keras's
 `tf.keras.mixed_precision.LossScaleOptimizer`) overrides `apply` (or
 `apply_gradients`): it unscales and checks gradients in Keras's dense path,
@@ -162,8 +166,7 @@ def supported_optimizers() -> Tuple[str, ...]:
 
 # Base optimizer settings without a fused form: name -> values that mean "off".
 _UNSUPPORTED_SETTINGS = {
-    "clipnorm": (None, 0),
-    "clipvalue": (None, 0),
+    # Keras would clip the dense gradients by a norm without the tables'.
     "global_clipnorm": (None, 0),
     "use_ema": (False,),
     "gradient_accumulation_steps": (None, 1),
@@ -193,6 +196,8 @@ def _rule_for(optimizer, variable):
     if not hasattr(optimizer, "_use_weight_decay"):
         # An optimizer whose decay sok-ev cannot ask about a variable.
         settings["weight_decay"] = (None, 0)
+    if not hasattr(optimizer, "_clip_gradients"):
+        settings.update(clipnorm=(None, 0), clipvalue=(None, 0))
     for name, allowed in settings.items():
         value = getattr(optimizer, name, None)
         if value not in allowed:
@@ -296,6 +301,15 @@ def _current_learning_rate(optimizer) -> tf.Tensor:
     return tf.convert_to_tensor(optimizer.learning_rate)
 
 
+def _clipped(optimizer, grad, variable):
+    """Keras's clipnorm or clipvalue (the optimizer's own `_clip_gradients`)
+  of an Embedding Variable's gradient, on its rows summed by key: what Keras
+  clips of a dense variable's gradient, whose other rows are zeros."""
+    keys, index = tf.unique(tf.cast(grad.indices, variable.key_dtype))
+    rows = tf.math.unsorted_segment_sum(grad.values, index, tf.size(keys))
+    return tf.IndexedSlices(optimizer._clip_gradients([rows])[0], keys)  # pylint: disable=protected-access
+
+
 def _weight_decay(optimizer, tables, lr):
     """Keras's decoupled weight decay (`weight_decay`, AdamW's 4e-3 by
   default), before the optimizer's own update and lazily, as every update of
@@ -331,6 +345,8 @@ def _update(optimizer, rule, tables):
     _check_column_owners(optimizer, variables, columns)
     lr = tf.cast(_current_learning_rate(optimizer), tf.float32)
     step = tf.cast(tf.convert_to_tensor(optimizer.iterations) + 1, tf.float32)
+    if getattr(optimizer, "clipnorm", None) or getattr(optimizer, "clipvalue", None):
+        tables = [(_clipped(optimizer, g, v), v) for g, v in tables]
     decays = _weight_decay(optimizer, tables, lr)
     if rule.gradient_times_lr:
         tables = [(tf.IndexedSlices(g.values * lr, g.indices, g.dense_shape), v) for g, v in tables]

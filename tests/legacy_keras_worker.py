@@ -87,8 +87,8 @@ def _refusals(matrix):
             float(dense.numpy()[0, 0]),
         "adaptive_epsilon":
             _refusal(lambda: KERAS.Adam(0.1, adaptive_epsilon=True).apply_gradients([(grad, ev)])),
-        "clipnorm":
-            _refusal(lambda: KERAS.SGD(0.1, clipnorm=1.0).apply_gradients([(grad, ev)])),
+        "global_clipnorm":
+            _refusal(lambda: KERAS.SGD(0.1, global_clipnorm=1.0).apply_gradients([(grad, ev)])),
         "rows_after_refusals":
             ev.export()[0].numpy().tolist(),
     }

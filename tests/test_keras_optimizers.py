@@ -18,6 +18,7 @@ empty samples; rows start at M[k]):
   in NumPy; and Keras's dense RMSprop itself on batches holding every row.
 * SGD with momentum (nesterov, a schedule): Keras on a dense variable on
   batches holding every row; lazily in NumPy.
+* clipvalue, clipnorm: Keras on a dense variable on batches holding every row.
 * Weight decay (AdamW; weight_decay of SGD, Adagrad, Adam, RMSprop): Keras on
   a dense variable on batches holding every row; lazily in NumPy for SGD;
   a variable excluded from it trains as with plain Adam.
@@ -318,6 +319,29 @@ def test_keras_sgd_momentum_on_an_ev_moves_only_the_rows_of_the_batch(sok, rng, 
     _assert_trajectories_equal(got, expected, batches, rtol=1e-5, atol=1e-6)
 
 
+CLIPPED = {  # (clipped, the same unclipped)
+    "sgd_clipvalue": (lambda: KERAS.SGD(0.3, clipvalue=0.4), lambda: KERAS.SGD(0.3)),
+    "adagrad_clipnorm": (lambda: KERAS.Adagrad(0.2, clipnorm=0.5), lambda: KERAS.Adagrad(0.2)),
+    "adam_clipnorm": (lambda: KERAS.Adam(clipnorm=0.3, **ADAM), lambda: KERAS.Adam(**ADAM)),
+}
+
+
+@pytest.mark.parametrize("mode", ["eager", "tf_function"])
+@pytest.mark.parametrize("optimizer", sorted(CLIPPED))
+def test_keras_clipping_clips_an_ev_gradient_as_a_dense_one(sok, rng, unique_name, mode, optimizer):
+    """clipvalue and clipnorm act on the gradient with duplicate keys summed,
+  which is a dense variable's gradient without its zero rows."""
+    clipped, unclipped = CLIPPED[optimizer]
+    matrix = ref.random_matrix(rng, N_ROWS, DIM)
+    batches = _covering_batches(rng)
+    upstreams = [3.0 * u for u in _upstreams(rng, batches)]  # large enough to clip
+    got = _train_ev(sok, unique_name(), matrix, clipped, batches, upstreams, mode)
+    expected = _train_dense(matrix, clipped, batches, upstreams)
+    _assert_trajectories_equal(got, expected, batches, rtol=1e-5, atol=1e-6)
+    # The clipping bit: without it the dense rows end elsewhere.
+    assert not np.allclose(_train_dense(matrix, unclipped, batches, upstreams)[-1], expected[-1])
+
+
 WEIGHT_DECAY = {
     "adamw": lambda: KERAS.AdamW(weight_decay=0.05, **ADAM),
     "adam_weight_decay": lambda: KERAS.Adam(weight_decay=0.05, **ADAM),
@@ -479,8 +503,6 @@ def test_unsupported_keras_optimizer_raises_listing_the_supported_ones(sok, uniq
 
 @pytest.mark.parametrize("setting,make", [
     ("amsgrad", lambda: KERAS.Adam(0.1, amsgrad=True)),
-    ("clipnorm", lambda: KERAS.Adagrad(0.1, clipnorm=1.0)),
-    ("clipvalue", lambda: KERAS.SGD(0.1, clipvalue=0.5)),
     ("global_clipnorm", lambda: KERAS.Adam(0.1, global_clipnorm=1.0)),
     ("use_ema", lambda: KERAS.Ftrl(0.1, use_ema=True)),
     ("gradient_accumulation_steps", lambda: KERAS.SGD(0.1, gradient_accumulation_steps=2)),

@@ -20,7 +20,7 @@ Pinned down:
   holding the same rows (tf_keras's own optimizers do not update dense
   variables in a TF1 graph, so they are not the tool there);
 * random ragged batches with duplicate keys and empty samples throughout;
-* tf_keras's LossScaleOptimizer, Adam(adaptive_epsilon=True) and clipnorm
+* tf_keras's LossScaleOptimizer, Adam(adaptive_epsilon=True) and global_clipnorm
   are refused with a ValueError naming them, before the table changes; the
   loss-scale optimizer still updates dense variables alone.
 """
@@ -109,7 +109,7 @@ def test_every_step_moved_the_rows(legacy):
 @pytest.mark.parametrize("refusal, names", [
     ("loss_scale", ("LossScaleOptimizer", "refused")),
     ("adaptive_epsilon", ("Adam", "adaptive_epsilon=True", "refused")),
-    ("clipnorm", ("SGD", "clipnorm=1.0", "refused")),
+    ("global_clipnorm", ("SGD", "global_clipnorm=1.0", "refused")),
 ])
 def test_tf_keras_settings_without_a_fused_form_are_refused_naming_them(legacy, refusal, names):
     message = _facts(legacy)[refusal]
