@@ -34,8 +34,9 @@ in every batch.
 Keras's Adagrad divides by sqrt(accumulator + epsilon); the fused kernel
 divides by sqrt(accumulator), so the table's `accumulator` slot holds
 Keras's accumulator plus epsilon (it starts at initial_accumulator_value +
-epsilon), which gives Keras's update exactly. tf_keras's SGD, Adagrad, Adam, Ftrl and RMSprop have the
-same formulas; its Adam's `adaptive_epsilon` must stay False.
+epsilon), which gives Keras's update exactly. tf_keras's SGD, Adagrad,
+Adam, Ftrl and RMSprop have the same formulas; its Adam's `adaptive_epsilon`
+must stay False.
 
 Slots live in the Embedding Variable's table, in columns named
 `<prefix>/<slot>` (`adagrad/accumulator`, `adam/m`, ...), and are saved
@@ -44,9 +45,9 @@ into freshly built objects, but Keras 3 names unnamed optimizers uniquely per
 process (`adagrad`, `adagrad_1`, ...), by creation order. So the prefix is
 the optimizer's name with Keras's `_<n>` suffix dropped when the rest is the
 name Keras gives the class (`sgd`, `adagrad`, `adam`, `adam_w`, `ftrl`,
-`rm_sprop`); any other name is kept as is. Two live optimizers that would use the same column of
-one Embedding Variable (two unnamed Adagrads on one table, say) raise a
-ValueError at the update: give one an explicit `name=`.
+`rm_sprop`); any other name is kept as is. Two live optimizers that would
+use the same column of one Embedding Variable (two unnamed Adagrads on one
+table, say) raise a ValueError at the update: give one an explicit `name=`.
 
 Keras's decoupled weight decay (`weight_decay` of any of them; AdamW, Adam
 with a decay of 4e-3 by default) is applied as Keras applies it, `row -= row
@@ -56,6 +57,8 @@ excludes (`exclude_from_weight_decay`).
 
 Keras's `clipnorm` and `clipvalue` clip a table's gradient as they clip a
 dense variable's: on its rows summed by key, by the optimizer's own clipping.
+With several workers each clips the shard it owns, so clipnorm takes the
+norm of a shard's gradient, not of the whole table's.
 
 Refused with a ValueError naming the setting (they have no fused form yet):
 global_clipnorm (Keras would take the norm of the dense gradients alone),
