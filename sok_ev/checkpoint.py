@@ -47,6 +47,7 @@ from tensorflow.python.training import saver as saver_module
 from sok_ev import agreement
 from sok_ev import communication
 from sok_ev import options as options_lib
+from sok_ev import partitioned_variable
 from sok_ev import serving
 from sok_ev._ops import ops
 from sok_ev.embedding_variable import EmbeddingVariable
@@ -517,13 +518,47 @@ def install_saver_hook():
         _originals["save"] = saver_module.Saver.save
         saver_module.BulkSaverBuilder = SaverBuilder
         saver_module.Saver.save = _started_on_every_worker(saver_module.Saver.save)
+        if not _restore_checks:
+            # Wrapped once and never unwrapped: other hooks (DeepRec's
+            # checkpoint layout) wrap Saver.restore too, and unwrapping this
+            # one would drop theirs. uninstall_saver_hook turns its check off.
+            saver_module.Saver.restore = _parts_checked(saver_module.Saver.restore)
+        _restore_checks[:] = [True]
+
+
+# [True] while the Saver.restore check of partitioned variables is on.
+_restore_checks = []
+
+
+def _parts_checked(restore):
+    """Saver.restore that first refuses a checkpoint holding one of its
+  partitioned Embedding Variables in more parts than it has
+  (partitioned_variable.check_restored_parts)."""
+
+    @functools.wraps(restore)
+    def wrapped(self, sess, save_path):
+        if _restore_checks[0] and sess is not None and isinstance(save_path, str):
+            variables = self._var_list  # pylint: disable=protected-access
+            if variables is None:
+                variables = sess.graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+            variables = list(variables.values()) if isinstance(variables, dict) else variables
+            try:
+                names = [name for name, _ in tf.train.list_variables(save_path)]
+            except (errors_impl.NotFoundError, ValueError):
+                names = []  # restore itself names the missing checkpoint
+            partitioned_variable.check_restored_parts(variables, names, save_path)
+        return restore(self, sess, save_path)
+
+    return wrapped
 
 
 def uninstall_saver_hook():
-    """Restores TensorFlow's Saver builder and Saver.save."""
+    """Restores TensorFlow's Saver builder and Saver.save, and turns the
+  restore check of partitioned variables off."""
     if _originals:
         saver_module.BulkSaverBuilder = _originals.pop("BulkSaverBuilder")
         saver_module.Saver.save = _originals.pop("save")
+        _restore_checks[:] = [False]
 
 
 def saver_hook_installed():

@@ -41,6 +41,7 @@ from tensorflow.python.training import saver as saver_module
 
 from sok_ev import checkpoint
 from sok_ev import communication
+from sok_ev import partitioned_variable
 from sok_ev.embedding_variable import EmbeddingVariable
 
 SAVED_PARTITIONS = 1000  # DeepRec's kSavedPartitionNum
@@ -306,10 +307,13 @@ def restore_deeprec_checkpoint(prefix, var_list=None, session=None):
 
   Raises:
     ValueError: a tensor is missing, of the wrong dtype or shape, or
-      inconsistent (naming the variable and the tensor); nothing has changed.
+      inconsistent (naming the variable and the tensor), or the checkpoint
+      holds a partitioned variable in more parts than it has; nothing has
+      changed.
   """
     named = _named(var_list, "restore_deeprec_checkpoint")
     reader = _Reader(prefix)
+    partitioned_variable.check_restored_parts([v for _, v in named], list(reader.dtypes), prefix)
     tables, dense = [], []
     for name, variable in named:  # everything is checked before anything changes
         if isinstance(variable, EmbeddingVariable):

@@ -1007,6 +1007,8 @@ def get_embedding_variable(name: str,
                                    target_gpu=target_gpu) for i in range(count)
         ]
         shared = parts[0].name.rsplit("/part_0", 1)[0]
+        for i, part in enumerate(parts):
+            part.partition = (shared, i, count)
         return partitioned_variable.PartitionedEmbeddingVariable(shared, parts)
 
     def create(full_name):

@@ -15,7 +15,9 @@ holding every key (with an initializer drawing per key, the same draws).
 
 sok-ev's own sharding is target_gpu: a partitioner only changes how many
 tables a variable is, not where they live. A partitioned variable restores
-from a checkpoint of the same number of parts.
+from a checkpoint of the same number of parts: tf.compat.v1.train.Saver
+refuses a checkpoint holding it in more parts (`check_restored_parts`),
+whose extra parts it would otherwise leave unread.
 """
 
 import numbers
@@ -112,3 +114,23 @@ class PartitionedEmbeddingVariable:
     def total_count(self) -> tf.Tensor:
         """The keys of every part: int64 scalar."""
         return tf.add_n([tf.cast(part.total_count(), tf.int64) for part in self._parts])
+
+
+def check_restored_parts(variables, checkpoint_names, checkpoint: str) -> None:
+    """Raises ValueError, naming the variable, when `checkpoint` (whose
+  tensors are `checkpoint_names`) holds one of the partitioned Embedding
+  Variables among `variables` in more parts than it has: restoring would
+  leave the keys of the extra parts out."""
+    families = {}
+    for variable in variables:
+        info = getattr(variable, "partition", None)
+        if info is not None:
+            families[info[0]] = info[2]
+    for shared, count in sorted(families.items()):
+        extra = f"{shared}/part_{count}"
+        if any(name == extra or name.startswith((extra + "/", extra + "-"))
+               for name in checkpoint_names):
+            raise ValueError(f"Saver.restore: checkpoint {checkpoint!r} holds the partitioned "
+                             f"Embedding Variable '{shared}' in more than its {count} parts "
+                             f"({extra} is there); restoring would leave those parts' keys out. "
+                             "Build it with the partitioner it was saved with.")

@@ -211,3 +211,46 @@ def test_deeprecs_checkpoint_layout_keeps_each_part_under_its_name(sok, rng, tmp
     for p in range(3):
         saved = tf.train.load_variable(prefix, f"table/part_{p}-keys")
         np.testing.assert_array_equal(np.sort(saved), ids[_part_of(ids, 3) == p])
+
+
+def test_a_saver_refuses_a_checkpoint_holding_more_parts_before_anything_changes(
+        sok, rng, tmp_path):
+    """Restored into fewer parts, the saved extra parts' keys would be left
+  out: Saver.restore refuses, naming the variable, and the table keeps what
+  it had."""
+    matrix = ref.random_matrix(rng, R, DIM)
+    ids = np.arange(0, R, 3).astype(np.int64)
+    with ref.graph_session() as sess:
+        emb = tf.nn.embedding_lookup(_partitioned(sok, "table", matrix, np.int64, 4),
+                                     tf.constant(ids))
+        sess.run(tf.compat.v1.global_variables_initializer())
+        sess.run(emb)
+        path = tf.compat.v1.train.Saver().save(sess, str(tmp_path / "four"))
+    with ref.graph_session() as sess:
+        variable = _partitioned(sok, "table", matrix, np.int64, 2)
+        emb = tf.nn.embedding_lookup(variable, tf.constant(ids[:2]))
+        sess.run(tf.compat.v1.global_variables_initializer())
+        before = sess.run(emb)
+        with pytest.raises(ValueError) as error:
+            tf.compat.v1.train.Saver().restore(sess, path)
+        assert ref.error_names(error.value, "table", "2 parts", "table/part_2")
+        assert sess.run([p.total_count() for p in variable]) == [1, 1]
+        np.testing.assert_array_equal(sess.run(emb), before)
+
+
+def test_a_deeprec_checkpoint_holding_more_parts_is_refused_naming_it(sok, rng, tmp_path):
+    matrix = ref.random_matrix(rng, R, DIM)
+    prefix = str(tmp_path / "deeprec")
+    with ref.graph_session() as sess:
+        emb = tf.nn.embedding_lookup(_partitioned(sok, "table", matrix, np.int64, 3),
+                                     tf.constant(np.arange(R), tf.int64))
+        sess.run(tf.compat.v1.global_variables_initializer())
+        sess.run(emb)
+        sok.export_deeprec_checkpoint(prefix, session=sess)
+    with ref.graph_session() as sess:
+        variable = _partitioned(sok, "table", matrix, np.int64, 2)
+        sess.run(tf.compat.v1.global_variables_initializer())
+        with pytest.raises(ValueError) as error:
+            sok.restore_deeprec_checkpoint(prefix, session=sess)
+        assert ref.error_names(error.value, "table", "2 parts", "table/part_2")
+        assert sess.run([p.total_count() for p in variable]) == [0, 0]
