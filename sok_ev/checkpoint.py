@@ -544,8 +544,8 @@ def _parts_checked(restore):
             variables = list(variables.values()) if isinstance(variables, dict) else variables
             try:
                 names = [name for name, _ in tf.train.list_variables(save_path)]
-            except (errors_impl.NotFoundError, ValueError):
-                names = []  # restore itself names the missing checkpoint
+            except (tf.errors.OpError, ValueError):
+                names = []  # restore itself reports the unreadable checkpoint
             partitioned_variable.check_restored_parts(variables, names, save_path)
         return restore(self, sess, save_path)
 
