@@ -117,11 +117,15 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
     target_gpu: -1 shards the table over every worker by `owner_of(key)`;
       k in [0, world size) keeps the whole table on worker k. Settable; checked
       at the first lookup.
+    partition: None, or (shared name, index, number of parts) when the
+      variable is a part of a partitioned one (get_embedding_variable's
+      partitioner).
   """
 
     # Makes TF treat the variable as a resource variable (its handle is what
     # tapes watch and what colocation uses), without its dense read paths.
     _should_act_as_resource_variable = True
+    partition = None
 
     def __init__(self,
                  name,

@@ -249,17 +249,31 @@ def _covering_batches(rng, steps=STEPS):
     return batches
 
 
+def _assert_like_dense_on_covering_batches(sok,
+                                           rng,
+                                           name,
+                                           make_optimizer,
+                                           mode,
+                                           upstream_scale=1.0):
+    """Trains an Embedding Variable and a dense tf.Variable with the same
+  Keras optimizer on batches holding every row (where Keras's dense update
+  is a lazy one) and asserts the same rows after every step; returns the
+  matrix, batches, upstreams and the dense trajectory."""
+    matrix = ref.random_matrix(rng, N_ROWS, DIM)
+    batches = _covering_batches(rng)
+    upstreams = [upstream_scale * u for u in _upstreams(rng, batches)]
+    got = _train_ev(sok, name, matrix, make_optimizer, batches, upstreams, mode)
+    expected = _train_dense(matrix, make_optimizer, batches, upstreams)
+    _assert_trajectories_equal(got, expected, batches, rtol=1e-5, atol=1e-6)
+    return matrix, batches, upstreams, expected
+
+
 @pytest.mark.parametrize("mode", ["eager", "tf_function"])
 @pytest.mark.parametrize("optimizer", sorted(RMSPROP))
 def test_keras_rmsprop_updates_an_ev_like_a_dense_variable_when_every_row_is_in_the_batch(
         sok, rng, unique_name, mode, optimizer):
-    matrix = ref.random_matrix(rng, N_ROWS, DIM)
-    batches = _covering_batches(rng)
-    upstreams = _upstreams(rng, batches)
-    make = lambda: KERAS.RMSprop(**RMSPROP[optimizer])
-    got = _train_ev(sok, unique_name(), matrix, make, batches, upstreams, mode)
-    expected = _train_dense(matrix, make, batches, upstreams)
-    _assert_trajectories_equal(got, expected, batches, rtol=1e-5, atol=1e-6)
+    _assert_like_dense_on_covering_batches(sok, rng, unique_name(),
+                                           lambda: KERAS.RMSprop(**RMSPROP[optimizer]), mode)
 
 
 @pytest.mark.parametrize("optimizer", sorted(RMSPROP))
@@ -291,12 +305,7 @@ def test_keras_sgd_momentum_updates_an_ev_like_a_dense_variable_when_every_row_i
         sok, rng, unique_name, mode, optimizer):
     """Keras's m = momentum * m - lr * g, row += m (nesterov: row +=
   momentum * m - lr * g), a learning rate schedule included."""
-    matrix = ref.random_matrix(rng, N_ROWS, DIM)
-    batches = _covering_batches(rng)
-    upstreams = _upstreams(rng, batches)
-    got = _train_ev(sok, unique_name(), matrix, SGD_MOMENTUM[optimizer], batches, upstreams, mode)
-    expected = _train_dense(matrix, SGD_MOMENTUM[optimizer], batches, upstreams)
-    _assert_trajectories_equal(got, expected, batches, rtol=1e-5, atol=1e-6)
+    _assert_like_dense_on_covering_batches(sok, rng, unique_name(), SGD_MOMENTUM[optimizer], mode)
 
 
 @pytest.mark.parametrize("nesterov", [False, True])
@@ -332,12 +341,9 @@ def test_keras_clipping_clips_an_ev_gradient_as_a_dense_one(sok, rng, unique_nam
     """clipvalue and clipnorm act on the gradient with duplicate keys summed,
   which is a dense variable's gradient without its zero rows."""
     clipped, unclipped = CLIPPED[optimizer]
-    matrix = ref.random_matrix(rng, N_ROWS, DIM)
-    batches = _covering_batches(rng)
-    upstreams = [3.0 * u for u in _upstreams(rng, batches)]  # large enough to clip
-    got = _train_ev(sok, unique_name(), matrix, clipped, batches, upstreams, mode)
-    expected = _train_dense(matrix, clipped, batches, upstreams)
-    _assert_trajectories_equal(got, expected, batches, rtol=1e-5, atol=1e-6)
+    # Upstream gradients large enough to clip.
+    matrix, batches, upstreams, expected = _assert_like_dense_on_covering_batches(
+        sok, rng, unique_name(), clipped, mode, upstream_scale=3.0)
     # The clipping bit: without it the dense rows end elsewhere.
     assert not np.allclose(_train_dense(matrix, unclipped, batches, upstreams)[-1], expected[-1])
 
@@ -358,12 +364,7 @@ def test_keras_weight_decay_updates_an_ev_like_a_dense_variable_when_every_row_i
     """Keras decays every row of a dense variable (row -= row * wd * lr)
   before its update; sok-ev the rows of the batch: the same on batches
   holding every row."""
-    matrix = ref.random_matrix(rng, N_ROWS, DIM)
-    batches = _covering_batches(rng)
-    upstreams = _upstreams(rng, batches)
-    got = _train_ev(sok, unique_name(), matrix, WEIGHT_DECAY[optimizer], batches, upstreams, mode)
-    expected = _train_dense(matrix, WEIGHT_DECAY[optimizer], batches, upstreams)
-    _assert_trajectories_equal(got, expected, batches, rtol=1e-5, atol=1e-6)
+    _assert_like_dense_on_covering_batches(sok, rng, unique_name(), WEIGHT_DECAY[optimizer], mode)
 
 
 def test_keras_weight_decay_leaves_the_rows_outside_the_batch(sok, rng, unique_name):

@@ -21,14 +21,12 @@ R, DIM = 60, 4  # matrix rows (keys in [0, R)), embedding_dim
 
 
 def _partitioned(sok, name, matrix, key_dtype, parts):
-    option = sok.EmbeddingVariableOption(init_option=sok.InitializerOption(
-        default_value_dim=matrix.shape[0]))
-    return sok.get_embedding_variable(name,
-                                      embedding_dim=matrix.shape[1],
-                                      key_dtype=tf.as_dtype(key_dtype),
-                                      initializer=tf.constant_initializer(matrix),
-                                      ev_option=option,
-                                      partitioner=tf.compat.v1.fixed_size_partitioner(parts))
+    """`parts` parts, each starting key k at matrix[k mod R]."""
+    return ref.matrix_ev(sok,
+                         name,
+                         matrix,
+                         key_dtype,
+                         partitioner=tf.compat.v1.fixed_size_partitioner(parts))
 
 
 def _part_of(keys, parts):
