@@ -552,11 +552,16 @@ def end_to_end(result, batch):
     return (len(ends) - WARMUP_STEPS) * batch / (ends[-1] - ends[WARMUP_STEPS - 1])
 
 
+def batches_on_gpu_apply(args, device) -> bool:
+    """Whether --batches-on-gpu can apply: a GPU, --source memory and --style
+  function."""
+    return device == "gpu" and args.source == "memory" and args.style == "function"
+
+
 def check_batches_on_gpu(args, device):
-    """Exits naming the flags when --batches-on-gpu cannot apply (it needs a
-  GPU, --source memory and --style function)."""
-    if args.batches_on_gpu is True and (device != "gpu" or args.source != "memory" or
-                                        args.style != "function"):
+    """Exits naming the flags when --batches-on-gpu is asked for where it
+  cannot apply (batches_on_gpu_apply)."""
+    if args.batches_on_gpu is True and not batches_on_gpu_apply(args, device):
         sys.exit("--batches-on-gpu needs a GPU, --source memory and --style function, got "
                  f"device {device}, --source {args.source}, --style {args.style}")
 
@@ -578,14 +583,15 @@ def gpu_memory_bytes():
 
 def resolve_batches_on_gpu(args, device, data_bytes, gpu_memory):
     """Sets --batches-on-gpu's default when it was not given: on where it
-  applies (check_batches_on_gpu) and the data's arrays (data_bytes) take at
+  applies (batches_on_gpu_apply) and the data's arrays (data_bytes) take at
   most a quarter of the GPU's memory (gpu_memory bytes; None: not known, so
   off), leaving the rest to the tables and the model. It measured 1.22x the
   host-cut batches' samples/s on one H200 (benchmarks/RESULTS.md, criteo)."""
     if args.batches_on_gpu is not None:
         return
-    applies = device == "gpu" and args.source == "memory" and args.style == "function"
-    args.batches_on_gpu = bool(applies and gpu_memory is not None and data_bytes <= gpu_memory // 4)
+    args.batches_on_gpu = bool(
+        batches_on_gpu_apply(args, device) and gpu_memory is not None and
+        data_bytes <= gpu_memory // 4)
 
 
 def device_batches(args, data, hvd):
