@@ -22,8 +22,8 @@ RESULTS = os.path.join(REPO_ROOT, "benchmarks", "RESULTS.md")
 
 # The history sections, by id (RESULTS.md's `<!-- history:<id> -->` markers).
 BENCHMARKS = ("criteo", "cpu-sparse-step", "cpu-weak-scaling", "cpu-table-memory", "cpu-tf-nn",
-              "tf-sparse-step", "tf-weak-scaling", "tf-tiered-step", "peers", "gpu-core",
-              "device-suite", "ci", "gpu-rounds", "summaries")
+              "tf-sparse-step", "tf-weak-scaling", "tf-tiered-step", "tf-tiered-capacity", "peers",
+              "gpu-core", "device-suite", "ci", "gpu-rounds", "summaries")
 # The current table's columns after the target, in order.
 COLUMNS = ("figure", "baseline", "ratio", "met", "machine", "date", "commit", "command")
 

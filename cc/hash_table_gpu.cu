@@ -781,7 +781,12 @@ Status HashTable<Key>::size_from_exact_read(const GpuContext& context, int64_t* 
   // the insert follows on this stream.
   if (count_absent) *incoming = std::min(*incoming, static_cast<int64_t>(counters.absent));
   used_slots_bound_ = static_cast<int64_t>(counters.used_slots);
-  next_row_bound_ = static_cast<int64_t>(counters.next_row);
+  // Erased rows are handed out before fresh ones, so only the rest take
+  // fresh arena rows (a tiered table refills the rows its write-back freed).
+  const int64_t reused =
+      std::min(*incoming, std::max<int64_t>(0, static_cast<int64_t>(counters.free_rows)));
+  // The caller adds *incoming to the bound: it ends at next_row + fresh.
+  next_row_bound_ = static_cast<int64_t>(counters.next_row) - reused;
   if (used_slots_bound_ + *incoming > slot_limit()) {
     // Sized from live keys: erased slots are dropped by the rehash.
     const int64_t needed = static_cast<int64_t>(counters.size) + *incoming;
@@ -792,8 +797,13 @@ Status HashTable<Key>::size_from_exact_read(const GpuContext& context, int64_t* 
     used_slots_bound_ = static_cast<int64_t>(counters.size);
   }
   if (next_row_bound_ + *incoming > row_capacity_) {
-    const int64_t rows = std::max<int64_t>(
-        next_row_bound_ + *incoming, static_cast<int64_t>(row_capacity_ * options_.arena_growth));
+    const int64_t needed = next_row_bound_ + *incoming;
+    int64_t rows =
+        std::max<int64_t>(needed, static_cast<int64_t>(row_capacity_ * options_.arena_growth));
+    if (options_.arena_bytes_limit > 0) {
+      const int64_t limit = options_.arena_bytes_limit / (row_width() * int64_t{4});
+      rows = std::max(needed, std::min(rows, limit));
+    }
     if (rows > (int64_t{1} << 31) - 4) {
       return Status::InvalidArgument("table is full: 2^31 rows");
     }

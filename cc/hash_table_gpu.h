@@ -75,6 +75,10 @@ struct HashTableOptions {
   int64_t initial_capacity = 1 << 16;  // keys, before the first growth
   float max_load_factor = 0.75f;       // (occupied + erased) / slots
   float arena_growth = 1.25f;          // factor the row arena grows by
+  // Bytes of rows (values and slots) the arena's growth stops at, unless a
+  // call needs more (0: no limit). A tiered table's HBM budget, so that
+  // the factor's step does not overshoot it.
+  int64_t arena_bytes_limit = 0;
 };
 
 template <typename Key>

@@ -59,9 +59,12 @@ struct TierCounters {
   int64_t hbm_rows = 0;      // rows in HBM now
   int64_t host_rows = 0;     // rows in host memory now
   // Host wall time of the moves, in microseconds (cumulative), so a slow
-  // step can be split: choosing the rows to write back (the call's keys and
-  // HBM's index listed to the host), writing them back, bringing rows in
-  // (the host tier's lookup, the copy, HBM's insert).
+  // step can be split: choosing the rows to write back and copying them to
+  // the host, writing them to the host tier and out of HBM, bringing rows in
+  // (the host tier's lookup, the copy, HBM's insert). An op on several
+  // tables runs each stage for all of them at once
+  // (TieredTable::make_resident_together); a stage's time is then shared
+  // out among them, so the sum over tables is the op's time.
   int64_t choose_us = 0;
   int64_t write_back_us = 0;
   int64_t bring_in_us = 0;

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_segmented_radix_sort.cuh>
+#include <limits>
 #include <numeric>
 #include <string>
 #include <utility>
@@ -29,30 +31,58 @@ struct ResidencyCounts {
   unsigned long long hbm_size;   // rows in HBM, read after the check
 };
 
-// Appends to `absent` the keys HBM lacks, a warp's misses with one atomic.
-// The first min(*count, n) keys are checked (all n when count is null).
-//   keys: (n,)  absent: (n,) out, counts->absent entries written
+// One span's part of a residency check: its keys, the table whose HBM
+// index it probes, and where the table's absent keys and counts go (a
+// table's spans share them).
 template <typename Key>
-__global__ void absent_keys_kernel(TableView<Key> table, const Key* keys, int64_t n,
-                                   const int64_t* count, Key* absent, ResidencyCounts* counts) {
-  int64_t end = n;
-  if (count != nullptr) end = *count < 0 ? 0 : (*count < n ? *count : n);
+struct CheckJob {
+  const Key* table_keys;  // the table's TableView::keys
+  const int32_t* states;  // the table's TableView::states
+  uint64_t bucket_mask;
+  const Key* keys;       // (n,) device
+  int64_t n;             // the host's bound
+  const int64_t* count;  // device or null: only the first min(*count, n) keys
+  Key* absent;           // the table's absent list, counts->absent entries written
+  ResidencyCounts* counts;
+  const TableCounters* table_counters;  // the table's, for hbm_size
+};
+// Jobs a launch takes as its argument (2.3 KB of the 4 KB a launch may pass).
+constexpr int kJobsPerLaunch = 32;
+template <typename Key>
+struct CheckJobs {
+  CheckJob<Key> job[kJobsPerLaunch];
+};
+
+// Appends to each job's absent list the keys HBM lacks, a warp's misses with
+// one atomic; blockIdx.y picks the job.
+template <typename Key>
+__global__ void absent_keys_kernel(CheckJobs<Key> jobs) {
+  const CheckJob<Key>& job = jobs.job[blockIdx.y];
+  TableView<Key> table;
+  table.keys = const_cast<Key*>(job.table_keys);
+  table.states = const_cast<int32_t*>(job.states);
+  table.bucket_mask = job.bucket_mask;
+  int64_t end = job.n;
+  if (job.count != nullptr) end = *job.count < 0 ? 0 : (*job.count < job.n ? *job.count : job.n);
   if (blockIdx.x == 0 && threadIdx.x == 0) {
-    atomicAdd(&counts->looked_up, static_cast<unsigned long long>(end));
+    atomicAdd(&job.counts->looked_up, static_cast<unsigned long long>(end));
+    // No kernel inserts or erases during the check: every span reads the same.
+    job.counts->hbm_size = job.table_counters->size;
   }
   const int lane = threadIdx.x & 31;
   // Whole warps step together, so the ballot sees every lane.
   for (int64_t base = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) - lane; base < end;
        base += int64_t(gridDim.x) * blockDim.x) {
     const int64_t i = base + lane;
-    const bool miss = i < end && find_row(table, keys[i]) < 0;
+    const bool miss = i < end && find_row(table, job.keys[i]) < 0;
     const unsigned misses = __ballot_sync(0xffffffffu, miss);
     if (misses == 0) continue;
     unsigned long long first = 0;
-    if (lane == 0)
-      first = atomicAdd(&counts->absent, static_cast<unsigned long long>(__popc(misses)));
+    if (lane == 0) {
+      first = atomicAdd(&job.counts->absent, static_cast<unsigned long long>(__popc(misses)));
+    }
     first = __shfl_sync(0xffffffffu, first, 0);
-    if (miss) absent[first + __popc(misses & ((1u << lane) - 1))] = keys[i];
+    if (miss) job.absent[first + __popc(misses & ((1u << lane) - 1))] = job.keys[i];
   }
 }
 
@@ -93,6 +123,20 @@ __global__ void list_candidates_kernel(TableView<Key> table, int64_t slots, bool
   }
 }
 
+// Candidate entries that no row fills sort after every row's: the largest
+// score and key, and no row (row id -1). So the candidates can be sorted
+// before their number reaches the host.
+template <typename Key>
+__global__ void fill_sentinels_kernel(int64_t n, Key largest_key, Key* keys, int64_t* scores,
+                                      int32_t* row_ids) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    keys[i] = largest_key;
+    scores[i] = INT64_MAX;
+    row_ids[i] = -1;
+  }
+}
+
 __global__ void iota_kernel(int32_t* out, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -109,7 +153,8 @@ __global__ void gather_by_kernel(const T* values, const int32_t* order, int64_t 
   }
 }
 
-// Whole rows, frequencies and versions of row ids, a warp a row.
+// Whole rows, frequencies and versions of row ids, a warp a row; row id -1
+// (a sentinel) writes nothing.
 //   row_ids: (n,)  rows: (n, row_width) out  frequencies, versions: (n,) out
 template <typename Key>
 __global__ void gather_rows_kernel(TableView<Key> table, const int32_t* row_ids, int64_t n,
@@ -118,6 +163,7 @@ __global__ void gather_rows_kernel(TableView<Key> table, const int32_t* row_ids,
   for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5; i < n;
        i += (int64_t(gridDim.x) * blockDim.x) >> 5) {
     const int64_t row = row_ids[i];
+    if (row < 0) continue;
     const float* from = table.rows + row * table.row_width;
     float* to = rows + i * table.row_width;
     for (int64_t c = lane; c < table.row_width; c += 32) to[c] = from[c];
@@ -171,52 +217,79 @@ class Stopwatch {
   Clock::time_point last_ = Clock::now();
 };
 
+// Rows an eviction writes back beyond those it must, so that the next calls
+// find room without a scan of the table: an eighth of the budget, at most
+// this many (a large budget's eighth would hold gigabytes of pinned staging).
+constexpr int64_t kMaxEvictionSlack = 1 << 16;
+
+// Pinned host rows -- values and slots, then frequencies, versions and keys
+// -- so that copies run at the host link's rate, not a pageable copy's, and
+// the host tier reads and writes them in place. Grows, never shrinks.
+template <typename Key>
+class PinnedRows {
+ public:
+  PinnedRows() = default;
+  PinnedRows(const PinnedRows&) = delete;
+  PinnedRows& operator=(const PinnedRows&) = delete;
+  ~PinnedRows() {
+    if (block_ != nullptr) cudaFreeHost(block_);
+  }
+  // Room for `rows` rows of `width` floats; ResourceExhausted naming the
+  // table when the system refuses pinned memory.
+  Status reserve(int64_t rows, int64_t width, const std::string& name) {
+    if (rows <= capacity_ && width == width_) return Status::Ok();
+    if (block_ != nullptr) cudaFreeHost(block_);
+    block_ = nullptr;
+    capacity_ = 0;
+    const int64_t grown = rows + rows / 4;  // room for the next calls' growth
+    const size_t bytes = grown * (width * sizeof(float) + 2 * sizeof(int64_t) + sizeof(Key));
+    if (cudaMallocHost(&block_, bytes) != cudaSuccess) {
+      cudaGetLastError();
+      block_ = nullptr;
+      return Status::ResourceExhausted("Embedding Variable '" + name +
+                                       "': out of pinned host memory allocating " +
+                                       std::to_string(bytes) + " bytes for rows between tiers");
+    }
+    capacity_ = grown;
+    width_ = width;
+    return Status::Ok();
+  }
+  float* rows() const { return static_cast<float*>(block_); }
+  int64_t* frequencies() const { return reinterpret_cast<int64_t*>(rows() + capacity_ * width_); }
+  int64_t* versions() const { return frequencies() + capacity_; }
+  Key* keys() const { return reinterpret_cast<Key*>(versions() + capacity_); }
+
+ private:
+  void* block_ = nullptr;
+  int64_t capacity_ = 0, width_ = 0;
+};
+
 }  // namespace
 
 template <typename Key>
-struct TieredTable<Key>::ResidencyCheck {
-  ~ResidencyCheck() {
-    if (host_counts != nullptr) cudaFreeHost(host_counts);
-    if (staging != nullptr) cudaFreeHost(staging);
+struct TieredTable<Key>::Staging {
+  ~Staging() {
+    if (listed != nullptr) cudaFreeHost(listed);
   }
-  // Pinned room for `rows` rows moving between the tiers (their values and
-  // slots, then frequencies, then versions): the copies run at the host
-  // link's rate, not a pageable copy's, and the host tier reads and writes
-  // them in place. Grows, never shrinks.
-  Status reserve(int64_t rows, int64_t width) {
-    if (rows <= staging_rows && width == staging_width) return Status::Ok();
-    if (staging != nullptr) cudaFreeHost(staging);
-    staging = nullptr;
-    staging_rows = 0;
-    const int64_t grown = rows + rows / 4;  // room for the next calls' growth
-    SOK_EV_CUDA_RETURN(
-        cudaMallocHost(&staging, grown * (width * sizeof(float) + 2 * sizeof(int64_t))));
-    staging_rows = grown;
-    staging_width = width;
-    return Status::Ok();
-  }
-  float* rows() const { return static_cast<float*>(staging); }
-  int64_t* frequencies() const {
-    return reinterpret_cast<int64_t*>(rows() + staging_rows * staging_width);
-  }
-  int64_t* versions() const { return frequencies() + staging_rows; }
-
-  void* staging = nullptr;
-  int64_t staging_rows = 0, staging_width = 0;
-  ResidencyCounts* host_counts = nullptr;  // pinned: the copy does not block the host
-  bool queued = false;
-  std::vector<KeySpan<Key>> spans;
-  std::unique_ptr<ScratchBuffer> absent;  // (sum of the spans' n,) Key, device
-  std::unique_ptr<ScratchBuffer> counts;  // ResidencyCounts, device
+  PinnedRows<Key> out;                   // rows written back to the host tier
+  PinnedRows<Key> in;                    // rows brought in from it
+  unsigned long long* listed = nullptr;  // pinned: the write-back's candidates
 };
 
 template <typename Key>
-struct TieredTable<Key>::Victims {
-  int64_t count = 0;
-  std::unique_ptr<ScratchBuffer> keys;     // (count,) Key, device
-  std::unique_ptr<ScratchBuffer> row_ids;  // (count,) int32 HBM arena rows, device
-  Key* key_data() const { return static_cast<Key*>(keys->get()); }
-  int32_t* row_id_data() const { return static_cast<int32_t*>(row_ids->get()); }
+struct TieredTable<Key>::Move {
+  const TieredTable* table = nullptr;
+  std::vector<KeySpan<Key>> spans;  // the call's keys: their rows stay in HBM
+  int64_t bound = 0;                // sum of the spans' n
+  Key* absent_list = nullptr;       // (bound,) device: stage 1's absent keys
+  ResidencyCounts counts{};
+  // The keys HBM lacks, sorted, each once; after read_host_rows, those the
+  // host tier holds, their rows in staging in.
+  std::vector<Key> absent;
+  int64_t evict_count = 0;                     // rows to write back, asked
+  int64_t chosen = 0;                          // rows whose choice is queued (<= evict_count)
+  std::unique_ptr<ScratchBuffer> victim_keys;  // (chosen,) device, until stage 4
+  Status status;                               // the first failure of this table's move
 };
 
 template <typename Key>
@@ -243,8 +316,10 @@ Status TieredTable<Key>::Create(const GpuContext& context, int64_t dim,
   StorageSpec checked;
   SOK_EV_RETURN_IF_ERROR(MakeStorageSpec(
       storage.hbm_bytes, static_cast<int64_t>(storage.cache_strategy), dim, name, &checked));
+  HashTableOptions hbm_options = options;
+  if (checked.tiered()) hbm_options.arena_bytes_limit = checked.hbm_bytes;
   HashTable<Key>* hbm = nullptr;
-  SOK_EV_RETURN_IF_ERROR(HashTable<Key>::Create(context, dim, initializer, options, &hbm));
+  SOK_EV_RETURN_IF_ERROR(HashTable<Key>::Create(context, dim, initializer, hbm_options, &hbm));
   *table = new TieredTable(hbm, checked, name);
   return Status::Ok();
 }
@@ -283,153 +358,280 @@ Status TieredTable<Key>::add_slot(const GpuContext& context, const std::string& 
 }
 
 template <typename Key>
+Status TieredTable<Key>::make_staging() const {
+  if (staging_ != nullptr) return Status::Ok();
+  std::unique_ptr<Staging> staging(new Staging);
+  SOK_EV_CUDA_RETURN(cudaMallocHost(&staging->listed, sizeof(unsigned long long)));
+  staging_ = std::move(staging);
+  return Status::Ok();
+}
+
+template <typename Key>
 Status TieredTable<Key>::make_resident(const GpuContext& context,
                                        const std::vector<KeySpan<Key>>& spans) const {
   if (!tiered()) return Status::Ok();
-  SOK_EV_RETURN_IF_ERROR(queue_residency_check(context, spans));
-  SOK_EV_RETURN_IF_ERROR(synchronize(stream_of(context)));
-  return finish_residency(context);
+  return make_resident_together(context, {Residency{this, spans}});
 }
 
 template <typename Key>
-Status TieredTable<Key>::queue_residency_check(const GpuContext& context,
-                                               const std::vector<KeySpan<Key>>& spans) const {
-  if (!tiered()) return Status::Ok();
-  SOK_EV_RETURN_IF_ERROR(make_check());
-  ResidencyCheck& check = *check_;
-  check.queued = false;
-  check.absent.reset();
-  check.counts.reset();
-  int64_t bound = 0;
-  for (const KeySpan<Key>& span : spans) bound += std::max<int64_t>(span.n, 0);
-  if (bound == 0) return Status::Ok();
+Status TieredTable<Key>::make_resident_together(const GpuContext& context,
+                                                const std::vector<Residency>& tables) {
   cudaStream_t stream = stream_of(context);
-  check.absent.reset(new ScratchBuffer(context, bound * sizeof(Key)));
-  check.counts.reset(new ScratchBuffer(context, sizeof(ResidencyCounts)));
-  if (!check.absent->ok() || !check.counts->ok()) {
-    return out_of_device_memory(name_, "the keys of a tier lookup", bound * sizeof(Key));
+  std::vector<Move> moves;
+  int64_t total = 0;
+  for (const Residency& residency : tables) {
+    if (!residency.table->tiered()) continue;
+    Move move;
+    move.table = residency.table;
+    move.spans = residency.spans;
+    for (const KeySpan<Key>& span : move.spans) move.bound += std::max<int64_t>(span.n, 0);
+    if (move.bound == 0) continue;
+    total += move.bound;
+    moves.push_back(std::move(move));
   }
-  ResidencyCounts* counts = static_cast<ResidencyCounts*>(check.counts->get());
-  Key* absent = static_cast<Key*>(check.absent->get());
-  SOK_EV_CUDA_RETURN(cudaMemsetAsync(counts, 0, sizeof(ResidencyCounts), stream));
-  for (const KeySpan<Key>& span : spans) {
-    if (span.n <= 0) continue;
-    absent_keys_kernel<Key><<<grid_for(span.n, kThreads), kThreads, 0, stream>>>(
-        hbm_->view(), span.keys, span.n, span.count, absent, counts);
+  if (moves.empty()) return Status::Ok();
+  const std::string& first_name = moves[0].table->name_;
+
+  // 1. Every span checked against HBM in one kernel; the counts to the host.
+  ScratchBuffer absent(context, total * sizeof(Key));
+  ScratchBuffer counts(context, moves.size() * sizeof(ResidencyCounts));
+  if (!absent.ok() || !counts.ok()) {
+    return out_of_device_memory(first_name, "the keys of a tier lookup", total * sizeof(Key));
+  }
+  SOK_EV_CUDA_RETURN(
+      cudaMemsetAsync(counts.get(), 0, moves.size() * sizeof(ResidencyCounts), stream));
+  CheckJobs<Key> jobs;
+  int num_jobs = 0;
+  int64_t longest = 0;
+  auto launch = [&]() -> Status {
+    if (num_jobs == 0) return Status::Ok();
+    const dim3 grid(grid_for(longest, kThreads), num_jobs);
+    absent_keys_kernel<Key><<<grid, kThreads, 0, stream>>>(jobs);
     SOK_EV_LAUNCH_CHECK("absent_keys");
-  }
-  SOK_EV_CUDA_RETURN(cudaMemcpyAsync(&counts->hbm_size, &hbm_->device_counters()->size,
-                                     sizeof(unsigned long long), cudaMemcpyDeviceToDevice, stream));
-  SOK_EV_CUDA_RETURN(cudaMemcpyAsync(check.host_counts, counts, sizeof(ResidencyCounts),
-                                     cudaMemcpyDeviceToHost, stream));
-  check.spans = spans;
-  check.queued = true;
-  return Status::Ok();
-}
-
-template <typename Key>
-Status TieredTable<Key>::make_check() const {
-  if (check_ != nullptr) return Status::Ok();
-  std::unique_ptr<ResidencyCheck> check(new ResidencyCheck);
-  SOK_EV_CUDA_RETURN(cudaMallocHost(&check->host_counts, sizeof(ResidencyCounts)));
-  check_ = std::move(check);
-  return Status::Ok();
-}
-
-template <typename Key>
-Status TieredTable<Key>::finish_residency(const GpuContext& context) const {
-  if (!tiered() || check_ == nullptr || !check_->queued) return Status::Ok();
-  ResidencyCheck& check = *check_;
-  check.queued = false;
-  const ResidencyCounts counts = *check.host_counts;
-  ++counters_.calls;
-  counters_.pcie_bytes += sizeof(ResidencyCounts);
-  // The absent keys on the host, each once (a key in two spans is listed
-  // twice), sorted on the GPU first.
-  std::vector<Key> absent(counts.absent);
-  if (!absent.empty()) {
-    const int n = static_cast<int>(absent.size());
-    ScratchBuffer sorted(context, n * sizeof(Key));
-    size_t sort_bytes = 0;
-    SOK_EV_CUDA_RETURN(cub::DeviceRadixSort::SortKeys(
-        nullptr, sort_bytes, static_cast<const Key*>(check.absent->get()), sorted.as<Key>(), n, 0,
-        int(sizeof(Key) * 8), stream_of(context)));
-    ScratchBuffer temp(context, sort_bytes);
-    if (!sorted.ok() || !temp.ok()) {
-      return out_of_device_memory(name_, "sorting the keys HBM lacks",
-                                  n * sizeof(Key) + sort_bytes);
+    num_jobs = 0;
+    longest = 0;
+    return Status::Ok();
+  };
+  int64_t offset = 0;
+  for (size_t t = 0; t < moves.size(); ++t) {
+    Move& move = moves[t];
+    move.absent_list = absent.as<Key>() + offset;
+    offset += move.bound;
+    const TableView<Key> view = move.table->hbm_->view();
+    for (const KeySpan<Key>& span : move.spans) {
+      if (span.n <= 0) continue;
+      jobs.job[num_jobs++] = CheckJob<Key>{view.keys,
+                                           view.states,
+                                           view.bucket_mask,
+                                           span.keys,
+                                           span.n,
+                                           span.count,
+                                           move.absent_list,
+                                           counts.as<ResidencyCounts>() + t,
+                                           move.table->hbm_->device_counters()};
+      longest = std::max(longest, span.n);
+      if (num_jobs == kJobsPerLaunch) SOK_EV_RETURN_IF_ERROR(launch());
     }
-    SOK_EV_CUDA_RETURN(cub::DeviceRadixSort::SortKeys(
-        temp.get(), sort_bytes, static_cast<const Key*>(check.absent->get()), sorted.as<Key>(), n,
-        0, int(sizeof(Key) * 8), stream_of(context)));
-    SOK_EV_RETURN_IF_ERROR(to_host(context, sorted.as<Key>(), n, absent.data()));
-    SOK_EV_RETURN_IF_ERROR(synchronize(stream_of(context)));
   }
-  counters_.pcie_bytes += static_cast<int64_t>(absent.size() * sizeof(Key));
-  check.absent.reset();
-  check.counts.reset();
-  counters_.hits += static_cast<int64_t>(counts.looked_up - counts.absent);
-  absent.erase(std::unique(absent.begin(), absent.end()), absent.end());
-  counters_.misses += static_cast<int64_t>(absent.size());
-  const int64_t hbm_size = static_cast<int64_t>(counts.hbm_size);
-  const int64_t budget = budget_rows();
-  if (absent.empty() && hbm_size <= budget) return Status::Ok();
+  SOK_EV_RETURN_IF_ERROR(launch());
+  std::vector<ResidencyCounts> host_counts(moves.size());
+  SOK_EV_RETURN_IF_ERROR(to_host(context, counts.as<ResidencyCounts>(),
+                                 static_cast<int64_t>(moves.size()), host_counts.data()));
+  SOK_EV_RETURN_IF_ERROR(synchronize(stream));
 
-  // Room first, also when every key hits but an earlier batch larger than
-  // the budget left HBM over it (a pre-fill, a restore's whole batch): else
-  // HBM would stay over the budget for as long as the keys asked for stay
-  // resident. The rows written back are never absent keys' (those are not
-  // in HBM), so the host tier is read for the absent keys after. An eighth
-  // of the budget beyond what must go, so that the next calls find room
-  // without a scan; never the rows of this call's keys.
-  const int64_t needed = hbm_size + static_cast<int64_t>(absent.size());
-  if (needed > budget) {
-    SOK_EV_RETURN_IF_ERROR(evict(context, needed - budget + budget / 8, check.spans));
+  // 2. The absent keys of every table that has some, sorted on the GPU (one
+  // segmented sort) and brought to the host.
+  std::vector<int64_t> begins, ends;
+  for (size_t t = 0; t < moves.size(); ++t) {
+    Move& move = moves[t];
+    move.counts = host_counts[t];
+    ++move.table->counters_.calls;
+    move.table->counters_.pcie_bytes += sizeof(ResidencyCounts);
+    const int64_t start = move.absent_list - absent.as<Key>();
+    begins.push_back(start);
+    ends.push_back(start + static_cast<int64_t>(move.counts.absent));
   }
-  // Those in the host tier move in; the rest are new.
-  if (absent.empty() || host_->size() == 0) return Status::Ok();
+  const bool any_absent =
+      std::any_of(moves.begin(), moves.end(), [](const Move& m) { return m.counts.absent > 0; });
+  if (any_absent) {
+    ScratchBuffer sorted(context, total * sizeof(Key));
+    ScratchBuffer offsets(context, 2 * moves.size() * sizeof(int64_t));
+    const int segments = static_cast<int>(moves.size());
+    size_t sort_bytes = 0;
+    SOK_EV_CUDA_RETURN(cub::DeviceSegmentedRadixSort::SortKeys(
+        nullptr, sort_bytes, absent.as<Key>(), sorted.as<Key>(), total, segments,
+        offsets.as<int64_t>(), offsets.as<int64_t>() + segments, 0, int(sizeof(Key) * 8), stream));
+    ScratchBuffer temp(context, sort_bytes);
+    if (!sorted.ok() || !offsets.ok() || !temp.ok()) {
+      return out_of_device_memory(first_name, "sorting the keys HBM lacks",
+                                  total * sizeof(Key) + sort_bytes);
+    }
+    std::vector<int64_t> host_offsets(begins);
+    host_offsets.insert(host_offsets.end(), ends.begin(), ends.end());
+    SOK_EV_RETURN_IF_ERROR(
+        to_device(context, host_offsets.data(), 2 * segments, offsets.as<int64_t>()));
+    SOK_EV_CUDA_RETURN(cub::DeviceSegmentedRadixSort::SortKeys(
+        temp.get(), sort_bytes, absent.as<Key>(), sorted.as<Key>(), total, segments,
+        offsets.as<int64_t>(), offsets.as<int64_t>() + segments, 0, int(sizeof(Key) * 8), stream));
+    for (size_t t = 0; t < moves.size(); ++t) {
+      moves[t].absent.resize(moves[t].counts.absent);
+      SOK_EV_RETURN_IF_ERROR(to_host(context, sorted.as<Key>() + begins[t],
+                                     static_cast<int64_t>(moves[t].counts.absent),
+                                     moves[t].absent.data()));
+    }
+    // The offsets' host copy and the sort's buffers must outlive the copies.
+    SOK_EV_RETURN_IF_ERROR(synchronize(stream));
+  }
+
+  // What each table must write back: room for its absent keys (each once: a
+  // key in two spans is listed twice), also when every key hits but an
+  // earlier batch larger than the budget left HBM over it (a pre-fill, a
+  // restore's whole batch), so that HBM does not stay over it for as long
+  // as those keys stay resident. Plus some slack (kMaxEvictionSlack).
+  std::vector<Move> moving;
+  for (Move& move : moves) {
+    const TieredTable& table = *move.table;
+    TierCounters& counters = table.counters_;
+    counters.pcie_bytes += static_cast<int64_t>(move.absent.size() * sizeof(Key));
+    counters.hits += static_cast<int64_t>(move.counts.looked_up - move.counts.absent);
+    move.absent.erase(std::unique(move.absent.begin(), move.absent.end()), move.absent.end());
+    counters.misses += static_cast<int64_t>(move.absent.size());
+    const int64_t hbm_size = static_cast<int64_t>(move.counts.hbm_size);
+    const int64_t budget = table.budget_rows();
+    const int64_t needed = hbm_size + static_cast<int64_t>(move.absent.size());
+    if (needed > budget) {
+      move.evict_count = needed - budget + std::min(budget / 8, kMaxEvictionSlack);
+    }
+    if (move.evict_count > 0 || !move.absent.empty()) moving.push_back(std::move(move));
+  }
+  return write_back_and_bring_in(context, moving);
+}
+
+template <typename Key>
+Status TieredTable<Key>::write_back_and_bring_in(const GpuContext& context,
+                                                 std::vector<Move>& moves) {
+  if (moves.empty()) return Status::Ok();
+  cudaStream_t stream = stream_of(context);
+  // 3. Every table's write-back queued on the GPU; meanwhile the host tier
+  // reads the rows to bring in. The rows written back are never absent
+  // keys' (those are not in HBM), so the two do not meet.
   Stopwatch stopwatch;
-  const int64_t width = row_width();
-  const int64_t m = static_cast<int64_t>(absent.size());
-  SOK_EV_RETURN_IF_ERROR(check.reserve(m, width));
-  std::unique_ptr<bool[]> found(new bool[m]);
-  host_->find_records(host_threads(context), absent.data(), m, check.rows(), check.frequencies(),
-                      check.versions(), found.get());
-  // The found rows packed to the front in place: each row not found takes
-  // the last found one (few keys are new, so few rows move).
-  int64_t end = m;
-  for (int64_t i = 0; i < end;) {
-    if (found[i]) {
-      ++i;
+  for (Move& move : moves) {
+    if (move.evict_count > 0) {
+      move.status = move.table->queue_write_back(context, move);
+      SOK_EV_RETURN_IF_ERROR(move.status);
+    }
+  }
+  for (Move& move : moves) {
+    if (move.absent.empty()) continue;
+    move.status = move.table->read_host_rows(context, move);
+    SOK_EV_RETURN_IF_ERROR(move.status);
+  }
+  SOK_EV_RETURN_IF_ERROR(synchronize(stream));
+  int64_t stage_us = 0;
+  stopwatch.lap(&stage_us);
+  share_stage_time(moves, stage_us, &TierCounters::choose_us);
+
+  // 4. The rows written back go into the host tier, then out of HBM; the
+  // rows read from it go into HBM, then out of the host tier.
+  Status first_error;
+  for (Move& move : moves) {
+    if (move.chosen == 0) continue;
+    const TieredTable& table = *move.table;
+    Staging& staging = *table.staging_;
+    const int64_t count = std::min<int64_t>(move.chosen, static_cast<int64_t>(*staging.listed));
+    const CpuContext& host = host_threads(context);
+    Status written =
+        table.host_->insert_or_assign(host, staging.out.keys(), count, staging.out.rows(),
+                                      staging.out.frequencies(), staging.out.versions());
+    if (!written.ok()) {
+      // None of these keys was in the host tier before: remove what was
+      // written, so both tiers are as they were; the table's absent keys
+      // are not brought in either (HBM has no room for them).
+      table.host_->erase(host, staging.out.keys(), count);
+      if (written.code == Status::Code::kResourceExhausted) {
+        written.message = "host memory tier of HBM_DRAM storage: " + written.message;
+      }
+      if (first_error.ok()) first_error = written;
+      move.status = written;
+      move.absent.clear();
       continue;
     }
-    if (i == --end) break;
-    std::copy(check.rows() + end * width, check.rows() + (end + 1) * width,
-              check.rows() + i * width);
-    check.frequencies()[i] = check.frequencies()[end];
-    check.versions()[i] = check.versions()[end];
-    absent[i] = absent[end];
-    found[i] = found[end];
+    SOK_EV_RETURN_IF_ERROR(
+        table.hbm_->erase(context, move.victim_keys->template as<Key>(), count, nullptr));
+    table.counters_.rows_to_host += count;
+    table.counters_.pcie_bytes += count * static_cast<int64_t>(table.row_width() * sizeof(float) +
+                                                               2 * sizeof(int64_t) + sizeof(Key)) +
+                                  static_cast<int64_t>(sizeof(unsigned long long));
   }
-  absent.resize(end);
-  const Status brought = bring_in(context, absent);
-  stopwatch.lap(&counters_.bring_in_us);
-  return brought;
+  std::vector<std::unique_ptr<ScratchBuffer>> arriving;
+  for (Move& move : moves) {
+    const int64_t n = static_cast<int64_t>(move.absent.size());
+    if (n == 0) continue;
+    const TieredTable& table = *move.table;
+    const PinnedRows<Key>& in = table.staging_->in;
+    const int64_t width = table.row_width();
+    const size_t row_bytes = width * sizeof(float);
+    std::unique_ptr<ScratchBuffer> buffer(
+        new ScratchBuffer(context, n * (row_bytes + 2 * sizeof(int64_t) + sizeof(Key))));
+    if (!buffer->ok()) {
+      return out_of_device_memory(table.name_, "rows brought in from host memory",
+                                  n * (row_bytes + 2 * sizeof(int64_t) + sizeof(Key)));
+    }
+    float* rows = buffer->as<float>();
+    int64_t* frequencies = reinterpret_cast<int64_t*>(rows + n * width);
+    int64_t* versions = frequencies + n;
+    Key* keys = reinterpret_cast<Key*>(versions + n);
+    SOK_EV_RETURN_IF_ERROR(to_device(context, in.keys(), n, keys));
+    SOK_EV_RETURN_IF_ERROR(to_device(context, in.rows(), n * width, rows));
+    SOK_EV_RETURN_IF_ERROR(to_device(context, in.frequencies(), n, frequencies));
+    SOK_EV_RETURN_IF_ERROR(to_device(context, in.versions(), n, versions));
+    SOK_EV_RETURN_IF_ERROR(
+        table.hbm_->insert_or_assign(context, keys, n, rows, frequencies, versions));
+    arriving.push_back(std::move(buffer));
+  }
+  SOK_EV_RETURN_IF_ERROR(synchronize(stream));
+  for (Move& move : moves) {
+    const int64_t n = static_cast<int64_t>(move.absent.size());
+    if (n == 0) continue;
+    const TieredTable& table = *move.table;
+    table.host_->erase(host_threads(context), table.staging_->in.keys(), n);
+    table.counters_.rows_to_hbm += n;
+    table.counters_.pcie_bytes += n * static_cast<int64_t>(table.row_width() * sizeof(float) +
+                                                           2 * sizeof(int64_t) + sizeof(Key));
+  }
+  stage_us = 0;
+  stopwatch.lap(&stage_us);
+  share_stage_time(moves, stage_us, &TierCounters::write_back_us);
+  return first_error;
 }
 
 template <typename Key>
-Status TieredTable<Key>::choose_victims(const GpuContext& context, int64_t count,
-                                        const std::vector<KeySpan<Key>>& keep,
-                                        Victims* victims) const {
+void TieredTable<Key>::share_stage_time(const std::vector<Move>& moves, int64_t stage_us,
+                                        int64_t TierCounters::*write_back_field) {
+  int64_t parts = 0;
+  for (const Move& move : moves) parts += (move.evict_count > 0) + !move.absent.empty();
+  if (parts == 0) return;
+  for (const Move& move : moves) {
+    if (move.evict_count > 0) move.table->counters_.*write_back_field += stage_us / parts;
+    if (!move.absent.empty()) move.table->counters_.bring_in_us += stage_us / parts;
+  }
+}
+
+template <typename Key>
+Status TieredTable<Key>::queue_write_back(const GpuContext& context, Move& move) const {
   cudaStream_t stream = stream_of(context);
-  victims->count = 0;
-  int64_t stored = 0;
-  SOK_EV_RETURN_IF_ERROR(hbm_->size(context, &stored));
-  if (stored == 0 || count <= 0) return Status::Ok();
+  move.chosen = 0;
+  const int64_t stored = static_cast<int64_t>(move.counts.hbm_size);
+  const int64_t count = std::min(move.evict_count, stored);
+  if (count <= 0) return Status::Ok();
+  SOK_EV_RETURN_IF_ERROR(make_staging());
+  const int64_t width = row_width();
+  SOK_EV_RETURN_IF_ERROR(staging_->out.reserve(count, width, name_));
   const TableView<Key> view = hbm_->view();
   const int64_t slots = static_cast<int64_t>(view.bucket_mask + 1) * kBucketSlots;
   // The call's rows are marked on the GPU, so its keys never cross to the host.
-  const bool marking = !keep.empty();
+  const bool marking = !move.spans.empty();
   ScratchBuffer marks(context, marking ? hbm_->row_capacity() : 0);
   ScratchBuffer keys(context, stored * sizeof(Key));
   ScratchBuffer scores(context, stored * sizeof(int64_t));
@@ -441,29 +643,29 @@ Status TieredTable<Key>::choose_victims(const GpuContext& context, int64_t count
   }
   if (marking) {
     SOK_EV_CUDA_RETURN(cudaMemsetAsync(marks.get(), 0, hbm_->row_capacity(), stream));
-    for (const KeySpan<Key>& span : keep) {
+    for (const KeySpan<Key>& span : move.spans) {
       if (span.n <= 0) continue;
       mark_rows_kernel<Key><<<grid_for(span.n, kThreads), kThreads, 0, stream>>>(
           view, span.keys, span.n, span.count, marks.as<uint8_t>());
       SOK_EV_LAUNCH_CHECK("mark_rows");
     }
   }
+  // Entries the listing leaves unfilled sort last, so the sorts need not
+  // wait for the number listed: the host reads it after stage 3's wait.
+  fill_sentinels_kernel<Key><<<grid_for(stored, kThreads), kThreads, 0, stream>>>(
+      stored, std::numeric_limits<Key>::max(), keys.as<Key>(), scores.as<int64_t>(),
+      row_ids.as<int32_t>());
+  SOK_EV_LAUNCH_CHECK("fill_sentinels");
   SOK_EV_CUDA_RETURN(cudaMemsetAsync(cursor.get(), 0, sizeof(unsigned long long), stream));
   list_candidates_kernel<Key><<<grid_for(slots, kThreads), kThreads, 0, stream>>>(
       view, slots, storage_.cache_strategy == CacheStrategy::kLfu,
       marking ? marks.as<uint8_t>() : nullptr, stored, keys.as<Key>(), scores.as<int64_t>(),
       row_ids.as<int32_t>(), cursor.as<unsigned long long>());
   SOK_EV_LAUNCH_CHECK("list_candidates");
-  unsigned long long listed = 0;
-  SOK_EV_RETURN_IF_ERROR(to_host(context, cursor.as<unsigned long long>(), 1, &listed));
-  SOK_EV_RETURN_IF_ERROR(synchronize(stream));
-  counters_.pcie_bytes += sizeof(listed);
-  const int64_t candidates = std::min<int64_t>(static_cast<int64_t>(listed), stored);
-  count = std::min(count, candidates);
-  if (count == 0) return Status::Ok();
+  SOK_EV_RETURN_IF_ERROR(to_host(context, cursor.as<unsigned long long>(), 1, staging_->listed));
 
   // The lowest (score, key) first: sorted by key, then stably by score.
-  const int n = static_cast<int>(candidates);
+  const int n = static_cast<int>(stored);
   ScratchBuffer order_in(context, n * sizeof(int32_t));
   ScratchBuffer by_key(context, n * sizeof(int32_t));
   ScratchBuffer order(context, n * sizeof(int32_t));
@@ -478,12 +680,15 @@ Status TieredTable<Key>::choose_victims(const GpuContext& context, int64_t count
       nullptr, score_sort_bytes, scores_by_key.as<int64_t>(), sorted_scores.as<int64_t>(),
       by_key.as<int32_t>(), order.as<int32_t>(), n, 0, 64, stream));
   ScratchBuffer temp(context, std::max(key_sort_bytes, score_sort_bytes));
-  victims->keys.reset(new ScratchBuffer(context, count * sizeof(Key)));
-  victims->row_ids.reset(new ScratchBuffer(context, count * sizeof(int32_t)));
+  move.victim_keys.reset(new ScratchBuffer(context, count * sizeof(Key)));
+  ScratchBuffer victim_rows(context, count * sizeof(int32_t));
+  ScratchBuffer rows(context, count * (width * sizeof(float) + 2 * sizeof(int64_t)));
   if (!order_in.ok() || !by_key.ok() || !order.ok() || !sorted_keys.ok() || !scores_by_key.ok() ||
-      !sorted_scores.ok() || !temp.ok() || !victims->keys->ok() || !victims->row_ids->ok()) {
-    return out_of_device_memory(name_, "sorting rows to write back",
-                                n * (3 * sizeof(int32_t) + sizeof(Key) + 16));
+      !sorted_scores.ok() || !temp.ok() || !move.victim_keys->ok() || !victim_rows.ok() ||
+      !rows.ok()) {
+    return out_of_device_memory(
+        name_, "rows written back to host memory",
+        n * (3 * sizeof(int32_t) + sizeof(Key) + 16) + count * (width * sizeof(float) + 20));
   }
   iota_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(order_in.as<int32_t>(), n);
   SOK_EV_LAUNCH_CHECK("iota");
@@ -496,97 +701,62 @@ Status TieredTable<Key>::choose_victims(const GpuContext& context, int64_t count
   SOK_EV_CUDA_RETURN(cub::DeviceRadixSort::SortPairs(
       temp.get(), score_sort_bytes, scores_by_key.as<int64_t>(), sorted_scores.as<int64_t>(),
       by_key.as<int32_t>(), order.as<int32_t>(), n, 0, 64, stream));
+  Key* victim_keys = move.victim_keys->template as<Key>();
   gather_by_kernel<Key><<<grid_for(count, kThreads), kThreads, 0, stream>>>(
-      keys.as<Key>(), order.as<int32_t>(), count, victims->key_data());
+      keys.as<Key>(), order.as<int32_t>(), count, victim_keys);
   SOK_EV_LAUNCH_CHECK("gather_victim_keys");
   gather_by_kernel<int32_t><<<grid_for(count, kThreads), kThreads, 0, stream>>>(
-      row_ids.as<int32_t>(), order.as<int32_t>(), count, victims->row_id_data());
+      row_ids.as<int32_t>(), order.as<int32_t>(), count, victim_rows.as<int32_t>());
   SOK_EV_LAUNCH_CHECK("gather_victim_rows");
-  victims->count = count;
-  return Status::Ok();
-}
 
-template <typename Key>
-Status TieredTable<Key>::evict(const GpuContext& context, int64_t count,
-                               const std::vector<KeySpan<Key>>& keep) const {
-  cudaStream_t stream = stream_of(context);
-  Stopwatch stopwatch;
-  Victims victims;
-  SOK_EV_RETURN_IF_ERROR(choose_victims(context, count, keep, &victims));
-  stopwatch.lap(&counters_.choose_us);
-  count = victims.count;
-  if (count == 0) return Status::Ok();
-
-  // Their rows to the host tier, through the pinned staging, then out of HBM.
-  const int64_t width = row_width();
-  SOK_EV_RETURN_IF_ERROR(make_check());
-  ResidencyCheck& check = *check_;
-  SOK_EV_RETURN_IF_ERROR(check.reserve(count, width));
-  ScratchBuffer rows(context, count * width * sizeof(float));
-  ScratchBuffer frequencies(context, count * sizeof(int64_t));
-  ScratchBuffer versions(context, count * sizeof(int64_t));
-  if (!rows.ok() || !frequencies.ok() || !versions.ok()) {
-    return out_of_device_memory(name_, "rows written back to host memory",
-                                count * (width * sizeof(float) + 2 * sizeof(int64_t)));
-  }
+  // Their rows, frequencies and versions to the pinned staging.
+  float* values = rows.as<float>();
+  int64_t* frequencies = reinterpret_cast<int64_t*>(values + count * width);
+  int64_t* versions = frequencies + count;
   gather_rows_kernel<Key><<<grid_for(count * 32, kThreads), kThreads, 0, stream>>>(
-      hbm_->view(), victims.row_id_data(), count, rows.as<float>(), frequencies.as<int64_t>(),
-      versions.as<int64_t>());
+      view, victim_rows.as<int32_t>(), count, values, frequencies, versions);
   SOK_EV_LAUNCH_CHECK("gather_rows");
-  std::vector<Key> victim_keys(count);
-  SOK_EV_RETURN_IF_ERROR(to_host(context, victims.key_data(), count, victim_keys.data()));
-  SOK_EV_RETURN_IF_ERROR(to_host(context, rows.as<float>(), count * width, check.rows()));
-  SOK_EV_RETURN_IF_ERROR(to_host(context, frequencies.as<int64_t>(), count, check.frequencies()));
-  SOK_EV_RETURN_IF_ERROR(to_host(context, versions.as<int64_t>(), count, check.versions()));
-  SOK_EV_RETURN_IF_ERROR(synchronize(stream));
-  const CpuContext& host = host_threads(context);
-  Status written = host_->insert_or_assign(host, victim_keys.data(), count, check.rows(),
-                                           check.frequencies(), check.versions());
-  if (!written.ok()) {
-    // None of these keys was in the host tier before: remove what was
-    // written, so both tiers are as they were.
-    host_->erase(host, victim_keys.data(), count);
-    if (written.code == Status::Code::kResourceExhausted) {
-      written.message = "host memory tier of HBM_DRAM storage: " + written.message;
-    }
-    return written;
-  }
-  SOK_EV_RETURN_IF_ERROR(hbm_->erase(context, victims.key_data(), count, nullptr));
-  SOK_EV_RETURN_IF_ERROR(synchronize(stream));
-  stopwatch.lap(&counters_.write_back_us);
-  counters_.rows_to_host += count;
-  counters_.pcie_bytes +=
-      count * static_cast<int64_t>(width * sizeof(float) + 2 * sizeof(int64_t) + sizeof(Key));
+  const PinnedRows<Key>& out = staging_->out;
+  SOK_EV_RETURN_IF_ERROR(to_host(context, victim_keys, count, out.keys()));
+  SOK_EV_RETURN_IF_ERROR(to_host(context, values, count * width, out.rows()));
+  SOK_EV_RETURN_IF_ERROR(to_host(context, frequencies, count, out.frequencies()));
+  SOK_EV_RETURN_IF_ERROR(to_host(context, versions, count, out.versions()));
+  move.chosen = count;
   return Status::Ok();
 }
 
 template <typename Key>
-Status TieredTable<Key>::bring_in(const GpuContext& context, const std::vector<Key>& keys) const {
-  const int64_t n = static_cast<int64_t>(keys.size());
-  if (n == 0) return Status::Ok();
-  const ResidencyCheck& check = *check_;
-  const int64_t width = row_width();
-  ScratchBuffer device_keys(context, n * sizeof(Key));
-  ScratchBuffer device_rows(context, n * width * sizeof(float));
-  ScratchBuffer device_frequencies(context, n * sizeof(int64_t));
-  ScratchBuffer device_versions(context, n * sizeof(int64_t));
-  if (!device_keys.ok() || !device_rows.ok() || !device_frequencies.ok() || !device_versions.ok()) {
-    return out_of_device_memory(name_, "rows brought in from host memory",
-                                n * (width * sizeof(float) + 2 * sizeof(int64_t) + sizeof(Key)));
+Status TieredTable<Key>::read_host_rows(const GpuContext& context, Move& move) const {
+  if (host_->size() == 0) {
+    move.absent.clear();  // every absent key is new
+    return Status::Ok();
   }
-  SOK_EV_RETURN_IF_ERROR(to_device(context, keys.data(), n, device_keys.as<Key>()));
-  SOK_EV_RETURN_IF_ERROR(to_device(context, check.rows(), n * width, device_rows.as<float>()));
-  SOK_EV_RETURN_IF_ERROR(
-      to_device(context, check.frequencies(), n, device_frequencies.as<int64_t>()));
-  SOK_EV_RETURN_IF_ERROR(to_device(context, check.versions(), n, device_versions.as<int64_t>()));
-  SOK_EV_RETURN_IF_ERROR(
-      hbm_->insert_or_assign(context, device_keys.as<Key>(), n, device_rows.as<float>(),
-                             device_frequencies.as<int64_t>(), device_versions.as<int64_t>()));
-  SOK_EV_RETURN_IF_ERROR(synchronize(stream_of(context)));
-  host_->erase(host_threads(context), keys.data(), n);
-  counters_.rows_to_hbm += n;
-  counters_.pcie_bytes +=
-      n * static_cast<int64_t>(width * sizeof(float) + 2 * sizeof(int64_t) + sizeof(Key));
+  SOK_EV_RETURN_IF_ERROR(make_staging());
+  const int64_t width = row_width();
+  const int64_t m = static_cast<int64_t>(move.absent.size());
+  PinnedRows<Key>& in = staging_->in;
+  SOK_EV_RETURN_IF_ERROR(in.reserve(m, width, name_));
+  std::unique_ptr<bool[]> found(new bool[m]);
+  host_->find_records(host_threads(context), move.absent.data(), m, in.rows(), in.frequencies(),
+                      in.versions(), found.get());
+  // The found rows packed to the front in place: each row not found takes
+  // the last found one (few keys are new, so few rows move).
+  std::vector<Key>& keys = move.absent;
+  int64_t end = m;
+  for (int64_t i = 0; i < end;) {
+    if (found[i]) {
+      ++i;
+      continue;
+    }
+    if (i == --end) break;
+    std::copy(in.rows() + end * width, in.rows() + (end + 1) * width, in.rows() + i * width);
+    in.frequencies()[i] = in.frequencies()[end];
+    in.versions()[i] = in.versions()[end];
+    keys[i] = keys[end];
+    found[i] = found[end];
+  }
+  keys.resize(end);
+  std::copy(keys.begin(), keys.end(), in.keys());
   return Status::Ok();
 }
 
@@ -604,7 +774,11 @@ Status TieredTable<Key>::insert_or_assign(const GpuContext& context, const Key* 
   int64_t stored = 0;
   SOK_EV_RETURN_IF_ERROR(hbm_->size(context, &stored));
   if (stored <= budget_rows()) return Status::Ok();
-  return evict(context, stored - budget_rows(), {});
+  std::vector<Move> moves(1);
+  moves[0].table = this;
+  moves[0].counts.hbm_size = static_cast<unsigned long long>(stored);
+  moves[0].evict_count = stored - budget_rows();
+  return write_back_and_bring_in(context, moves);
 }
 
 template <typename Key>

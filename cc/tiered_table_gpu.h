@@ -19,13 +19,14 @@
 // call, so when a batch has more keys than the budget holds, HBM holds them
 // all until the next call, which evicts those it does not use (even when
 // every key it asks for hits). An eviction frees an eighth of the
-// budget more than it must, so that the whole-table scan that picks the
-// victims is not paid on every call.
+// budget (at most 65,536 rows) more than it must, so that the whole-table
+// scan that picks the victims is not paid on every call.
 //
-// Rows moving between the tiers go through a pinned staging buffer per
+// Rows moving between the tiers go through pinned staging buffers per
 // table (grown as needed), and the host tier's lookups, inserts and erases
 // run on the context's host threads (GpuContext::host; the TF kernels pass
-// TensorFlow's CPU worker threads).
+// TensorFlow's CPU worker threads). An op on several tables moves the rows
+// of all of them stage by stage (make_resident_together).
 //
 // Errors. Host memory that the system refuses for written-back rows fails
 // the call with ResourceExhausted naming the table; the rows already
@@ -35,7 +36,9 @@
 // Concurrency: as gpu::HashTable, calls must not overlap (the op layer
 // holds the variable's table lock). Each tiered call synchronises its
 // stream once to learn how many of its keys HBM lacks; only when some are
-// absent, or HBM is over its budget, do keys cross to the host.
+// absent, or HBM is over its budget, do keys cross to the host. The HBM
+// arena grows no further than the budget (HashTableOptions::
+// arena_bytes_limit) unless one call's keys need more.
 #ifndef SOK_EV_CC_TIERED_TABLE_GPU_H_
 #define SOK_EV_CC_TIERED_TABLE_GPU_H_
 
@@ -100,23 +103,34 @@ class TieredTable {
   // neither tier, so that the HBM table's own calls on these keys then do
   // what they would on an all-HBM table. No-op without a budget. Const:
   // which tier holds a row is invisible to every call.
-  //
-  // It is queue_residency_check, a synchronisation of the stream, then
-  // finish_residency. A multi-table op calls the halves itself, so that it
-  // waits once for all of its tables.
   Status make_resident(const GpuContext& context, const std::vector<KeySpan<Key>>& spans) const;
-  // Queues on the stream HBM's check of the spans' keys: the keys it lacks
-  // are gathered on the GPU, and only their count (with HBM's row count)
-  // is copied to the host. Nothing is read on the host yet; the spans'
-  // memory must stay valid until finish_residency.
-  Status queue_residency_check(const GpuContext& context,
-                               const std::vector<KeySpan<Key>>& spans) const;
-  // The rest of make_resident, once the stream has been synchronised after
-  // queue_residency_check. When every key is in HBM and HBM is within its
-  // budget (the common case) nothing more crosses the host link; else the
-  // absent keys come to the host (the rows written back are chosen on the
-  // GPU, so the call's other keys never do).
-  Status finish_residency(const GpuContext& context) const;
+
+  // One table's keys in make_resident_together: a table an op lists several
+  // times appears once, with all of its spans, so that no span's rows are
+  // written back to make room for another's.
+  struct Residency {
+    const TieredTable* table;
+    std::vector<KeySpan<Key>> spans;
+  };
+  // make_resident for several tables at once (a multi-table op), in stages
+  // that each run for every table before the one wait they need, so the op
+  // waits for the GPU about four times however many tables it has:
+  //   1. HBM's check of every span in one kernel; the counts of absent keys
+  //      come to the host (one wait). When every key is in HBM and HBM is
+  //      within its budget -- the common case -- the call ends here.
+  //   2. Each table's absent keys sorted on the GPU (one segmented sort) and
+  //      copied to the host (one wait).
+  //   3. The rows to write back chosen, gathered and copied to pinned host
+  //      memory on the GPU for every table, while the host tier reads the
+  //      rows to bring in (one wait).
+  //   4. The written-back rows inserted in the host tier; HBM's erase of
+  //      them and its insert of the rows brought in, queued for every table
+  //      (one wait); the rows brought in erased from the host tier.
+  // Tables without a budget are skipped. A table whose host tier refuses
+  // memory is left as it was; the others' moves complete, and the first
+  // error is returned.
+  static Status make_resident_together(const GpuContext& context,
+                                       const std::vector<Residency>& tables);
 
   // HashTable::insert_or_assign over both tiers (a restore or import batch):
   // the keys' rows are written to HBM, which is then brought back within the
@@ -145,27 +159,32 @@ class TieredTable {
 
  private:
   TieredTable(HashTable<Key>* hbm, const StorageSpec& storage, const std::string& name);
-  // One call's residency check from queue to finish: its spans, the device
-  // buffers its kernels write, and the pinned host memory its counts land
-  // in (allocated once per table). Defined in the .cu.
-  struct ResidencyCheck;
-  // The rows one write-back moves, chosen on the GPU. Defined in the .cu.
-  struct Victims;
-  // The `count` HBM rows that the cache strategy ranks lowest (by score,
-  // then key) among those whose keys are not in the `keep` spans (fewer
-  // when fewer are not kept). Rows are ranked and sorted on the GPU: only
-  // their number crosses to the host here. Synchronises the stream.
-  Status choose_victims(const GpuContext& context, int64_t count,
-                        const std::vector<KeySpan<Key>>& keep, Victims* victims) const;
-  // Writes choose_victims' rows back to host memory and erases them from HBM.
-  Status evict(const GpuContext& context, int64_t count,
-               const std::vector<KeySpan<Key>>& keep) const;
-  // Moves the rows of `keys`, read from the host tier into the residency
-  // check's staging (in key order), into HBM, and removes them from the
-  // host tier.
-  Status bring_in(const GpuContext& context, const std::vector<Key>& keys) const;
-  // check_, made on first use.
-  Status make_check() const;
+  // Pinned host memory for the rows a table moves between its tiers, kept
+  // between calls. Defined in the .cu.
+  struct Staging;
+  // One table's part of one call that moves rows: what it asked for, what
+  // HBM lacks, the rows chosen to write back. Defined in the .cu.
+  struct Move;
+  // Stages 3 and 4 of make_resident_together for the moves whose tables
+  // must write rows back (evict_count > 0) or bring rows in (absent keys).
+  static Status write_back_and_bring_in(const GpuContext& context, std::vector<Move>& moves);
+  // A stage's host time (us), shared by the tables that took part: their
+  // write-back's shares to that counter field, their bringing in's to
+  // bring_in_us (so the tables' sums are the stage's time).
+  static void share_stage_time(const std::vector<Move>& moves, int64_t stage_us,
+                               int64_t TierCounters::*write_back_field);
+  // Queues the choice of the move's rows to write back: the evict_count HBM
+  // rows that the cache strategy ranks lowest (by score, then key) among
+  // those whose keys are not in its spans. Rows are ranked and sorted on the
+  // GPU, and their keys, rows, frequencies and versions copied to the
+  // table's pinned staging; nothing is read on the host until the stream is
+  // synchronised.
+  Status queue_write_back(const GpuContext& context, Move& move) const;
+  // Reads the move's absent keys' rows from the host tier into the pinned
+  // staging, keeping those found (in front, in the same order as their keys).
+  Status read_host_rows(const GpuContext& context, Move& move) const;
+  // staging_, made on first use.
+  Status make_staging() const;
 
   std::unique_ptr<HashTable<Key>> hbm_;
   std::unique_ptr<cpu::HashTable<Key>> host_;  // null without a budget
@@ -175,8 +194,8 @@ class TieredTable {
   // them; the counters count those calls.
   mutable TierCounters counters_;
   // Reused by every call (calls on a table never overlap); null until the
-  // first check.
-  mutable std::unique_ptr<ResidencyCheck> check_;
+  // first move.
+  mutable std::unique_ptr<Staging> staging_;
 };
 
 }  // namespace gpu

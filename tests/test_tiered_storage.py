@@ -8,6 +8,10 @@ option checks and errors run everywhere (a CPU-only machine refuses HBM_DRAM,
 naming it); the tiers themselves need a GPU, and those tests skip without
 one.
 """
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -433,6 +437,162 @@ def test_a_lookup_whose_keys_all_hit_waits_once_for_all_its_tables_and_copies_no
         now = table.tier_counters()
         assert now["hits"] - counted["hits"] == 200 and now["misses"] == counted["misses"]
         assert now["pcie_bytes"] - counted["pcie_bytes"] < 8 * 200, (counted, now)
+
+
+@needs_gpu
+def test_tables_of_one_lookup_move_their_rows_together_and_train_as_all_hbm(sok, rng, unique_name):
+    """A lookup of several tiered tables (different budgets and strategies,
+  one table listed twice, int32 and int64 keys in separate lookups) moves
+  every table's rows stage by stage together: rows cross both ways in the
+  same calls, each step waits for the GPU at most four times more than all
+  in HBM, plus one read of each table's counters when its HBM insert may
+  need room, and every step and the final state equal the all-HBM twins'."""
+    from sok_ev._ops import ops  # pylint: disable=import-outside-toplevel
+    for key_dtype in (np.int32, np.int64):
+        options = [
+            hbm_dram(sok, budget_of_rows(24, slots=1), sok.CacheStrategy.LFU),
+            hbm_dram(sok, budget_of_rows(40, slots=1), sok.CacheStrategy.LRU),
+            hbm_dram(sok, budget_of_rows(64, slots=1), sok.CacheStrategy.LFU),
+        ]
+        pairs = [
+            _pair(sok, unique_name, key_dtype, option, initializer_seed=t)
+            for t, option in enumerate(options)
+        ]
+        tiered, all_hbm = [p[0] for p in pairs], [p[1] for p in pairs]
+        # The first table twice: its two spans are made resident at once.
+        lists = (tiered + tiered[:1], all_hbm + all_hbm[:1])
+        optimizer = V1.AdagradOptimizer(0.2)
+        extra_waits = []
+        for batch, other in zip(_draw_batches(rng, 25, 48, 1500, key_dtype),
+                                _draw_batches(rng, 25, 48, 1500, key_dtype)):
+            ids = [_ragged(batch)] * 3 + [_ragged(other)]
+            outputs, waits = [], []
+            with tf.GradientTape() as tape:
+                for tables in lists:
+                    before = int(ops().sok_ev_gpu_host_syncs())
+                    outputs.append(sok.lookup_sparse(tables, ids))
+                    waits.append(int(ops().sok_ev_gpu_host_syncs()) - before)
+                loss = tf.add_n([tf.reduce_sum(e * e) for e in outputs[0] + outputs[1]])
+            extra_waits.append(waits[0] - waits[1])
+            for a, b in zip(*outputs):
+                np.testing.assert_array_equal(a.numpy(), b.numpy())
+            variables = tiered + all_hbm
+            optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+        for a, b in zip(tiered, all_hbm):
+            counters = a.tier_counters()
+            assert counters["rows_to_host"] > 0 and counters["rows_to_hbm"] > 0, counters
+            _assert_same_state(a, b)
+        assert max(extra_waits) <= 4 + len(tiered), extra_waits
+
+
+@needs_gpu
+def test_the_hbm_arena_stops_growing_at_the_budget_while_rows_come_and_go(sok, rng, unique_name):
+    """A budget above the arena's first size (65,536 rows): the arena grows
+  to the budget, not by its growth factor past it, and the rows written back
+  are reused by the keys that come in, so after 320,000 keys the table's GPU
+  memory (TensorFlow's allocator) is about the budget's rows, not every
+  key's. The all-HBM twin, trained on the same keys, holds them all."""
+    budget, dim = 80000, 64
+    row_bytes = 4 * dim * 2 + 16  # value, Adagrad slot, frequency, version
+    option = hbm_dram(sok, budget_of_rows(budget, dim=dim, slots=1))
+    before = tf.config.experimental.get_memory_info("GPU:0")["current"]
+    initializer = tf.compat.v1.truncated_normal_initializer(seed=11)
+
+    def make(ev_option):
+        return sok.get_embedding_variable(unique_name(),
+                                          embedding_dim=dim,
+                                          initializer=initializer,
+                                          ev_option=ev_option)
+
+    tiered = make(option)
+    optimizer = V1.AdagradOptimizer(0.2)
+
+    def train(table, keys):
+        ids = tf.RaggedTensor.from_row_lengths(tf.constant(keys), [len(keys) // 2] * 2)
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(sok.lookup_sparse([table], [ids])[0]**2)
+        optimizer.apply_gradients([(tape.gradient(loss, table), table)])
+
+    batches = [(np.arange(40000) + s * 40000).astype(np.int64) for s in range(8)]
+    for keys in batches:
+        train(tiered, keys)
+    tiered_bytes = tf.config.experimental.get_memory_info("GPU:0")["current"] - before
+    counters = tiered.tier_counters()
+    assert counters["hbm_rows"] <= budget and counters["hbm_rows"] + counters["host_rows"] == 320000
+    # The budget's rows, the free-row stack and the index (about 40 bytes a
+    # key): 1.1x the raw rows; an arena grown by its factor past the budget
+    # (120,000 rows) would be 1.55x.
+    assert tiered_bytes <= 1.25 * budget * row_bytes, (tiered_bytes, budget * row_bytes)
+    all_hbm = make(None)
+    for keys in batches:
+        train(all_hbm, keys)
+    _assert_same_state(tiered, all_hbm)
+
+
+# A child process whose address space is capped 256 MiB above what it uses
+# once its tiered table (rows of 256 KiB, 8 in HBM) holds 16 keys: keys then
+# arrive one lookup at a time, each writing a row back to host memory, until
+# the host tier cannot grow. It prints the error, the keys the table holds
+# after it, whether the first 16 keys' rows are what they were, and the
+# count after the same lookup is retried with memory there again.
+_HOST_MEMORY_CHILD = textwrap.dedent("""
+    import resource
+    import numpy as np
+    import tensorflow as tf
+    import sok_ev
+    for gpu in tf.config.list_physical_devices("GPU"):
+        tf.config.experimental.set_memory_growth(gpu, True)
+    dim = 65536
+    option = sok_ev.EmbeddingVariableOption(storage_option=sok_ev.StorageOption(
+        storage_type=sok_ev.StorageType.HBM_DRAM, storage_size=[8 * dim * 4],
+        cache_strategy=sok_ev.CacheStrategy.LFU))
+    table = sok_ev.get_embedding_variable("short_of_host_memory", embedding_dim=dim,
+                                          ev_option=option)
+    lookup = lambda key: sok_ev.lookup_sparse(
+        [table], [tf.SparseTensor([[0, 0]], tf.constant([key], tf.int64), [1, 1])])
+    first = tf.range(16, dtype=tf.int64)
+    for key in range(16):
+        lookup(key)
+    rows = table.sparse_read(first).numpy()
+    with open("/proc/self/status") as status:
+        used = [int(l.split()[1]) * 1024 for l in status if l.startswith("VmSize:")][0]
+    resource.setrlimit(resource.RLIMIT_AS, (used + (1 << 28), resource.RLIM_INFINITY))
+    key = 16
+    try:
+        while key < 100000:
+            lookup(key)
+            key += 1
+    except tf.errors.ResourceExhaustedError as error:
+        print("ERROR:", error.message.splitlines()[0])
+    resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    print("KEPT:", int(table.total_count()), key)
+    print("SAME:", bool(np.array_equal(table.sparse_read(first).numpy(), rows)))
+    lookup(key)
+    print("AGAIN:", int(table.total_count()))
+    """)
+
+
+@needs_gpu
+def test_host_memory_running_out_is_an_error_naming_the_table_and_loses_nothing():
+    """When the host tier cannot grow, the lookup that needs it fails with
+  ResourceExhaustedError naming the table; the table holds exactly the keys
+  it held before that lookup, with their rows, and the same lookup succeeds
+  once memory is there again."""
+    result = subprocess.run([sys.executable, "-c", _HOST_MEMORY_CHILD],
+                            env=ref.child_env(),
+                            capture_output=True,
+                            text=True,
+                            timeout=300,
+                            check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = dict(line.split(": ", 1) for line in result.stdout.splitlines() if ": " in line)
+    message = lines.get("ERROR", "")
+    for fragment in ("Embedding Variable 'short_of_host_memory", "host memory"):
+        assert fragment in message, (message, result.stderr[-2000:])
+    kept, failed_key = (int(v) for v in lines["KEPT"].split())
+    assert 16 < kept == failed_key < 100000, lines
+    assert lines["SAME"] == "True"
+    assert int(lines["AGAIN"]) == kept + 1
 
 
 @needs_gpu

@@ -42,7 +42,6 @@ GPU default) the same rows made as arrays in memory (in_memory.py).
   python benchmarks/criteo/run.py --impl sok_ev --train-files day_{0..22}.gz --eval-files day_23.gz
 """
 import argparse
-import ctypes
 import fcntl
 import json
 import os
@@ -75,6 +74,9 @@ from benchmarks.criteo import report  # noqa: E402
 from benchmarks.criteo import synthetic  # noqa: E402
 from benchmarks.criteo import training  # noqa: E402
 from benchmarks import results as results_md  # noqa: E402
+# The first visible GPU's memory in bytes, or None (no GPU, no libcuda). Call
+# it after the data's worker processes have forked: it initialises CUDA here.
+from benchmarks.gpu_memory import total_bytes as gpu_memory_bytes  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(REPO_ROOT, "benchmarks", "RESULTS.md")
@@ -564,21 +566,6 @@ def check_batches_on_gpu(args, device):
     if args.batches_on_gpu is True and not batches_on_gpu_apply(args, device):
         sys.exit("--batches-on-gpu needs a GPU, --source memory and --style function, got "
                  f"device {device}, --source {args.source}, --style {args.style}")
-
-
-def gpu_memory_bytes():
-    """The first visible GPU's memory in bytes, from CUDA's driver; None when
-  the driver cannot say (no GPU, no libcuda). Call it after the data's worker
-  processes have forked: it initialises CUDA in this process."""
-    try:
-        cuda = ctypes.CDLL("libcuda.so.1")
-        device, total = ctypes.c_int(), ctypes.c_size_t()
-        if (cuda.cuInit(0) or cuda.cuDeviceGet(ctypes.byref(device), 0) or
-                cuda.cuDeviceTotalMem_v2(ctypes.byref(total), device)):
-            return None
-        return total.value
-    except (OSError, AttributeError):
-        return None
 
 
 def resolve_batches_on_gpu(args, device, data_bytes, gpu_memory):

@@ -51,6 +51,15 @@
 #   tf-tiered          benchmarks/gpu/tf_tiered_step.py on GPU 0: the step with
 #                      HBM budgets of 50/25/10% of the tables' state against
 #                      all-HBM (arguments from $SOK_EV_TF_TIERED_ARGS)
+#   tf-tiered-capacity benchmarks/gpu/tf_tiered_capacity.py on GPU 0 (issue 50):
+#                      26 tables whose values and Adagrad slots are 1.3x the
+#                      GPU's memory, 62% of them in HBM budgets and the rest in
+#                      host memory, filled, then 50 timed steps (arguments from
+#                      $SOK_EV_TF_CAPACITY_ARGS, e.g. "--times 1.5
+#                      --hbm-fraction 0.5"); it refuses, naming the numbers,
+#                      when MemAvailable cannot hold the host share. Log
+#                      tf-tiered-capacity.log, results tf_tiered_capacity_results.md
+#                      and tf_tiered_capacity.json in $OUT
 #   tf-scaling         benchmarks/gpu/tf_weak_scaling.py: the TF step on 1 and
 #                      2 GPUs under horovodrun over NCCL, the 2-vs-1 check
 #                      (results and the ranks' JSON in $OUT); on one GPU, the
@@ -402,6 +411,20 @@ if has tf-tiered; then
     echo "tf-tiered: exit $(cat "$status/tf-tiered.rc")"
 fi
 
+if has tf-tiered-capacity; then
+    capacity=("$root/benchmarks/gpu/tf_tiered_capacity.py" --json-dir "$OUT")
+    # A dry run: tiny tables on the CPU without tiers, its numbers kept out of
+    # benchmarks/RESULTS.md.
+    ((dry)) && capacity+=(--dry-run-on-cpu --rows-per-table 2000 --batch 256 --steps 50
+        --fill-chunk 500 --results "$OUT/RESULTS.dry.md")
+    # shellcheck disable=SC2206
+    capacity+=(${SOK_EV_TF_CAPACITY_ARGS:-})
+    (cd "$run" && CUDA_VISIBLE_DEVICES=0 timeout -k 10 "$(limit 560)" "$PY" "${capacity[@]}") \
+        >"$OUT/tf-tiered-capacity.log" 2>&1
+    echo "$?" >"$status/tf-tiered-capacity.rc"
+    echo "tf-tiered-capacity: exit $(cat "$status/tf-tiered-capacity.rc")"
+fi
+
 if has tf-scaling; then
     # The ranks' files go to a folder of their own ($OUT brings back 8 files).
     scaling=("$root/benchmarks/gpu/tf_weak_scaling.py" --json-dir "$OUT/tf-scaling")
@@ -508,8 +531,8 @@ out, status, site, parts, dry = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[
 total = {"passed": 0, "failed": 0, "skipped": 0}
 lines = []
 for part in ["tf", "multi", "harness", "memcheck", "harness-sanitizer", "bench", "tf-bench",
-             "tf-tiered", "tf-scaling", "peers", "criteo", "criteo-scaling", "criteo-mlperf",
-             "criteo-split", "criteo-gpu-batches"]:
+             "tf-tiered", "tf-tiered-capacity", "tf-scaling", "peers", "criteo", "criteo-scaling",
+             "criteo-mlperf", "criteo-split", "criteo-gpu-batches"]:
     if part not in parts:
         continue
     path = os.path.join(out, part + ".log")
@@ -523,9 +546,9 @@ for part in ["tf", "multi", "harness", "memcheck", "harness-sanitizer", "bench",
         count["passed" if clean else "failed"] = 1
         if not clean:
             notes.append(f"exit {rc}")
-    elif part in ("harness-sanitizer", "bench", "tf-bench", "tf-tiered", "tf-scaling", "peers",
-                  "criteo", "criteo-scaling", "criteo-mlperf", "criteo-split",
-                  "criteo-gpu-batches"):
+    elif part in ("harness-sanitizer", "bench", "tf-bench", "tf-tiered", "tf-tiered-capacity",
+                  "tf-scaling", "peers", "criteo", "criteo-scaling", "criteo-mlperf",
+                  "criteo-split", "criteo-gpu-batches"):
         count["passed" if rc == 0 else "failed"] = 1
     else:
         summary = [l for l in text.splitlines() if re.match(r"^=+ .* in [\d.]+s", l)]

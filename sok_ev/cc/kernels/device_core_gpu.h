@@ -821,29 +821,24 @@ class Core<GPUDevice> {
 
   // Resident for the tables of a multi-table op: a table listed several
   // times makes all of its spans resident at once, so that no span's rows
-  // are written back to make room for another's. Every table's HBM check
-  // is queued first, so the op waits for the GPU once, not once a table.
+  // are written back to make room for another's, and all tables move their
+  // rows stage by stage together (TieredTable::make_resident_together).
   template <typename Key>
   absl::Status ResidentTables(const std::vector<std::pair<Table<Key>*, gpu::KeySpan<Key>>>& spans) {
-    std::vector<Table<Key>*> checked;
+    std::vector<typename Table<Key>::Residency> tables;
     for (size_t t = 0; t < spans.size(); ++t) {
-      Table<Key>* table = spans[t].first;
-      if (!table->tiered() || std::find(checked.begin(), checked.end(), table) != checked.end()) {
-        continue;
+      const Table<Key>* table = spans[t].first;
+      if (!table->tiered()) continue;
+      auto listed = std::find_if(tables.begin(), tables.end(),
+                                 [&](const auto& residency) { return residency.table == table; });
+      if (listed == tables.end()) {
+        tables.push_back({table, {}});
+        listed = tables.end() - 1;
       }
-      std::vector<gpu::KeySpan<Key>> of_table;
-      for (size_t u = t; u < spans.size(); ++u) {
-        if (spans[u].first == table) of_table.push_back(spans[u].second);
-      }
-      TF_RETURN_IF_ERROR(ToTfStatus(table->queue_residency_check(context_, of_table)));
-      checked.push_back(table);
+      listed->spans.push_back(spans[t].second);
     }
-    if (checked.empty()) return absl::OkStatus();
-    TF_RETURN_IF_ERROR(ToTfStatus(gpu::synchronize(stream())));
-    for (Table<Key>* table : checked) {
-      TF_RETURN_IF_ERROR(ToTfStatus(table->finish_residency(context_)));
-    }
-    return absl::OkStatus();
+    if (tables.empty()) return absl::OkStatus();
+    return ToTfStatus(Table<Key>::make_resident_together(context_, tables));
   }
 
   // The update of n distinct keys whose rows are resolved: key i's gradient
