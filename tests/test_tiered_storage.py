@@ -542,26 +542,26 @@ _HOST_MEMORY_CHILD = textwrap.dedent("""
     import sok_ev
     for gpu in tf.config.list_physical_devices("GPU"):
         tf.config.experimental.set_memory_growth(gpu, True)
-    dim = 65536
+    dim = 1024
     option = sok_ev.EmbeddingVariableOption(storage_option=sok_ev.StorageOption(
         storage_type=sok_ev.StorageType.HBM_DRAM, storage_size=[8 * dim * 4],
         cache_strategy=sok_ev.CacheStrategy.LFU))
     table = sok_ev.get_embedding_variable("short_of_host_memory", embedding_dim=dim,
                                           ev_option=option)
     lookup = lambda key: sok_ev.lookup_sparse(
-        [table], [tf.SparseTensor([[0, 0]], tf.constant([key], tf.int64), [1, 1])])
-    first = tf.range(16, dtype=tf.int64)
-    for key in range(16):
+        [table], [tf.ragged.constant([list(range(key, key + 64))], tf.int64)])
+    first = tf.range(64, dtype=tf.int64)
+    for key in range(0, 16, 64):
         lookup(key)
     rows = table.sparse_read(first).numpy()
     with open("/proc/self/status") as status:
         used = [int(l.split()[1]) * 1024 for l in status if l.startswith("VmSize:")][0]
     resource.setrlimit(resource.RLIMIT_AS, (used + (1 << 28), resource.RLIM_INFINITY))
-    key = 16
+    key = 64
     try:
-        while key < 100000:
+        while key < 10**7:
             lookup(key)
-            key += 1
+            key += 64
     except tf.errors.ResourceExhaustedError as error:
         print("ERROR:", error.message.splitlines()[0])
     resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
@@ -590,9 +590,9 @@ def test_host_memory_running_out_is_an_error_naming_the_table_and_loses_nothing(
     for fragment in ("Embedding Variable 'short_of_host_memory", "host memory"):
         assert fragment in message, (message, result.stderr[-2000:])
     kept, failed_key = (int(v) for v in lines["KEPT"].split())
-    assert 16 < kept == failed_key < 100000, lines
+    assert 64 < kept == failed_key < 10**7, lines
     assert lines["SAME"] == "True"
-    assert int(lines["AGAIN"]) == kept + 1
+    assert int(lines["AGAIN"]) == kept + 64
 
 
 @needs_gpu
