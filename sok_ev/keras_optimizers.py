@@ -60,17 +60,28 @@ dense variable's: on its rows summed by key, by the optimizer's own clipping.
 With several workers each clips the shard it owns, so clipnorm takes the
 norm of a shard's gradient, not of the whole table's.
 
+Keras 3's loss-scale optimizer (`tf.keras.optimizers.LossScaleOptimizer`,
+which `model.compile` puts around the optimizer under a `mixed_float16`
+policy) takes Embedding Variables too, with Keras's own steps: when every
+gradient is finite, the gradients are divided by its `dynamic_scale` and
+applied by the inner optimizer (the fused update for the tables), and the
+scale doubles after `dynamic_growth_steps` such steps; otherwise nothing is
+applied, `iterations` stays and the scale halves. A table's gradient holds
+only its looked-up rows, so those are what is checked and unscaled. With
+several workers the finite check is agreed over all of them (the minimum),
+so that every worker skips the same steps: a table's gradient is split
+between its owners.
+
 Refused with a ValueError naming the setting (they have no fused form yet):
 global_clipnorm (Keras would take the norm of the dense gradients alone),
 use_ema, gradient_accumulation_steps and loss_scale_factor when an Embedding
-Variable is among the variables. The loss-scale optimizer
-(`tf.keras.optimizers.LossScaleOptimizer`; tf_keras's
-`tf.keras.mixed_precision.LossScaleOptimizer`) overrides `apply` (or
-`apply_gradients`): it unscales and checks gradients in Keras's dense path,
-so the hook also wraps it, to raise a ValueError when an Embedding Variable
-is among the variables; dense-only use is untouched. Any other Keras
-optimizer (subclasses included: they may change the arithmetic) raises a
-TypeError listing the supported ones.
+Variable is among the variables. tf_keras's loss-scale optimizer
+(`tf.keras.mixed_precision.LossScaleOptimizer` under TF_USE_LEGACY_KERAS=1)
+overrides `apply_gradients` and unscales in its dense path, so the hook also
+wraps it, to raise a ValueError when an Embedding Variable is among the
+variables; dense-only use is untouched. Any other Keras optimizer
+(subclasses included: they may change the arithmetic) raises a TypeError
+listing the supported ones.
 """
 
 import dataclasses
@@ -361,17 +372,89 @@ def _update(optimizer, rule, tables):
     return updates
 
 
+def _all_finite(grads):
+    """A bool tensor: whether every gradient is finite, each Embedding
+  Variable's (and any IndexedSlices') by its rows, agreed over the workers."""
+    checks = [
+        tf.reduce_all(tf.math.is_finite(g.values if isinstance(g, tf.IndexedSlices) else g))
+        for g in grads
+        if g is not None
+    ]
+    finite = tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
+    if communication.world_size() > 1:
+        import horovod.tensorflow as hvd  # pylint: disable=import-outside-toplevel
+        finite = hvd.allreduce(tf.cast(finite, tf.int32),
+                               op=hvd.Min,
+                               name="sok_ev_keras_loss_scale_finite") > 0
+    return finite
+
+
+def _unscaled(grad, scale):
+    if grad is None:
+        return None
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values / tf.cast(scale, grad.values.dtype), grad.indices,
+                                grad.dense_shape)
+    return grad / tf.cast(scale, grad.dtype)
+
+
+def _loss_scaled_apply(optimizer, pairs):
+    """Keras 3 LossScaleOptimizer's step (its `_common_apply`) on `pairs`,
+  Embedding Variables among them: built on the dense variables only (a
+  table's slots live in it), the inner optimizer's step through `_apply`."""
+    dense = [v for _, v in pairs if not isinstance(v, EmbeddingVariable)]
+    if not optimizer.built:
+        with tf.name_scope(optimizer.name):
+            optimizer.build(dense)
+        optimizer.built = True
+    inner = optimizer.inner_optimizer
+    grads = [g for g, _ in pairs]
+
+    def finite_step():
+        scale = optimizer.dynamic_scale
+
+        def unscale(g, v):
+            # Keras leaves a gradient that overwrites its variable as it is.
+            overwrite = optimizer._overwrite_variable_with_gradient(v)  # pylint: disable=protected-access
+            return g if overwrite else _unscaled(g, scale)
+
+        unscaled = [(unscale(g, v), v) for g, v in pairs]
+        with tf.control_dependencies([
+                op for op in _apply(inner, unscaled, _default_apply_dense(type(inner)))
+                if op is not None
+        ]):
+            grow = tf.equal(optimizer.step_counter, optimizer.dynamic_growth_steps - 1)
+
+        def upscale():
+            optimizer.step_counter.assign(0)
+            optimizer.dynamic_scale.assign(optimizer.dynamic_scale * 2.0)
+
+        def count():
+            optimizer.step_counter.assign_add(1)
+
+        tf.cond(grow, upscale, count)
+
+    def skipped_step():
+        optimizer.step_counter.assign(0)
+        optimizer.dynamic_scale.assign(optimizer.dynamic_scale * 0.5)
+
+    tf.cond(_all_finite(grads), finite_step, skipped_step)
+    return [optimizer.iterations]
+
+
 def _refuse_loss_scaling(optimizer, variable):
-    """Raises ValueError: LossScaleOptimizer cannot update Embedding Variables."""
+    """Raises ValueError: tf_keras's LossScaleOptimizer cannot update
+  Embedding Variables."""
     # tf_keras's loss-scale optimizer has no name of its own.
     name = getattr(optimizer, "name", None)
     described = type(optimizer).__name__ + (f"(name={name!r})" if name is not None else "")
     raise ValueError(
-        f"{described} cannot update Embedding Variable '{variable.name}': LossScaleOptimizer "
-        "unscales and checks gradients in Keras's dense path, and sok-ev's fused update has no loss scaling. Keep Embedding Variables "
-        "out of the LossScaleOptimizer: give it only the dense variables, and apply the "
-        "Embedding Variables' gradients (unscaled: divided by its dynamic_scale) with a "
-        f"separate optimizer ({', '.join(supported_optimizers())}).")
+        f"{described} cannot update Embedding Variable '{variable.name}': tf_keras's "
+        "LossScaleOptimizer unscales and checks gradients in its dense path. Use Keras 3's "
+        "tf.keras.optimizers.LossScaleOptimizer (without TF_USE_LEGACY_KERAS), or keep "
+        "Embedding Variables out of the LossScaleOptimizer: give it only the dense variables, "
+        "and apply the Embedding Variables' gradients (unscaled: divided by its loss scale) "
+        f"with a separate optimizer ({', '.join(supported_optimizers())}).")
 
 
 def legacy_keras() -> bool:
@@ -462,7 +545,10 @@ def _apply(optimizer, pairs, apply_dense):
     if not tables:
         return [apply_dense(optimizer, [g for g, _ in dense], [v for _, v in dense])]
     if _is_loss_scale_optimizer(optimizer):
-        _refuse_loss_scaling(optimizer, tables[0][1])
+        if legacy_keras():
+            _refuse_loss_scaling(optimizer, tables[0][1])
+        _rule_for(optimizer.inner_optimizer, tables[0][1])  # refuses before anything changes
+        return _loss_scaled_apply(optimizer, pairs)
     rule = _rule_for(optimizer, tables[0][1])
     tables = [(g, v) for g, v in tables if g is not None]
     if not tables and all(g is None for g, _ in dense):
@@ -497,8 +583,9 @@ def apply_gradients(optimizer, grads_and_vars: Sequence, apply_dense=None):
   Raises:
     TypeError: an unsupported optimizer, or a dense gradient for an
       Embedding Variable.
-    ValueError: an unsupported setting, a LossScaleOptimizer, another live
-      optimizer using the same slot columns, or no gradient at all.
+    ValueError: an unsupported setting, tf_keras's LossScaleOptimizer,
+      another live optimizer using the same slot columns, or no gradient
+      at all.
   """
     _apply(optimizer, list(grads_and_vars), apply_dense or _default_apply_dense(type(optimizer)))
     return optimizer.iterations
@@ -587,17 +674,6 @@ def _refusing(original, update_argument):
     return refuse
 
 
-def _apply_arguments(args, kwargs):
-    """Keras 3 `apply(grads, trainable_variables=None)`."""
-    if len(args) >= 2:
-        args = (args[0], None if args[1] is None else list(args[1])) + tuple(args[2:])
-        return args, kwargs, args[1] or []
-    if kwargs.get("trainable_variables") is not None:
-        kwargs = dict(kwargs, trainable_variables=list(kwargs["trainable_variables"]))
-        return args, kwargs, kwargs["trainable_variables"]
-    return args, kwargs, []
-
-
 def _apply_gradients_arguments(args, kwargs):
     """tf_keras `apply_gradients(grads_and_vars, ...)`."""
     if args:
@@ -613,9 +689,9 @@ def install_keras_optimizer_hook() -> None:
     """Lets `tf.keras.optimizers` update Embedding Variables (see the module
   docstring): wraps Keras 3's `Optimizer.apply`, or tf_keras's
   `Optimizer.apply_gradients` under TF_USE_LEGACY_KERAS=1, and the
-  loss-scale optimizer's override of it, to refuse Embedding Variables;
-  variables that are not Embedding Variables go through Keras's original
-  code. Idempotent."""
+  loss-scale optimizer's override of it (Keras 3: to take Embedding
+  Variables; tf_keras: to refuse them); variables that are not Embedding
+  Variables go through Keras's original code. Idempotent."""
     if _originals:
         return
     if legacy_keras():
@@ -625,8 +701,9 @@ def install_keras_optimizer_hook() -> None:
                    lambda original: _refusing(original, _apply_gradients_arguments))
         return
     _patch(tf.keras.optimizers.Optimizer, "apply", _hooked_apply)
+    # LossScaleOptimizer overrides apply: its own hook, taking tables.
     for cls in _loss_scale_optimizer_classes():
-        _patch(cls, "apply", lambda original: _refusing(original, _apply_arguments))
+        _patch(cls, "apply", _hooked_apply)
 
 
 def uninstall_keras_optimizer_hook() -> None:

@@ -428,6 +428,54 @@ def test_fit_run_eagerly_equals_the_keras_model_step_for_step(sok, rng, optimize
     _assert_same_steps(history, twin_history)
 
 
+@pytest.mark.parametrize("run_eagerly", [False, True])
+@pytest.mark.parametrize("inner", ["sgd", "adagrad"])
+def test_fit_with_a_loss_scale_optimizer_equals_the_keras_model_step_for_step(
+        sok, rng, monkeypatch, inner, run_eagerly):
+    """model.fit scales the loss by the LossScaleOptimizer's dynamic scale
+  and the optimizer unscales the table's gradient with the dense ones:
+  the table, the head and the loss equal the keras.layers.Embedding
+  model's after every step, and the scale grows alike."""
+    monkeypatch.setitem(
+        OPTIMIZERS, "loss_scaled", lambda: keras.optimizers.LossScaleOptimizer(
+            OPTIMIZERS[inner](), initial_scale=2.0**12, dynamic_growth_steps=2))
+    (history, twin_history), (model, _), (twin_model, _), _, _ = _fit_both(sok,
+                                                                           rng,
+                                                                           "loss_scaled",
+                                                                           "ragged",
+                                                                           steps=5,
+                                                                           run_eagerly=run_eagerly)
+    _assert_same_steps(history, twin_history)
+    assert [s["iterations"] for s in history.steps] == [1, 2, 3, 4, 5]
+    assert float(model.optimizer.dynamic_scale) == float(twin_model.optimizer.dynamic_scale)
+    assert float(model.optimizer.dynamic_scale) == 2.0**14
+
+
+def test_fit_under_a_mixed_float16_policy_trains_the_table_and_skips_the_steps_keras_skips(
+        sok, rng):
+    """Under keras.mixed_precision's mixed_float16 policy, compile wraps the
+  optimizer in a LossScaleOptimizer (initial scale 2^15): fit trains the
+  table (float32 rows) and the float16 head, and skips, as the
+  keras.layers.Embedding model does, the steps whose float16 gradients
+  overflow, halving the scale alike."""
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        (model, layer), (twin_model, _), matrix = _twins(sok, rng, "ragged")
+        batches = _dataset(rng, "ragged", np.int64, 6, cover_all=False)
+        losses = []
+        for m in (model, twin_model):
+            m.compile(optimizer=OPTIMIZERS["adagrad"](), loss="mse")
+            losses.append(m.fit(keras_twins.as_dataset(batches), verbose=0).history["loss"])
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+    assert int(model.optimizer.iterations) == int(twin_model.optimizer.iterations) > 0
+    assert float(model.optimizer.dynamic_scale) == float(twin_model.optimizer.dynamic_scale)
+    assert np.isfinite(losses[0]).all()
+    assert _table_rows(layer).dtype == np.float32
+    assert not np.allclose(_table_rows(layer), matrix)
+
+
 class TableOnly(keras.Model):
     """The pooled embedding's sum: a model whose only weights are the table's."""
 

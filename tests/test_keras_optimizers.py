@@ -29,8 +29,9 @@ empty samples; rows start at M[k]):
 Slots live in table columns `<prefix>/<slot>`, the prefix being the
 optimizer's name without Keras's auto-name suffix (`adagrad_3` -> `adagrad`),
 so they restore whatever order optimizers are created in; two live
-optimizers that would share a column raise. LossScaleOptimizer refuses
-Embedding Variables with a ValueError; dense-only use is Keras's.
+optimizers that would share a column raise. LossScaleOptimizer: Keras's own
+on a dense tf.Variable, step for step, non-finite steps skipped; dense-only
+use is Keras's, bit for bit.
 """
 import gc
 import re
@@ -519,33 +520,111 @@ def test_keras_setting_without_a_fused_form_raises_naming_it(sok, unique_name, s
     np.testing.assert_array_equal(rows.numpy(), np.zeros((2, DIM), np.float32))  # unchanged
 
 
-def test_loss_scale_optimizer_with_an_ev_raises_naming_it_before_anything_changes(sok, unique_name):
+def _loss_scaled_steps(sok, name, make_inner, matrix, batches, upstreams, weights, mode, use_ev):
+    """Trains rows starting at `matrix` (an Embedding Variable, or the dense
+  tf.Variable reference fed the dense gradient) and a dense weight vector
+  `w` with Keras's LossScaleOptimizer around `make_inner()`, through
+  `scale_loss`, as `model.fit` does; loss = sum(lookup * upstream * w).
+  Returns, after every step: the rows, w, the dynamic scale, the step
+  counter and iterations."""
+    opt = KERAS.LossScaleOptimizer(make_inner(), initial_scale=2.0**10, dynamic_growth_steps=2)
+    table = ref.matrix_ev(sok, name, matrix) if use_ev else tf.Variable(matrix)
+    w = tf.Variable(weights)
+
+    def step(indices, keys, shape, upstream):
+        with tf.GradientTape() as tape:
+            batch = tf.SparseTensor(indices, keys, shape)
+            if use_ev:
+                out = sok.lookup_sparse([table], [batch], "sum")[0]
+            else:  # trailing empty samples dropped by TensorFlow: zeros
+                out = tf.nn.embedding_lookup_sparse(table, batch, None, combiner="sum")
+                out = tf.pad(out, [[0, shape[0] - tf.shape(out, out_type=tf.int64)[0]], [0, 0]])
+            loss = opt.scale_loss(tf.reduce_sum(out * upstream * w))
+        grad, w_grad = tape.gradient(loss, [table, w])
+        if not use_ev:
+            grad = tf.convert_to_tensor(grad)
+        opt.apply_gradients([(grad, table), (w_grad, w)])
+
+    step = tf.function(step) if mode == "tf_function" else step
+    history = []
+    for batch, upstream in zip(batches, upstreams):
+        step(batch.indices, batch.keys, np.array(batch.dense_shape, np.int64), upstream)
+        rows = (ref.export_to_dict(
+            *[t.numpy() for t in table.export()]) if use_ev else table.numpy().copy())
+        history.append((rows, w.numpy().copy(), float(opt.dynamic_scale), int(opt.step_counter),
+                        int(opt.iterations)))
+    return history
+
+
+@pytest.mark.parametrize("mode", ["eager", "tf_function"])
+@pytest.mark.parametrize("inner", ["sgd", "adagrad"])
+def test_loss_scale_optimizer_trains_an_ev_like_a_dense_variable_and_skips_non_finite_steps(
+        sok, rng, unique_name, mode, inner):
+    """Keras's LossScaleOptimizer (model.fit's under mixed_float16) around
+  SGD or Adagrad, on an Embedding Variable and a dense weight together,
+  equals the same on a dense tf.Variable step for step: the gradients
+  unscaled by the dynamic scale, which doubles every 2 finite steps; a step
+  with an infinite gradient (step 3: an infinite upstream value) changes no
+  row, no weight and no iterations, and halves the scale."""
+    matrix = ref.random_matrix(rng, N_ROWS, DIM)
+    batches = _batches(rng, steps=6)
+    upstreams = _upstreams(rng, batches)
+    upstreams[2][0, 0] = np.inf
+    weights = rng.normal(size=DIM).astype(np.float32)
+    args = (sok, unique_name(), DENSE_EQUIVALENT[inner], matrix, batches, upstreams, weights, mode)
+    got = _loss_scaled_steps(*args, use_ev=True)
+    expected = _loss_scaled_steps(*args, use_ev=False)
+    scales = [h[2] for h in expected]
+    assert scales == [2.0**10, 2.0**11, 2.0**10, 2.0**10, 2.0**11, 2.0**11]
+    assert [h[4] for h in expected] == [1, 2, 2, 3, 4, 5]
+    seen = set()
+    for t, ((rows, w, scale, counter, iterations), (dense, dense_w, *state),
+            batch) in enumerate(zip(got, expected, batches)):
+        seen |= set(int(k) for k in batch.keys)
+        ref.assert_rows_close(rows, {k: dense[k] for k in seen},
+                              rtol=1e-6,
+                              atol=1e-7,
+                              what=f"step {t + 1}")
+        np.testing.assert_allclose(w, dense_w, rtol=1e-6, atol=1e-7)
+        assert [scale, counter, iterations] == state, f"step {t + 1}"
+    # The skipped step left every row as the step before it; its lookup's
+    # new keys hold their initial rows.
+    (skipped, skipped_w, *_), (before, before_w, *_) = got[2], got[1]
+    np.testing.assert_array_equal(skipped_w, before_w)
+    for key, row in skipped.items():
+        np.testing.assert_array_equal(row, before[key] if key in before else matrix[key])
+
+
+def test_loss_scale_optimizer_refuses_an_unsupported_inner_optimizer_before_anything_changes(
+        sok, unique_name):
     ev = sok.get_embedding_variable(unique_name(),
                                     embedding_dim=DIM,
                                     initializer=tf.zeros_initializer())
     scale = tf.Variable(np.ones(DIM, np.float32))
-    opt = KERAS.LossScaleOptimizer(KERAS.SGD(0.1))
+    opt = KERAS.LossScaleOptimizer(KERAS.Adamax(0.1))
     ids = tf.SparseTensor([[0, 0], [1, 0]], tf.constant([3, 4], tf.int64), [2, 1])
     with tf.GradientTape() as tape:
         loss = tf.reduce_sum(sok.lookup_sparse([ev], [ids], "sum")[0] * scale)
     grads = tape.gradient(loss, [ev, scale])
-    with pytest.raises(ValueError) as error:
+    with pytest.raises(TypeError) as error:
         opt.apply_gradients(zip(grads, [ev, scale]))
-    assert ref.error_names(error.value, "LossScaleOptimizer", ev.name,
-                           "keep Embedding Variables out")
+    assert ref.error_names(error.value, "Adamax", ev.name)
     assert not opt.built and int(opt.iterations) == 0
     np.testing.assert_array_equal(scale.numpy(), np.ones(DIM, np.float32))
     np.testing.assert_array_equal(ev.export()[1].numpy(), np.zeros((2, DIM), np.float32))
 
 
-def test_loss_scale_optimizer_with_an_ev_raises_without_the_hook_too(sok, unique_name):
+def test_loss_scale_optimizer_takes_an_ev_without_the_hook_too(sok, unique_name):
     from sok_ev import keras_optimizers  # pylint: disable=import-outside-toplevel
-    ev = sok.get_embedding_variable(unique_name(), embedding_dim=DIM)
-    opt = KERAS.LossScaleOptimizer(KERAS.Adagrad(0.1))
-    grad = tf.IndexedSlices(tf.ones([1, DIM]), tf.constant([3], tf.int64))
-    with pytest.raises(ValueError) as error:
-        keras_optimizers.apply_gradients(opt, [(grad, ev)])
-    assert ref.error_names(error.value, "LossScaleOptimizer", ev.name)
+    ev = sok.get_embedding_variable(unique_name(),
+                                    embedding_dim=DIM,
+                                    initializer=tf.zeros_initializer())
+    opt = KERAS.LossScaleOptimizer(KERAS.SGD(0.5), initial_scale=4.0)
+    grad = tf.IndexedSlices(4.0 * tf.ones([1, DIM]), tf.constant([3], tf.int64))
+    keras_optimizers.apply_gradients(opt, [(grad, ev)])
+    np.testing.assert_array_equal(
+        ev.sparse_read(tf.constant([3], tf.int64)).numpy(), np.full((1, DIM), -0.5, np.float32))
+    assert int(opt.iterations) == 1
 
 
 def test_loss_scale_optimizer_on_dense_variables_is_bit_identical_to_keras(sok):

@@ -406,13 +406,14 @@ def loss_of(embeddings, targets):
     return sum(0.5 * np.sum((e - y)**2) for e, y in zip(embeddings, targets))
 
 
-def assert_shards_equal_twin_rows(results, step, workers):
-    """Step `step`'s shards ("sok/<step>/keys", ".../rows" of each rank) hold
-  each key once, with the one-worker twin's row of it ("twin/<step>/rows" of
-  rank 0, indexed by key). Returns the keys, concatenated over the ranks."""
-    twin = results[0][f"twin/{step}/rows"]
-    keys = np.concatenate([results[r][f"sok/{step}/keys"] for r in range(workers)])
-    rows = np.concatenate([results[r][f"sok/{step}/rows"] for r in range(workers)])
+def assert_shards_equal_twin_rows(results, step, workers, sok="sok", twin="twin"):
+    """Step `step`'s shards ("<sok>/<step>/keys", ".../rows" of each rank)
+  hold each key once, with the one-worker twin's row of it
+  ("<twin>/<step>/rows" of rank 0, indexed by key). Returns the keys,
+  concatenated over the ranks."""
+    twin_rows = results[0][f"{twin}/{step}/rows"]
+    keys = np.concatenate([results[r][f"{sok}/{step}/keys"] for r in range(workers)])
+    rows = np.concatenate([results[r][f"{sok}/{step}/rows"] for r in range(workers)])
     assert len(set(keys.tolist())) == len(keys), f"step {step}: a key on several workers"
-    np.testing.assert_allclose(rows, twin[keys], rtol=2e-5, atol=2e-6, err_msg=f"step {step}")
+    np.testing.assert_allclose(rows, twin_rows[keys], rtol=2e-5, atol=2e-6, err_msg=f"step {step}")
     return keys

@@ -15,6 +15,10 @@ Each rank also fits, alone, the reference: the same model on
 keras.layers.Embedding holding the same rows, on the whole global batches
 (what one worker does).
 
+With Keras 3, every rank then does both again with Keras's
+LossScaleOptimizer around the Adagrad (what compile uses under a
+mixed_float16 policy): prefixes sok_loss_scaled/ and twin_loss_scaled/.
+
 Results (rank<r>.npz), per callback step t:
   sok/<t>/keys, sok/<t>/rows   this rank's shard of the table;
   sok/<t>/kernel, sok/<t>/bias the head;
@@ -114,7 +118,22 @@ def main():
     results["initial_kernel"] = start_kernel
     layer = twins.sok_layer(sok_ev, matrix, "mean", name="item")
     model = model_of(layer, start_kernel, start_bias)
-    model.compile(optimizer=sok_ev.keras.DistributedOptimizer(twins.OPTIMIZERS["adagrad"]()),
+    fit_both(matrix, kernel, start_kernel, start_bias, batches, mine, "", lambda o: o, results)
+    if hasattr(tf.keras.optimizers, "LossScaleOptimizer"):  # Keras 3
+        loss_scaled = lambda o: tf.keras.optimizers.LossScaleOptimizer(
+            o, initial_scale=2.0**12, dynamic_growth_steps=2)
+        fit_both(matrix, kernel, start_kernel, start_bias, batches, mine, "_loss_scaled",
+                 loss_scaled, results)
+    np.savez(f"{out}/rank{RANK}.npz", **results)
+
+
+def fit_both(matrix, kernel, start_kernel, start_bias, batches, mine, suffix, wrap, results):
+    """This rank's data-parallel fit of its share and the one-worker
+  reference's fit of the global batches, each with wrap(Adagrad), recorded
+  under sok<suffix>/ and twin<suffix>/."""
+    layer = twins.sok_layer(sok_ev, matrix, "mean", name="item" + suffix)
+    model = model_of(layer, start_kernel, start_bias)
+    model.compile(optimizer=sok_ev.keras.DistributedOptimizer(wrap(twins.OPTIMIZERS["adagrad"]())),
                   loss="mse")
 
     def shard():
@@ -122,19 +141,19 @@ def main():
         order = np.argsort(keys)
         return {"keys": keys[order].astype(np.int64), "rows": rows[order]}
 
-    model.fit(
-        dataset(mine),
-        verbose=0,
-        callbacks=[sok_ev.keras.BroadcastGlobalVariablesCallback(0),
-                   Record("sok", shard, results)])
+    model.fit(dataset(mine),
+              verbose=0,
+              callbacks=[
+                  sok_ev.keras.BroadcastGlobalVariablesCallback(0),
+                  Record("sok" + suffix, shard, results)
+              ])
 
     twin = twins.DenseTwin(matrix, "mean")
     reference = model_of(twin, kernel, np.zeros([1], np.float32))
-    reference.compile(optimizer=twins.OPTIMIZERS["adagrad"](), loss="mse")
+    reference.compile(optimizer=wrap(twins.OPTIMIZERS["adagrad"]()), loss="mse")
     reference.fit(dataset(batches),
                   verbose=0,
-                  callbacks=[Record("twin", lambda: {"rows": twin.rows()}, results)])
-    np.savez(f"{out}/rank{RANK}.npz", **results)
+                  callbacks=[Record("twin" + suffix, lambda: {"rows": twin.rows()}, results)])
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ every sample. After each step the union of the workers' shards must equal
 its table (each key on one worker only), and every worker's dense head must
 equal its head: the dense gradients were averaged, the tables' gradients
 summed at their owners and divided by the worker count. Rank 1 starts from
-another head: the broadcast gives it rank 0's before the first step.
+another head: the broadcast gives it rank 0's before the first step. With
+Keras 3 the same again with Keras's LossScaleOptimizer around the Adagrad.
 Launched over Gloo on CPUs, over NCCL in GPU mode (harness.GPUS).
 """
 import os
@@ -61,6 +62,27 @@ def test_two_worker_fit_equals_one_worker_on_the_global_batch_step_for_step(laun
     # The last step's table is not the initial one: training moved it.
     last = _steps(results)[-1]
     assert not np.allclose(results[0][f"twin/{last}/rows"], results[0]["twin/0/rows"])
+
+
+def test_two_worker_fit_with_a_loss_scale_optimizer_equals_one_worker_step_for_step(launch):
+    """Keras 3's LossScaleOptimizer around the data-parallel Adagrad: the
+  workers agree on every step's finite check and scale, and train as one
+  worker on the global batch (tf_keras refuses it with a table)."""
+    keras, results = launch
+    if keras != "keras3":
+        assert not any(k.startswith("sok_loss_scaled/") for k in results[0])
+        return
+    for t in _steps(results):
+        harness.assert_shards_equal_twin_rows(results, t, WORKERS, "sok_loss_scaled",
+                                              "twin_loss_scaled")
+        for r in range(WORKERS):
+            for field in ("kernel", "bias"):
+                np.testing.assert_allclose(results[r][f"sok_loss_scaled/{t}/{field}"],
+                                           results[0][f"twin_loss_scaled/{t}/{field}"],
+                                           rtol=2e-5,
+                                           atol=2e-6,
+                                           err_msg=f"rank {r} step {t}: {field}")
+            assert int(results[r][f"sok_loss_scaled/{t}/iterations"]) == t + 1
 
 
 def test_every_worker_holds_a_shard_of_the_table(launch):
