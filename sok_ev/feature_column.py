@@ -51,8 +51,16 @@
   params_num_per_group=..., name=None)`: Embedding Variables looked up in
   one `sok_ev.lookup_sparse` call; returns a list of `[batch, dim]`.
 
+A column with `partition_num` N > 1 gets, as in DeepRec, a partitioned
+Embedding Variable: N parts `embedding_weights/part_<i>` (sok_ev.
+PartitionedEmbeddingVariable, what `get_embedding_variable(...,
+partitioner=tf.fixed_size_partitioner(N))` makes), key k in part
+(k mod 1000) mod N; its lookups and training equal one table's. Such a
+column is looked up on its own, also inside a group_embedding_column_scope.
+
 Refused with a ValueError naming the feature: DeepRec columns sok-ev does
-not build (`REFUSED_FEATURES`), `partition_num` > 1, `ckpt_to_load_from`
+not build (`REFUSED_FEATURES`), `partition_num` > 1 on an adaptive column
+or in a Keras feature layer (`DenseFeatures`), `ckpt_to_load_from`
 on an Embedding Variable column, `max_norm` on a grouped column,
 `is_sequence=True` and dense variables in `group_embedding_lookup_sparse`.
 Flags that only ask for an optimisation (`do_fusion`, `partition_strategy`,
@@ -64,6 +72,7 @@ import collections
 import contextlib
 import dataclasses
 import math
+import numbers
 import sys
 import threading
 from typing import Dict, List, Optional
@@ -76,6 +85,7 @@ from sok_ev import embedding_variable
 from sok_ev import keras_optimizers
 from sok_ev import options
 from sok_ev.lookup import lookup_sparse
+from sok_ev.partitioned_variable import MAX_PARTITIONS, PartitionedEmbeddingVariable
 
 # DeepRec's string ids hash into [0, 2**63 - 1): its bucket count is the
 # largest int64.
@@ -227,8 +237,9 @@ def categorical_column_with_embedding(key: str,
     dtype: tf.string (default), tf.int64 or tf.int32: the ids' kind. String
       ids become int64 keys `tf.strings.to_hash_bucket_fast(id, 2**63 - 1)`;
       integer ids are the keys.
-    partition_num: None or 1 (one table, which sok-ev shards over the
-      workers itself).
+    partition_num: None or 1 (one table), or N > 1 (at most 1024): DeepRec's
+      partitioned Embedding Variable of N parts (see the module docstring).
+      Either way sok-ev shards the table(s) over the workers itself.
     ev_option: a tf.EmbeddingVariableOption (filters, eviction, initializer
       option) for the column's Embedding Variable; default DeepRec's.
 
@@ -237,9 +248,9 @@ def categorical_column_with_embedding(key: str,
     `shared_embedding_columns`.
 
   Raises:
-    ValueError: an empty key, a dtype other than those three, or
-      partition_num > 1 (DeepRec's partitioned Embedding Variables, which
-      sok-ev does not build); each names the column and the value.
+    ValueError: an empty key, a dtype other than those three, or a
+      partition_num that is not a whole number from 1 to 1024; each names
+      the column and the value.
     TypeError: ev_option that is not an EmbeddingVariableOption.
   """
     if not isinstance(key, str) or not key:
@@ -253,11 +264,12 @@ def categorical_column_with_embedding(key: str,
     if dtype not in _KEY_DTYPES:
         raise ValueError(f"categorical_column_with_embedding('{key}'): dtype {dtype.name} is not "
                          "supported; use tf.string, tf.int64 or tf.int32.")
-    if partition_num not in (None, 1):
+    if partition_num is not None and (isinstance(partition_num, bool) or
+                                      not isinstance(partition_num, numbers.Integral) or
+                                      not 1 <= partition_num <= MAX_PARTITIONS):
         raise ValueError(f"categorical_column_with_embedding('{key}'): partition_num="
-                         f"{partition_num!r}: DeepRec's partitioned Embedding Variables are not "
-                         "built by sok-ev (it shards every table over the workers itself); "
-                         "use partition_num=None.")
+                         f"{partition_num!r}: must be None or a whole number from 1 to "
+                         f"{MAX_PARTITIONS} (the parts of its Embedding Variable).")
     if ev_option is None:
         ev_option = options.EmbeddingVariableOption()
     if not isinstance(ev_option, options.EmbeddingVariableOption):
@@ -317,10 +329,15 @@ def categorical_column_with_adaptive_embedding(
     An AdaptiveEmbeddingCategoricalColumn, for `embedding_column`.
 
   Raises:
-    ValueError: hash_bucket_size not a positive int, or the errors of
-      `categorical_column_with_embedding`; each names the column and value.
+    ValueError: hash_bucket_size not a positive int, partition_num > 1, or
+      the errors of `categorical_column_with_embedding`; each names the
+      column and value.
   """
     column = categorical_column_with_embedding(key, dtype, partition_num, ev_option)
+    if partition_num is not None and partition_num > 1:
+        raise ValueError(f"categorical_column_with_adaptive_embedding('{key}'): partition_num="
+                         f"{partition_num}: an adaptive column's Embedding Variable is one table "
+                         "(use partition_num=None).")
     if (isinstance(hash_bucket_size, bool) or not isinstance(hash_bucket_size, int) or
             hash_bucket_size < 1):
         raise ValueError(f"categorical_column_with_adaptive_embedding('{key}'): hash_bucket_size "
@@ -460,6 +477,13 @@ class EmbeddingVariableColumn(
         return isinstance(self.source, AdaptiveEmbeddingCategoricalColumn)
 
     @property
+    def partitioner(self):
+        """DeepRec's partitioner of the Embedding Variable: a fixed-size one of
+    the source column's partition_num parts, or None for one table."""
+        parts = self.source.partition_num
+        return tf.compat.v1.fixed_size_partitioner(parts) if parts and parts > 1 else None
+
+    @property
     def name(self):
         suffix = "shared_embedding" if self.shared_name else "embedding"
         return f"{self.categorical_column.name}_{suffix}"
@@ -515,7 +539,8 @@ class EmbeddingVariableColumn(
                                                              trainable=self.trainable and
                                                              trainable is not False,
                                                              collections=collections_,
-                                                             ev_option=self.source.ev_option)
+                                                             ev_option=self.source.ev_option,
+                                                             partitioner=self.partitioner)
         if self.shared_name:
             tf.compat.v1.add_to_collection(self.shared_name, variable)
         return variable
@@ -631,10 +656,17 @@ class EmbeddingVariableColumn(
             raise ValueError(f"shared_embedding_columns: collection '{self.shared_name}' holds "
                              f"{len(existing)} variables; it must hold only the shared one.")
         variable = existing[0]
-        if not isinstance(variable, embedding_variable.EmbeddingVariable):
+        if not isinstance(variable,
+                          (embedding_variable.EmbeddingVariable, PartitionedEmbeddingVariable)):
             raise ValueError(f"shared embedding column '{self.name}': collection "
                              f"'{self.shared_name}' holds {variable.name}, which is not an "
                              "Embedding Variable.")
+        parts = len(variable) if isinstance(variable, PartitionedEmbeddingVariable) else 1
+        if parts != (self.source.partition_num or 1):
+            raise ValueError(f"shared embedding column '{self.name}': partition_num "
+                             f"{self.source.partition_num} differs from the shared Embedding "
+                             f"Variable {variable.name}'s {parts} part(s) (collection "
+                             f"'{self.shared_name}').")
         if variable.embedding_dim != self.dimension:
             raise ValueError(f"shared embedding column '{self.name}': dimension {self.dimension} "
                              f"differs from the shared Embedding Variable {variable.name}'s "
@@ -695,6 +727,12 @@ class EmbeddingVariableColumn(
             raise ValueError(f"embedding column '{self.name}': adaptive embedding columns are "
                              "read by input_layer (with adaptive_mask_tensors), not by a Keras "
                              "feature layer.")
+        if self.partitioner is not None:
+            raise ValueError(f"embedding column '{self.name}': partition_num="
+                             f"{self.source.partition_num} gives a partitioned Embedding "
+                             "Variable, which a Keras feature layer (DenseFeatures) does not "
+                             "hold; read the column with tf.feature_column.input_layer, or use "
+                             "partition_num=None.")
         layer = getattr(state_manager, "_layer", None)
         if layer is None:
             raise ValueError(f"embedding column '{self.name}': its Embedding Variable is made "
@@ -913,6 +951,10 @@ def shared_embedding_columns(categorical_columns,
     if len(key_dtypes) > 1:
         raise ValueError(f"{where}: the columns' keys differ in dtype ({key_dtypes}); one "
                          "Embedding Variable has one key dtype.")
+    partitions = sorted({_ev_source(c).partition_num or 1 for c in ev_columns})
+    if len(partitions) > 1:
+        raise ValueError(f"{where}: the columns' partition_num differ ({partitions}); one "
+                         "Embedding Variable has one number of parts.")
     _check_flags(where, flags)
     _check_dense_arguments(where, dimension, combiner, initializer, ckpt_to_load_from)
     shared_name = shared_embedding_collection_name or "_".join(sorted(names)) + "_shared_embedding"
@@ -968,7 +1010,7 @@ def input_layer(features,
       entry per id, for the adaptive embedding columns (1: the Embedding
       Variable, 0: the static variable; see
       `categorical_column_with_adaptive_embedding`). Masks of other
-      columns are not read. Adaptive columns are looked up on their own,
+      columns are not read. Adaptive and partitioned columns are looked up on their own,
       also inside a group_embedding_column_scope.
 
   Returns:
@@ -987,7 +1029,8 @@ def input_layer(features,
                              f"column with embedding_column). Given: {column}")
         if not isinstance(column, EmbeddingVariableColumn):
             _ev_source(column)  # raises for e.g. an indicator_column over one
-        if isinstance(column, EmbeddingVariableColumn) and column.group and column.max_norm:
+        if (isinstance(column, EmbeddingVariableColumn) and column.group and column.max_norm and
+                column.partitioner is None):
             raise ValueError(f"input_layer: column '{column.name}' in group_embedding_column_scope "
                              f"'{column.group}' has max_norm={column.max_norm!r}: grouped lookups "
                              "do not clip rows; make the column outside the scope.")
@@ -1012,7 +1055,8 @@ def input_layer(features,
                 if isinstance(column, EmbeddingVariableColumn) and column.adaptive:
                     tensors[column] = column.adaptive_dense_tensor(builder, adaptive_mask_tensors,
                                                                    weight_collections, trainable)
-                elif isinstance(column, EmbeddingVariableColumn) and column.group:
+                elif (isinstance(column, EmbeddingVariableColumn) and column.group and
+                      column.partitioner is None):
                     keys = column.sparse_keys(builder)  # checked before any variable
                     prepared[column] = (column.embedding_variable(weight_collections,
                                                                   trainable),) + keys

@@ -29,8 +29,12 @@ Pinned down:
   is refused (TensorFlow would read it as a one-bucket column);
 * tf.nn.group_embedding_lookup_sparse equals tf.nn.embedding_lookup_sparse
   on dense tables holding the same rows;
+* partition_num N > 1 makes DeepRec's partitioned Embedding Variable
+  (embedding_weights/part_<i>, key k in part (k mod 1000) mod N), which
+  trains as one table, grouped or not, and shared columns share one;
 * refusals name the feature or the column and the value: DeepRec columns not
-  built, unsupported dtypes, partition_num > 1, ckpt_to_load_from, ids of the
+  built, unsupported dtypes, a partition_num outside 1..1024 (or above 1 on
+  an adaptive column or a Keras feature layer), ckpt_to_load_from, ids of the
   wrong kind, mixed shared columns, max_norm in a group, is_sequence; the
   optimisation flag do_fusion is accepted.
 """
@@ -71,10 +75,11 @@ def _batch(rng, id_dtype, draw=N_ROWS * 3):
     return batch, _ids_of(batch.keys, id_dtype)
 
 
-def _ev_column(deeprec, key, id_dtype, matrix, **kwargs):
+def _ev_column(deeprec, key, id_dtype, matrix, partition_num=None, **kwargs):
     column = deeprec.feature_column.categorical_column_with_embedding(
         key,
         dtype=tf.as_dtype(id_dtype),
+        partition_num=partition_num,
         ev_option=deeprec.EmbeddingVariableOption(init_option=deeprec.InitializerOption(
             default_value_dim=matrix.shape[0])))
     return deeprec.feature_column.embedding_column(column,
@@ -306,6 +311,109 @@ def test_embedding_variable_is_named_as_deeprec_and_outputs_are_reported(deeprec
         assert net.shape.as_list() == [6, DIM + 1]
 
 
+# --------------------------------------------------------------------------- partitioned columns
+
+
+def test_partition_num_makes_deeprecs_partitioned_variable_with_its_names_and_routing(deeprec, rng):
+    """As DeepRec: partition_num=4 gives embedding_weights/part_0..3, key k
+  stored in part (k mod 1000) mod 4; cols_to_vars lists the parts."""
+    batch, ids = _batch(rng, "int64", draw=10**6)
+    with ref.graph_session() as sess:
+        column = _ev_column(deeprec, "C1", "int64", ref.random_matrix(rng, N_ROWS, DIM), 4)
+        variables = {}
+        out = deeprec.feature_column.input_layer({"C1": _sparse(batch, ids)}, [column],
+                                                 cols_to_vars=variables)
+        parts = deeprec.get_collection(deeprec.GraphKeys.EMBEDDING_VARIABLES)
+        assert [p.name for p in parts
+               ] == [f"input_layer/C1_embedding/embedding_weights/part_{i}:0" for i in range(4)]
+        assert variables[column] == parts
+        sess.run(deeprec.global_variables_initializer())
+        sess.run(out)
+        stored = [sess.run(p.export())[0] for p in parts]
+    for i, keys in enumerate(stored):
+        assert np.all((keys % 1000) % 4 == i), (i, keys)
+    assert sorted(np.concatenate(stored).tolist()) == sorted(set(ids.tolist()))
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+@pytest.mark.parametrize("id_dtype", ["string", "int32"])
+def test_a_partitioned_column_trains_as_the_same_column_in_one_table(deeprec, rng, grouped,
+                                                                     id_dtype):
+    """Three Adagrad steps through input_layer: partition_num=3 and one table
+  give the same outputs and rows, in a group_embedding_column_scope too
+  (a partitioned column is looked up on its own there)."""
+    matrix = ref.random_matrix(rng, N_ROWS, DIM)
+    batches = [_batch(rng, id_dtype, draw=5000) for _ in range(3)]
+    results = []
+    for partition_num in (3, None):
+        with ref.graph_session() as sess:
+            scope = (deeprec.feature_column.group_embedding_column_scope("g")
+                     if grouped else contextlib.nullcontext())
+            with scope:
+                column = _ev_column(deeprec,
+                                    "C1",
+                                    id_dtype,
+                                    matrix,
+                                    partition_num,
+                                    combiner="sqrtn")
+            values = TF1.placeholder(tf.as_dtype(id_dtype), [None])
+            indices = TF1.placeholder(tf.int64, [None, 2])
+            shape = TF1.placeholder(tf.int64, [2])
+            net = deeprec.feature_column.input_layer(
+                {"C1": tf.SparseTensor(indices, values, shape)}, [column])
+            train = deeprec.train.AdagradOptimizer(0.3).minimize(tf.reduce_sum(net * net))
+            sess.run(deeprec.global_variables_initializer())
+            outputs = []
+            for batch, ids in batches:
+                feed = {values: ids, indices: batch.indices, shape: batch.dense_shape}
+                outputs.append(sess.run([net, train], feed)[0])
+            parts = deeprec.get_collection(deeprec.GraphKeys.EMBEDDING_VARIABLES)
+            assert len(parts) == (partition_num or 1)
+            exported = [sess.run(p.export()) for p in parts]
+        keys = np.concatenate([k for k, _ in exported])
+        rows = np.concatenate([r for _, r in exported])
+        results.append((outputs, ref.export_to_dict(keys, rows)))
+    (partitioned, partitioned_rows), (whole, whole_rows) = results
+    for step, (a, b) in enumerate(zip(partitioned, whole)):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7, err_msg=f"step {step}")
+    ref.assert_rows_close(partitioned_rows, whole_rows, rtol=1e-6, atol=1e-7)
+    assert partitioned_rows.keys() == whole_rows.keys()
+
+
+def test_shared_columns_share_one_partitioned_variable_and_must_agree_on_its_parts(deeprec, rng):
+    matrix = ref.random_matrix(rng, N_ROWS, DIM)
+    (batch_a, ids_a), (batch_b, ids_b) = _batch(rng, "int64"), _batch(rng, "int64")
+    option = deeprec.EmbeddingVariableOption(init_option=deeprec.InitializerOption(
+        default_value_dim=N_ROWS))
+    make = lambda key, parts: deeprec.feature_column.categorical_column_with_embedding(
+        key, dtype=tf.int64, partition_num=parts, ev_option=option)
+    with ref.graph_session() as sess:
+        shared = deeprec.feature_column.shared_embedding_columns(
+            [make("a", 2), make("b", 2)],
+            DIM,
+            combiner="sum",
+            initializer=tf.constant_initializer(matrix))
+        outputs = {}
+        deeprec.feature_column.input_layer(
+            {
+                "a": _sparse(batch_a, ids_a),
+                "b": _sparse(batch_b, ids_b)
+            },
+            shared,
+            cols_to_output_tensors=outputs)
+        parts = deeprec.get_collection(deeprec.GraphKeys.EMBEDDING_VARIABLES)
+        assert [p.name for p in parts] == [
+            f"input_layer/a_b_shared_embedding/embedding_weights/part_{i}:0" for i in range(2)
+        ]
+        sess.run(deeprec.global_variables_initializer())
+        got_a, got_b = sess.run([outputs[shared[0]], outputs[shared[1]]])
+    np.testing.assert_allclose(got_a, ref.reference_lookup(matrix, batch_a, "sum", False), 1e-6)
+    np.testing.assert_allclose(got_b, ref.reference_lookup(matrix, batch_b, "sum", False), 1e-6)
+    with pytest.raises(ValueError) as error:
+        deeprec.feature_column.shared_embedding_columns([make("a", 2), make("b", 3)], DIM)
+    assert ref.error_names(error.value, "partition_num", "[2, 3]")
+
+
 # --------------------------------------------------------------------------- shared columns
 
 
@@ -465,10 +573,24 @@ def test_a_dtype_the_column_cannot_take_is_refused_naming_column_and_dtype(deepr
     assert ref.error_names(error.value, "C7", dtype.name)
 
 
-def test_partition_num_above_one_is_refused(deeprec):
+@pytest.mark.parametrize("partition_num", [0, -2, 2.5, True, "4", 1025])
+def test_a_partition_num_that_is_not_1_to_1024_is_refused_naming_it(deeprec, partition_num):
     with pytest.raises(ValueError) as error:
-        deeprec.feature_column.categorical_column_with_embedding("C2", partition_num=4)
-    assert ref.error_names(error.value, "C2", "partition_num=4")
+        deeprec.feature_column.categorical_column_with_embedding("C2", partition_num=partition_num)
+    assert ref.error_names(error.value, "C2", f"partition_num={partition_num!r}")
+
+
+def test_partition_num_on_an_adaptive_column_or_a_feature_layer_is_refused_naming_it(deeprec):
+    with pytest.raises(ValueError) as error:
+        deeprec.feature_column.categorical_column_with_adaptive_embedding("C4",
+                                                                          100,
+                                                                          partition_num=2)
+    assert ref.error_names(error.value, "C4", "partition_num=2")
+    column = deeprec.feature_column.embedding_column(
+        deeprec.feature_column.categorical_column_with_embedding("C5", partition_num=3), DIM)
+    with pytest.raises(ValueError) as error:
+        column.create_state(state_manager=None)  # what DenseFeatures' build calls
+    assert ref.error_names(error.value, "C5_embedding", "partition_num=3", "DenseFeatures")
 
 
 def test_ckpt_to_load_from_is_refused_on_an_ev_column(deeprec):
