@@ -1,6 +1,6 @@
 """One rank of tests/multiworker/test_feature_columns_sharded.py (launched by harness.launch).
 
-  python feature_column_worker.py --out DIR [--init sok_ev|collective]
+  python feature_column_worker.py --out DIR [--init sok_ev|collective] [--partition-num N]
 
 --init sok_ev: hvd.init() and sok_ev.init(), then install_deeprec_api().
 --init collective: as DeepRec's modelzoo scripts start with
@@ -11,7 +11,9 @@ tf.feature_column.group_embedding_column_scope.
 
 DeepRec's way, after sok_ev.install_deeprec_api(): in a TF1 graph, a
 categorical_column_with_embedding over int64 ids and an embedding_column
-(combiner 'mean') read by input_layer; the column's Embedding Variable keeps
+(combiner 'mean') read by input_layer (with --partition-num N > 1 the column
+has DeepRec's N-part partitioned Embedding Variable, each part sharded the
+same way); the column's Embedding Variable keeps
 its default placement, sharded over the workers (target_gpu -1). Each rank
 trains STEPS Adagrad steps on its share of each global batch (rows
 [rank*b, (rank+1)*b) of GLOBAL_BATCH; some rows empty), loss = the sum of
@@ -22,10 +24,12 @@ same rows, read by tf.nn.embedding_lookup_sparse(combiner='mean') on the
 whole global batches with the same Adagrad (what one worker does).
 
 Results (rank<r>.npz), after each step t:
-  sok/<t>/keys, sok/<t>/rows   this rank's shard of the column's table;
+  sok/<t>/keys, sok/<t>/rows   this rank's shard of the column's table (of
+                               every part);
   twin/<t>/rows                the reference's table;
-and "variable" (the column's Embedding Variable's name), "target_gpu" (its
-placement) and "initial_rows" (the rows both tables start from).
+and "variable" (the column's Embedding Variable's name, its first part's),
+"parts", "target_gpu" (its placement) and "initial_rows" (the rows both
+tables start from).
 """
 import argparse
 import contextlib
@@ -40,6 +44,7 @@ import sok_ev
 _parser = argparse.ArgumentParser()
 _parser.add_argument("--out", required=True)
 _parser.add_argument("--init", choices=["sok_ev", "collective"], default="sok_ev")
+_parser.add_argument("--partition-num", type=int, default=None)
 ARGS = _parser.parse_args()
 if ARGS.init == "collective":
     sok_ev.install_deeprec_api()
@@ -104,9 +109,8 @@ def main():
         # Key k starts at matrix[k] (DeepRec's default_value_dim rule).
         option = tf.EmbeddingVariableOption(init_option=tf.InitializerOption(
             default_value_dim=N_ROWS))
-        column = tf.feature_column.categorical_column_with_embedding("item",
-                                                                     dtype=tf.int64,
-                                                                     ev_option=option)
+        column = tf.feature_column.categorical_column_with_embedding(
+            "item", dtype=tf.int64, partition_num=ARGS.partition_num, ev_option=option)
         embedding = tf.feature_column.embedding_column(column,
                                                        dimension=DIM,
                                                        combiner="mean",
@@ -117,13 +121,16 @@ def main():
         with group:
             output = tf.feature_column.input_layer({"item": ids}, [embedding],
                                                    cols_to_vars=cols_to_vars)
-        (variable,) = cols_to_vars[embedding]
-        results["variable"] = variable.name
-        results["target_gpu"] = variable.target_gpu
-        return output, variable
+        parts = cols_to_vars[embedding]
+        results["variable"] = parts[0].name
+        results["parts"] = len(parts)
+        results["target_gpu"] = parts[0].target_gpu
+        return output, parts
 
-    def shard(sess, variable):
-        keys, rows = sess.run(variable.export())
+    def shard(sess, parts):
+        exported = sess.run([part.export() for part in parts])
+        keys = np.concatenate([k for k, _ in exported])
+        rows = np.concatenate([r for _, r in exported])
         order = np.argsort(keys)
         return keys[order].astype(np.int64), rows[order]
 

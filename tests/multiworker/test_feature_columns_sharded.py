@@ -9,10 +9,11 @@ tf.Variable holding the same rows, read by tf.nn.embedding_lookup_sparse
 with the same combiner and optimizer. After each step the union of the
 workers' shards must equal its rows at those keys, each key on one worker,
 and the keys must be exactly the ids the batches held so far.
-Each is run twice: started as sok-ev documents (hvd.init(), sok_ev.init()),
-and as DeepRec's modelzoo scripts start with --group_embedding collective
-(tf.config.experimental.enable_distributed_strategy("collective"), the
-column in a group_embedding_column_scope).
+Each is run three times: started as sok-ev documents (hvd.init(),
+sok_ev.init()); as DeepRec's modelzoo scripts start with --group_embedding
+collective (tf.config.experimental.enable_distributed_strategy("collective"),
+the column in a group_embedding_column_scope); and with partition_num=3
+(DeepRec's partitioned Embedding Variable, each part sharded).
 Launched over Gloo on CPUs, over NCCL in GPU mode (harness.GPUS).
 """
 import os
@@ -25,17 +26,24 @@ import harness
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKERS = 2
 
-
 # sok_ev: hvd.init() + sok_ev.init(); collective: DeepRec's
-# enable_distributed_strategy("collective") and group_embedding_column_scope.
-@pytest.fixture(scope="module", params=["sok_ev", "collective"])
+# enable_distributed_strategy("collective") and group_embedding_column_scope;
+# partitioned: sok_ev's start, partition_num=3.
+LAUNCHES = {
+    "sok_ev": ["--init", "sok_ev"],
+    "collective": ["--init", "collective"],
+    "partitioned": ["--init", "sok_ev", "--partition-num", "3"],
+}
+
+
+@pytest.fixture(scope="module", params=sorted(LAUNCHES))
 def results(request):
     harness.require_horovodrun()
     result = harness.launch(os.path.join(HERE, "feature_column_worker.py"),
                             WORKERS,
-                            args=["--init", request.param],
+                            args=LAUNCHES[request.param],
                             timeout=harness.LAUNCH_TIMEOUT)
-    return result.assert_completed(WORKERS).results
+    return request.param, result.assert_completed(WORKERS).results
 
 
 def _steps(results):
@@ -45,6 +53,8 @@ def _steps(results):
 
 
 def test_the_column_table_is_sharded_over_every_worker(results):
+    launch, results = results
+    assert int(results[0]["parts"]) == (3 if launch == "partitioned" else 1)
     for r in range(WORKERS):
         assert int(results[r]["target_gpu"]) == -1
         assert len(results[r]["sok/0/keys"]) > 0, f"rank {r} owns no key"
@@ -53,6 +63,7 @@ def test_the_column_table_is_sharded_over_every_worker(results):
 
 
 def test_two_workers_train_the_column_as_one_worker_on_the_global_batch(results):
+    _, results = results
     for t in _steps(results):
         harness.assert_shards_equal_twin_rows(results, t, WORKERS)
     # Every id of the batches was stored (the lookups insert), and training
