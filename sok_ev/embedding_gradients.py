@@ -197,8 +197,9 @@ def check_before_apply(grad, variable, max_ops=100000):
   reduction, with several workers.
 
   In graph mode and tf.function: walks from the gradient's indices and
-  values back to the marked tensors of the lookup's backward pass; any
-  other op (scaling, clipping) is fine. Eagerly (no graph to walk): every
+  values back to the marked tensors of the lookup's backward pass, through
+  every input but scalars; any other op (scaling, clipping, also by a
+  scalar reduced over the workers) is fine. Eagerly (no graph to walk): every
   key must be one this worker owns.
 
   Raises:
@@ -227,7 +228,9 @@ def check_before_apply(grad, variable, max_ops=100000):
                              "every worker's contributions already summed by the lookup's "
                              "backward exchange. Allreduce only the dense gradients (see "
                              "python/examples/deeprec_sok_example.py).")
-        pending.extend(op.inputs)
+        # A scalar carries no rows: a norm reduced over the workers (Keras's
+        # global_clipnorm) may scale the gradient.
+        pending.extend(t for t in op.inputs if t.shape.rank != 0)
 
 
 # --- At the Horovod call ------------------------------------------------------

@@ -58,7 +58,11 @@ excludes (`exclude_from_weight_decay`).
 Keras's `clipnorm` and `clipvalue` clip a table's gradient as they clip a
 dense variable's: on its rows summed by key, by the optimizer's own clipping.
 With several workers each clips the shard it owns, so clipnorm takes the
-norm of a shard's gradient, not of the whole table's.
+norm of a shard's gradient, not of the whole table's. `global_clipnorm`
+scales every gradient of the step, the tables' and the dense ones, by
+Keras's factor for their joint norm (the tables' rows summed by key; with
+several workers the tables' part summed over all of them, so every worker
+scales by the same factor).
 
 Keras 3's loss-scale optimizer (`tf.keras.optimizers.LossScaleOptimizer`,
 which `model.compile` puts around the optimizer under a `mixed_float16`
@@ -73,7 +77,6 @@ so that every worker skips the same steps: a table's gradient is split
 between its owners.
 
 Refused with a ValueError naming the setting (they have no fused form yet):
-global_clipnorm (Keras would take the norm of the dense gradients alone),
 use_ema, gradient_accumulation_steps and loss_scale_factor when an Embedding
 Variable is among the variables. tf_keras's loss-scale optimizer
 (`tf.keras.mixed_precision.LossScaleOptimizer` under TF_USE_LEGACY_KERAS=1)
@@ -180,8 +183,6 @@ def supported_optimizers() -> Tuple[str, ...]:
 
 # Base optimizer settings without a fused form: name -> values that mean "off".
 _UNSUPPORTED_SETTINGS = {
-    # Keras would clip the dense gradients by a norm without the tables'.
-    "global_clipnorm": (None, 0),
     "use_ema": (False,),
     "gradient_accumulation_steps": (None, 1),
     "loss_scale_factor": (None, 1),
@@ -315,13 +316,50 @@ def _current_learning_rate(optimizer) -> tf.Tensor:
     return tf.convert_to_tensor(optimizer.learning_rate)
 
 
+def _summed_by_key(grad, variable):
+    """An Embedding Variable's gradient with each key once, its rows summed:
+  the nonzero rows of the same variable's dense gradient."""
+    keys, index = tf.unique(tf.cast(grad.indices, variable.key_dtype))
+    return tf.IndexedSlices(tf.math.unsorted_segment_sum(grad.values, index, tf.size(keys)), keys)
+
+
 def _clipped(optimizer, grad, variable):
     """Keras's clipnorm or clipvalue (the optimizer's own `_clip_gradients`)
   of an Embedding Variable's gradient, on its rows summed by key: what Keras
   clips of a dense variable's gradient, whose other rows are zeros."""
-    keys, index = tf.unique(tf.cast(grad.indices, variable.key_dtype))
-    rows = tf.math.unsorted_segment_sum(grad.values, index, tf.size(keys))
-    return tf.IndexedSlices(optimizer._clip_gradients([rows])[0], keys)  # pylint: disable=protected-access
+    summed = _summed_by_key(grad, variable)
+    return tf.IndexedSlices(optimizer._clip_gradients([summed.values])[0], summed.indices)  # pylint: disable=protected-access
+
+
+def _scaled(grad, scale):
+    if grad is None:
+        return None
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values * tf.cast(scale, grad.values.dtype), grad.indices,
+                                grad.dense_shape)
+    return grad * tf.cast(scale, grad.dtype)
+
+
+def _clipped_by_global_norm(optimizer, tables, dense):
+    """Keras's `global_clipnorm` over the whole step: every gradient scaled
+  by clip / max(norm, clip) (NaN when the norm is not finite), the norm that
+  of the dense gradients and of each table's rows summed by key (what its
+  dense gradient holds), the tables' part summed over the workers (each
+  holds the shard it owns). Returns (tables, dense), clipped."""
+    clip = tf.cast(optimizer.global_clipnorm, tf.float32)
+    tables = [(_summed_by_key(g, v), v) for g, v in tables]
+    table_squares = [tf.reduce_sum(tf.square(g.values)) for g, _ in tables]
+    squares = [tf.reduce_sum(tf.square(tf.convert_to_tensor(g))) for g, _ in dense if g is not None]
+    if table_squares:
+        tables_total = tf.add_n(table_squares)
+        if communication.world_size() > 1:
+            import horovod.tensorflow as hvd  # pylint: disable=import-outside-toplevel
+            tables_total = hvd.allreduce(tables_total, op=hvd.Sum, name="sok_ev_keras_global_norm")
+        squares.append(tables_total)
+    norm = tf.sqrt(tf.reduce_sum(tf.stack(squares)))
+    # Keras's formula (keras.optimizers clip_by_global_norm).
+    scale = clip * tf.minimum(1.0 / norm, 1.0 / clip) + (norm - norm)
+    return ([(_scaled(g, scale), v) for g, v in tables], [(_scaled(g, scale), v) for g, v in dense])
 
 
 def _weight_decay(optimizer, tables, lr):
@@ -553,12 +591,20 @@ def _apply(optimizer, pairs, apply_dense):
     tables = [(g, v) for g, v in tables if g is not None]
     if not tables and all(g is None for g, _ in dense):
         raise ValueError("No gradients provided for any variable.")
+    global_clip = getattr(optimizer, "global_clipnorm", None)
+    if global_clip:
+        tables, dense = _clipped_by_global_norm(optimizer, tables, dense)
     with tf.name_scope(optimizer.name):
         updates = _update(optimizer, rule, tables)
     # The updates read `iterations` before Keras increments it once per step.
     with tf.control_dependencies(updates):
         if any(g is not None for g, _ in dense):
-            step = apply_dense(optimizer, [g for g, _ in dense], [v for _, v in dense])
+            try:
+                # The dense gradients are clipped already, by the joint norm.
+                optimizer.global_clipnorm = None
+                step = apply_dense(optimizer, [g for g, _ in dense], [v for _, v in dense])
+            finally:
+                optimizer.global_clipnorm = global_clip
         else:
             step = optimizer.iterations.assign_add(1)
     return list(updates) + [step]

@@ -505,7 +505,6 @@ def test_unsupported_keras_optimizer_raises_listing_the_supported_ones(sok, uniq
 
 @pytest.mark.parametrize("setting,make", [
     ("amsgrad", lambda: KERAS.Adam(0.1, amsgrad=True)),
-    ("global_clipnorm", lambda: KERAS.Adam(0.1, global_clipnorm=1.0)),
     ("use_ema", lambda: KERAS.Ftrl(0.1, use_ema=True)),
     ("gradient_accumulation_steps", lambda: KERAS.SGD(0.1, gradient_accumulation_steps=2)),
 ])
@@ -520,16 +519,17 @@ def test_keras_setting_without_a_fused_form_raises_naming_it(sok, unique_name, s
     np.testing.assert_array_equal(rows.numpy(), np.zeros((2, DIM), np.float32))  # unchanged
 
 
-def _loss_scaled_steps(sok, name, make_inner, matrix, batches, upstreams, weights, mode, use_ev):
+def _steps_with_a_weight(sok, name, make_optimizer, matrix, batches, upstreams, weights, mode,
+                         use_ev):
     """Trains rows starting at `matrix` (an Embedding Variable, or the dense
   tf.Variable reference fed the dense gradient) and a dense weight vector
-  `w` with Keras's LossScaleOptimizer around `make_inner()`, through
-  `scale_loss`, as `model.fit` does; loss = sum(lookup * upstream * w).
-  Returns, after every step: the rows, w, the dynamic scale, the step
-  counter and iterations."""
-    opt = KERAS.LossScaleOptimizer(make_inner(), initial_scale=2.0**10, dynamic_growth_steps=2)
+  `w` together with `make_optimizer()`; loss = sum(lookup * upstream * w),
+  scaled by a LossScaleOptimizer's `scale_loss` as `model.fit` does.
+  Returns, after every step: the rows, w and the optimizer."""
+    opt = make_optimizer()
     table = ref.matrix_ev(sok, name, matrix) if use_ev else tf.Variable(matrix)
     w = tf.Variable(weights)
+    scale_loss = getattr(opt, "scale_loss", lambda loss: loss)
 
     def step(indices, keys, shape, upstream):
         with tf.GradientTape() as tape:
@@ -539,21 +539,33 @@ def _loss_scaled_steps(sok, name, make_inner, matrix, batches, upstreams, weight
             else:  # trailing empty samples dropped by TensorFlow: zeros
                 out = tf.nn.embedding_lookup_sparse(table, batch, None, combiner="sum")
                 out = tf.pad(out, [[0, shape[0] - tf.shape(out, out_type=tf.int64)[0]], [0, 0]])
-            loss = opt.scale_loss(tf.reduce_sum(out * upstream * w))
+            loss = scale_loss(tf.reduce_sum(out * upstream * w))
         grad, w_grad = tape.gradient(loss, [table, w])
         if not use_ev:
             grad = tf.convert_to_tensor(grad)
         opt.apply_gradients([(grad, table), (w_grad, w)])
 
     step = tf.function(step) if mode == "tf_function" else step
-    history = []
     for batch, upstream in zip(batches, upstreams):
         step(batch.indices, batch.keys, np.array(batch.dense_shape, np.int64), upstream)
         rows = (ref.export_to_dict(
             *[t.numpy() for t in table.export()]) if use_ev else table.numpy().copy())
-        history.append((rows, w.numpy().copy(), float(opt.dynamic_scale), int(opt.step_counter),
-                        int(opt.iterations)))
-    return history
+        yield rows, w.numpy().copy(), opt
+
+
+def _assert_steps_alike(got, expected, batches, state=lambda opt: ()):
+    """The Embedding Variable's rows, w and state(optimizer) equal the dense
+  reference's after every step (rows of the keys seen so far)."""
+    seen = set()
+    for t, ((rows, w, opt), (dense, dense_w, dense_opt),
+            batch) in enumerate(zip(got, expected, batches)):
+        seen |= set(int(k) for k in batch.keys)
+        ref.assert_rows_close(rows, {k: dense[k] for k in seen},
+                              rtol=1e-6,
+                              atol=1e-7,
+                              what=f"step {t + 1}")
+        np.testing.assert_allclose(w, dense_w, rtol=1e-6, atol=1e-7, err_msg=f"step {t + 1}")
+        assert state(opt) == state(dense_opt), f"step {t + 1}"
 
 
 @pytest.mark.parametrize("mode", ["eager", "tf_function"])
@@ -571,28 +583,50 @@ def test_loss_scale_optimizer_trains_an_ev_like_a_dense_variable_and_skips_non_f
     upstreams = _upstreams(rng, batches)
     upstreams[2][0, 0] = np.inf
     weights = rng.normal(size=DIM).astype(np.float32)
-    args = (sok, unique_name(), DENSE_EQUIVALENT[inner], matrix, batches, upstreams, weights, mode)
-    got = _loss_scaled_steps(*args, use_ev=True)
-    expected = _loss_scaled_steps(*args, use_ev=False)
-    scales = [h[2] for h in expected]
-    assert scales == [2.0**10, 2.0**11, 2.0**10, 2.0**10, 2.0**11, 2.0**11]
-    assert [h[4] for h in expected] == [1, 2, 2, 3, 4, 5]
-    seen = set()
-    for t, ((rows, w, scale, counter, iterations), (dense, dense_w, *state),
-            batch) in enumerate(zip(got, expected, batches)):
-        seen |= set(int(k) for k in batch.keys)
-        ref.assert_rows_close(rows, {k: dense[k] for k in seen},
-                              rtol=1e-6,
-                              atol=1e-7,
-                              what=f"step {t + 1}")
-        np.testing.assert_allclose(w, dense_w, rtol=1e-6, atol=1e-7)
-        assert [scale, counter, iterations] == state, f"step {t + 1}"
+    make = lambda: KERAS.LossScaleOptimizer(
+        DENSE_EQUIVALENT[inner](), initial_scale=2.0**10, dynamic_growth_steps=2)
+    args = (sok, unique_name(), make, matrix, batches, upstreams, weights, mode)
+    state = lambda opt: (float(opt.dynamic_scale), int(opt.step_counter), int(opt.iterations))
+    got = [(rows, w, state(opt)) for rows, w, opt in _steps_with_a_weight(*args, use_ev=True)]
+    expected = [(rows, w, state(opt)) for rows, w, opt in _steps_with_a_weight(*args, use_ev=False)]
+    assert [s[0] for _, _, s in expected] == [2.0**10, 2.0**11, 2.0**10, 2.0**10, 2.0**11, 2.0**11]
+    assert [s[2] for _, _, s in expected] == [1, 2, 2, 3, 4, 5]
+    _assert_steps_alike(got, expected, batches, state=lambda recorded: recorded)
     # The skipped step left every row as the step before it; its lookup's
     # new keys hold their initial rows.
-    (skipped, skipped_w, *_), (before, before_w, *_) = got[2], got[1]
+    (skipped, skipped_w, _), (before, before_w, _) = got[2], got[1]
     np.testing.assert_array_equal(skipped_w, before_w)
     for key, row in skipped.items():
         np.testing.assert_array_equal(row, before[key] if key in before else matrix[key])
+
+
+@pytest.mark.parametrize("mode", ["eager", "tf_function"])
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
+def test_keras_global_clipnorm_clips_an_ev_and_dense_weights_by_their_joint_norm(
+        sok, rng, unique_name, mode, optimizer):
+    """global_clipnorm scales the table's gradient (its rows summed by key)
+  and the dense weight's by Keras's factor for their joint norm, as Keras
+  does for a dense table: the clip is small enough to act on every step."""
+    matrix = ref.random_matrix(rng, N_ROWS, DIM)
+    batches = _batches(rng)
+    upstreams = _upstreams(rng, batches)
+    weights = rng.normal(size=DIM).astype(np.float32)
+    make = lambda: {
+        "sgd": KERAS.SGD(0.3, global_clipnorm=0.5),
+        "adagrad": KERAS.Adagrad(0.2, global_clipnorm=0.5)
+    }[optimizer]
+    args = (sok, unique_name(), make, matrix, batches, upstreams, weights, mode)
+    got = [(rows, w, None) for rows, w, _ in _steps_with_a_weight(*args, use_ev=True)]
+    expected = [(rows, w, None) for rows, w, _ in _steps_with_a_weight(*args, use_ev=False)]
+    _assert_steps_alike(got, expected, batches)
+    # Clipping acted: without it the rows differ.
+    unclipped = lambda: {"sgd": KERAS.SGD(0.3), "adagrad": KERAS.Adagrad(0.2)}[optimizer]
+    free = [
+        rows for rows, _, _ in _steps_with_a_weight(sok, unique_name(), unclipped, matrix, batches,
+                                                    upstreams, weights, mode, True)
+    ]
+    key = int(batches[0].keys[0])
+    assert not np.allclose(free[-1][key], got[-1][0][key])
 
 
 def test_loss_scale_optimizer_refuses_an_unsupported_inner_optimizer_before_anything_changes(

@@ -15,9 +15,12 @@ Each rank also fits, alone, the reference: the same model on
 keras.layers.Embedding holding the same rows, on the whole global batches
 (what one worker does).
 
-With Keras 3, every rank then does both again with Keras's
-LossScaleOptimizer around the Adagrad (what compile uses under a
-mixed_float16 policy): prefixes sok_loss_scaled/ and twin_loss_scaled/.
+Every rank then does both again with the Adagrad's global_clipnorm set
+(small enough to clip every step: the tables' and the head's gradients by
+their joint norm), prefixes sok_global_clipnorm/ and twin_global_clipnorm/;
+and, with Keras 3, with Keras's LossScaleOptimizer around the Adagrad (what
+compile uses under a mixed_float16 policy): sok_loss_scaled/ and
+twin_loss_scaled/.
 
 Results (rank<r>.npz), per callback step t:
   sok/<t>/keys, sok/<t>/rows   this rank's shard of the table;
@@ -116,25 +119,28 @@ def main():
     # Rank 1 starts elsewhere: the broadcast must undo it.
     start_kernel, start_bias = kernel + RANK, np.full([1], 0.5 * RANK, np.float32)
     results["initial_kernel"] = start_kernel
-    layer = twins.sok_layer(sok_ev, matrix, "mean", name="item")
-    model = model_of(layer, start_kernel, start_bias)
-    fit_both(matrix, kernel, start_kernel, start_bias, batches, mine, "", lambda o: o, results)
+
+    def run(suffix, make):
+        fit_both(matrix, kernel, start_kernel, start_bias, batches, mine, suffix, make, results)
+
+    run("", twins.OPTIMIZERS["adagrad"])
+    run(
+        "_global_clipnorm", lambda: tf.keras.optimizers.Adagrad(
+            0.3, initial_accumulator_value=0.2, global_clipnorm=0.05))
     if hasattr(tf.keras.optimizers, "LossScaleOptimizer"):  # Keras 3
-        loss_scaled = lambda o: tf.keras.optimizers.LossScaleOptimizer(
-            o, initial_scale=2.0**12, dynamic_growth_steps=2)
-        fit_both(matrix, kernel, start_kernel, start_bias, batches, mine, "_loss_scaled",
-                 loss_scaled, results)
+        run(
+            "_loss_scaled", lambda: tf.keras.optimizers.LossScaleOptimizer(
+                twins.OPTIMIZERS["adagrad"](), initial_scale=2.0**12, dynamic_growth_steps=2))
     np.savez(f"{out}/rank{RANK}.npz", **results)
 
 
-def fit_both(matrix, kernel, start_kernel, start_bias, batches, mine, suffix, wrap, results):
+def fit_both(matrix, kernel, start_kernel, start_bias, batches, mine, suffix, make, results):
     """This rank's data-parallel fit of its share and the one-worker
-  reference's fit of the global batches, each with wrap(Adagrad), recorded
-  under sok<suffix>/ and twin<suffix>/."""
+  reference's fit of the global batches, each with make(), recorded under
+  sok<suffix>/ and twin<suffix>/."""
     layer = twins.sok_layer(sok_ev, matrix, "mean", name="item" + suffix)
     model = model_of(layer, start_kernel, start_bias)
-    model.compile(optimizer=sok_ev.keras.DistributedOptimizer(wrap(twins.OPTIMIZERS["adagrad"]())),
-                  loss="mse")
+    model.compile(optimizer=sok_ev.keras.DistributedOptimizer(make()), loss="mse")
 
     def shard():
         keys, rows = (t.numpy() for t in layer.embedding_variable.export())
@@ -150,7 +156,7 @@ def fit_both(matrix, kernel, start_kernel, start_bias, batches, mine, suffix, wr
 
     twin = twins.DenseTwin(matrix, "mean")
     reference = model_of(twin, kernel, np.zeros([1], np.float32))
-    reference.compile(optimizer=wrap(twins.OPTIMIZERS["adagrad"]()), loss="mse")
+    reference.compile(optimizer=make(), loss="mse")
     reference.fit(dataset(batches),
                   verbose=0,
                   callbacks=[Record("twin" + suffix, lambda: {"rows": twin.rows()}, results)])

@@ -64,6 +64,20 @@ def test_two_worker_fit_equals_one_worker_on_the_global_batch_step_for_step(laun
     assert not np.allclose(results[0][f"twin/{last}/rows"], results[0]["twin/0/rows"])
 
 
+def _assert_fit_equals_one_worker(results, variant):
+    for t in _steps(results):
+        harness.assert_shards_equal_twin_rows(results, t, WORKERS, f"sok_{variant}",
+                                              f"twin_{variant}")
+        for r in range(WORKERS):
+            for field in ("kernel", "bias"):
+                np.testing.assert_allclose(results[r][f"sok_{variant}/{t}/{field}"],
+                                           results[0][f"twin_{variant}/{t}/{field}"],
+                                           rtol=2e-5,
+                                           atol=2e-6,
+                                           err_msg=f"rank {r} step {t}: {field}")
+            assert int(results[r][f"sok_{variant}/{t}/iterations"]) == t + 1
+
+
 def test_two_worker_fit_with_a_loss_scale_optimizer_equals_one_worker_step_for_step(launch):
     """Keras 3's LossScaleOptimizer around the data-parallel Adagrad: the
   workers agree on every step's finite check and scale, and train as one
@@ -72,17 +86,16 @@ def test_two_worker_fit_with_a_loss_scale_optimizer_equals_one_worker_step_for_s
     if keras != "keras3":
         assert not any(k.startswith("sok_loss_scaled/") for k in results[0])
         return
-    for t in _steps(results):
-        harness.assert_shards_equal_twin_rows(results, t, WORKERS, "sok_loss_scaled",
-                                              "twin_loss_scaled")
-        for r in range(WORKERS):
-            for field in ("kernel", "bias"):
-                np.testing.assert_allclose(results[r][f"sok_loss_scaled/{t}/{field}"],
-                                           results[0][f"twin_loss_scaled/{t}/{field}"],
-                                           rtol=2e-5,
-                                           atol=2e-6,
-                                           err_msg=f"rank {r} step {t}: {field}")
-            assert int(results[r][f"sok_loss_scaled/{t}/iterations"]) == t + 1
+    _assert_fit_equals_one_worker(results, "loss_scaled")
+
+
+def test_two_worker_fit_with_global_clipnorm_equals_one_worker_step_for_step(launch):
+    """global_clipnorm on the data-parallel Adagrad: every worker scales by
+  the joint norm of the head's averaged gradient and of the whole table's
+  (its shards' parts summed over the workers), as one worker on the global
+  batch does."""
+    _, results = launch
+    _assert_fit_equals_one_worker(results, "global_clipnorm")
 
 
 def test_every_worker_holds_a_shard_of_the_table(launch):
