@@ -74,17 +74,15 @@ applied, `iterations` stays and the scale halves. A table's gradient holds
 only its looked-up rows, so those are what is checked and unscaled. With
 several workers the finite check is agreed over all of them (the minimum),
 so that every worker skips the same steps: a table's gradient is split
-between its owners.
+between its owners. tf_keras's (`tf.keras.mixed_precision.
+LossScaleOptimizer` under TF_USE_LEGACY_KERAS=1) takes them with its own
+rules: gradients arrive unscaled, and a skipped step counts in `iterations`.
 
 Refused with a ValueError naming the setting (they have no fused form yet):
 use_ema, gradient_accumulation_steps and loss_scale_factor when an Embedding
-Variable is among the variables. tf_keras's loss-scale optimizer
-(`tf.keras.mixed_precision.LossScaleOptimizer` under TF_USE_LEGACY_KERAS=1)
-overrides `apply_gradients` and unscales in its dense path, so the hook also
-wraps it, to raise a ValueError when an Embedding Variable is among the
-variables; dense-only use is untouched. Any other Keras optimizer
-(subclasses included: they may change the arithmetic) raises a TypeError
-listing the supported ones.
+Variable is among the variables. Any other Keras optimizer (subclasses
+included: they may change the arithmetic) raises a TypeError listing the
+supported ones.
 """
 
 import dataclasses
@@ -480,19 +478,37 @@ def _loss_scaled_apply(optimizer, pairs):
     return [optimizer.iterations]
 
 
-def _refuse_loss_scaling(optimizer, variable):
-    """Raises ValueError: tf_keras's LossScaleOptimizer cannot update
-  Embedding Variables."""
-    # tf_keras's loss-scale optimizer has no name of its own.
-    name = getattr(optimizer, "name", None)
-    described = type(optimizer).__name__ + (f"(name={name!r})" if name is not None else "")
-    raise ValueError(
-        f"{described} cannot update Embedding Variable '{variable.name}': tf_keras's "
-        "LossScaleOptimizer unscales and checks gradients in its dense path. Use Keras 3's "
-        "tf.keras.optimizers.LossScaleOptimizer (without TF_USE_LEGACY_KERAS), or keep "
-        "Embedding Variables out of the LossScaleOptimizer: give it only the dense variables, "
-        "and apply the Embedding Variables' gradients (unscaled: divided by its loss scale) "
-        f"with a separate optimizer ({', '.join(supported_optimizers())}).")
+def _legacy_loss_scaled_apply(optimizer, pairs):
+    """tf_keras LossScaleOptimizerV3's `apply_gradients` on `pairs`,
+  Embedding Variables among them. Its gradients arrive unscaled
+  (`get_unscaled_gradients`, as its `minimize` and `fit` do); its dynamic
+  loss scale is updated from one scalar, finite when every gradient is
+  (the tables' by their rows; agreed over the workers), and the inner
+  optimizer's step runs through `_apply` when it says so; a skipped step
+  still counts in `iterations`, tf_keras's rule. Built on the dense
+  variables only."""
+    with tf.init_scope():
+        optimizer.build([v for _, v in pairs if not isinstance(v, EmbeddingVariable)])
+    inner = optimizer.inner_optimizer
+    should_apply = True
+    if optimizer.dynamic:
+        finite = _all_finite([g for g, _ in pairs])
+        signal = tf.where(finite, tf.constant(0.0), tf.constant(float("inf")))
+        _, should_apply = optimizer._loss_scale.update([signal])  # pylint: disable=protected-access
+
+    def apply():
+        ops = [
+            op for op in _apply(inner, pairs, _default_apply_dense(type(inner))) if op is not None
+        ]
+        with tf.control_dependencies(ops):
+            return tf.no_op()
+
+    def skip():
+        inner.iterations.assign_add(1, read_value=False)
+        return tf.no_op()
+
+    tf.__internal__.smart_cond.smart_cond(should_apply, apply, skip)
+    return [optimizer.iterations]
 
 
 def legacy_keras() -> bool:
@@ -583,9 +599,9 @@ def _apply(optimizer, pairs, apply_dense):
     if not tables:
         return [apply_dense(optimizer, [g for g, _ in dense], [v for _, v in dense])]
     if _is_loss_scale_optimizer(optimizer):
-        if legacy_keras():
-            _refuse_loss_scaling(optimizer, tables[0][1])
         _rule_for(optimizer.inner_optimizer, tables[0][1])  # refuses before anything changes
+        if legacy_keras():
+            return _legacy_loss_scaled_apply(optimizer, pairs)
         return _loss_scaled_apply(optimizer, pairs)
     rule = _rule_for(optimizer, tables[0][1])
     tables = [(g, v) for g, v in tables if g is not None]
@@ -629,9 +645,8 @@ def apply_gradients(optimizer, grads_and_vars: Sequence, apply_dense=None):
   Raises:
     TypeError: an unsupported optimizer, or a dense gradient for an
       Embedding Variable.
-    ValueError: an unsupported setting, tf_keras's LossScaleOptimizer,
-      another live optimizer using the same slot columns, or no gradient
-      at all.
+    ValueError: an unsupported setting, another live optimizer using the
+      same slot columns, or no gradient at all.
   """
     _apply(optimizer, list(grads_and_vars), apply_dense or _default_apply_dense(type(optimizer)))
     return optimizer.iterations
@@ -703,48 +718,19 @@ def _hooked_apply_gradients(original):
     return apply_gradients_
 
 
-def _refusing(original, update_argument):
-    """A loss-scale optimizer's update method that raises ValueError before
-  Keras builds or checks anything when an Embedding Variable is among the
-  variables. `update_argument(args, kwargs)` returns the call's arguments
-  (iterators made lists) and the variables among them."""
-
-    @tf.autograph.experimental.do_not_convert
-    def refuse(self, *args, **kwargs):
-        args, kwargs, variables = update_argument(args, kwargs)
-        for variable in variables:
-            if isinstance(variable, EmbeddingVariable):
-                _refuse_loss_scaling(self, variable)
-        return original(self, *args, **kwargs)
-
-    return refuse
-
-
-def _apply_gradients_arguments(args, kwargs):
-    """tf_keras `apply_gradients(grads_and_vars, ...)`."""
-    if args:
-        args = (list(args[0]),) + tuple(args[1:])
-        pairs = args[0]
-    else:
-        kwargs = dict(kwargs, grads_and_vars=list(kwargs["grads_and_vars"]))
-        pairs = kwargs["grads_and_vars"]
-    return args, kwargs, [v for _, v in pairs]
-
-
 def install_keras_optimizer_hook() -> None:
     """Lets `tf.keras.optimizers` update Embedding Variables (see the module
   docstring): wraps Keras 3's `Optimizer.apply`, or tf_keras's
   `Optimizer.apply_gradients` under TF_USE_LEGACY_KERAS=1, and the
-  loss-scale optimizer's override of it (Keras 3: to take Embedding
-  Variables; tf_keras: to refuse them); variables that are not Embedding
+  loss-scale optimizer's override of it; variables that are not Embedding
   Variables go through Keras's original code. Idempotent."""
     if _originals:
         return
     if legacy_keras():
         _patch(tf.keras.optimizers.Optimizer, "apply_gradients", _hooked_apply_gradients)
+        # tf_keras's LossScaleOptimizerV3 overrides apply_gradients: hooked too.
         for cls in _loss_scale_optimizer_classes():
-            _patch(cls, "apply_gradients",
-                   lambda original: _refusing(original, _apply_gradients_arguments))
+            _patch(cls, "apply_gradients", _hooked_apply_gradients)
         return
     _patch(tf.keras.optimizers.Optimizer, "apply", _hooked_apply)
     # LossScaleOptimizer overrides apply: its own hook, taking tables.

@@ -40,6 +40,8 @@ KERAS = tf.keras.optimizers
 # its dense RMSprop decays their velocity).
 OPTIMIZERS = {
     "sgd": (lambda: KERAS.SGD(0.3), STEPS),
+    # tf_keras's loss scaling around it (gradients given unscaled, as it expects).
+    "sgd_loss_scaled": (lambda: tf.keras.mixed_precision.LossScaleOptimizer(KERAS.SGD(0.3)), STEPS),
     # Clipped on every step by the joint norm of the table's and kernel's gradients.
     "sgd_global_clipnorm": (lambda: KERAS.SGD(0.3, global_clipnorm=0.05), STEPS),
     "adagrad": (lambda: KERAS.Adagrad(0.2, initial_accumulator_value=0.3), STEPS),
@@ -78,20 +80,40 @@ def _refusal(make_call):
 def _refusals(matrix):
     ev = ref.matrix_ev(sok_ev, "refused", matrix)
     grad = tf.IndexedSlices(tf.ones([1, DIM]), tf.constant([3], tf.int64))
-    loss_scale = tf.keras.mixed_precision.LossScaleOptimizer(KERAS.SGD(0.1))
-    dense = tf.Variable(np.ones((2, DIM), np.float32))
-    # Dense-only use of the loss-scale optimizer stays tf_keras's own.
-    loss_scale.apply_gradients([(tf.ones((2, DIM)), dense)])
     return {
-        "loss_scale":
-            _refusal(lambda: loss_scale.apply_gradients([(grad, ev)])),
-        "loss_scale_dense_value":
-            float(dense.numpy()[0, 0]),
         "adaptive_epsilon":
             _refusal(lambda: KERAS.Adam(0.1, adaptive_epsilon=True).apply_gradients([(grad, ev)])),
         "rows_after_refusals":
             ev.export()[0].numpy().tolist(),
     }
+
+
+def _loss_scale_skips(matrix):
+    """tf_keras's LossScaleOptimizer on an Embedding Variable and a dense
+  variable, then on a dense variable alone (the reference), both given an
+  infinite gradient, then a finite one: what each holds after each step."""
+    facts = {}
+    for name, with_table in (("loss_scale_ev", True), ("loss_scale_dense", False)):
+        optimizer = tf.keras.mixed_precision.LossScaleOptimizer(KERAS.SGD(0.5),
+                                                                initial_scale=2.0**8)
+        dense = tf.Variable(np.ones((2, DIM), np.float32))
+        ev = ref.matrix_ev(sok_ev, name, matrix)
+        steps = []
+        for value in (np.inf, 1.0):
+            pairs = [(tf.fill((2, DIM), value), dense)]
+            if with_table:
+                pairs.append((tf.IndexedSlices(tf.fill((1, DIM), value),
+                                               tf.constant([3], tf.int64)), ev))
+            optimizer.apply_gradients(pairs)
+            steps.append({
+                "iterations": int(optimizer.iterations.numpy()),
+                "loss_scale": float(optimizer.loss_scale.numpy()),
+                "dense": float(dense.numpy()[0, 0]),
+                "row": ev.sparse_read(tf.constant([3], tf.int64)).numpy()[0].tolist(),
+            })
+        facts[name] = steps
+    facts["matrix_row_3"] = matrix[3].tolist()
+    return facts
 
 
 def _record(out, prefix, step, ev_rows, kernel):
@@ -190,6 +212,7 @@ def main(path, seed):
         _train_graph(out, name, matrix, kernel, batches, upstreams)
         _train_graph(out, name, matrix, kernel, batches, upstreams, dense_reference=True)
     facts.update(_refusals(matrix))
+    facts.update(_loss_scale_skips(matrix))
     out["matrix"] = matrix
     for t, b in enumerate(batches):
         out[f"batch_keys/{t}"] = b.keys.astype(np.int64)

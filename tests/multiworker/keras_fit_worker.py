@@ -18,9 +18,9 @@ keras.layers.Embedding holding the same rows, on the whole global batches
 Every rank then does both again with the Adagrad's global_clipnorm set
 (small enough to clip every step: the tables' and the head's gradients by
 their joint norm), prefixes sok_global_clipnorm/ and twin_global_clipnorm/;
-and, with Keras 3, with Keras's LossScaleOptimizer around the Adagrad (what
-compile uses under a mixed_float16 policy): sok_loss_scaled/ and
-twin_loss_scaled/.
+and with the LossScaleOptimizer around the Adagrad (Keras 3's, or tf_keras's
+mixed_precision one: what compile uses under a mixed_float16 policy):
+sok_loss_scaled/ and twin_loss_scaled/.
 
 Results (rank<r>.npz), per callback step t:
   sok/<t>/keys, sok/<t>/rows   this rank's shard of the table;
@@ -130,6 +130,10 @@ def main():
     if hasattr(tf.keras.optimizers, "LossScaleOptimizer"):  # Keras 3
         run(
             "_loss_scaled", lambda: tf.keras.optimizers.LossScaleOptimizer(
+                twins.OPTIMIZERS["adagrad"](), initial_scale=2.0**12, dynamic_growth_steps=2))
+    else:  # tf_keras
+        run(
+            "_loss_scaled", lambda: tf.keras.mixed_precision.LossScaleOptimizer(
                 twins.OPTIMIZERS["adagrad"](), initial_scale=2.0**12, dynamic_growth_steps=2))
     np.savez(f"{out}/rank{RANK}.npz", **results)
 

@@ -8,8 +8,9 @@ every sample. After each step the union of the workers' shards must equal
 its table (each key on one worker only), and every worker's dense head must
 equal its head: the dense gradients were averaged, the tables' gradients
 summed at their owners and divided by the worker count. Rank 1 starts from
-another head: the broadcast gives it rank 0's before the first step. With
-Keras 3 the same again with Keras's LossScaleOptimizer around the Adagrad.
+another head: the broadcast gives it rank 0's before the first step. Then
+the same again with global_clipnorm, and with the LossScaleOptimizer around
+the Adagrad.
 Launched over Gloo on CPUs, over NCCL in GPU mode (harness.GPUS).
 """
 import os
@@ -79,13 +80,10 @@ def _assert_fit_equals_one_worker(results, variant):
 
 
 def test_two_worker_fit_with_a_loss_scale_optimizer_equals_one_worker_step_for_step(launch):
-    """Keras 3's LossScaleOptimizer around the data-parallel Adagrad: the
-  workers agree on every step's finite check and scale, and train as one
-  worker on the global batch (tf_keras refuses it with a table)."""
-    keras, results = launch
-    if keras != "keras3":
-        assert not any(k.startswith("sok_loss_scaled/") for k in results[0])
-        return
+    """The LossScaleOptimizer (Keras 3's, tf_keras's) around the
+  data-parallel Adagrad: the workers agree on every step's finite check and
+  scale, and train as one worker on the global batch."""
+    _, results = launch
     _assert_fit_equals_one_worker(results, "loss_scaled")
 
 
