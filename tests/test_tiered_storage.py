@@ -730,13 +730,16 @@ def test_an_incremental_checkpoint_of_a_tiered_table_restores_the_full_state(sok
 
 
 @needs_gpu
-def test_a_thousand_steps_keep_gpu_memory_flat(sok, rng, unique_name):
+def test_a_thousand_steps_keep_gpu_and_host_memory_flat(sok, rng, unique_name):
+    """Rows cross both ways every step; between steps 200 and 1,000 neither
+  the GPU memory TensorFlow's allocator holds nor the process's resident
+  host memory (the host tier, its pinned staging) grows."""
     tiered = sok.get_embedding_variable(unique_name(),
                                         embedding_dim=DIM,
                                         ev_option=hbm_dram(sok, budget_of_rows(64, slots=1)))
     batches = _draw_batches(rng, 50, 64, 4000, np.int64)
     optimizer = V1.AdagradOptimizer(0.1)
-    memory = []
+    memory, resident = [], []
     for step in range(1000):
         ids = _ragged(batches[step % len(batches)])
         with tf.GradientTape() as tape:
@@ -744,4 +747,9 @@ def test_a_thousand_steps_keep_gpu_memory_flat(sok, rng, unique_name):
         optimizer.apply_gradients([(tape.gradient(loss, tiered), tiered)])
         if step in (199, 999):
             memory.append(tf.config.experimental.get_memory_info("GPU:0")["current"])
+            with open("/proc/self/status") as status:
+                resident.append(
+                    [int(l.split()[1]) * 1024 for l in status if l.startswith("VmRSS:")][0])
+    assert tiered.tier_counters()["rows_to_host"] > 1000
     assert memory[1] <= memory[0] * 1.05 + (1 << 20), memory
+    assert resident[1] <= resident[0] * 1.05 + (16 << 20), resident
