@@ -541,60 +541,74 @@ Status TieredTable<Key>::write_back_and_bring_in(const GpuContext& context,
     Staging& staging = *table.staging_;
     const int64_t count = std::min<int64_t>(move.chosen, static_cast<int64_t>(*staging.listed));
     const CpuContext& host = host_threads(context);
+    // On failure the rows stay in HBM only: none of these keys was in the
+    // host tier before, so what was written there is removed again; the
+    // table's absent keys are not brought in (HBM has no room for them).
+    auto undo = [&](const Status& failed) {
+      table.host_->erase(host, staging.out.keys(), count);
+      if (first_error.ok()) first_error = failed;
+      move.status = failed;
+      move.absent.clear();
+    };
     Status written =
         table.host_->insert_or_assign(host, staging.out.keys(), count, staging.out.rows(),
                                       staging.out.frequencies(), staging.out.versions());
     if (!written.ok()) {
-      // None of these keys was in the host tier before: remove what was
-      // written, so both tiers are as they were; the table's absent keys
-      // are not brought in either (HBM has no room for them).
-      table.host_->erase(host, staging.out.keys(), count);
       if (written.code == Status::Code::kResourceExhausted) {
         written.message = "host memory tier of HBM_DRAM storage: " + written.message;
       }
-      if (first_error.ok()) first_error = written;
-      move.status = written;
-      move.absent.clear();
+      undo(written);
       continue;
     }
-    SOK_EV_RETURN_IF_ERROR(
-        table.hbm_->erase(context, move.victim_keys->template as<Key>(), count, nullptr));
+    const Status erased =
+        table.hbm_->erase(context, move.victim_keys->template as<Key>(), count, nullptr);
+    if (!erased.ok()) {
+      undo(erased);
+      continue;
+    }
     table.counters_.rows_to_host += count;
     table.counters_.pcie_bytes += count * static_cast<int64_t>(table.row_width() * sizeof(float) +
                                                                2 * sizeof(int64_t) + sizeof(Key)) +
                                   static_cast<int64_t>(sizeof(unsigned long long));
   }
-  std::vector<std::unique_ptr<ScratchBuffer>> arriving;
-  for (Move& move : moves) {
+  // A table whose rows cannot come in keeps them in the host tier; the
+  // others' arrive, and leave the host tier once HBM holds them.
+  std::vector<std::unique_ptr<ScratchBuffer>> arriving(moves.size());
+  for (size_t t = 0; t < moves.size(); ++t) {
+    Move& move = moves[t];
     const int64_t n = static_cast<int64_t>(move.absent.size());
     if (n == 0) continue;
     const TieredTable& table = *move.table;
     const PinnedRows<Key>& in = table.staging_->in;
     const int64_t width = table.row_width();
-    const size_t row_bytes = width * sizeof(float);
-    std::unique_ptr<ScratchBuffer> buffer(
-        new ScratchBuffer(context, n * (row_bytes + 2 * sizeof(int64_t) + sizeof(Key))));
-    if (!buffer->ok()) {
-      return out_of_device_memory(table.name_, "rows brought in from host memory",
-                                  n * (row_bytes + 2 * sizeof(int64_t) + sizeof(Key)));
+    const size_t bytes = n * (width * sizeof(float) + 2 * sizeof(int64_t) + sizeof(Key));
+    std::unique_ptr<ScratchBuffer> buffer(new ScratchBuffer(context, bytes));
+    Status arrived =
+        buffer->ok() ? Status::Ok()
+                     : out_of_device_memory(table.name_, "rows brought in from host memory", bytes);
+    if (arrived.ok()) {
+      float* rows = buffer->as<float>();
+      int64_t* frequencies = reinterpret_cast<int64_t*>(rows + n * width);
+      int64_t* versions = frequencies + n;
+      Key* keys = reinterpret_cast<Key*>(versions + n);
+      SOK_EV_RETURN_IF_ERROR(to_device(context, in.keys(), n, keys));
+      SOK_EV_RETURN_IF_ERROR(to_device(context, in.rows(), n * width, rows));
+      SOK_EV_RETURN_IF_ERROR(to_device(context, in.frequencies(), n, frequencies));
+      SOK_EV_RETURN_IF_ERROR(to_device(context, in.versions(), n, versions));
+      arrived = table.hbm_->insert_or_assign(context, keys, n, rows, frequencies, versions);
     }
-    float* rows = buffer->as<float>();
-    int64_t* frequencies = reinterpret_cast<int64_t*>(rows + n * width);
-    int64_t* versions = frequencies + n;
-    Key* keys = reinterpret_cast<Key*>(versions + n);
-    SOK_EV_RETURN_IF_ERROR(to_device(context, in.keys(), n, keys));
-    SOK_EV_RETURN_IF_ERROR(to_device(context, in.rows(), n * width, rows));
-    SOK_EV_RETURN_IF_ERROR(to_device(context, in.frequencies(), n, frequencies));
-    SOK_EV_RETURN_IF_ERROR(to_device(context, in.versions(), n, versions));
-    SOK_EV_RETURN_IF_ERROR(
-        table.hbm_->insert_or_assign(context, keys, n, rows, frequencies, versions));
-    arriving.push_back(std::move(buffer));
+    if (!arrived.ok()) {
+      if (first_error.ok()) first_error = arrived;
+      move.status = arrived;
+      continue;
+    }
+    arriving[t] = std::move(buffer);
   }
   SOK_EV_RETURN_IF_ERROR(synchronize(stream));
-  for (Move& move : moves) {
-    const int64_t n = static_cast<int64_t>(move.absent.size());
-    if (n == 0) continue;
-    const TieredTable& table = *move.table;
+  for (size_t t = 0; t < moves.size(); ++t) {
+    if (arriving[t] == nullptr) continue;
+    const int64_t n = static_cast<int64_t>(moves[t].absent.size());
+    const TieredTable& table = *moves[t].table;
     table.host_->erase(host_threads(context), table.staging_->in.keys(), n);
     table.counters_.rows_to_hbm += n;
     table.counters_.pcie_bytes += n * static_cast<int64_t>(table.row_width() * sizeof(float) +

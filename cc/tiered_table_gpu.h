@@ -126,9 +126,10 @@ class TieredTable {
   //   4. The written-back rows inserted in the host tier; HBM's erase of
   //      them and its insert of the rows brought in, queued for every table
   //      (one wait); the rows brought in erased from the host tier.
-  // Tables without a budget are skipped. A table whose host tier refuses
-  // memory is left as it was; the others' moves complete, and the first
-  // error is returned.
+  // Tables without a budget are skipped. A table whose move fails (host
+  // memory refused for the rows written back, device memory for the rows
+  // brought in) keeps every row in exactly one tier, as it was; the others'
+  // moves complete, and the first error is returned.
   static Status make_resident_together(const GpuContext& context,
                                        const std::vector<Residency>& tables);
 
