@@ -289,7 +289,6 @@ struct TieredTable<Key>::Move {
   int64_t evict_count = 0;                     // rows to write back, asked
   int64_t chosen = 0;                          // rows whose choice is queued (<= evict_count)
   std::unique_ptr<ScratchBuffer> victim_keys;  // (chosen,) device, until stage 4
-  Status status;                               // the first failure of this table's move
 };
 
 template <typename Key>
@@ -518,14 +517,12 @@ Status TieredTable<Key>::write_back_and_bring_in(const GpuContext& context,
   Stopwatch stopwatch;
   for (Move& move : moves) {
     if (move.evict_count > 0) {
-      move.status = move.table->queue_write_back(context, move);
-      SOK_EV_RETURN_IF_ERROR(move.status);
+      SOK_EV_RETURN_IF_ERROR(move.table->queue_write_back(context, move));
     }
   }
   for (Move& move : moves) {
     if (move.absent.empty()) continue;
-    move.status = move.table->read_host_rows(context, move);
-    SOK_EV_RETURN_IF_ERROR(move.status);
+    SOK_EV_RETURN_IF_ERROR(move.table->read_host_rows(context, move));
   }
   SOK_EV_RETURN_IF_ERROR(synchronize(stream));
   int64_t stage_us = 0;
@@ -547,7 +544,6 @@ Status TieredTable<Key>::write_back_and_bring_in(const GpuContext& context,
     auto undo = [&](const Status& failed) {
       table.host_->erase(host, staging.out.keys(), count);
       if (first_error.ok()) first_error = failed;
-      move.status = failed;
       move.absent.clear();
     };
     Status written =
@@ -599,7 +595,6 @@ Status TieredTable<Key>::write_back_and_bring_in(const GpuContext& context,
     }
     if (!arrived.ok()) {
       if (first_error.ok()) first_error = arrived;
-      move.status = arrived;
       continue;
     }
     arriving[t] = std::move(buffer);
