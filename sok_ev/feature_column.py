@@ -59,8 +59,8 @@ partitioner=tf.fixed_size_partitioner(N))` makes), key k in part
 column is looked up on its own, also inside a group_embedding_column_scope.
 
 Refused with a ValueError naming the feature: DeepRec columns sok-ev does
-not build (`REFUSED_FEATURES`), `partition_num` > 1 on an adaptive column
-or in a Keras feature layer (`DenseFeatures`), `ckpt_to_load_from`
+not build (`REFUSED_FEATURES`), `partition_num` > 1 on an adaptive column,
+`ckpt_to_load_from`
 on an Embedding Variable column, `max_norm` on a grouped column,
 `is_sequence=True` and dense variables in `group_embedding_lookup_sparse`.
 Flags that only ask for an optimisation (`do_fusion`, `partition_strategy`,
@@ -458,10 +458,12 @@ class EmbeddingVariableColumn(
 
   In `DenseFeatures`, `create_state` makes the Embedding Variable,
   `<layer name>/<column name>/embedding_weights` (a shared column's under its
-  first column's name), and tracks it as an attribute of the layer, so it is
-  in the layer's `trainable_weights` (`non_trainable_weights` if the column
-  or the layer is not trainable) and its checkpoints; shared columns share
-  one Embedding Variable within one layer. `get_dense_tensor` looks it up
+  first column's name; with partition_num N > 1, its N parts
+  `.../embedding_weights/part_<i>`), and tracks it (its parts) as an
+  attribute of the layer, so it is in the layer's `trainable_weights`
+  (`non_trainable_weights` if the column or the layer is not trainable) and
+  its checkpoints; shared columns share one Embedding Variable within one
+  layer. `get_dense_tensor` looks it up
   as `_get_dense_tensor` does (`tf.nn.safe_embedding_lookup_sparse`, which
   sok-ev dispatches to `sok_ev.lookup_sparse`).
   """
@@ -727,12 +729,6 @@ class EmbeddingVariableColumn(
             raise ValueError(f"embedding column '{self.name}': adaptive embedding columns are "
                              "read by input_layer (with adaptive_mask_tensors), not by a Keras "
                              "feature layer.")
-        if self.partitioner is not None:
-            raise ValueError(f"embedding column '{self.name}': partition_num="
-                             f"{self.source.partition_num} gives a partitioned Embedding "
-                             "Variable, which a Keras feature layer (DenseFeatures) does not "
-                             "hold; read the column with tf.feature_column.input_layer, or use "
-                             "partition_num=None.")
         layer = getattr(state_manager, "_layer", None)
         if layer is None:
             raise ValueError(f"embedding column '{self.name}': its Embedding Variable is made "
@@ -755,12 +751,18 @@ class EmbeddingVariableColumn(
                     key_dtype=self.source.key_dtype,
                     initializer=self.initializer,
                     trainable=trainable,
-                    ev_option=self.source.ev_option)
+                    ev_option=self.source.ev_option,
+                    partitioner=self.partitioner)
+            parts = list(variable) if isinstance(variable,
+                                                 PartitionedEmbeddingVariable) else [variable]
             # A table has no regularizer (Keras reads it of every weight).
-            variable.regularizer = None
-            # tf_keras tracks a tf.Variable attribute in the layer's
+            for part in parts:
+                part.regularizer = None
+            # tf_keras tracks a tf.Variable attribute (a list of them: a
+            # partitioned variable's parts) in the layer's
             # (non_)trainable_weights and checkpoints.
-            setattr(layer, _table_attribute(self._var_scope_name), variable)
+            setattr(layer, _table_attribute(self._var_scope_name),
+                    parts if len(parts) > 1 else variable)
             tables[self._var_scope_name] = variable
         state_manager.add_resource(self, "embedding_weights", variable)
         keras_optimizers.install_keras_optimizer_hook()

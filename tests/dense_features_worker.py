@@ -39,7 +39,10 @@ CASES = {
     "sgd_weighted_sqrtn": ("sgd", "sqrtn", "weighted"),
     "adagrad_weighted_mean": ("adagrad", "mean", "weighted"),
     "adagrad_shared_mean": ("adagrad", "mean", "shared"),
+    # DeepRec's partition_num=3: each column's table in 3 parts.
+    "adagrad_partitioned_sum": ("adagrad", "sum", "partitioned"),
 }
+PARTS = 3
 FEATURES = ("C1", "C2")
 
 
@@ -84,9 +87,12 @@ def _columns(kind, combiner, matrix, sok):
     if sok:
         option = sok_ev.EmbeddingVariableOption(init_option=sok_ev.InitializerOption(
             default_value_dim=N_ROWS))
+        parts = PARTS if kind == "partitioned" else None
         cats = [
-            tf.feature_column.categorical_column_with_embedding(k, dtype=tf.int64, ev_option=option)
-            for k in FEATURES
+            tf.feature_column.categorical_column_with_embedding(k,
+                                                                dtype=tf.int64,
+                                                                partition_num=parts,
+                                                                ev_option=option) for k in FEATURES
         ]
     else:
         cats = [tf.feature_column.categorical_column_with_identity(k, N_ROWS) for k in FEATURES]
@@ -152,16 +158,26 @@ def _tables(layer):
 
 
 def _rows(layer, sok):
-    if sok:
-        return np.concatenate(
-            [t.sparse_read(tf.range(N_ROWS, dtype=tf.int64)).numpy() for t in _tables(layer)])
-    return np.concatenate([t.numpy() for t in _tables(layer)])
+    if not sok:
+        return np.concatenate([t.numpy() for t in _tables(layer)])
+    tables = _tables(layer)
+    if len(tables) == len(FEATURES) * PARTS:  # partitioned: key k in part (k mod 1000) mod PARTS
+        keys = tf.range(N_ROWS, dtype=tf.int64)
+        return np.concatenate([
+            np.stack([
+                tables[c * PARTS + k % 1000 % PARTS].sparse_read(keys[k:k + 1]).numpy()[0]
+                for k in range(N_ROWS)
+            ])
+            for c in range(len(FEATURES))
+        ])
+    return np.concatenate(
+        [t.sparse_read(tf.range(N_ROWS, dtype=tf.int64)).numpy() for t in _tables(layer)])
 
 
 def _fit(out, facts, case, rng):
     optimizer, combiner, kind = CASES[case]
     matrix = twins.random_matrix(rng, N_ROWS, DIM)
-    tables = 1 if kind == "shared" else 2
+    tables = {"shared": 1, "partitioned": 2 * PARTS}.get(kind, 2)
     kernel = rng.normal(size=(len(FEATURES) * DIM, 1)).astype(np.float32)
     data = _batches(rng)
     kept = None
@@ -181,20 +197,26 @@ def _fit(out, facts, case, rng):
     return kept
 
 
-def _checkpoint(facts, model, layer, directory):
-    """tf.train.Checkpoint(model=model) saves the tables; a fresh model restores them."""
-    table = _tables(layer)[0]
-    keys, rows = [t.numpy() for t in table.export()[:2]]
-    path = tf.train.Checkpoint(model=model).save(os.path.join(directory, "ckpt"))
+def _checkpoint(facts, model, layer, directory, kind="plain", fact="checkpoint"):
+    """tf.train.Checkpoint(model=model) saves the tables (every part of a
+  partitioned one); a fresh model of the same kind restores them."""
+    tables = _tables(layer)
+    exported = [[t.numpy() for t in table.export()[:2]] for table in tables]
+    path = tf.train.Checkpoint(model=model).save(os.path.join(directory, fact))
     rng = np.random.default_rng(0)
-    fresh, fresh_layer = _model("plain", "mean", twins.random_matrix(rng, N_ROWS, DIM),
+    fresh, fresh_layer = _model(kind, "mean", twins.random_matrix(rng, N_ROWS, DIM),
                                 np.zeros((len(FEATURES) * DIM, 1), np.float32), True)
     tf.train.Checkpoint(model=fresh).restore(path).assert_existing_objects_matched()
-    got_keys, got_rows = [t.numpy() for t in _tables(fresh_layer)[0].export()[:2]]
-    order, got_order = np.argsort(keys), np.argsort(got_keys)
-    facts["checkpoint"] = dict(keys=bool(np.array_equal(keys[order], got_keys[got_order])),
-                               rows=bool(np.allclose(rows[order], got_rows[got_order])),
-                               count=int(len(keys)))
+    same_keys = same_rows = True
+    for (keys, rows), table in zip(exported, _tables(fresh_layer)):
+        got_keys, got_rows = [t.numpy() for t in table.export()[:2]]
+        order, got_order = np.argsort(keys), np.argsort(got_keys)
+        same_keys &= bool(np.array_equal(keys[order], got_keys[got_order]))
+        same_rows &= bool(np.allclose(rows[order], got_rows[got_order]))
+    facts[fact] = dict(keys=same_keys,
+                       rows=same_rows,
+                       count=int(sum(len(keys) for keys, _ in exported)),
+                       tables=len(tables))
 
 
 def _refusals(facts):
@@ -226,6 +248,9 @@ def main():
         last = _fit(out, facts, case, rng)
         if case == "sgd_mean":
             _checkpoint(facts, *last, os.path.dirname(out_path))
+        if case == "adagrad_partitioned_sum":
+            _checkpoint(facts, *last, os.path.dirname(out_path), "partitioned",
+                        "partitioned_checkpoint")
     _refusals(facts)
     out["facts"] = np.array(json.dumps(facts))
     np.savez(out_path, **out)

@@ -9,7 +9,8 @@ what it wrote. The reference is the same model over TensorFlow's own
 rows, compiled with the same optimizer and fed the same batches (duplicate
 ids, an empty row, ids never looked up); for shared columns, whose
 TensorFlow counterparts are not built under eager execution, one dense table
-looked up by `tf.nn.safe_embedding_lookup_sparse` per feature. After every
+looked up by `tf.nn.safe_embedding_lookup_sparse` per feature; for
+partitioned columns (partition_num=3), the same unpartitioned dense tables. After every
 step the tables' rows, the head's kernel, the loss and the optimizer's
 iterations must agree.
 """
@@ -22,7 +23,8 @@ import sok_ev_reference as ref
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dense_features_worker.py")
 CASES = ("sgd_mean", "adagrad_sum", "sgd_weighted_sqrtn", "adagrad_weighted_mean",
-         "adagrad_shared_mean")
+         "adagrad_shared_mean", "adagrad_partitioned_sum")
+PARTS = 3  # the worker's partition_num in its partitioned case
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +46,8 @@ def test_fit_through_dense_features_equals_tensorflow_columns_on_dense_tables(ru
     assert np.abs(arrays[f"{case}/sok/rows"][-1] - arrays[f"{case}/sok/rows"][0]).max() > 1e-3
     kinds = [kind for _, kind, _ in facts[f"{case}/sok/weights"]]
     assert kinds.count("EmbeddingVariable") == facts[f"{case}/expected_tables"]
-    assert facts[f"{case}/sok/tables"] == facts[f"{case}/tf/tables"]
+    parts = PARTS if "partitioned" in case else 1
+    assert facts[f"{case}/sok/tables"] == facts[f"{case}/tf/tables"] * parts
 
 
 def test_dense_features_names_the_tables_as_tensorflow_names_its_variables(run):
@@ -60,14 +63,26 @@ def test_dense_features_names_the_tables_as_tensorflow_names_its_variables(run):
     assert shared == ["features/C1_shared_embedding/embedding_weights:0"]
 
 
-def test_checkpoint_of_the_model_restores_the_dense_features_table(run):
+def test_a_partitioned_column_holds_its_parts_in_the_layer_as_deeprec_names_them(run):
+    """partition_num=3: each column's Embedding Variable is 3 parts, in the
+  layer's trainable weights, <layer>/<column>/embedding_weights/part_<i>."""
     _, facts = run
-    assert facts["checkpoint"] == {
-        "keys": True,
-        "rows": True,
-        "count": facts["checkpoint"]["count"]
-    }
-    assert facts["checkpoint"]["count"] > 0
+    names = [
+        name for name, kind, _ in facts["adagrad_partitioned_sum/sok/weights"]
+        if kind == "EmbeddingVariable"
+    ]
+    assert names == [
+        f"features/{c}_embedding/embedding_weights/part_{i}:0" for c in ("C1", "C2")
+        for i in range(PARTS)
+    ]
+
+
+@pytest.mark.parametrize("fact, tables", [("checkpoint", 2), ("partitioned_checkpoint", 2 * PARTS)])
+def test_checkpoint_of_the_model_restores_the_dense_features_tables(run, fact, tables):
+    _, facts = run
+    restored = facts[fact]
+    assert (restored["keys"], restored["rows"], restored["tables"]) == (True, True, tables)
+    assert restored["count"] > 0
 
 
 def test_dense_features_refuses_config_and_indicator_over_an_embedding_column(run):

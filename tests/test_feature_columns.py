@@ -34,7 +34,7 @@ Pinned down:
   trains as one table, grouped or not, and shared columns share one;
 * refusals name the feature or the column and the value: DeepRec columns not
   built, unsupported dtypes, a partition_num outside 1..1024 (or above 1 on
-  an adaptive column or a Keras feature layer), ckpt_to_load_from, ids of the
+  an adaptive column), ckpt_to_load_from, ids of the
   wrong kind, mixed shared columns, max_norm in a group, is_sequence; the
   optimisation flag do_fusion is accepted.
 """
@@ -580,17 +580,12 @@ def test_a_partition_num_that_is_not_1_to_1024_is_refused_naming_it(deeprec, par
     assert ref.error_names(error.value, "C2", f"partition_num={partition_num!r}")
 
 
-def test_partition_num_on_an_adaptive_column_or_a_feature_layer_is_refused_naming_it(deeprec):
+def test_partition_num_on_an_adaptive_column_is_refused_naming_it(deeprec):
     with pytest.raises(ValueError) as error:
         deeprec.feature_column.categorical_column_with_adaptive_embedding("C4",
                                                                           100,
                                                                           partition_num=2)
     assert ref.error_names(error.value, "C4", "partition_num=2")
-    column = deeprec.feature_column.embedding_column(
-        deeprec.feature_column.categorical_column_with_embedding("C5", partition_num=3), DIM)
-    with pytest.raises(ValueError) as error:
-        column.create_state(state_manager=None)  # what DenseFeatures' build calls
-    assert ref.error_names(error.value, "C5_embedding", "partition_num=3", "DenseFeatures")
 
 
 def test_ckpt_to_load_from_is_refused_on_an_ev_column(deeprec):
