@@ -56,13 +56,14 @@ Embedding Variable: N parts `embedding_weights/part_<i>` (sok_ev.
 PartitionedEmbeddingVariable, what `get_embedding_variable(...,
 partitioner=tf.fixed_size_partitioner(N))` makes), key k in part
 (k mod 1000) mod N; its lookups and training equal one table's. Such a
-column is looked up on its own, also inside a group_embedding_column_scope.
+column is looked up on its own, also inside a group_embedding_column_scope;
+`DenseFeatures` holds its parts.
 
 Refused with a ValueError naming the feature: DeepRec columns sok-ev does
 not build (`REFUSED_FEATURES`), `partition_num` > 1 on an adaptive column,
-`ckpt_to_load_from`
-on an Embedding Variable column, `max_norm` on a grouped column,
-`is_sequence=True` and dense variables in `group_embedding_lookup_sparse`.
+`ckpt_to_load_from` on an Embedding Variable column, `max_norm` on a
+grouped column, `is_sequence=True` and dense variables in
+`group_embedding_lookup_sparse`.
 Flags that only ask for an optimisation (`do_fusion`, `partition_strategy`,
 `params_num_per_group`, `use_safe_embedding_lookup`) are accepted and change
 nothing.
@@ -463,9 +464,9 @@ class EmbeddingVariableColumn(
   attribute of the layer, so it is in the layer's `trainable_weights`
   (`non_trainable_weights` if the column or the layer is not trainable) and
   its checkpoints; shared columns share one Embedding Variable within one
-  layer. `get_dense_tensor` looks it up
-  as `_get_dense_tensor` does (`tf.nn.safe_embedding_lookup_sparse`, which
-  sok-ev dispatches to `sok_ev.lookup_sparse`).
+  layer. `get_dense_tensor` looks it up as `_get_dense_tensor` does
+  (`tf.nn.safe_embedding_lookup_sparse`, which sok-ev dispatches to
+  `sok_ev.lookup_sparse`).
   """
 
     @property
