@@ -348,12 +348,12 @@ def _clipped_by_global_norm(optimizer, tables, dense):
     tables = [(_summed_by_key(g, v), v) for g, v in tables]
     table_squares = [tf.reduce_sum(tf.square(g.values)) for g, _ in tables]
     squares = [tf.reduce_sum(tf.square(tf.convert_to_tensor(g))) for g, _ in dense if g is not None]
-    if table_squares:
-        tables_total = tf.add_n(table_squares)
-        if communication.world_size() > 1:
-            import horovod.tensorflow as hvd  # pylint: disable=import-outside-toplevel
-            tables_total = hvd.allreduce(tables_total, op=hvd.Sum, name="sok_ev_keras_global_norm")
-        squares.append(tables_total)
+    # Every worker joins the reduction, with or without table gradients.
+    tables_total = tf.add_n(table_squares) if table_squares else tf.constant(0.0)
+    if communication.world_size() > 1:
+        import horovod.tensorflow as hvd  # pylint: disable=import-outside-toplevel
+        tables_total = hvd.allreduce(tables_total, op=hvd.Sum, name="sok_ev_keras_global_norm")
+    squares.append(tables_total)
     norm = tf.sqrt(tf.reduce_sum(tf.stack(squares)))
     # Keras's formula (keras.optimizers clip_by_global_norm).
     scale = clip * tf.minimum(1.0 / norm, 1.0 / clip) + (norm - norm)
