@@ -329,13 +329,18 @@ def _clipped(optimizer, grad, variable):
     return tf.IndexedSlices(optimizer._clip_gradients([summed.values])[0], summed.indices)  # pylint: disable=protected-access
 
 
-def _scaled(grad, scale):
+def _map_values(grad, fn):
+    """`grad` with `fn` applied to its values: an IndexedSlices' rows (its
+  keys kept), a dense gradient whole; None stays None."""
     if grad is None:
         return None
     if isinstance(grad, tf.IndexedSlices):
-        return tf.IndexedSlices(grad.values * tf.cast(scale, grad.values.dtype), grad.indices,
-                                grad.dense_shape)
-    return grad * tf.cast(scale, grad.dtype)
+        return tf.IndexedSlices(fn(grad.values), grad.indices, grad.dense_shape)
+    return fn(grad)
+
+
+def _scaled(grad, scale):
+    return _map_values(grad, lambda values: values * tf.cast(scale, values.dtype))
 
 
 def _clipped_by_global_norm(optimizer, tables, dense):
@@ -399,7 +404,7 @@ def _update(optimizer, rule, tables):
         tables = [(_clipped(optimizer, g, v), v) for g, v in tables]
     decays = _weight_decay(optimizer, tables, lr)
     if rule.gradient_times_lr:
-        tables = [(tf.IndexedSlices(g.values * lr, g.indices, g.dense_shape), v) for g, v in tables]
+        tables = [(_scaled(g, lr), v) for g, v in tables]
     with tf.control_dependencies(decays):
         updates = optimizers.fused_update(tables, rule.op_name,
                                           rule.hyperparameters(optimizer, lr, step), slots,
@@ -426,12 +431,8 @@ def _all_finite(grads):
 
 
 def _unscaled(grad, scale):
-    if grad is None:
-        return None
-    if isinstance(grad, tf.IndexedSlices):
-        return tf.IndexedSlices(grad.values / tf.cast(scale, grad.values.dtype), grad.indices,
-                                grad.dense_shape)
-    return grad / tf.cast(scale, grad.dtype)
+    # Divided, as Keras divides (not times the reciprocal).
+    return _map_values(grad, lambda values: values / tf.cast(scale, values.dtype))
 
 
 def _loss_scaled_apply(optimizer, pairs):
@@ -585,7 +586,7 @@ def _average_over_workers(pairs):
         out[i] = (grad, pairs[i][1])
     for i, (g, v) in enumerate(pairs):
         if g is not None and isinstance(v, EmbeddingVariable):
-            out[i] = (tf.IndexedSlices(g.values / workers, g.indices, g.dense_shape), v)
+            out[i] = (_unscaled(g, workers), v)
     return out
 
 
