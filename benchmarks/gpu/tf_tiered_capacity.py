@@ -66,11 +66,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 # pylint: disable=wrong-import-position
 from tf_sparse_step import ACCUMULATOR, DIM, LR, TABLES, raw_keys
+# The tiers' step benchmark: its counters and the Adagrad slot count.
+from tf_tiered_step import MOVED, SLOTS
 # tf_sparse_step put benchmarks/ on the path.
 import gpu_memory
 from results import RESULTS, command, machine, publish
 
-SLOTS = 1  # Adagrad's accumulator
 ROW_BYTES = 4 * DIM * (1 + SLOTS)  # value and slot: what a budget counts
 RAW_ROW_BYTES = ROW_BYTES + 16  # with the row's frequency and version
 MIN_STEPS = 50  # issue 50's "at least 50 steps"
@@ -84,8 +85,6 @@ HOST_INDEX = 1.1  # the host tier's bytes a row over the raw 1,040 (index, recor
 HOST_RESERVE = 10e9  # TensorFlow, Python, the batches
 SCATTER = 2654435761  # a prime: rank * SCATTER mod rows is a bijection when rows < SCATTER
 ZIPF = 1.1
-MOVED = ("hits", "misses", "rows_to_hbm", "rows_to_host", "pcie_bytes", "choose_us",
-         "write_back_us", "bring_in_us")
 
 
 def parse_args(argv=None):
