@@ -380,35 +380,9 @@ def test_a_partitioned_column_trains_as_the_same_column_in_one_table(deeprec, rn
     assert partitioned_rows.keys() == whole_rows.keys()
 
 
-def test_shared_columns_share_one_partitioned_variable_and_must_agree_on_its_parts(deeprec, rng):
-    matrix = ref.random_matrix(rng, N_ROWS, DIM)
-    (batch_a, ids_a), (batch_b, ids_b) = _batch(rng, "int64"), _batch(rng, "int64")
-    option = deeprec.EmbeddingVariableOption(init_option=deeprec.InitializerOption(
-        default_value_dim=N_ROWS))
+def test_shared_columns_of_different_partition_num_are_refused_naming_them(deeprec):
     make = lambda key, parts: deeprec.feature_column.categorical_column_with_embedding(
-        key, dtype=tf.int64, partition_num=parts, ev_option=option)
-    with ref.graph_session() as sess:
-        shared = deeprec.feature_column.shared_embedding_columns(
-            [make("a", 2), make("b", 2)],
-            DIM,
-            combiner="sum",
-            initializer=tf.constant_initializer(matrix))
-        outputs = {}
-        deeprec.feature_column.input_layer(
-            {
-                "a": _sparse(batch_a, ids_a),
-                "b": _sparse(batch_b, ids_b)
-            },
-            shared,
-            cols_to_output_tensors=outputs)
-        parts = deeprec.get_collection(deeprec.GraphKeys.EMBEDDING_VARIABLES)
-        assert [p.name for p in parts] == [
-            f"input_layer/a_b_shared_embedding/embedding_weights/part_{i}:0" for i in range(2)
-        ]
-        sess.run(deeprec.global_variables_initializer())
-        got_a, got_b = sess.run([outputs[shared[0]], outputs[shared[1]]])
-    np.testing.assert_allclose(got_a, ref.reference_lookup(matrix, batch_a, "sum", False), 1e-6)
-    np.testing.assert_allclose(got_b, ref.reference_lookup(matrix, batch_b, "sum", False), 1e-6)
+        key, dtype=tf.int64, partition_num=parts)
     with pytest.raises(ValueError) as error:
         deeprec.feature_column.shared_embedding_columns([make("a", 2), make("b", 3)], DIM)
     assert ref.error_names(error.value, "partition_num", "[2, 3]")
@@ -417,16 +391,19 @@ def test_shared_columns_share_one_partitioned_variable_and_must_agree_on_its_par
 # --------------------------------------------------------------------------- shared columns
 
 
-def test_shared_embedding_columns_share_one_embedding_variable(deeprec, rng):
+@pytest.mark.parametrize("partition_num, names", [
+    (None, ["input_layer/a_b_shared_embedding/embedding_weights:0"]),
+    (2, [f"input_layer/a_b_shared_embedding/embedding_weights/part_{i}:0" for i in range(2)]),
+])
+def test_shared_embedding_columns_share_one_embedding_variable(deeprec, rng, partition_num, names):
+    """One Embedding Variable for both columns (partitioned: its parts)."""
     matrix = ref.random_matrix(rng, N_ROWS, DIM)
     (batch_a, ids_a), (batch_b, ids_b) = _batch(rng, "int64"), _batch(rng, "int64")
     option = deeprec.EmbeddingVariableOption(init_option=deeprec.InitializerOption(
         default_value_dim=N_ROWS))
     with ref.graph_session() as sess:
-        a, b = (deeprec.feature_column.categorical_column_with_embedding(k,
-                                                                         dtype=tf.int64,
-                                                                         ev_option=option)
-                for k in ("a", "b"))
+        a, b = (deeprec.feature_column.categorical_column_with_embedding(
+            k, dtype=tf.int64, partition_num=partition_num, ev_option=option) for k in ("a", "b"))
         shared = deeprec.feature_column.shared_embedding_columns(
             [a, b], DIM, combiner="sum", initializer=tf.constant_initializer(matrix))
         outputs = {}
@@ -437,8 +414,8 @@ def test_shared_embedding_columns_share_one_embedding_variable(deeprec, rng):
             },
             shared,
             cols_to_output_tensors=outputs)
-        ev, = deeprec.get_collection(deeprec.GraphKeys.EMBEDDING_VARIABLES)
-        assert ev.name == "input_layer/a_b_shared_embedding/embedding_weights:0"
+        variables = deeprec.get_collection(deeprec.GraphKeys.EMBEDDING_VARIABLES)
+        assert [v.name for v in variables] == names
         sess.run(deeprec.global_variables_initializer())
         got_a, got_b = sess.run([outputs[shared[0]], outputs[shared[1]]])
     np.testing.assert_allclose(got_a, ref.reference_lookup(matrix, batch_a, "sum", False), 1e-6)

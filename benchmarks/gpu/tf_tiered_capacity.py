@@ -66,8 +66,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 # pylint: disable=wrong-import-position
 from tf_sparse_step import ACCUMULATOR, DIM, LR, TABLES, raw_keys
-# The tiers' step benchmark: its counters and the Adagrad slot count.
-from tf_tiered_step import MOVED, SLOTS
+# The tiers' step benchmark: its counters, the Adagrad slot count and tables.
+from tf_tiered_step import MOVED, SLOTS, make_tables
 # tf_sparse_step put benchmarks/ on the path.
 import gpu_memory
 from results import RESULTS, command, machine, publish
@@ -291,16 +291,8 @@ def run(tf, sok, args, sizes, values, clock):
         holder = tf.compat.v1.placeholder(tf.int64, values.shape)
         batches = tf.Variable(holder, trainable=False, name="batches")
         index = tf.compat.v1.placeholder(tf.int32, [])
-        with tf.device("/CPU:0" if args.dry_run_on_cpu else "/GPU:0"):
-            tables = [
-                sok.get_embedding_variable(f"capacity_{t}",
-                                           embedding_dim=DIM,
-                                           initializer=tf.random_uniform_initializer(-0.05,
-                                                                                     0.05,
-                                                                                     seed=t),
-                                           ev_option=storage_option(sok, args, sizes))
-                for t in range(TABLES)
-            ]
+        tables = make_tables(tf, sok, "capacity", storage_option(sok, args, sizes),
+                             args.dry_run_on_cpu)
         j = tf.range(args.batch, dtype=tf.int64)
         where = tf.stack([j, tf.zeros_like(j)], axis=1)
         ids = [tf.SparseTensor(where, batches[index][t], [args.batch, 1]) for t in range(TABLES)]

@@ -98,6 +98,20 @@ def storage_option(sok, args, fraction):
         storage_type=sok.StorageType.HBM_DRAM, storage_size=[budget], cache_strategy=strategy))
 
 
+def make_tables(tf, sok, prefix, ev_option, on_cpu):
+    """The benchmark's TABLES Embedding Variables `<prefix>_<t>`, dim DIM,
+  rows drawn uniformly in ±0.05 (seed t), on the GPU (the CPU when on_cpu)."""
+    with tf.device("/CPU:0" if on_cpu else "/GPU:0"):
+        return [
+            sok.get_embedding_variable(f"{prefix}_{t}",
+                                       embedding_dim=DIM,
+                                       initializer=tf.random_uniform_initializer(-0.05,
+                                                                                 0.05,
+                                                                                 seed=t),
+                                       ev_option=ev_option) for t in range(TABLES)
+        ]
+
+
 def host_link_rate(tf, device):
     """Bytes/s of a pageable host tensor copied to `device` and back (the
   mean of both ways)."""
@@ -141,17 +155,8 @@ def run(tf, sok, args, hot, fraction, pipelined, values):
         holder = tf.compat.v1.placeholder(tf.int64, values.shape)
         values_var = tf.Variable(holder, trainable=False, name="batches")
         index = tf.compat.v1.placeholder(tf.int32, [])
-        device = "/CPU:0" if args.dry_run_on_cpu else "/GPU:0"
-        with tf.device(device):
-            tables = [
-                sok.get_embedding_variable(f"tier_{t}",
-                                           embedding_dim=DIM,
-                                           initializer=tf.random_uniform_initializer(-0.05,
-                                                                                     0.05,
-                                                                                     seed=t),
-                                           ev_option=storage_option(sok, args, fraction))
-                for t in range(TABLES)
-            ]
+        tables = make_tables(tf, sok, "tier", storage_option(sok, args, fraction),
+                             args.dry_run_on_cpu)
         n = args.batch * hot
         j = tf.range(n, dtype=tf.int64)
         where = tf.stack([j // hot, j % hot], axis=1)

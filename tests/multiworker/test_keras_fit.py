@@ -47,36 +47,30 @@ def test_each_keras_ran(launch):
     assert module.startswith("tf_keras.") if keras == "tf_keras" else module.startswith("keras.")
 
 
-def test_two_worker_fit_equals_one_worker_on_the_global_batch_step_for_step(launch):
-    _, results = launch
+def _assert_fit_equals_one_worker(results, suffix=""):
+    """After every step, the workers' shards of the table (prefix
+  sok<suffix>/) hold the one-worker twin's rows (twin<suffix>/), every
+  worker's head is the twin's, and Keras counted the step."""
+    sok, twin = "sok" + suffix, "twin" + suffix
     for t in _steps(results):
-        harness.assert_shards_equal_twin_rows(results, t, WORKERS)
+        harness.assert_shards_equal_twin_rows(results, t, WORKERS, sok, twin)
         for r in range(WORKERS):
             for field in ("kernel", "bias"):
-                np.testing.assert_allclose(results[r][f"sok/{t}/{field}"],
-                                           results[0][f"twin/{t}/{field}"],
+                np.testing.assert_allclose(results[r][f"{sok}/{t}/{field}"],
+                                           results[0][f"{twin}/{t}/{field}"],
                                            rtol=2e-5,
                                            atol=2e-6,
                                            err_msg=f"rank {r} step {t}: {field}")
-            assert int(results[r][f"sok/{t}/iterations"]) == t + 1
-            assert int(results[r][f"sok/{t}/batch"]) == t
+            assert int(results[r][f"{sok}/{t}/iterations"]) == t + 1
+            assert int(results[r][f"{sok}/{t}/batch"]) == t
+
+
+def test_two_worker_fit_equals_one_worker_on_the_global_batch_step_for_step(launch):
+    _, results = launch
+    _assert_fit_equals_one_worker(results)
     # The last step's table is not the initial one: training moved it.
     last = _steps(results)[-1]
     assert not np.allclose(results[0][f"twin/{last}/rows"], results[0]["twin/0/rows"])
-
-
-def _assert_fit_equals_one_worker(results, variant):
-    for t in _steps(results):
-        harness.assert_shards_equal_twin_rows(results, t, WORKERS, f"sok_{variant}",
-                                              f"twin_{variant}")
-        for r in range(WORKERS):
-            for field in ("kernel", "bias"):
-                np.testing.assert_allclose(results[r][f"sok_{variant}/{t}/{field}"],
-                                           results[0][f"twin_{variant}/{t}/{field}"],
-                                           rtol=2e-5,
-                                           atol=2e-6,
-                                           err_msg=f"rank {r} step {t}: {field}")
-            assert int(results[r][f"sok_{variant}/{t}/iterations"]) == t + 1
 
 
 def test_two_worker_fit_with_a_loss_scale_optimizer_equals_one_worker_step_for_step(launch):
@@ -84,7 +78,7 @@ def test_two_worker_fit_with_a_loss_scale_optimizer_equals_one_worker_step_for_s
   data-parallel Adagrad: the workers agree on every step's finite check and
   scale, and train as one worker on the global batch."""
     _, results = launch
-    _assert_fit_equals_one_worker(results, "loss_scaled")
+    _assert_fit_equals_one_worker(results, "_loss_scaled")
 
 
 def test_two_worker_fit_with_global_clipnorm_equals_one_worker_step_for_step(launch):
@@ -93,7 +87,7 @@ def test_two_worker_fit_with_global_clipnorm_equals_one_worker_step_for_step(lau
   (its shards' parts summed over the workers), as one worker on the global
   batch does."""
     _, results = launch
-    _assert_fit_equals_one_worker(results, "global_clipnorm")
+    _assert_fit_equals_one_worker(results, "_global_clipnorm")
 
 
 def test_every_worker_holds_a_shard_of_the_table(launch):
