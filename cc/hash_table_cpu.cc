@@ -615,34 +615,6 @@ void HashTable<Key>::find(const CpuContext& context, const Key* keys, int64_t n,
 }
 
 template <typename Key>
-void HashTable<Key>::find_records(const CpuContext& context, const Key* keys, int64_t n,
-                                  float* rows, int64_t* frequencies, int64_t* versions,
-                                  bool* found) const {
-  const Batch batch = split(context, keys, n);
-  const uint64_t* hashes = batch.hashes.get();
-  std::unique_ptr<int64_t[]> ids(new int64_t[std::max<int64_t>(1, n)]);
-  const int64_t width = row_width();
-  for_each_group(
-      context, batch, width + 64, [&](int g, const int64_t* positions, int64_t count) -> Status {
-        ShardLocks<Shard, false> lock(shards_.get(), batch.shards[g]);
-        find_rows(keys, hashes, positions, count, width, ids.get(),
-                  [&](int64_t first, int64_t chunk) {
-                    for (int64_t k = first; k < first + chunk; ++k) {
-                      const int64_t i = positions ? positions[k] : k;
-                      const int64_t id = ids[i];
-                      found[i] = id >= 0;
-                      if (id < 0) continue;
-                      const Shard& shard = shard_of(hashes[i]);
-                      std::memcpy(rows + i * width, shard.row(id), width * sizeof(float));
-                      frequencies[i] = shard.header(id)->frequency;
-                      versions[i] = shard.header(id)->version;
-                    }
-                  });
-        return Status::Ok();
-      });
-}
-
-template <typename Key>
 Status HashTable<Key>::insert_or_assign(const CpuContext& context, const Key* keys, int64_t n,
                                         const float* rows, const int64_t* frequencies,
                                         const int64_t* versions) {

@@ -124,14 +124,6 @@ class HashTable {
   void find(const CpuContext& context, const Key* keys, int64_t n, float* values, bool* found,
             bool initial_for_missing) const;
 
-  // Copies the whole rows, frequencies and versions of present keys;
-  // found[i] says whether keys[i] is present (absent keys' outputs are left
-  // as they are). A GPU table's host tier (cc/tiered_table_gpu.h) reads the
-  // rows it moves to the GPU with it.
-  //   rows: (n, row_width()) out  frequencies, versions, found: (n,) out
-  void find_records(const CpuContext& context, const Key* keys, int64_t n, float* rows,
-                    int64_t* frequencies, int64_t* versions, bool* found) const;
-
   // Sets whole rows, inserting missing keys. Used by checkpoint restore.
   //   rows:        (n, row_width()) value then slots
   //   frequencies: (n,) or null     versions: (n,) or null

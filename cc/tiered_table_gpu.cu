@@ -6,6 +6,7 @@
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_segmented_radix_sort.cuh>
 #include <limits>
+#include <mutex>
 #include <numeric>
 #include <string>
 #include <utility>
@@ -153,23 +154,50 @@ __global__ void gather_by_kernel(const T* values, const int32_t* order, int64_t 
   }
 }
 
-// Whole rows, frequencies and versions of row ids, a warp a row; row id -1
-// (a sentinel) writes nothing.
-//   row_ids: (n,)  rows: (n, row_width) out  frequencies, versions: (n,) out
+// Copies `width` floats a warp, in float4 when both ends allow it (a host
+// record's row and an HBM row are 16-byte aligned when width is a multiple
+// of 4), so that reads over the host link go in whole 512-byte requests.
+__device__ __forceinline__ void copy_row(const float* from, float* to, int64_t width, int lane) {
+  if ((width & 3) == 0) {
+    const float4* from4 = reinterpret_cast<const float4*>(from);
+    float4* to4 = reinterpret_cast<float4*>(to);
+    for (int64_t c = lane; c < width / 4; c += 32) to4[c] = from4[c];
+  } else {
+    for (int64_t c = lane; c < width; c += 32) to[c] = from[c];
+  }
+}
+
+// HBM rows, frequencies and versions written to host-tier records (pinned
+// host memory, written over the host link), a warp a row.
+//   row_ids: (n,) HBM rows  records: (n,) host records (cc/host_tier.h)
 template <typename Key>
-__global__ void gather_rows_kernel(TableView<Key> table, const int32_t* row_ids, int64_t n,
-                                   float* rows, int64_t* frequencies, int64_t* versions) {
+__global__ void scatter_to_records_kernel(TableView<Key> table, const int32_t* row_ids,
+                                          char* const* records, int64_t n) {
   const int lane = threadIdx.x & 31;
   for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5; i < n;
        i += (int64_t(gridDim.x) * blockDim.x) >> 5) {
     const int64_t row = row_ids[i];
-    if (row < 0) continue;
-    const float* from = table.rows + row * table.row_width;
-    float* to = rows + i * table.row_width;
-    for (int64_t c = lane; c < table.row_width; c += 32) to[c] = from[c];
+    char* record = records[i];
+    copy_row(table.rows + row * table.row_width, HostRecord::row(record), table.row_width, lane);
     if (lane == 0) {
-      frequencies[i] = table.frequencies[row];
-      versions[i] = table.versions[row];
+      *HostRecord::frequency(record) = table.frequencies[row];
+      *HostRecord::version(record) = table.versions[row];
+    }
+  }
+}
+
+// Host-tier records (read over the host link) into device rows, a warp a row.
+//   records: (n,)  rows: (n, width) out  frequencies, versions: (n,) out
+__global__ void gather_from_records_kernel(const char* const* records, int64_t n, int64_t width,
+                                           float* rows, int64_t* frequencies, int64_t* versions) {
+  const int lane = threadIdx.x & 31;
+  for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5; i < n;
+       i += (int64_t(gridDim.x) * blockDim.x) >> 5) {
+    const char* record = records[i];
+    copy_row(HostRecord::row(record), rows + i * width, width, lane);
+    if (lane == 0) {
+      frequencies[i] = *HostRecord::frequency(record);
+      versions[i] = *HostRecord::version(record);
     }
   }
 }
@@ -222,47 +250,103 @@ class Stopwatch {
 // this many (a large budget's eighth would hold gigabytes of pinned staging).
 constexpr int64_t kMaxEvictionSlack = 1 << 16;
 
-// Pinned host rows -- values and slots, then frequencies, versions and keys
-// -- so that copies run at the host link's rate, not a pageable copy's, and
-// the host tier reads and writes them in place. Grows, never shrinks.
-template <typename Key>
-class PinnedRows {
+// A pinned host array, so that copies to and from the GPU run at the host
+// link's rate and need no bounce buffer. Grows, never shrinks.
+template <typename T>
+class PinnedArray {
  public:
-  PinnedRows() = default;
-  PinnedRows(const PinnedRows&) = delete;
-  PinnedRows& operator=(const PinnedRows&) = delete;
-  ~PinnedRows() {
-    if (block_ != nullptr) cudaFreeHost(block_);
+  PinnedArray() = default;
+  PinnedArray(const PinnedArray&) = delete;
+  PinnedArray& operator=(const PinnedArray&) = delete;
+  ~PinnedArray() {
+    if (data_ != nullptr) cudaFreeHost(data_);
   }
-  // Room for `rows` rows of `width` floats; ResourceExhausted naming the
-  // table when the system refuses pinned memory.
-  Status reserve(int64_t rows, int64_t width, const std::string& name) {
-    if (rows <= capacity_ && width == width_) return Status::Ok();
-    if (block_ != nullptr) cudaFreeHost(block_);
-    block_ = nullptr;
+  // Room for n elements (the contents are not kept); ResourceExhausted
+  // naming the table when the system refuses pinned memory.
+  Status reserve(int64_t n, const std::string& name) {
+    if (n <= capacity_) return Status::Ok();
+    if (data_ != nullptr) cudaFreeHost(data_);
+    data_ = nullptr;
     capacity_ = 0;
-    const int64_t grown = rows + rows / 4;  // room for the next calls' growth
-    const size_t bytes = grown * (width * sizeof(float) + 2 * sizeof(int64_t) + sizeof(Key));
-    if (cudaMallocHost(&block_, bytes) != cudaSuccess) {
+    const int64_t grown = n + n / 4;  // room for the next calls' growth
+    if (cudaMallocHost(&data_, grown * sizeof(T)) != cudaSuccess) {
       cudaGetLastError();
-      block_ = nullptr;
-      return Status::ResourceExhausted("Embedding Variable '" + name +
-                                       "': out of pinned host memory allocating " +
-                                       std::to_string(bytes) + " bytes for rows between tiers");
+      data_ = nullptr;
+      return Status::ResourceExhausted(
+          "Embedding Variable '" + name + "': out of pinned host memory allocating " +
+          std::to_string(grown * sizeof(T)) + " bytes for keys moving between tiers");
     }
     capacity_ = grown;
-    width_ = width;
     return Status::Ok();
   }
-  float* rows() const { return static_cast<float*>(block_); }
-  int64_t* frequencies() const { return reinterpret_cast<int64_t*>(rows() + capacity_ * width_); }
-  int64_t* versions() const { return frequencies() + capacity_; }
-  Key* keys() const { return reinterpret_cast<Key*>(versions() + capacity_); }
+  T* data() const { return static_cast<T*>(data_); }
 
  private:
-  void* block_ = nullptr;
-  int64_t capacity_ = 0, width_ = 0;
+  void* data_ = nullptr;
+  int64_t capacity_ = 0;
 };
+
+// The host tier's records: pinned and mapped, so that the GPU's kernels read
+// and write them in place (with unified addressing a pinned host pointer is
+// valid on the device); portable, so any device's kernels may.
+HostMemory pinned_records() {
+  HostMemory memory;
+  memory.allocate = [](size_t bytes) -> void* {
+    void* pointer = nullptr;
+    if (cudaHostAlloc(&pointer, bytes, cudaHostAllocPortable | cudaHostAllocMapped) !=
+        cudaSuccess) {
+      cudaGetLastError();
+      return nullptr;
+    }
+    return pointer;
+  };
+  memory.deallocate = [](void* pointer) { cudaFreeHost(pointer); };
+  return memory;
+}
+
+// Bytes that cross the host link for one row moved: its record's row,
+// frequency and version, its key, its record's address.
+template <typename Key>
+int64_t moved_row_bytes(int64_t row_width) {
+  return static_cast<int64_t>(row_width * sizeof(float) + HostRecord::kHeaderBytes + sizeof(Key) +
+                              sizeof(char*));
+}
+
+// Each table's keys (keys[t] = its keys and their count; none: no batch)
+// split by host-tier shard, the tables side by side on the host threads.
+template <typename Key>
+std::vector<typename HostTier<Key>::Batch> split_each(
+    const CpuContext& host, const std::vector<std::pair<const Key*, int64_t>>& keys) {
+  std::vector<typename HostTier<Key>::Batch> batches(keys.size());
+  int64_t total = 0;
+  for (const auto& table_keys : keys) total += table_keys.second;
+  if (total == 0) return batches;
+  host.parallel_for(static_cast<int64_t>(keys.size()),
+                    std::max<int64_t>(1, total / static_cast<int64_t>(keys.size())) * 40,
+                    [&](int64_t begin, int64_t end) {
+                      for (int64_t t = begin; t < end; ++t) {
+                        if (keys[t].second > 0) {
+                          batches[t] = HostTier<Key>::split(keys[t].first, keys[t].second);
+                        }
+                      }
+                    });
+  return batches;
+}
+
+// Runs step(t, shard) for every table t < tables and every host-tier shard,
+// side by side on the host threads: one pool call for all tables' shards.
+template <typename Key, typename Step>
+void for_each_table_shard(const CpuContext& host, size_t tables, int64_t keys, const Step& step) {
+  constexpr int kShards = HostTier<Key>::kNumShards;
+  const int64_t units = static_cast<int64_t>(tables) * kShards;
+  if (units == 0) return;
+  host.parallel_for(units, std::max<int64_t>(1, keys / units) * 400,
+                    [&](int64_t begin, int64_t end) {
+                      for (int64_t u = begin; u < end; ++u) {
+                        step(static_cast<size_t>(u / kShards), static_cast<int>(u % kShards));
+                      }
+                    });
+}
 
 }  // namespace
 
@@ -271,8 +355,10 @@ struct TieredTable<Key>::Staging {
   ~Staging() {
     if (listed != nullptr) cudaFreeHost(listed);
   }
-  PinnedRows<Key> out;                   // rows written back to the host tier
-  PinnedRows<Key> in;                    // rows brought in from it
+  PinnedArray<Key> victim_keys;          // the keys written back, from the GPU
+  PinnedArray<char*> victim_records;     // their new host records, to the GPU
+  PinnedArray<Key> found_keys;           // the keys brought in, to the GPU
+  PinnedArray<char*> found_records;      // their host records, to the GPU
   unsigned long long* listed = nullptr;  // pinned: the write-back's candidates
 };
 
@@ -283,24 +369,21 @@ struct TieredTable<Key>::Move {
   int64_t bound = 0;                // sum of the spans' n
   Key* absent_list = nullptr;       // (bound,) device: stage 1's absent keys
   ResidencyCounts counts{};
-  // The keys HBM lacks, sorted, each once; after read_host_rows, those the
-  // host tier holds, their rows in staging in.
+  // The keys HBM lacks, sorted, each once; after find_host_records, those
+  // the host tier holds (their keys and records in staging's found_*).
   std::vector<Key> absent;
-  int64_t evict_count = 0;                     // rows to write back, asked
-  int64_t chosen = 0;                          // rows whose choice is queued (<= evict_count)
-  std::unique_ptr<ScratchBuffer> victim_keys;  // (chosen,) device, until stage 4
+  int64_t evict_count = 0;  // rows to write back, asked
+  int64_t chosen = 0;       // rows whose choice is queued (<= evict_count)
+  // (chosen,) device, until stage 4: the rows written back's keys and HBM
+  // row ids.
+  std::unique_ptr<ScratchBuffer> victim_keys, victim_rows;
 };
 
 template <typename Key>
 TieredTable<Key>::TieredTable(HashTable<Key>* hbm, const StorageSpec& storage,
                               const std::string& name)
     : hbm_(hbm), storage_(storage), name_(name) {
-  if (storage.tiered()) {
-    // The host tier only stores rows it is given: it never draws initial
-    // values, so it needs no initializer of its own.
-    host_.reset(new cpu::HashTable<Key>(hbm->dim(), InitializerSpec()));
-    host_->set_name(name);
-  }
+  if (storage.tiered()) host_.reset(new HostTier<Key>(hbm->row_width(), pinned_records(), name));
 }
 
 template <typename Key>
@@ -345,15 +428,8 @@ template <typename Key>
 Status TieredTable<Key>::add_slot(const GpuContext& context, const std::string& name,
                                   float initial_value, int* index) {
   SOK_EV_RETURN_IF_ERROR(hbm_->add_slot(context, name, initial_value, index));
-  if (!tiered()) return Status::Ok();
-  int host_index = -1;
-  SOK_EV_RETURN_IF_ERROR(host_->add_slot(name, initial_value, &host_index));
-  if (host_index != *index) {
-    return Status::Internal("Embedding Variable '" + name_ + "': slot '" + name + "' has index " +
-                            std::to_string(*index) + " in HBM but " + std::to_string(host_index) +
-                            " in host memory");
-  }
-  return Status::Ok();
+  // A slot already there leaves the width, and the host tier, as they are.
+  return tiered() ? host_->widen(hbm_->row_width(), initial_value) : Status::Ok();
 }
 
 template <typename Key>
@@ -511,71 +587,94 @@ Status TieredTable<Key>::write_back_and_bring_in(const GpuContext& context,
                                                  std::vector<Move>& moves) {
   if (moves.empty()) return Status::Ok();
   cudaStream_t stream = stream_of(context);
-  // 3. Every table's write-back queued on the GPU; meanwhile the host tier
-  // reads the rows to bring in. The rows written back are never absent
-  // keys' (those are not in HBM), so the two do not meet.
+  const CpuContext& host = host_threads(context);
+  // 3. Every table's write-back chosen on the GPU, its keys copied to the
+  // host; meanwhile the host tier finds the records of the rows to bring in.
+  // The rows written back are never absent keys' (those are not in HBM), so
+  // the two do not meet.
   Stopwatch stopwatch;
   for (Move& move : moves) {
     if (move.evict_count > 0) {
       SOK_EV_RETURN_IF_ERROR(move.table->queue_write_back(context, move));
     }
   }
-  for (Move& move : moves) {
-    if (move.absent.empty()) continue;
-    SOK_EV_RETURN_IF_ERROR(move.table->read_host_rows(context, move));
-  }
+  SOK_EV_RETURN_IF_ERROR(find_host_records(context, moves));
   SOK_EV_RETURN_IF_ERROR(synchronize(stream));
   int64_t stage_us = 0;
   stopwatch.lap(&stage_us);
   share_stage_time(moves, stage_us, &TierCounters::choose_us);
 
-  // 4. The rows written back go into the host tier, then out of HBM; the
-  // rows read from it go into HBM, then out of the host tier.
+  // 4. The rows written back get host records (all tables' shards side by
+  // side), which the GPU fills from HBM before HBM erases the rows; the GPU
+  // reads the records of the rows brought in into HBM, and once it has, the
+  // host tier erases them.
+  std::vector<int64_t> written(moves.size(), 0);
+  std::vector<std::pair<const Key*, int64_t>> victim_keys(moves.size(), {nullptr, 0});
+  int64_t total = 0;
+  for (size_t t = 0; t < moves.size(); ++t) {
+    if (moves[t].chosen == 0) continue;
+    const Staging& staging = *moves[t].table->staging_;
+    written[t] = std::min<int64_t>(moves[t].chosen, static_cast<int64_t>(*staging.listed));
+    victim_keys[t] = {staging.victim_keys.data(), written[t]};
+    total += written[t];
+  }
+  const std::vector<typename HostTier<Key>::Batch> victims = split_each(host, victim_keys);
+  std::vector<Status> inserted(moves.size());
+  std::mutex inserted_mutex;
+  for_each_table_shard<Key>(host, moves.size(), total, [&](size_t t, int shard) {
+    if (written[t] == 0) return;
+    const TieredTable& table = *moves[t].table;
+    Status status = table.host_->insert(victims[t], shard, table.staging_->victim_records.data());
+    if (status.ok()) return;
+    std::lock_guard<std::mutex> lock(inserted_mutex);
+    if (inserted[t].ok()) inserted[t] = std::move(status);
+  });
   Status first_error;
-  for (Move& move : moves) {
-    if (move.chosen == 0) continue;
+  for (size_t t = 0; t < moves.size(); ++t) {
+    if (written[t] == 0) continue;
+    Move& move = moves[t];
     const TieredTable& table = *move.table;
-    Staging& staging = *table.staging_;
-    const int64_t count = std::min<int64_t>(move.chosen, static_cast<int64_t>(*staging.listed));
-    const CpuContext& host = host_threads(context);
+    const Staging& staging = *table.staging_;
+    const int64_t count = written[t];
     // On failure the rows stay in HBM only: none of these keys was in the
-    // host tier before, so what was written there is removed again; the
+    // host tier before, so the records they got are erased again; the
     // table's absent keys are not brought in (HBM has no room for them).
     auto undo = [&](const Status& failed) {
-      table.host_->erase(host, staging.out.keys(), count);
+      table.host_->erase(host, staging.victim_keys.data(), count);
       if (first_error.ok()) first_error = failed;
       move.absent.clear();
     };
-    Status written =
-        table.host_->insert_or_assign(host, staging.out.keys(), count, staging.out.rows(),
-                                      staging.out.frequencies(), staging.out.versions());
-    if (!written.ok()) {
-      if (written.code == Status::Code::kResourceExhausted) {
-        written.message = "host memory tier of HBM_DRAM storage: " + written.message;
-      }
-      undo(written);
+    if (!inserted[t].ok()) {
+      undo(inserted[t]);
       continue;
     }
+    scatter_to_records_kernel<Key><<<grid_for(count * 32, kThreads), kThreads, 0, stream>>>(
+        table.hbm_->view(), move.victim_rows->template as<int32_t>(), staging.victim_records.data(),
+        count);
+    const cudaError_t launched = cudaGetLastError();
     const Status erased =
-        table.hbm_->erase(context, move.victim_keys->template as<Key>(), count, nullptr);
+        launched != cudaSuccess
+            ? cuda_status(launched, "scatter_to_records")
+            : table.hbm_->erase(context, move.victim_keys->template as<Key>(), count, nullptr);
     if (!erased.ok()) {
       undo(erased);
       continue;
     }
     table.counters_.rows_to_host += count;
-    table.counters_.pcie_bytes += count * static_cast<int64_t>(table.row_width() * sizeof(float) +
-                                                               2 * sizeof(int64_t) + sizeof(Key)) +
+    table.counters_.pcie_bytes += count * moved_row_bytes<Key>(table.row_width()) +
                                   static_cast<int64_t>(sizeof(unsigned long long));
   }
   // A table whose rows cannot come in keeps them in the host tier; the
   // others' arrive, and leave the host tier once HBM holds them.
   std::vector<std::unique_ptr<ScratchBuffer>> arriving(moves.size());
+  std::vector<std::pair<const Key*, int64_t>> arrived_keys(moves.size(), {nullptr, 0});
+  total = 0;
   for (size_t t = 0; t < moves.size(); ++t) {
     Move& move = moves[t];
     const int64_t n = static_cast<int64_t>(move.absent.size());
     if (n == 0) continue;
     const TieredTable& table = *move.table;
-    const PinnedRows<Key>& in = table.staging_->in;
+    const Staging& staging = *table.staging_;
     const int64_t width = table.row_width();
     const size_t bytes = n * (width * sizeof(float) + 2 * sizeof(int64_t) + sizeof(Key));
     std::unique_ptr<ScratchBuffer> buffer(new ScratchBuffer(context, bytes));
@@ -587,27 +686,33 @@ Status TieredTable<Key>::write_back_and_bring_in(const GpuContext& context,
       int64_t* frequencies = reinterpret_cast<int64_t*>(rows + n * width);
       int64_t* versions = frequencies + n;
       Key* keys = reinterpret_cast<Key*>(versions + n);
-      SOK_EV_RETURN_IF_ERROR(to_device(context, in.keys(), n, keys));
-      SOK_EV_RETURN_IF_ERROR(to_device(context, in.rows(), n * width, rows));
-      SOK_EV_RETURN_IF_ERROR(to_device(context, in.frequencies(), n, frequencies));
-      SOK_EV_RETURN_IF_ERROR(to_device(context, in.versions(), n, versions));
-      arrived = table.hbm_->insert_or_assign(context, keys, n, rows, frequencies, versions);
+      SOK_EV_RETURN_IF_ERROR(to_device(context, staging.found_keys.data(), n, keys));
+      gather_from_records_kernel<<<grid_for(n * 32, kThreads), kThreads, 0, stream>>>(
+          staging.found_records.data(), n, width, rows, frequencies, versions);
+      const cudaError_t launched = cudaGetLastError();
+      arrived = launched != cudaSuccess
+                    ? cuda_status(launched, "gather_from_records")
+                    : table.hbm_->insert_or_assign(context, keys, n, rows, frequencies, versions);
     }
     if (!arrived.ok()) {
       if (first_error.ok()) first_error = arrived;
       continue;
     }
     arriving[t] = std::move(buffer);
+    arrived_keys[t] = {move.absent.data(), n};
+    total += n;
   }
   SOK_EV_RETURN_IF_ERROR(synchronize(stream));
+  const std::vector<typename HostTier<Key>::Batch> arrived = split_each(host, arrived_keys);
+  for_each_table_shard<Key>(host, moves.size(), total, [&](size_t t, int shard) {
+    if (arriving[t] != nullptr) moves[t].table->host_->erase(arrived[t], shard);
+  });
   for (size_t t = 0; t < moves.size(); ++t) {
     if (arriving[t] == nullptr) continue;
-    const int64_t n = static_cast<int64_t>(moves[t].absent.size());
     const TieredTable& table = *moves[t].table;
-    table.host_->erase(host_threads(context), table.staging_->in.keys(), n);
+    const int64_t n = static_cast<int64_t>(moves[t].absent.size());
     table.counters_.rows_to_hbm += n;
-    table.counters_.pcie_bytes += n * static_cast<int64_t>(table.row_width() * sizeof(float) +
-                                                           2 * sizeof(int64_t) + sizeof(Key));
+    table.counters_.pcie_bytes += n * moved_row_bytes<Key>(table.row_width());
   }
   stage_us = 0;
   stopwatch.lap(&stage_us);
@@ -635,8 +740,8 @@ Status TieredTable<Key>::queue_write_back(const GpuContext& context, Move& move)
   const int64_t count = std::min(move.evict_count, stored);
   if (count <= 0) return Status::Ok();
   SOK_EV_RETURN_IF_ERROR(make_staging());
-  const int64_t width = row_width();
-  SOK_EV_RETURN_IF_ERROR(staging_->out.reserve(count, width, name_));
+  SOK_EV_RETURN_IF_ERROR(staging_->victim_keys.reserve(count, name_));
+  SOK_EV_RETURN_IF_ERROR(staging_->victim_records.reserve(count, name_));
   const TableView<Key> view = hbm_->view();
   const int64_t slots = static_cast<int64_t>(view.bucket_mask + 1) * kBucketSlots;
   // The call's rows are marked on the GPU, so its keys never cross to the host.
@@ -690,14 +795,12 @@ Status TieredTable<Key>::queue_write_back(const GpuContext& context, Move& move)
       by_key.as<int32_t>(), order.as<int32_t>(), n, 0, 64, stream));
   ScratchBuffer temp(context, std::max(key_sort_bytes, score_sort_bytes));
   move.victim_keys.reset(new ScratchBuffer(context, count * sizeof(Key)));
-  ScratchBuffer victim_rows(context, count * sizeof(int32_t));
-  ScratchBuffer rows(context, count * (width * sizeof(float) + 2 * sizeof(int64_t)));
+  move.victim_rows.reset(new ScratchBuffer(context, count * sizeof(int32_t)));
   if (!order_in.ok() || !by_key.ok() || !order.ok() || !sorted_keys.ok() || !scores_by_key.ok() ||
-      !sorted_scores.ok() || !temp.ok() || !move.victim_keys->ok() || !victim_rows.ok() ||
-      !rows.ok()) {
+      !sorted_scores.ok() || !temp.ok() || !move.victim_keys->ok() || !move.victim_rows->ok()) {
     return out_of_device_memory(
-        name_, "rows written back to host memory",
-        n * (3 * sizeof(int32_t) + sizeof(Key) + 16) + count * (width * sizeof(float) + 20));
+        name_, "choosing rows to write back to host memory",
+        n * (3 * sizeof(int32_t) + sizeof(Key) + 16) + count * (sizeof(Key) + sizeof(int32_t)));
   }
   iota_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(order_in.as<int32_t>(), n);
   SOK_EV_LAUNCH_CHECK("iota");
@@ -715,57 +818,56 @@ Status TieredTable<Key>::queue_write_back(const GpuContext& context, Move& move)
       keys.as<Key>(), order.as<int32_t>(), count, victim_keys);
   SOK_EV_LAUNCH_CHECK("gather_victim_keys");
   gather_by_kernel<int32_t><<<grid_for(count, kThreads), kThreads, 0, stream>>>(
-      row_ids.as<int32_t>(), order.as<int32_t>(), count, victim_rows.as<int32_t>());
+      row_ids.as<int32_t>(), order.as<int32_t>(), count, move.victim_rows->template as<int32_t>());
   SOK_EV_LAUNCH_CHECK("gather_victim_rows");
-
-  // Their rows, frequencies and versions to the pinned staging.
-  float* values = rows.as<float>();
-  int64_t* frequencies = reinterpret_cast<int64_t*>(values + count * width);
-  int64_t* versions = frequencies + count;
-  gather_rows_kernel<Key><<<grid_for(count * 32, kThreads), kThreads, 0, stream>>>(
-      view, victim_rows.as<int32_t>(), count, values, frequencies, versions);
-  SOK_EV_LAUNCH_CHECK("gather_rows");
-  const PinnedRows<Key>& out = staging_->out;
-  SOK_EV_RETURN_IF_ERROR(to_host(context, victim_keys, count, out.keys()));
-  SOK_EV_RETURN_IF_ERROR(to_host(context, values, count * width, out.rows()));
-  SOK_EV_RETURN_IF_ERROR(to_host(context, frequencies, count, out.frequencies()));
-  SOK_EV_RETURN_IF_ERROR(to_host(context, versions, count, out.versions()));
+  // Only the keys cross now: the rows go straight from HBM to their host
+  // records in stage 4, once the host tier has given the records.
+  SOK_EV_RETURN_IF_ERROR(to_host(context, victim_keys, count, staging_->victim_keys.data()));
   move.chosen = count;
   return Status::Ok();
 }
 
 template <typename Key>
-Status TieredTable<Key>::read_host_rows(const GpuContext& context, Move& move) const {
-  if (host_->size() == 0) {
-    move.absent.clear();  // every absent key is new
-    return Status::Ok();
-  }
-  SOK_EV_RETURN_IF_ERROR(make_staging());
-  const int64_t width = row_width();
-  const int64_t m = static_cast<int64_t>(move.absent.size());
-  PinnedRows<Key>& in = staging_->in;
-  SOK_EV_RETURN_IF_ERROR(in.reserve(m, width, name_));
-  std::unique_ptr<bool[]> found(new bool[m]);
-  host_->find_records(host_threads(context), move.absent.data(), m, in.rows(), in.frequencies(),
-                      in.versions(), found.get());
-  // The found rows packed to the front in place: each row not found takes
-  // the last found one (few keys are new, so few rows move).
-  std::vector<Key>& keys = move.absent;
-  int64_t end = m;
-  for (int64_t i = 0; i < end;) {
-    if (found[i]) {
-      ++i;
+Status TieredTable<Key>::find_host_records(const GpuContext& context, std::vector<Move>& moves) {
+  std::vector<std::pair<const Key*, int64_t>> keys(moves.size(), {nullptr, 0});
+  std::vector<std::vector<char*>> records(moves.size());
+  int64_t total = 0;
+  for (size_t t = 0; t < moves.size(); ++t) {
+    Move& move = moves[t];
+    if (move.absent.empty()) continue;
+    const TieredTable& table = *move.table;
+    if (table.host_->size() == 0) {
+      move.absent.clear();  // every absent key is new
       continue;
     }
-    if (i == --end) break;
-    std::copy(in.rows() + end * width, in.rows() + (end + 1) * width, in.rows() + i * width);
-    in.frequencies()[i] = in.frequencies()[end];
-    in.versions()[i] = in.versions()[end];
-    keys[i] = keys[end];
-    found[i] = found[end];
+    const int64_t n = static_cast<int64_t>(move.absent.size());
+    SOK_EV_RETURN_IF_ERROR(table.make_staging());
+    SOK_EV_RETURN_IF_ERROR(table.staging_->found_keys.reserve(n, table.name_));
+    SOK_EV_RETURN_IF_ERROR(table.staging_->found_records.reserve(n, table.name_));
+    keys[t] = {move.absent.data(), n};
+    records[t].resize(n);
+    total += n;
   }
-  keys.resize(end);
-  std::copy(keys.begin(), keys.end(), in.keys());
+  const CpuContext& host = host_threads(context);
+  const std::vector<typename HostTier<Key>::Batch> batches = split_each(host, keys);
+  for_each_table_shard<Key>(host, moves.size(), total, [&](size_t t, int shard) {
+    if (!records[t].empty()) moves[t].table->host_->find(batches[t], shard, records[t].data());
+  });
+  // The keys found, in order, with their records: the absent keys that are
+  // not found are new.
+  for (size_t t = 0; t < moves.size(); ++t) {
+    if (records[t].empty()) continue;
+    std::vector<Key>& absent = moves[t].absent;
+    const Staging& staging = *moves[t].table->staging_;
+    size_t found = 0;
+    for (size_t i = 0; i < absent.size(); ++i) {
+      if (records[t][i] == nullptr) continue;
+      staging.found_keys.data()[found] = absent[i];
+      staging.found_records.data()[found] = records[t][i];
+      absent[found++] = absent[i];
+    }
+    absent.resize(found);
+  }
   return Status::Ok();
 }
 
@@ -848,8 +950,7 @@ template <typename Key>
 Status TieredTable<Key>::export_host_batches(
     int64_t max_batch, const std::function<Status(const HostBatch& batch)>& emit) const {
   if (!tiered()) return Status::Ok();
-  return host_->export_batches(
-      max_batch, [](int64_t, int64_t) { return Status::Ok(); }, emit);
+  return host_->export_batches(max_batch, emit);
 }
 
 template <typename Key>

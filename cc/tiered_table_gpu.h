@@ -1,6 +1,6 @@
 // A GPU Embedding Variable's store: a gpu::HashTable in device memory (HBM)
-// and, with DeepRec's HBM_DRAM storage (cc/storage_spec.h), a
-// cpu::HashTable in host memory for the rows beyond the HBM budget.
+// and, with DeepRec's HBM_DRAM storage (cc/storage_spec.h), a HostTier
+// (cc/host_tier.h) in pinned host memory for the rows beyond the HBM budget.
 //
 // Without a budget it is the GPU hash table alone: every method forwards
 // to it, nothing else runs.
@@ -22,11 +22,14 @@
 // budget (at most 65,536 rows) more than it must, so that the whole-table
 // scan that picks the victims is not paid on every call.
 //
-// Rows moving between the tiers go through pinned staging buffers per
-// table (grown as needed), and the host tier's lookups, inserts and erases
-// run on the context's host threads (GpuContext::host; the TF kernels pass
-// TensorFlow's CPU worker threads). An op on several tables moves the rows
-// of all of them stage by stage (make_resident_together).
+// Rows move between the tiers on the GPU: a kernel writes the rows written
+// back from HBM straight into their host records, and one reads the records
+// of the rows brought in, both over the host link; the host only finds,
+// inserts and erases keys in the host tier's map (on the context's host
+// threads, GpuContext::host; the TF kernels pass TensorFlow's CPU worker
+// threads), and the keys and record addresses cross in small pinned buffers
+// per table. An op on several tables moves the rows of all of them stage by
+// stage (make_resident_together).
 //
 // Errors. Host memory that the system refuses for written-back rows fails
 // the call with ResourceExhausted naming the table; the rows already
@@ -49,8 +52,8 @@
 #include <vector>
 
 #include "cc/common.h"
-#include "cc/hash_table_cpu.h"
 #include "cc/hash_table_gpu.h"
+#include "cc/host_tier.h"
 #include "cc/initializer.h"
 #include "cc/storage_spec.h"
 
@@ -120,12 +123,13 @@ class TieredTable {
   //      within its budget -- the common case -- the call ends here.
   //   2. Each table's absent keys sorted on the GPU (one segmented sort) and
   //      copied to the host (one wait).
-  //   3. The rows to write back chosen, gathered and copied to pinned host
-  //      memory on the GPU for every table, while the host tier reads the
-  //      rows to bring in (one wait).
-  //   4. The written-back rows inserted in the host tier; HBM's erase of
-  //      them and its insert of the rows brought in, queued for every table
-  //      (one wait); the rows brought in erased from the host tier.
+  //   3. The rows to write back chosen on the GPU for every table and
+  //      their keys copied to the host, while the host tier finds the
+  //      records of the rows to bring in (one wait).
+  //   4. The keys written back inserted in the host tier; for every table
+  //      the GPU writes their rows into their records and HBM erases them,
+  //      then reads the records brought in and HBM inserts them (one wait);
+  //      the keys brought in erased from the host tier.
   // Tables without a budget are skipped. A table whose move fails (host
   // memory refused for the rows written back, device memory for the rows
   // brought in) keeps every row in exactly one tier, as it was; the others'
@@ -148,8 +152,8 @@ class TieredTable {
   Status export_all(const GpuContext& context, Key* keys, float* rows, int64_t* frequencies,
                     int64_t* versions, int64_t capacity, int64_t* count);
   // The host tier's rows in host batches (none without a budget), as
-  // cpu::HashTable::export_batches without its begin.
-  using HostBatch = typename cpu::HashTable<Key>::ExportBatch;
+  // HostTier::export_batches.
+  using HostBatch = typename HostTier<Key>::ExportBatch;
   Status export_host_batches(int64_t max_batch,
                              const std::function<Status(const HostBatch& batch)>& emit) const;
   // Rows in the host tier (0 without a budget).
@@ -177,18 +181,19 @@ class TieredTable {
   // Queues the choice of the move's rows to write back: the evict_count HBM
   // rows that the cache strategy ranks lowest (by score, then key) among
   // those whose keys are not in its spans. Rows are ranked and sorted on the
-  // GPU, and their keys, rows, frequencies and versions copied to the
-  // table's pinned staging; nothing is read on the host until the stream is
-  // synchronised.
+  // GPU; their keys are copied to the table's pinned staging and their HBM
+  // row ids kept in the move. Nothing is read on the host until the stream
+  // is synchronised.
   Status queue_write_back(const GpuContext& context, Move& move) const;
-  // Reads the move's absent keys' rows from the host tier into the pinned
-  // staging, keeping those found (in front, in the same order as their keys).
-  Status read_host_rows(const GpuContext& context, Move& move) const;
+  // Finds the moves' absent keys in their host tiers (every table's shards
+  // side by side) and keeps in each move's absent list the keys found, their
+  // keys and records in its staging (found_keys, found_records).
+  static Status find_host_records(const GpuContext& context, std::vector<Move>& moves);
   // staging_, made on first use.
   Status make_staging() const;
 
   std::unique_ptr<HashTable<Key>> hbm_;
-  std::unique_ptr<cpu::HashTable<Key>> host_;  // null without a budget
+  std::unique_ptr<HostTier<Key>> host_;  // null without a budget
   StorageSpec storage_;
   std::string name_;
   // Where rows are changes nothing a caller sees, so const calls move

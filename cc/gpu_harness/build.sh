@@ -10,8 +10,8 @@ nvcc="${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}"
 flags=(-O3 -std=c++17 -arch=sm_90 -fmad=false -lineinfo -Xcompiler -fPIC -I"$root")
 objects=()
 pids=()
-# The tiered table's host tier is the CPU hash table (cc/tiered_table_gpu.h).
-for source in "$root"/cc/*_gpu.cu "$root"/cc/hash_table_cpu.cc "$root"/cc/gpu_harness/harness.cu; do
+# The tiered table's host tier (cc/host_tier.h) is host code.
+for source in "$root"/cc/*_gpu.cu "$root"/cc/host_tier_cpu.cc "$root"/cc/gpu_harness/harness.cu; do
   object="$out/$(basename "${source%.*}").o"
   objects+=("$object")
   "$nvcc" "${flags[@]}" -c "$source" -o "$object" & pids+=($!)
