@@ -103,6 +103,17 @@ struct GpuContext {
   const CpuContext* host = nullptr;
 };
 
+// Whole rows of stored keys, as a table exports them (host memory, valid
+// while the callback that receives them runs).
+template <typename Key>
+struct RowBatch {
+  const Key* keys;             // (count,)
+  const float* rows;           // (count, row_width)
+  const int64_t* frequencies;  // (count,)
+  const int64_t* versions;     // (count,)
+  int64_t count;
+};
+
 }  // namespace sok_ev
 
 #endif  // SOK_EV_CC_COMMON_H_

@@ -151,13 +151,7 @@ class HashTable {
   // is called first, then emit() with consecutive batches of at most
   // `max_batch` keys (in no particular order) that together hold every key
   // once. The first failing callback's Status is returned.
-  struct ExportBatch {
-    const Key* keys;             // (count,)
-    const float* rows;           // (count, row_width)
-    const int64_t* frequencies;  // (count,)
-    const int64_t* versions;     // (count,)
-    int64_t count;
-  };
+  using ExportBatch = RowBatch<Key>;
   Status export_batches(int64_t max_batch,
                         const std::function<Status(int64_t total, int64_t row_width)>& begin,
                         const std::function<Status(const ExportBatch& batch)>& emit) const;

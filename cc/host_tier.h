@@ -96,6 +96,7 @@ class HostTier {
     const Key* keys = nullptr;
     int64_t n = 0;
     std::vector<int64_t> positions;  // (n,)
+    std::vector<uint64_t> hashes;    // (n,) each key's bucket_hash
     int64_t offsets[kNumShards + 1] = {};
   };
   static Batch split(const Key* keys, int64_t n);
@@ -128,13 +129,7 @@ class HostTier {
   // Every stored key once, in batches of at most max_batch, in no particular
   // order; the batch's buffers are valid during emit only. The first failing
   // emit's Status is returned.
-  struct ExportBatch {
-    const Key* keys;             // (count,)
-    const float* rows;           // (count, row_width)
-    const int64_t* frequencies;  // (count,)
-    const int64_t* versions;     // (count,)
-    int64_t count;
-  };
+  using ExportBatch = RowBatch<Key>;
   Status export_batches(int64_t max_batch,
                         const std::function<Status(const ExportBatch& batch)>& emit) const;
 
@@ -145,6 +140,10 @@ class HostTier {
 
  private:
   class Shard;
+  // Runs step(i) for shard `shard`'s keys i of `batch` in turn, prefetching
+  // the probes ahead, until a step returns false.
+  template <typename Step>
+  void for_each_key(const Batch& batch, int shard, const Step& step) const;
   // Runs step(shard) for every shard, side by side on the context's threads.
   static void for_each_shard(const CpuContext& context, int64_t keys,
                              const std::function<void(int shard)>& step);

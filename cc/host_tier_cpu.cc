@@ -15,6 +15,8 @@ constexpr size_t kFirstChunkBytes = size_t{64} << 10;
 constexpr size_t kLargestChunkBytes = size_t{8} << 20;
 // A map step's cost in cycles for the thread pool (a cache miss or two).
 constexpr int64_t kCyclesPerKey = 400;
+// How many keys ahead a batch's probes are prefetched.
+constexpr int64_t kPrefetchAhead = 8;
 
 }  // namespace
 
@@ -37,23 +39,28 @@ class HostTier<Key>::Shard {
   char* find(Key key, uint64_t hash) const {
     if (size_ == 0) return nullptr;
     for (uint64_t slot = hash & mask_;; slot = (slot + 1) & mask_) {
-      if (records_[slot] == nullptr) return nullptr;
-      if (keys_[slot] == key) return records_[slot];
+      if (entries_[slot].record == nullptr) return nullptr;
+      if (entries_[slot].key == key) return entries_[slot].record;
     }
+  }
+
+  // Asks the CPU for the cache line of a key's first probe ahead of use.
+  void prefetch(uint64_t hash) const {
+    if (entries_ != nullptr) __builtin_prefetch(&entries_[hash & mask_]);
   }
 
   // The key's record, a new one when it is absent; null, with *refused set
   // to the bytes asked for, when the system refuses memory (nothing changed).
   char* insert(Key key, uint64_t hash, size_t* refused) {
     if (char* record = find(key, hash)) return record;
-    if (static_cast<uint64_t>(size_ + 1) * 8 > (mask_ + 1) * 5 && !grow_map(refused))
+    if (static_cast<uint64_t>(size_ + 1) * 8 > (mask_ + 1) * 5 && !grow_map(refused)) {
       return nullptr;
+    }
     char* record = take_record(refused);
     if (record == nullptr) return nullptr;
     uint64_t slot = hash & mask_;
-    while (records_[slot] != nullptr) slot = (slot + 1) & mask_;
-    keys_[slot] = key;
-    records_[slot] = record;
+    while (entries_[slot].record != nullptr) slot = (slot + 1) & mask_;
+    entries_[slot] = Entry{key, record};
     ++size_;
     return record;
   }
@@ -62,23 +69,23 @@ class HostTier<Key>::Shard {
     if (size_ == 0) return false;
     uint64_t slot = hash & mask_;
     for (;; slot = (slot + 1) & mask_) {
-      if (records_[slot] == nullptr) return false;
-      if (keys_[slot] == key) break;
+      if (entries_[slot].record == nullptr) return false;
+      if (entries_[slot].key == key) break;
     }
-    free_.push_back(records_[slot]);  // never reallocates: see take_record
+    free_.push_back(entries_[slot].record);  // never reallocates: see take_record
     --size_;
     // Backward shift: each later key of the run moves into the hole when
     // the hole lies between its home slot and where it sits.
     uint64_t hole = slot;
-    for (uint64_t next = (hole + 1) & mask_; records_[next] != nullptr; next = (next + 1) & mask_) {
-      const uint64_t home = bucket_hash(keys_[next]) & mask_;
+    for (uint64_t next = (hole + 1) & mask_; entries_[next].record != nullptr;
+         next = (next + 1) & mask_) {
+      const uint64_t home = bucket_hash(entries_[next].key) & mask_;
       if (((next - home) & mask_) >= ((next - hole) & mask_)) {
-        keys_[hole] = keys_[next];
-        records_[hole] = records_[next];
+        entries_[hole] = entries_[next];
         hole = next;
       }
     }
-    records_[hole] = nullptr;
+    entries_[hole].record = nullptr;
     return true;
   }
 
@@ -87,28 +94,31 @@ class HostTier<Key>::Shard {
   void for_each(const Visit& visit) const {
     if (size_ == 0) return;
     for (uint64_t slot = 0; slot <= mask_; ++slot) {
-      if (records_[slot] != nullptr) visit(keys_[slot], records_[slot]);
+      if (entries_[slot].record != nullptr) visit(entries_[slot].key, entries_[slot].record);
     }
   }
 
  private:
+  // A key and its record side by side, so that a probe reads one cache line.
+  struct Entry {
+    Key key;
+    char* record;  // null: an empty slot
+  };
+
   bool grow_map(size_t* refused) {
-    const uint64_t capacity = mask_ == 0 && records_ == nullptr ? 16 : 2 * (mask_ + 1);
-    std::unique_ptr<Key[]> keys(new (std::nothrow) Key[capacity]);
-    std::unique_ptr<char*[]> records(new (std::nothrow) char*[capacity]());
-    if (keys == nullptr || records == nullptr) {
-      *refused = capacity * (sizeof(Key) + sizeof(char*));
+    const uint64_t capacity = entries_ == nullptr ? 16 : 2 * (mask_ + 1);
+    std::unique_ptr<Entry[]> entries(new (std::nothrow) Entry[capacity]());
+    if (entries == nullptr) {
+      *refused = capacity * sizeof(Entry);
       return false;
     }
     const uint64_t mask = capacity - 1;
     for_each([&](Key key, char* record) {
       uint64_t slot = bucket_hash(key) & mask;
-      while (records[slot] != nullptr) slot = (slot + 1) & mask;
-      keys[slot] = key;
-      records[slot] = record;
+      while (entries[slot].record != nullptr) slot = (slot + 1) & mask;
+      entries[slot] = Entry{key, record};
     });
-    keys_ = std::move(keys);
-    records_ = std::move(records);
+    entries_ = std::move(entries);
     mask_ = mask;
     return true;
   }
@@ -148,9 +158,7 @@ class HostTier<Key>::Shard {
 
   const HostMemory* memory_ = nullptr;
   size_t record_bytes_ = 0;
-  // The map: records_[slot] null is an empty slot.
-  std::unique_ptr<Key[]> keys_;
-  std::unique_ptr<char*[]> records_;
+  std::unique_ptr<Entry[]> entries_;  // the map
   uint64_t mask_ = 0;
   int64_t size_ = 0;
   // Records: erased ones, then the rest of the newest chunk.
@@ -203,45 +211,57 @@ typename HostTier<Key>::Batch HostTier<Key>::split(const Key* keys, int64_t n) {
   Batch batch;
   batch.keys = keys;
   batch.n = n;
-  std::vector<int> shards(n);
+  batch.hashes.resize(n);
   for (int64_t i = 0; i < n; ++i) {
-    shards[i] = shard_of<Key>(bucket_hash(keys[i]));
-    ++batch.offsets[shards[i] + 1];
+    batch.hashes[i] = bucket_hash(keys[i]);
+    ++batch.offsets[shard_of<Key>(batch.hashes[i]) + 1];
   }
   for (int s = 0; s < kNumShards; ++s) batch.offsets[s + 1] += batch.offsets[s];
   int64_t cursor[kNumShards];
   std::copy(batch.offsets, batch.offsets + kNumShards, cursor);
   batch.positions.resize(n);
-  for (int64_t i = 0; i < n; ++i) batch.positions[cursor[shards[i]]++] = i;
+  for (int64_t i = 0; i < n; ++i) batch.positions[cursor[shard_of<Key>(batch.hashes[i])]++] = i;
   return batch;
 }
 
 template <typename Key>
-void HostTier<Key>::find(const Batch& batch, int shard, char** records) const {
-  for (int64_t p = batch.offsets[shard]; p < batch.offsets[shard + 1]; ++p) {
-    const int64_t i = batch.positions[p];
-    records[i] = shards_[shard].find(batch.keys[i], bucket_hash(batch.keys[i]));
+template <typename Step>
+void HostTier<Key>::for_each_key(const Batch& batch, int shard, const Step& step) const {
+  const Shard& owner = shards_[shard];
+  const int64_t end = batch.offsets[shard + 1];
+  for (int64_t p = batch.offsets[shard]; p < end; ++p) {
+    // The probes miss the cache: the line of a key a few ahead is asked for
+    // while this one is probed.
+    if (p + kPrefetchAhead < end) owner.prefetch(batch.hashes[batch.positions[p + kPrefetchAhead]]);
+    if (!step(batch.positions[p])) return;
   }
 }
 
 template <typename Key>
+void HostTier<Key>::find(const Batch& batch, int shard, char** records) const {
+  for_each_key(batch, shard, [&](int64_t i) {
+    records[i] = shards_[shard].find(batch.keys[i], batch.hashes[i]);
+    return true;
+  });
+}
+
+template <typename Key>
 Status HostTier<Key>::insert(const Batch& batch, int shard, char** records) {
-  for (int64_t p = batch.offsets[shard]; p < batch.offsets[shard + 1]; ++p) {
-    const int64_t i = batch.positions[p];
-    size_t refused = 0;
-    records[i] = shards_[shard].insert(batch.keys[i], bucket_hash(batch.keys[i]), &refused);
-    if (records[i] == nullptr) return out_of_memory(refused);
-  }
-  return Status::Ok();
+  size_t refused = 0;
+  for_each_key(batch, shard, [&](int64_t i) {
+    records[i] = shards_[shard].insert(batch.keys[i], batch.hashes[i], &refused);
+    return records[i] != nullptr;
+  });
+  return refused == 0 ? Status::Ok() : out_of_memory(refused);
 }
 
 template <typename Key>
 int64_t HostTier<Key>::erase(const Batch& batch, int shard) {
   int64_t erased = 0;
-  for (int64_t p = batch.offsets[shard]; p < batch.offsets[shard + 1]; ++p) {
-    const Key key = batch.keys[batch.positions[p]];
-    erased += shards_[shard].erase(key, bucket_hash(key));
-  }
+  for_each_key(batch, shard, [&](int64_t i) {
+    erased += shards_[shard].erase(batch.keys[i], batch.hashes[i]);
+    return true;
+  });
   return erased;
 }
 

@@ -239,6 +239,7 @@ class Stopwatch {
     *total_us += std::chrono::duration_cast<std::chrono::microseconds>(now - last_).count();
     last_ = now;
   }
+  void restart() { last_ = Clock::now(); }
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -598,8 +599,14 @@ Status TieredTable<Key>::write_back_and_bring_in(const GpuContext& context,
       SOK_EV_RETURN_IF_ERROR(move.table->queue_write_back(context, move));
     }
   }
+  // The host tier's map work and the waits for the GPU, shared out among
+  // the tables at the end (TierCounters::host_tier_us, wait_us).
+  int64_t host_tier_us = 0, wait_us = 0;
+  Stopwatch part;
   SOK_EV_RETURN_IF_ERROR(find_host_records(context, moves));
+  part.lap(&host_tier_us);
   SOK_EV_RETURN_IF_ERROR(synchronize(stream));
+  part.lap(&wait_us);
   int64_t stage_us = 0;
   stopwatch.lap(&stage_us);
   share_stage_time(moves, stage_us, &TierCounters::choose_us);
@@ -611,6 +618,7 @@ Status TieredTable<Key>::write_back_and_bring_in(const GpuContext& context,
   std::vector<int64_t> written(moves.size(), 0);
   std::vector<std::pair<const Key*, int64_t>> victim_keys(moves.size(), {nullptr, 0});
   int64_t total = 0;
+  part.restart();
   for (size_t t = 0; t < moves.size(); ++t) {
     if (moves[t].chosen == 0) continue;
     const Staging& staging = *moves[t].table->staging_;
@@ -629,6 +637,7 @@ Status TieredTable<Key>::write_back_and_bring_in(const GpuContext& context,
     std::lock_guard<std::mutex> lock(inserted_mutex);
     if (inserted[t].ok()) inserted[t] = std::move(status);
   });
+  part.lap(&host_tier_us);
   Status first_error;
   for (size_t t = 0; t < moves.size(); ++t) {
     if (written[t] == 0) continue;
@@ -702,11 +711,14 @@ Status TieredTable<Key>::write_back_and_bring_in(const GpuContext& context,
     arrived_keys[t] = {move.absent.data(), n};
     total += n;
   }
+  part.restart();
   SOK_EV_RETURN_IF_ERROR(synchronize(stream));
+  part.lap(&wait_us);
   const std::vector<typename HostTier<Key>::Batch> arrived = split_each(host, arrived_keys);
   for_each_table_shard<Key>(host, moves.size(), total, [&](size_t t, int shard) {
     if (arriving[t] != nullptr) moves[t].table->host_->erase(arrived[t], shard);
   });
+  part.lap(&host_tier_us);
   for (size_t t = 0; t < moves.size(); ++t) {
     if (arriving[t] == nullptr) continue;
     const TieredTable& table = *moves[t].table;
@@ -717,6 +729,10 @@ Status TieredTable<Key>::write_back_and_bring_in(const GpuContext& context,
   stage_us = 0;
   stopwatch.lap(&stage_us);
   share_stage_time(moves, stage_us, &TierCounters::write_back_us);
+  for (const Move& move : moves) {
+    move.table->counters_.host_tier_us += host_tier_us / static_cast<int64_t>(moves.size());
+    move.table->counters_.wait_us += wait_us / static_cast<int64_t>(moves.size());
+  }
   return first_error;
 }
 

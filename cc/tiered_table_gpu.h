@@ -164,8 +164,8 @@ class TieredTable {
 
  private:
   TieredTable(HashTable<Key>* hbm, const StorageSpec& storage, const std::string& name);
-  // Pinned host memory for the rows a table moves between its tiers, kept
-  // between calls. Defined in the .cu.
+  // Pinned host memory for the keys and record addresses of the rows a table
+  // moves between its tiers, kept between calls. Defined in the .cu.
   struct Staging;
   // One table's part of one call that moves rows: what it asked for, what
   // HBM lacks, the rows chosen to write back. Defined in the .cu.

@@ -63,7 +63,8 @@ _NO_TIERS = {"hbm_bytes": 0, "cache_strategy": 1}
 
 # The fields of SokEv>EmbeddingVariableTierCounters, in order.
 TIER_COUNTER_NAMES = ("hits", "misses", "rows_to_hbm", "rows_to_host", "pcie_bytes", "calls",
-                      "hbm_rows", "host_rows", "choose_us", "write_back_us", "bring_in_us")
+                      "hbm_rows", "host_rows", "choose_us", "write_back_us", "bring_in_us",
+                      "host_tier_us", "wait_us")
 
 
 def _check_gpu_placement(handle, name):
@@ -269,7 +270,9 @@ class EmbeddingVariable(variables.Variable, core.Tensor):
     updates that made keys resident), all since the table was made; and
     hbm_rows and host_rows (rows in each tier now); choose_us, write_back_us
     and bring_in_us (host microseconds spent choosing rows to write back,
-    writing them back and bringing rows in). A table without tiers counts
+    writing them back and bringing rows in), and two parts of that time:
+    host_tier_us (the host tier's map work) and wait_us (waiting for the
+    GPU's part of the moves). A table without tiers counts
     nothing: its rows are hbm_rows on a GPU, host_rows on the CPU. Read it
     twice to get a step's share (e.g. pcie_bytes per step)."""
         with tf.device(self._handle.device):

@@ -148,7 +148,9 @@ def test_a_cpu_table_counts_its_rows_in_host_memory_and_nothing_else(sok, unique
                             host_rows=3,
                             choose_us=0,
                             write_back_us=0,
-                            bring_in_us=0)
+                            bring_in_us=0,
+                            host_tier_us=0,
+                            wait_us=0)
 
 
 def test_deeprec_names_the_cache_strategy_as_deeprec_does(sok):

@@ -67,7 +67,7 @@ sys.path.insert(0, HERE)
 # pylint: disable=wrong-import-position
 from tf_sparse_step import ACCUMULATOR, DIM, LR, TABLES, raw_keys
 # The tiers' step benchmark: its counters, the Adagrad slot count and tables.
-from tf_tiered_step import MOVED, SLOTS, make_tables
+from tf_tiered_step import MOVED, SLOTS, host_ms, make_tables
 # tf_sparse_step put benchmarks/ on the path.
 import gpu_memory
 from results import RESULTS, command, machine, publish
@@ -143,11 +143,14 @@ def plan(args, gpu_total):
     rows = args.rows_per_table or math.ceil(args.times * gpu_total / (ROW_BYTES * TABLES))
     budget_rows = max(1, int(args.hbm_fraction * rows))
     host_rows = TABLES * max(0, rows - budget_rows)
-    # Pinned staging (cc/tiered_table_gpu.cu): each table's grows to 1.25x the
-    # most rows one call moved. The fill's write-backs are the largest: a
-    # chunk plus what an eviction frees beyond it (an eighth of the budget,
-    # at most 65,536 rows: kMaxEvictionSlack), each way (out and in).
-    staging = TABLES * 1.25 * (min(budget_rows // 8, 1 << 16) + args.fill_chunk) * RAW_ROW_BYTES
+    # Pinned staging (cc/tiered_table_gpu.cu): each table's keys and record
+    # addresses, both ways, grown to 1.25x the most rows one call moved (the
+    # fill's write-backs: a chunk plus an eviction's slack, at most 65,536
+    # rows: kMaxEvictionSlack); and the host tier's newest chunk of records in
+    # each of its 16 shards, at most 8 MiB (cc/host_tier.h), partly empty.
+    moved_rows = min(budget_rows // 8, 1 << 16) + args.fill_chunk
+    newest_chunks = min(16 * (8 << 20), max(0, rows - budget_rows) * RAW_ROW_BYTES)
+    staging = TABLES * (1.25 * moved_rows * 2 * (8 + 8) + newest_chunks)
     return dict(rows=rows,
                 budget_rows=budget_rows,
                 budget_bytes=budget_rows * ROW_BYTES,
@@ -421,8 +424,7 @@ def report(args, sizes, gpu_total, gpu_name, out):
         f"| hit rate | {hit_rate} |",
         f"| rows to HBM / to host a step | {moved['rows_to_hbm']:,.0f} / "
         f"{moved['rows_to_host']:,.0f} |", f"| PCIe a step | {moved['pcie_bytes'] / 1e6:.1f} MB |",
-        f"| host ms a step: choose / write back / bring in | {moved['choose_us'] / 1e3:.1f} / "
-        f"{moved['write_back_us'] / 1e3:.1f} / {moved['bring_in_us'] / 1e3:.1f} |",
+        f"| host ms a step: choose / write back / bring in | {host_ms(moved)} |",
         f"| GPU in use after the fill: TensorFlow's allocator (peak) | {gb(out['tf_current'])} "
         f"({gb(out['tf_peak'])}) |",
         f"| GPU in use after the fill: CUDA (cuMemGetInfo) | {gb(out['cuda_used'])} |",

@@ -45,7 +45,18 @@ import step_profile
 SLOTS = 1  # Adagrad's accumulator
 COPY_BYTES = 256 << 20  # the host link's copy, each way
 MOVED = ("hits", "misses", "rows_to_hbm", "rows_to_host", "pcie_bytes", "choose_us",
-         "write_back_us", "bring_in_us")
+         "write_back_us", "bring_in_us", "host_tier_us", "wait_us")
+
+
+def host_ms(moved):
+    """The tiers' host time a step, as printed: choose / write back / bring
+  in, then two parts of their sum: the host tier's map work and the waits
+  for the GPU."""
+    ms = {k: moved[k] / 1e3 for k in MOVED if k.endswith("_us")}
+    return (f"{ms['choose_us']:.1f} / {ms['write_back_us']:.1f} / {ms['bring_in_us']:.1f} "
+            f"(host tier {ms['host_tier_us']:.1f}, waits {ms['wait_us']:.1f})")
+
+
 # The pinned host link, measured by PyTorch in a child process (TensorFlow
 # exposes no pinned host buffer; the tiers stage their rows in pinned memory).
 PINNED_PROBE = """
@@ -230,9 +241,10 @@ def main():
         f"Host link, {COPY_BYTES >> 20} MB each way: pageable (TensorFlow, this process) "
         f"{pageable / 1e9:.1f} GB/s, pinned (PyTorch, a child process) "
         f"{'not measured' if pinned is None else f'{pinned / 1e9:.1f} GB/s'}; PCIe floor = "
-        f"bytes over PCIe ÷ the {'pinned' if pinned else 'pageable'} rate (the tiers stage rows "
-        "in pinned memory). Host ms: the tiers' host time a step, summed over tables: choosing "
-        "rows to write back / writing them back / bringing rows in.", "",
+        f"bytes over PCIe ÷ the {'pinned' if pinned else 'pageable'} rate (the host tier's rows "
+        "are pinned memory the GPU reads and writes). Host ms: the tiers' host time a step, "
+        "summed over tables: choosing rows to write back / writing them back / bringing rows in "
+        "(of which the host tier's map work, and the waits for the GPU).", "",
         "| hotness | budget | prefetch | ms/step | ratio to all-HBM | hit rate | rows to HBM | "
         "rows to host | PCIe MB/step | PCIe floor (ms) | host ms | HBM rows / host rows |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|"
@@ -255,8 +267,7 @@ def main():
                     f"{hit_rate} | "
                     f"{moved['rows_to_hbm']:,.0f} | {moved['rows_to_host']:,.0f} | "
                     f"{moved['pcie_bytes'] / 1e6:.1f} | {moved['pcie_bytes'] / link * 1e3:.2f} | "
-                    f"{moved['choose_us'] / 1e3:.1f} / {moved['write_back_us'] / 1e3:.1f} / "
-                    f"{moved['bring_in_us'] / 1e3:.1f} | "
+                    f"{host_ms(moved)} | "
                     f"{moved['hbm_rows']:,} / {moved['host_rows']:,} |")
                 print(lines[-1], flush=True)
     text = "\n".join(lines) + "\n"

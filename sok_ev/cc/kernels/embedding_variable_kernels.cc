@@ -148,7 +148,8 @@ class EmbeddingVariableTierCountersOp : public OpKernel {
     const int64_t fields[TierCounters::kFields] = {
         counters.hits,       counters.misses,        counters.rows_to_hbm, counters.rows_to_host,
         counters.pcie_bytes, counters.calls,         counters.hbm_rows,    counters.host_rows,
-        counters.choose_us,  counters.write_back_us, counters.bring_in_us};
+        counters.choose_us,  counters.write_back_us, counters.bring_in_us, counters.host_tier_us,
+        counters.wait_us};
     for (int i = 0; i < TierCounters::kFields; ++i) out(i) = fields[i];
   }
 };

@@ -1,5 +1,6 @@
 // Op definitions for creating, initializing, sizing and checkpointing an
 // Embedding Variable. Kernels: sok_ev/cc/kernels/embedding_variable_kernels.cc.
+#include "cc/storage_spec.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -76,14 +77,15 @@ REGISTER_OP("SokEv>EmbeddingVariableTierCounters")
     .Output("counters: int64")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
-      c->set_output(0, c->Vector(11));
+      c->set_output(0, c->Vector(sok_ev::TierCounters::kFields));
       return absl::OkStatus();
     })
     .Doc(
         "The table's tier counters (cc/storage_spec.h TierCounters): hits, "
         "misses, rows_to_hbm, rows_to_host, pcie_bytes, calls (cumulative), "
         "hbm_rows, host_rows (now), choose_us, write_back_us, bring_in_us "
-        "(cumulative host time of the moves).");
+        "(cumulative host time of the moves), host_tier_us, wait_us (parts of "
+        "it: the host tier's map work, the waits for the GPU).");
 
 REGISTER_OP("SokEv>EmbeddingVariableSize")
     .Input("resource: resource")
