@@ -74,6 +74,15 @@ struct TierCounters {
   int64_t host_tier_us = 0;
   int64_t wait_us = 0;
   static constexpr int kFields = 13;
+
+  // The fields in the order above (out: kFields values), as the op and the
+  // harness return them.
+  void to_fields(int64_t* out) const {
+    const int64_t fields[kFields] = {
+        hits,      misses,    rows_to_hbm,   rows_to_host, pcie_bytes,   calls,  hbm_rows,
+        host_rows, choose_us, write_back_us, bring_in_us,  host_tier_us, wait_us};
+    for (int i = 0; i < kFields; ++i) out[i] = fields[i];
+  }
 };
 
 }  // namespace sok_ev

@@ -5,8 +5,10 @@
 // cudaMallocAsync from the device's default pool.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cc/backward_apply_gpu.h"
@@ -17,6 +19,7 @@
 #include "cc/optimizers.h"
 #include "cc/partition.h"
 #include "cc/status_gpu.h"
+#include "cc/tiered_table_gpu.h"
 #include "cc/unique.h"
 #include "cc/unique_partition_gpu.h"
 
@@ -102,6 +105,33 @@ sok_ev::OptimizerSpec optimizer_spec(int kind, const float* hyper, const int* fl
   for (int s = 0; s < 3; ++s) spec.slot_index[s] = flags[2 + s];
   return spec;
 }
+
+// A CpuContext that splits a range evenly over `threads` std::threads
+// started for the call (1 or less: the calling thread alone).
+sok_ev::CpuContext threads_context(int threads) {
+  if (threads <= 1) return sok_ev::CpuContext::Serial();
+  sok_ev::CpuContext context;
+  context.parallelism = threads;
+  context.parallel_for = [threads](int64_t total, int64_t, const sok_ev::CpuContext::Work& work) {
+    if (total <= 0) return;
+    const int64_t used = std::min<int64_t>(threads, total);
+    std::vector<std::thread> helpers;
+    for (int64_t t = 1; t < used; ++t) {
+      helpers.emplace_back(
+          [&work, total, used, t] { work(total * t / used, total * (t + 1) / used); });
+    }
+    work(0, total / used);
+    for (std::thread& helper : helpers) helper.join();
+  };
+  return context;
+}
+
+// A tiered table of int64 keys and a table handle of its HBM tier (not
+// owned) for the sokev_table_* calls.
+struct TieredHandle {
+  gpu::TieredTable<int64_t>* table;
+  TableHandle hbm;
+};
 
 }  // namespace
 
@@ -426,6 +456,76 @@ int sokev_convert_16(int format, int narrow, uint64_t src, int64_t n, uint64_t d
     run(sok_ev::Float16Bits());
   }
   return report_pending();
+}
+
+// A GPU table of int64 keys with HBM_DRAM storage (cc/tiered_table_gpu.h):
+// hbm_bytes of HBM (0: all in HBM), cache_strategy 0 (LRU) or 1 (LFU),
+// zero initial values. *hbm gets a handle of its HBM tier for the
+// sokev_table_* calls (valid while the tiered table lives).
+int sokev_tiered_create(int64_t dim, int64_t hbm_bytes, int cache_strategy, uint64_t stream,
+                        void** out, void** hbm) {
+  sok_ev::StorageSpec storage;
+  storage.hbm_bytes = hbm_bytes;
+  storage.cache_strategy = static_cast<sok_ev::CacheStrategy>(cache_strategy);
+  gpu::TieredTable<int64_t>* table = nullptr;
+  const Status status =
+      gpu::TieredTable<int64_t>::Create(context_for(stream), dim, sok_ev::InitializerSpec(),
+                                        gpu::HashTableOptions(), storage, "harness", &table);
+  *out = *hbm = nullptr;
+  if (!status.ok()) return report(status);
+  TieredHandle* handle = new TieredHandle{table, TableHandle{64, &table->hbm()}};
+  *out = handle;
+  *hbm = &handle->hbm;
+  return 0;
+}
+
+int sokev_tiered_destroy(void* handle) {
+  TieredHandle* h = static_cast<TieredHandle*>(handle);
+  delete h->table;
+  delete h;
+  return 0;
+}
+
+int sokev_tiered_add_slot(void* handle, const char* name, float initial_value, uint64_t stream,
+                          int* index) {
+  return report(static_cast<TieredHandle*>(handle)->table->add_slot(context_for(stream), name,
+                                                                    initial_value, index));
+}
+
+int sokev_tiered_insert_or_assign(void* handle, uint64_t keys, int64_t n, uint64_t rows,
+                                  uint64_t frequencies, uint64_t versions, int threads,
+                                  uint64_t stream) {
+  const sok_ev::CpuContext host = threads_context(threads);
+  GpuContext context = context_for(stream);
+  context.host = &host;
+  return report(static_cast<TieredHandle*>(handle)->table->insert_or_assign(
+      context, ptr<const int64_t>(keys), n, ptr<const float>(rows), ptr<const int64_t>(frequencies),
+      ptr<const int64_t>(versions)));
+}
+
+// TieredTable::make_resident_together over `count` tables: table i's keys[i]
+// (n[i] keys, device memory), the host tier's work on `threads` threads.
+int sokev_tiered_make_resident(void* const* handles, const uint64_t* keys, const int64_t* n,
+                               int count, int threads, uint64_t stream) {
+  std::vector<gpu::TieredTable<int64_t>::Residency> tables;
+  for (int i = 0; i < count; ++i) {
+    tables.push_back({static_cast<TieredHandle*>(handles[i])->table,
+                      {gpu::KeySpan<int64_t>{ptr<const int64_t>(keys[i]), n[i]}}});
+  }
+  const sok_ev::CpuContext host = threads_context(threads);
+  GpuContext context = context_for(stream);
+  context.host = &host;
+  return report(gpu::TieredTable<int64_t>::make_resident_together(context, tables));
+}
+
+// The table's TierCounters, in the order of their fields (kFields int64).
+int sokev_tiered_counters(void* handle, uint64_t stream, int64_t* out) {
+  sok_ev::TierCounters counters;
+  const Status status =
+      static_cast<TieredHandle*>(handle)->table->counters(context_for(stream), &counters);
+  if (!status.ok()) return report(status);
+  counters.to_fields(out);
+  return 0;
 }
 
 int sokev_sync(uint64_t stream) {

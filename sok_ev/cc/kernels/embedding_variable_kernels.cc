@@ -145,12 +145,7 @@ class EmbeddingVariableTierCountersOp : public OpKernel {
     OP_REQUIRES_OK(context,
                    context->allocate_output(0, TensorShape({TierCounters::kFields}), &output));
     auto out = output->flat<int64_t>();
-    const int64_t fields[TierCounters::kFields] = {
-        counters.hits,       counters.misses,        counters.rows_to_hbm, counters.rows_to_host,
-        counters.pcie_bytes, counters.calls,         counters.hbm_rows,    counters.host_rows,
-        counters.choose_us,  counters.write_back_us, counters.bring_in_us, counters.host_tier_us,
-        counters.wait_us};
-    for (int i = 0; i < TierCounters::kFields; ++i) out(i) = fields[i];
+    counters.to_fields(out.data());
   }
 };
 
