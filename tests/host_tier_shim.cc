@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -35,6 +36,7 @@ CpuContext thread_per_unit() {
 }
 
 struct Tier {
+  std::mutex mutex;          // shards allocate from several threads at once
   int64_t chunks_left = -1;  // allocations still allowed; -1: any
   int64_t live_chunks = 0;
   std::unique_ptr<HostTier<int32_t>> int32;
@@ -45,12 +47,14 @@ struct Tier {
 HostMemory counted_memory(Tier* tier) {
   HostMemory memory;
   memory.allocate = [tier](size_t bytes) -> void* {
+    std::lock_guard<std::mutex> lock(tier->mutex);
     if (tier->chunks_left == 0) return nullptr;
     if (tier->chunks_left > 0) --tier->chunks_left;
     ++tier->live_chunks;
     return std::aligned_alloc(16, (bytes + 15) / 16 * 16);
   };
   memory.deallocate = [tier](void* pointer) {
+    std::lock_guard<std::mutex> lock(tier->mutex);
     --tier->live_chunks;
     std::free(pointer);
   };
@@ -170,8 +174,8 @@ int host_tier_insert(void* handle, const void* keys, int64_t n, const float* row
 }
 
 // Returns the records found that were not 16-byte aligned.
-int64_t host_tier_find(void* handle, const void* keys, int64_t n, float* rows,
-                       int64_t* frequencies, int64_t* versions, uint8_t* found) {
+int64_t host_tier_find(void* handle, const void* keys, int64_t n, float* rows, int64_t* frequencies,
+                       int64_t* versions, uint8_t* found) {
   Tier* tier = static_cast<Tier*>(handle);
   int64_t misaligned = 0;
   if (tier->int64) {
