@@ -68,9 +68,9 @@ struct TierCounters {
   int64_t choose_us = 0;
   int64_t write_back_us = 0;
   int64_t bring_in_us = 0;
-  // Parts of those three (shared out the same way): the host tier's own
-  // work (splitting, finding, inserting and erasing keys in its map), and
-  // the waits for the GPU's part of the moves.
+  // Parts of those three (a call's shared out equally among its tables):
+  // the host tier's own work (splitting, finding, inserting and erasing
+  // keys in its map), and the waits for the GPU's part of the moves.
   int64_t host_tier_us = 0;
   int64_t wait_us = 0;
   static constexpr int kFields = 13;
