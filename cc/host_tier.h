@@ -94,7 +94,6 @@ class HostTier {
   // keys[positions[offsets[s] .. offsets[s + 1])].
   struct Batch {
     const Key* keys = nullptr;
-    int64_t n = 0;
     std::vector<int64_t> positions;  // (n,)
     std::vector<uint64_t> hashes;    // (n,) each key's bucket_hash
     int64_t offsets[kNumShards + 1] = {};
@@ -113,6 +112,12 @@ class HostTier {
   void find(const Batch& batch, int shard, char** records) const;
   Status insert(const Batch& batch, int shard, char** records);
   int64_t erase(const Batch& batch, int shard);
+
+  // Runs step(t, shard) for every tier t < tiers and every shard, side by
+  // side on the context's threads (one pool call for several tiers'
+  // batches); `keys` is their batches' keys in all, to size the work.
+  static void for_each_shard(const CpuContext& context, size_t tiers, int64_t keys,
+                             const std::function<void(size_t tier, int shard)>& step);
 
   // The same for a whole batch, the shards spread over the context's threads.
   // insert's first failure is returned.
@@ -144,9 +149,6 @@ class HostTier {
   // the probes ahead, until a step returns false.
   template <typename Step>
   void for_each_key(const Batch& batch, int shard, const Step& step) const;
-  // Runs step(shard) for every shard, side by side on the context's threads.
-  static void for_each_shard(const CpuContext& context, int64_t keys,
-                             const std::function<void(int shard)>& step);
   Status out_of_memory(size_t bytes) const;
 
   int64_t row_width_;

@@ -210,7 +210,6 @@ template <typename Key>
 typename HostTier<Key>::Batch HostTier<Key>::split(const Key* keys, int64_t n) {
   Batch batch;
   batch.keys = keys;
-  batch.n = n;
   batch.hashes.resize(n);
   for (int64_t i = 0; i < n; ++i) {
     batch.hashes[i] = bucket_hash(keys[i]);
@@ -266,19 +265,23 @@ int64_t HostTier<Key>::erase(const Batch& batch, int shard) {
 }
 
 template <typename Key>
-void HostTier<Key>::for_each_shard(const CpuContext& context, int64_t keys,
-                                   const std::function<void(int shard)>& step) {
-  context.parallel_for(kNumShards, std::max<int64_t>(1, keys / kNumShards) * kCyclesPerKey,
-                       [&](int64_t begin, int64_t end) {
-                         for (int64_t s = begin; s < end; ++s) step(static_cast<int>(s));
-                       });
+void HostTier<Key>::for_each_shard(const CpuContext& context, size_t tiers, int64_t keys,
+                                   const std::function<void(size_t tier, int shard)>& step) {
+  const int64_t units = static_cast<int64_t>(tiers) * kNumShards;
+  if (units == 0) return;
+  context.parallel_for(
+      units, std::max<int64_t>(1, keys / units) * kCyclesPerKey, [&](int64_t begin, int64_t end) {
+        for (int64_t u = begin; u < end; ++u) {
+          step(static_cast<size_t>(u / kNumShards), static_cast<int>(u % kNumShards));
+        }
+      });
 }
 
 template <typename Key>
 void HostTier<Key>::find(const CpuContext& context, const Key* keys, int64_t n,
                          char** records) const {
   const Batch batch = split(keys, n);
-  for_each_shard(context, n, [&](int shard) { find(batch, shard, records); });
+  for_each_shard(context, 1, n, [&](size_t, int shard) { find(batch, shard, records); });
 }
 
 template <typename Key>
@@ -287,7 +290,7 @@ Status HostTier<Key>::insert(const CpuContext& context, const Key* keys, int64_t
   const Batch batch = split(keys, n);
   std::mutex mutex;
   Status first_error;
-  for_each_shard(context, n, [&](int shard) {
+  for_each_shard(context, 1, n, [&](size_t, int shard) {
     Status status = insert(batch, shard, records);
     std::lock_guard<std::mutex> lock(mutex);
     if (first_error.ok()) first_error = std::move(status);
@@ -299,7 +302,7 @@ template <typename Key>
 int64_t HostTier<Key>::erase(const CpuContext& context, const Key* keys, int64_t n) {
   const Batch batch = split(keys, n);
   int64_t erased[kNumShards] = {};
-  for_each_shard(context, n, [&](int shard) { erased[shard] = erase(batch, shard); });
+  for_each_shard(context, 1, n, [&](size_t, int shard) { erased[shard] = erase(batch, shard); });
   int64_t total = 0;
   for (int64_t count : erased) total += count;
   return total;

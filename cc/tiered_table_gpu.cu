@@ -334,21 +334,6 @@ std::vector<typename HostTier<Key>::Batch> split_each(
   return batches;
 }
 
-// Runs step(t, shard) for every table t < tables and every host-tier shard,
-// side by side on the host threads: one pool call for all tables' shards.
-template <typename Key, typename Step>
-void for_each_table_shard(const CpuContext& host, size_t tables, int64_t keys, const Step& step) {
-  constexpr int kShards = HostTier<Key>::kNumShards;
-  const int64_t units = static_cast<int64_t>(tables) * kShards;
-  if (units == 0) return;
-  host.parallel_for(units, std::max<int64_t>(1, keys / units) * 400,
-                    [&](int64_t begin, int64_t end) {
-                      for (int64_t u = begin; u < end; ++u) {
-                        step(static_cast<size_t>(u / kShards), static_cast<int>(u % kShards));
-                      }
-                    });
-}
-
 }  // namespace
 
 template <typename Key>
@@ -629,7 +614,7 @@ Status TieredTable<Key>::write_back_and_bring_in(const GpuContext& context,
   const std::vector<typename HostTier<Key>::Batch> victims = split_each(host, victim_keys);
   std::vector<Status> inserted(moves.size());
   std::mutex inserted_mutex;
-  for_each_table_shard<Key>(host, moves.size(), total, [&](size_t t, int shard) {
+  HostTier<Key>::for_each_shard(host, moves.size(), total, [&](size_t t, int shard) {
     if (written[t] == 0) return;
     const TieredTable& table = *moves[t].table;
     Status status = table.host_->insert(victims[t], shard, table.staging_->victim_records.data());
@@ -715,7 +700,7 @@ Status TieredTable<Key>::write_back_and_bring_in(const GpuContext& context,
   SOK_EV_RETURN_IF_ERROR(synchronize(stream));
   part.lap(&wait_us);
   const std::vector<typename HostTier<Key>::Batch> arrived = split_each(host, arrived_keys);
-  for_each_table_shard<Key>(host, moves.size(), total, [&](size_t t, int shard) {
+  HostTier<Key>::for_each_shard(host, moves.size(), total, [&](size_t t, int shard) {
     if (arriving[t] != nullptr) moves[t].table->host_->erase(arrived[t], shard);
   });
   part.lap(&host_tier_us);
@@ -866,7 +851,7 @@ Status TieredTable<Key>::find_host_records(const GpuContext& context, std::vecto
   }
   const CpuContext& host = host_threads(context);
   const std::vector<typename HostTier<Key>::Batch> batches = split_each(host, keys);
-  for_each_table_shard<Key>(host, moves.size(), total, [&](size_t t, int shard) {
+  HostTier<Key>::for_each_shard(host, moves.size(), total, [&](size_t t, int shard) {
     if (!records[t].empty()) moves[t].table->host_->find(batches[t], shard, records[t].data());
   });
   // The keys found, in order, with their records: the absent keys that are
